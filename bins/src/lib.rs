@@ -1,1 +1,61 @@
-//! p
+//! Shared wiring for the vgpu binaries: start-up flags common to every binary, feature-gate
+//! validation and logging set-up. No business logic lives here.
+
+use std::process::ExitCode;
+
+use vgpu_gates::{FeatureGate, FeatureGates, Registry};
+
+/// `--feature-gates` for the Core components (device-plugin, scheduler-extender, device-monitor).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct CoreGateArgs {
+    /// Feature gates, `Gate=true|false` separated by commas; may be repeated.
+    #[arg(long = "feature-gates", value_name = "GATE=BOOL,...")]
+    pub feature_gates: Vec<String>,
+}
+
+/// `--feature-gates` (or `FEATURE_GATES`; the flag wins) for the DRA kubelet-plugin.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct DraGateArgs {
+    /// Feature gates, `Gate=true|false` separated by commas; may be repeated.
+    #[arg(long = "feature-gates", env = "FEATURE_GATES", value_name = "GATE=BOOL,...")]
+    pub feature_gates: Vec<String>,
+}
+
+/// Applies the gate values in order and validates the registry's rules.
+///
+/// On error prints it to stderr and returns exit status 2, which the binary returns before
+/// doing anything else.
+pub fn configure_gates<G: FeatureGate>(
+    registry: &'static Registry<G>,
+    values: &[String],
+) -> Result<FeatureGates<'static, G>, ExitCode> {
+    match registry.configure(values) {
+        Ok(gates) => {
+            for w in gates.warnings() {
+                tracing::warn!("{w}");
+            }
+            tracing::info!(component = registry.component(), gates = ?gates.effective(), "Feature Gates");
+            Ok(gates)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second initialisation (e.g. in tests) is harmless; ignore its error.
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Says plainly that a binary's functionality has not landed yet, and fails.
+///
+/// `tracking` says where the work is tracked (e.g. `issue #6`).
+pub fn not_implemented(binary: &str, tracking: &str) -> ExitCode {
+    eprintln!("{binary}: not implemented yet ({tracking}); only flag and feature-gate validation run");
+    ExitCode::FAILURE
+}
