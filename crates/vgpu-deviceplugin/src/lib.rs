@@ -17,6 +17,8 @@
 //! # Ok::<(), vgpu_gates::Error>(())
 //! ```
 
+pub mod api;
+
 /// Default `--device-plugin-path`: the kubelet's device-plugin directory.
 pub const DEFAULT_DEVICE_PLUGIN_PATH: &str = "/var/lib/kubelet/device-plugins/";
 /// The kubelet's registration socket, inside the device-plugin directory.
