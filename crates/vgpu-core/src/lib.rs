@@ -2,3 +2,8 @@
 //!
 //! Domain model, annotation codecs (wire-compatible with vgpu-manager), node config, device
 //! backends, sysfs/PCI discovery, allocators and topology scoring. Filled in by issues #3 and #4.
+//!
+//! Module map:
+//! - [`discovery`]: vendor-neutral GPU scan of sysfs, `pci.ids` naming, vendor table, bare-metal detection.
+
+pub mod discovery;
