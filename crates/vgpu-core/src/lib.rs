@@ -1,4 +1,7 @@
 //! vgpu-core: the shared vocabulary of vgpu, with no Kubernetes client dependency.
 //!
 //! Domain model, annotation codecs (wire-compatible with vgpu-manager), node config, device
-//! backends, sysfs/PCI discovery, allocators and topology scoring. Filled in by issues #3 and #4.
+//! backends, sysfs/PCI discovery, allocators and topology scoring.
+
+pub mod domain;
+pub mod model;
