@@ -1,1 +1,3 @@
+//! `vgpu-device-monitor` (placeholder; filled in by a later issue).
+
 fn main() {}

@@ -1,1 +1,3 @@
+//! `vgpu-device-plugin` (placeholder; filled in by a later issue).
+
 fn main() {}

@@ -1,1 +1,3 @@
+//! `vgpu-kubelet-plugin` (placeholder; filled in by a later issue).
+
 fn main() {}

@@ -1,1 +1,3 @@
+//! `vgpu-scheduler-extender` (placeholder; filled in by a later issue).
+
 fn main() {}

@@ -1,9 +1,11 @@
 //! vgpu-core: the shared vocabulary of vgpu, with no Kubernetes client dependency.
 //!
 //! Domain model, annotation codecs (wire-compatible with vgpu-manager), node config, device
-//! backends, sysfs/PCI discovery, allocators and topology scoring. Filled in by issues #3 and #4.
+//! backends, sysfs/PCI discovery, allocators and topology scoring.
 //!
 //! Module map:
 //! - [`discovery`]: vendor-neutral GPU scan of sysfs, `pci.ids` naming, vendor table, bare-metal detection.
 
 pub mod discovery;
+pub mod domain;
+pub mod model;

@@ -118,8 +118,12 @@ pub enum Component {
 
 impl Component {
     /// Every component.
-    pub const ALL: [Component; 4] =
-        [Component::DevicePlugin, Component::SchedulerExtender, Component::DeviceMonitor, Component::KubeletPlugin];
+    pub const ALL: [Component; 4] = [
+        Component::DevicePlugin,
+        Component::SchedulerExtender,
+        Component::DeviceMonitor,
+        Component::KubeletPlugin,
+    ];
 
     /// The component's name (`device-plugin`, `scheduler-extender`, `device-monitor`, `kubelet-plugin`).
     pub const fn as_str(self) -> &'static str {
@@ -254,7 +258,8 @@ fn dra_builder() -> RegistryBuilder<DraGate> {
 }
 
 // The static declarations are checked by `registries_build` below (`build()` succeeds on each).
-static DEVICE_PLUGIN: LazyLock<Registry<CoreGate>> = LazyLock::new(|| core_builder(Component::DevicePlugin).finish());
+static DEVICE_PLUGIN: LazyLock<Registry<CoreGate>> =
+    LazyLock::new(|| core_builder(Component::DevicePlugin).finish());
 static SCHEDULER_EXTENDER: LazyLock<Registry<CoreGate>> =
     LazyLock::new(|| core_builder(Component::SchedulerExtender).finish());
 static DEVICE_MONITOR: LazyLock<Registry<CoreGate>> =

@@ -48,13 +48,21 @@ impl<G: FeatureGate> AnyRegistry for Registry<G> {
 
     fn configure_values(&self, values: &[&str]) -> Result<Configured, Error> {
         let gates = self.configure(values)?;
-        Ok(Configured { effective: gates.effective(), canonical: gates.to_string(), warnings: gates.warnings() })
+        Ok(Configured {
+            effective: gates.effective(),
+            canonical: gates.to_string(),
+            warnings: gates.warnings(),
+        })
     }
 
     fn configure_map(&self, entries: &[(String, bool)]) -> Result<Configured, Error> {
         let mut gates = self.defaults();
         gates.set_from_map(entries.iter().map(|(k, v)| (k.as_str(), *v)))?;
         gates.validate()?;
-        Ok(Configured { effective: gates.effective(), canonical: gates.to_string(), warnings: gates.warnings() })
+        Ok(Configured {
+            effective: gates.effective(),
+            canonical: gates.to_string(),
+            warnings: gates.warnings(),
+        })
     }
 }

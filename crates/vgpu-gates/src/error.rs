@@ -260,7 +260,11 @@ pub enum ValuesError {
 }
 
 fn paths_hint(paths: &[String]) -> String {
-    if paths.is_empty() { String::new() } else { format!(" or a chart values file with {}", paths.join(" or ")) }
+    if paths.is_empty() {
+        String::new()
+    } else {
+        format!(" or a chart values file with {}", paths.join(" or "))
+    }
 }
 
 /// A registry declaration that is inconsistent.
@@ -275,7 +279,9 @@ pub enum RegistryError {
         name: String,
     },
     /// A name that cannot be written in `--feature-gates` or clashes with a special key.
-    #[error("registry {component}: invalid gate name {name:?} (expected a non-empty name without `=`, `,` or whitespace, other than AllAlpha/AllBeta)")]
+    #[error(
+        "registry {component}: invalid gate name {name:?} (expected a non-empty name without `=`, `,` or whitespace, other than AllAlpha/AllBeta)"
+    )]
     InvalidName {
         /// The component.
         component: String,

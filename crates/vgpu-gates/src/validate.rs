@@ -59,7 +59,8 @@ impl<G: FeatureGate> FeatureGates<'_, G> {
     fn fix(&self, candidates: &[(G, bool)]) -> Fix {
         let settable: Vec<(G, bool)> =
             candidates.iter().copied().filter(|(g, _)| !g.spec().lock_to_default).collect();
-        let implicit: Vec<(G, bool)> = settable.iter().copied().filter(|(g, _)| !self.is_explicit(*g)).collect();
+        let implicit: Vec<(G, bool)> =
+            settable.iter().copied().filter(|(g, _)| !self.is_explicit(*g)).collect();
         let chosen = if implicit.is_empty() { settable } else { implicit };
         Fix { options: chosen.into_iter().map(|(g, v)| (g.name(), v)).collect() }
     }

@@ -32,10 +32,7 @@ pub fn parse_values(text: &str, paths: &[&str]) -> Result<Vec<(String, bool)>, V
             } else if let Some(Value::Object(m)) = root.get("featureGates") {
                 m
             } else {
-                paths
-                    .iter()
-                    .find_map(|p| lookup(&doc, p))
-                    .ok_or_else(not_a_map)?
+                paths.iter().find_map(|p| lookup(&doc, p)).ok_or_else(not_a_map)?
             }
         }
         _ => return Err(not_a_map()),
