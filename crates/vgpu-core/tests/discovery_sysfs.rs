@@ -390,3 +390,35 @@ fn malformed_pci_ids_is_a_warning() {
         other => panic!("{other:?}"),
     }
 }
+
+mod arbitrary_files {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever the attribute files hold, discovery returns (never panics), and a device is either reported
+        /// with the ids it was given or explained by a warning.
+        #[test]
+        fn discovery_never_panics(
+            vendor in prop_oneof![Just("0x10de".to_owned()), any::<String>()],
+            device in any::<String>(),
+            class in prop_oneof![Just("0x030200".to_owned()), any::<String>()],
+            numa in any::<String>(),
+            sub in any::<String>(),
+        ) {
+            let sys = FakeSys::new();
+            let dir = sys.add("0000:01:00.0", &Dev::default());
+            for (name, value) in [("vendor", &vendor), ("device", &device), ("class", &class), ("numa_node", &numa), ("subsystem_vendor", &sub), ("subsystem_device", &sub)] {
+                fs::write(dir.join(name), value).unwrap();
+            }
+            let report = discover(&sys.config()).unwrap();
+            prop_assert!(report.gpus.len() <= 1);
+            if let Some(gpu) = report.gpus.first() {
+                prop_assert_eq!(gpu.vendor_id, 0x10de);
+                prop_assert_eq!(gpu.class_code >> 16, 0x03);
+            }
+        }
+    }
+}

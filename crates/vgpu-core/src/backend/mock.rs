@@ -814,6 +814,28 @@ utilization:
         ));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn loading_never_panics(text in proptest::prelude::any::<String>()) {
+            let _ = MockBackend::from_yaml_str(&text);
+            let _ = MockBackend::from_json_str(&text);
+        }
+
+        #[test]
+        fn loading_never_panics_on_plausible_yaml(
+            memory in proptest::prelude::any::<u64>(),
+            used in proptest::prelude::any::<u64>(),
+            gpu in 0u32..4,
+            link in "(NV[0-9]{1,2}|SYS|PIX|[A-Z]{0,4})",
+            cap in "[0-9]{0,3}\\.?[0-9]{0,3}",
+        ) {
+            let text = format!(
+                "gpus:\n  - {{ uuid: a, name: x, memoryMiB: {memory}, usedMemoryMiB: {used}, computeCapability: '{cap}' }}\n  - {{ uuid: b, name: x, memoryMiB: 1 }}\ntopology: {{ rules: [ {{ gpus: [0, {gpu}], links: [{link}] }} ] }}\nhealthEvents: [ {{ gpu: {gpu}, kind: deviceLost }} ]\n"
+            );
+            let _ = MockBackend::from_yaml_str(&text);
+        }
+    }
+
     #[test]
     fn json_description() {
         let backend = MockBackend::from_json_str(
