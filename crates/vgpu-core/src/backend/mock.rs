@@ -1,0 +1,848 @@
+//! A [`DeviceBackend`] driven by a YAML or JSON description, for running every binary without GPUs.
+//!
+//! The description (all keys camelCase; only `gpus[].uuid`, `name` and `memoryMiB` are required):
+//!
+//! ```yaml
+//! name: my-node                    # free text
+//! gpus:
+//!   - uuid: GPU-0000               # unique
+//!     name: NVIDIA H100 80GB HBM3  # GpuDevice::type_name
+//!     vendor: nvidia               # nvidia | metax | other (default nvidia)
+//!     memoryMiB: 81559
+//!     usedMemoryMiB: 512           # default: sum of the processes' memory
+//!     busId: "0000:18:00.0"        # default 0000:<index+1>:00.0
+//!     numaNode: 0                  # default none
+//!     computeCapability: "9.0"     # default 0.0
+//!     cores: 100                   # default 100
+//!     splitCount: 10               # default 10
+//!     healthy: true                # default true
+//!     mig:                         # default: MIG not supported
+//!       mode: Enabled              # NotSupported | Disabled | Enabled
+//!       instances:
+//!         - { uuid: MIG-0, profile: 3g.40gb, gpuInstanceId: 1, computeInstanceId: 0,
+//!             placementStart: 0, placementSize: 4, memoryMiB: 40320 }
+//!     processes:
+//!       - { pid: 4242, usedMemoryMiB: 20480, kind: compute }
+//! topology:                        # default: every pair UNKNOWN
+//!   default: [SYS]                 # links of every pair not named by a rule
+//!   rules:                         # every pair within `gpus` gets `links`; later rules win
+//!     - { gpus: [0, 1, 2, 3], links: [NV18, NODE] }
+//! healthEvents:                    # sent to each subscriber, in afterMs order
+//!   - { gpu: 5, kind: xid, xid: 79, afterMs: 30000, message: fell off the bus }
+//!   # kinds: xid | eccUncorrectable | deviceLost | recovered
+//! utilization:
+//!   - { gpu: 0, pid: 4242, timestampUs: 1700000000000000, smPercent: 50, memoryPercent: 20 }
+//! ```
+//!
+//! Ready descriptions live in `examples/mock/` at the workspace root.
+
+use std::{
+    collections::HashSet,
+    path::Path,
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
+
+use serde::Deserialize;
+
+use super::{
+    BackendError, DeviceBackend, GpuProcess, HealthEvent, HealthEventKind, HealthEventSender, HealthEvents,
+    LinkMatrix, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, MockConfigError, ProcessKind,
+    ProcessUtilizationSample, health_channel, links::parse_link,
+};
+use crate::{
+    discovery::PciAddress,
+    model::{ComputeCapability, DeviceHealth, GpuDevice, Vendor},
+};
+
+const MIB: u64 = 1 << 20;
+
+// === description (serde) ===
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Description {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    gpus: Vec<GpuSpec>,
+    #[serde(default)]
+    topology: Option<TopologySpec>,
+    #[serde(default)]
+    health_events: Vec<HealthSpec>,
+    #[serde(default)]
+    utilization: Vec<SampleSpec>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum VendorSpec {
+    #[default]
+    Nvidia,
+    Metax,
+    Other,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct GpuSpec {
+    uuid: String,
+    name: String,
+    #[serde(default)]
+    vendor: VendorSpec,
+    #[serde(rename = "memoryMiB")]
+    memory_mib: u64,
+    #[serde(default, rename = "usedMemoryMiB")]
+    used_memory_mib: Option<u64>,
+    #[serde(default)]
+    bus_id: Option<String>,
+    #[serde(default)]
+    numa_node: Option<u32>,
+    #[serde(default)]
+    compute_capability: Option<String>,
+    #[serde(default)]
+    cores: Option<u64>,
+    #[serde(default)]
+    split_count: Option<u32>,
+    #[serde(default = "yes")]
+    healthy: bool,
+    #[serde(default)]
+    mig: Option<MigSpec>,
+    #[serde(default)]
+    processes: Vec<ProcessSpec>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MigSpec {
+    mode: MigModeSpec,
+    #[serde(default)]
+    instances: Vec<MigInstanceSpec>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+enum MigModeSpec {
+    NotSupported,
+    Disabled,
+    Enabled,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MigInstanceSpec {
+    uuid: String,
+    profile: String,
+    gpu_instance_id: u32,
+    #[serde(default)]
+    compute_instance_id: u32,
+    placement_start: u32,
+    placement_size: u32,
+    #[serde(rename = "memoryMiB")]
+    memory_mib: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ProcessSpec {
+    pid: u32,
+    #[serde(default, rename = "usedMemoryMiB")]
+    used_memory_mib: Option<u64>,
+    #[serde(default)]
+    kind: ProcessKindSpec,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum ProcessKindSpec {
+    #[default]
+    Compute,
+    Graphics,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TopologySpec {
+    #[serde(default)]
+    default: Vec<String>,
+    #[serde(default)]
+    rules: Vec<LinkRuleSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct LinkRuleSpec {
+    gpus: Vec<u32>,
+    links: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum HealthKindSpec {
+    Xid,
+    EccUncorrectable,
+    DeviceLost,
+    Recovered,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct HealthSpec {
+    gpu: u32,
+    kind: HealthKindSpec,
+    #[serde(default)]
+    xid: Option<u64>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    after_ms: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SampleSpec {
+    gpu: u32,
+    pid: u32,
+    timestamp_us: u64,
+    #[serde(default)]
+    sm_percent: u32,
+    #[serde(default)]
+    memory_percent: u32,
+    #[serde(default)]
+    encoder_percent: u32,
+    #[serde(default)]
+    decoder_percent: u32,
+}
+
+// === validation ===
+
+struct Validator<'a> {
+    source_name: &'a str,
+}
+
+impl Validator<'_> {
+    fn invalid(&self, field: impl Into<String>, message: impl Into<String>) -> MockConfigError {
+        MockConfigError::Invalid {
+            source_name: self.source_name.to_owned(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn gpu_index(&self, field: String, gpu: u32, count: usize) -> Result<usize, MockConfigError> {
+        usize::try_from(gpu)
+            .ok()
+            .filter(|i| *i < count)
+            .ok_or_else(|| self.invalid(field, format!("no GPU with index {gpu} (there are {count})")))
+    }
+
+    fn links(&self, field: &str, names: &[String]) -> Result<Vec<u8>, MockConfigError> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                parse_link(name).ok_or_else(|| {
+                    self.invalid(
+                        format!("{field}[{i}]"),
+                        format!(
+                            "{name:?} is not a link (SYS, NODE, PHB, PXB, PIX, BOARD, NV1..NV18, UNKNOWN)"
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    fn build(&self, description: Description) -> Result<MockBackend, MockConfigError> {
+        let count = description.gpus.len();
+        let index_of = |i: usize| u32::try_from(i).map_err(|_| self.invalid("gpus", "too many GPUs"));
+        let mut devices = Vec::with_capacity(count);
+        let mut gpus = Vec::with_capacity(count);
+        let mut uuids = HashSet::new();
+        let mut bus_ids = HashSet::new();
+        for (i, spec) in description.gpus.into_iter().enumerate() {
+            let field = |name: &str| format!("gpus[{i}].{name}");
+            if spec.uuid.trim().is_empty() {
+                return Err(self.invalid(field("uuid"), "must not be empty"));
+            }
+            if !uuids.insert(spec.uuid.clone()) {
+                return Err(self.invalid(field("uuid"), format!("{:?} is used twice", spec.uuid)));
+            }
+            if spec.name.trim().is_empty() {
+                return Err(self.invalid(field("name"), "must not be empty"));
+            }
+            if spec.memory_mib == 0 {
+                return Err(self.invalid(field("memoryMiB"), "must be positive"));
+            }
+            let bus_id = match &spec.bus_id {
+                Some(text) => {
+                    text.parse::<PciAddress>().map_err(|err| self.invalid(field("busId"), err.to_string()))?
+                }
+                None => {
+                    let n =
+                        u32::try_from(i + 1).map_err(|_| self.invalid(field("busId"), "too many GPUs"))?;
+                    PciAddress {
+                        domain: n >> 8,
+                        bus: u8::try_from(n & 0xff).unwrap_or(0),
+                        device: 0,
+                        function: 0,
+                    }
+                }
+            };
+            if !bus_ids.insert(bus_id) {
+                return Err(self.invalid(field("busId"), format!("{bus_id} is used twice")));
+            }
+            let capability = match &spec.compute_capability {
+                Some(text) => text
+                    .trim()
+                    .split_once('.')
+                    .and_then(|(major, minor)| {
+                        ComputeCapability::new(major.parse().ok()?, minor.parse().ok()?)
+                    })
+                    .ok_or_else(|| {
+                        self.invalid(
+                            field("computeCapability"),
+                            format!("{text:?} is not major.minor (minor 0..9)"),
+                        )
+                    })?,
+                None => ComputeCapability::default(),
+            };
+            let split_count = spec.split_count.unwrap_or(10);
+            if split_count == 0 {
+                return Err(self.invalid(field("splitCount"), "must be at least 1"));
+            }
+
+            let mig = match spec.mig {
+                None => MigLayout::default(),
+                Some(mig) => self.mig(i, mig, spec.memory_mib)?,
+            };
+            let processes: Vec<GpuProcess> = spec
+                .processes
+                .iter()
+                .map(|p| GpuProcess {
+                    pid: p.pid,
+                    used_memory_bytes: p.used_memory_mib.map(|m| m.saturating_mul(MIB)),
+                    kind: match p.kind {
+                        ProcessKindSpec::Compute => ProcessKind::Compute,
+                        ProcessKindSpec::Graphics => ProcessKind::Graphics,
+                    },
+                })
+                .collect();
+            let used_mib = spec.used_memory_mib.unwrap_or_else(|| {
+                spec.processes.iter().filter_map(|p| p.used_memory_mib).fold(0u64, u64::saturating_add)
+            });
+            if used_mib > spec.memory_mib {
+                return Err(self.invalid(
+                    field("usedMemoryMiB"),
+                    format!("{used_mib} MiB used is more than the {} MiB of the GPU", spec.memory_mib),
+                ));
+            }
+
+            devices.push(GpuDevice {
+                index: index_of(i)?,
+                uuid: spec.uuid.clone(),
+                type_name: spec.name.clone(),
+                vendor: match spec.vendor {
+                    VendorSpec::Nvidia => Vendor::Nvidia,
+                    VendorSpec::Metax => Vendor::MetaX,
+                    VendorSpec::Other => Vendor::Other,
+                },
+                memory_mib: spec.memory_mib,
+                cores: spec.cores.unwrap_or(100),
+                split_count,
+                numa_node: spec.numa_node,
+                mig_enabled: mig.mode == MigMode::Enabled,
+                bus_id: bus_id.to_string(),
+                capability,
+                health: DeviceHealth::from_bool(spec.healthy),
+            });
+            gpus.push(GpuState {
+                memory: MemoryUsage {
+                    total_bytes: spec.memory_mib.saturating_mul(MIB),
+                    used_bytes: used_mib.saturating_mul(MIB),
+                },
+                processes,
+                samples: Vec::new(),
+                mig,
+            });
+        }
+
+        let mut topology = LinkMatrix::new(count);
+        if let Some(spec) = description.topology {
+            let default = self.links("topology.default", &spec.default)?;
+            for i in 0..count {
+                for j in (i + 1)..count {
+                    topology.set_pair(i, j, default.clone());
+                }
+            }
+            for (r, rule) in spec.rules.iter().enumerate() {
+                let links = self.links(&format!("topology.rules[{r}].links"), &rule.links)?;
+                let mut members = Vec::with_capacity(rule.gpus.len());
+                for (k, gpu) in rule.gpus.iter().enumerate() {
+                    let index = self.gpu_index(format!("topology.rules[{r}].gpus[{k}]"), *gpu, count)?;
+                    if members.contains(&index) {
+                        return Err(self.invalid(format!("topology.rules[{r}].gpus[{k}]"), "listed twice"));
+                    }
+                    members.push(index);
+                }
+                if members.len() < 2 {
+                    return Err(self.invalid(format!("topology.rules[{r}].gpus"), "needs at least two GPUs"));
+                }
+                for (a, &i) in members.iter().enumerate() {
+                    for &j in members.iter().skip(a + 1) {
+                        topology.set_pair(i, j, links.clone());
+                    }
+                }
+            }
+        }
+
+        let mut scripted = Vec::with_capacity(description.health_events.len());
+        for (e, spec) in description.health_events.iter().enumerate() {
+            let index = self.gpu_index(format!("healthEvents[{e}].gpu"), spec.gpu, count)?;
+            let kind = match (spec.kind, spec.xid) {
+                (HealthKindSpec::Xid, Some(code)) => HealthEventKind::Xid { code },
+                (HealthKindSpec::Xid, None) => {
+                    return Err(self.invalid(format!("healthEvents[{e}].xid"), "required when kind is xid"));
+                }
+                (_, Some(_)) => {
+                    return Err(
+                        self.invalid(format!("healthEvents[{e}].xid"), "only allowed when kind is xid")
+                    );
+                }
+                (HealthKindSpec::EccUncorrectable, None) => HealthEventKind::EccUncorrectable,
+                (HealthKindSpec::DeviceLost, None) => HealthEventKind::DeviceLost,
+                (HealthKindSpec::Recovered, None) => HealthEventKind::Recovered,
+            };
+            let uuid = devices.get(index).map(|d| d.uuid.clone()).unwrap_or_default();
+            let event = HealthEvent {
+                index: spec.gpu,
+                uuid,
+                kind,
+                message: spec.message.clone().unwrap_or_default(),
+            };
+            scripted.push((Duration::from_millis(spec.after_ms), event));
+        }
+        // Stable: events with the same delay keep their order.
+        scripted.sort_by_key(|(delay, _)| *delay);
+
+        for (s, spec) in description.utilization.iter().enumerate() {
+            let index = self.gpu_index(format!("utilization[{s}].gpu"), spec.gpu, count)?;
+            for (name, value) in [
+                ("smPercent", spec.sm_percent),
+                ("memoryPercent", spec.memory_percent),
+                ("encoderPercent", spec.encoder_percent),
+                ("decoderPercent", spec.decoder_percent),
+            ] {
+                if value > 100 {
+                    return Err(self.invalid(format!("utilization[{s}].{name}"), "must be at most 100"));
+                }
+            }
+            if let Some(gpu) = gpus.get_mut(index) {
+                gpu.samples.push(ProcessUtilizationSample {
+                    pid: spec.pid,
+                    timestamp_us: spec.timestamp_us,
+                    sm_percent: spec.sm_percent,
+                    memory_percent: spec.memory_percent,
+                    encoder_percent: spec.encoder_percent,
+                    decoder_percent: spec.decoder_percent,
+                });
+            }
+        }
+        for gpu in &mut gpus {
+            gpu.samples.sort_by_key(|s| s.timestamp_us);
+        }
+
+        Ok(MockBackend {
+            node_name: description.name,
+            devices,
+            gpus,
+            topology,
+            scripted,
+            subscribers: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn mig(&self, gpu: usize, spec: MigSpec, memory_mib: u64) -> Result<MigLayout, MockConfigError> {
+        let mode = match spec.mode {
+            MigModeSpec::NotSupported => MigMode::NotSupported,
+            MigModeSpec::Disabled => MigMode::Disabled,
+            MigModeSpec::Enabled => MigMode::Enabled,
+        };
+        if mode != MigMode::Enabled && !spec.instances.is_empty() {
+            return Err(
+                self.invalid(format!("gpus[{gpu}].mig.instances"), "only allowed when mode is Enabled")
+            );
+        }
+        let mut instances = Vec::with_capacity(spec.instances.len());
+        let mut total = 0u64;
+        for (k, inst) in spec.instances.into_iter().enumerate() {
+            let field = |name: &str| format!("gpus[{gpu}].mig.instances[{k}].{name}");
+            if inst.uuid.trim().is_empty() {
+                return Err(self.invalid(field("uuid"), "must not be empty"));
+            }
+            let profile = inst
+                .profile
+                .parse::<MigProfile>()
+                .map_err(|err| self.invalid(field("profile"), err.to_string()))?;
+            if inst.placement_size == 0 {
+                return Err(self.invalid(field("placementSize"), "must be at least 1"));
+            }
+            total = total.saturating_add(inst.memory_mib);
+            instances.push(MigInstance {
+                uuid: inst.uuid,
+                profile,
+                gpu_instance_id: inst.gpu_instance_id,
+                compute_instance_id: inst.compute_instance_id,
+                placement_start: inst.placement_start,
+                placement_size: inst.placement_size,
+                memory_mib: inst.memory_mib,
+            });
+        }
+        if total > memory_mib {
+            return Err(self.invalid(
+                format!("gpus[{gpu}].mig.instances"),
+                format!("{total} MiB of instances is more than the {memory_mib} MiB of the GPU"),
+            ));
+        }
+        Ok(MigLayout { mode, instances })
+    }
+}
+
+// === impl MockBackend ===
+
+#[derive(Debug)]
+struct GpuState {
+    memory: MemoryUsage,
+    processes: Vec<GpuProcess>,
+    samples: Vec<ProcessUtilizationSample>,
+    mig: MigLayout,
+}
+
+/// A [`DeviceBackend`] that answers from a description (see the module docs).
+///
+/// ```
+/// use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
+///
+/// let backend = MockBackend::from_yaml_str(
+///     "gpus:\n  - { uuid: GPU-a, name: L4, memoryMiB: 23034 }\n  - { uuid: GPU-b, name: L4, memoryMiB: 23034 }\ntopology:\n  default: [PIX]\n",
+/// )?;
+/// assert_eq!(backend.topology()?.links(0, 1), &[5]);
+/// # Ok::<(), vgpu_core::backend::BackendError>(())
+/// ```
+#[derive(Debug)]
+pub struct MockBackend {
+    node_name: Option<String>,
+    devices: Vec<GpuDevice>,
+    gpus: Vec<GpuState>,
+    topology: LinkMatrix,
+    scripted: Vec<(Duration, HealthEvent)>,
+    subscribers: Mutex<Vec<HealthEventSender>>,
+}
+
+impl MockBackend {
+    /// Parses a YAML description (JSON is accepted as well).
+    pub fn from_yaml_str(text: &str) -> Result<Self, MockConfigError> {
+        Self::from_yaml_named(text, "<string>")
+    }
+
+    fn from_yaml_named(text: &str, source_name: &str) -> Result<Self, MockConfigError> {
+        let description: Description = serde_saphyr::from_str(text).map_err(|err| {
+            MockConfigError::Parse { source_name: source_name.to_owned(), message: err.to_string() }
+        })?;
+        Validator { source_name }.build(description)
+    }
+
+    /// Parses a JSON description.
+    pub fn from_json_str(text: &str) -> Result<Self, MockConfigError> {
+        let description: Description = serde_json::from_str(text).map_err(|err| MockConfigError::Parse {
+            source_name: "<string>".to_owned(),
+            message: err.to_string(),
+        })?;
+        Validator { source_name: "<string>" }.build(description)
+    }
+
+    /// Reads a description file: `.json` as JSON, anything else as YAML.
+    pub fn from_path(path: &Path) -> Result<Self, MockConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| MockConfigError::Read { path: path.to_path_buf(), source })?;
+        let source_name = path.display().to_string();
+        if path.extension().is_some_and(|ext| ext.eq_ignore_ascii_case("json")) {
+            let description: Description = serde_json::from_str(&text).map_err(|err| {
+                MockConfigError::Parse { source_name: source_name.clone(), message: err.to_string() }
+            })?;
+            Validator { source_name: &source_name }.build(description)
+        } else {
+            Self::from_yaml_named(&text, &source_name)
+        }
+    }
+
+    /// The `name` of the description.
+    pub fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
+    }
+
+    /// Sends `event` to every current subscriber; returns how many received it.
+    pub fn inject_health_event(&self, event: HealthEvent) -> usize {
+        let mut subscribers = self.subscribers.lock().unwrap_or_else(PoisonError::into_inner);
+        subscribers.retain(HealthEventSender::is_open);
+        subscribers.iter().filter(|tx| tx.send(event.clone())).count()
+    }
+
+    fn gpu(&self, index: u32) -> Result<&GpuState, BackendError> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.gpus.get(i))
+            .ok_or(BackendError::NoSuchDevice { index, count: self.gpus.len() })
+    }
+}
+
+/// Sends the delayed scripted events from a thread, stopping early when the receiver goes away.
+fn deliver_later(tx: HealthEventSender, events: Vec<(Duration, HealthEvent)>) {
+    const SLICE: Duration = Duration::from_millis(50);
+    let mut elapsed = Duration::ZERO;
+    for (at, event) in events {
+        while elapsed < at {
+            if !tx.is_open() {
+                return;
+            }
+            let step = (at - elapsed).min(SLICE);
+            std::thread::sleep(step);
+            elapsed += step;
+        }
+        if !tx.send(event) {
+            return;
+        }
+    }
+}
+
+impl DeviceBackend for MockBackend {
+    fn name(&self) -> &'static str {
+        "mock"
+    }
+
+    fn devices(&self) -> Result<Vec<GpuDevice>, BackendError> {
+        Ok(self.devices.clone())
+    }
+
+    fn memory_usage(&self, index: u32) -> Result<MemoryUsage, BackendError> {
+        self.gpu(index).map(|g| g.memory)
+    }
+
+    fn topology(&self) -> Result<LinkMatrix, BackendError> {
+        Ok(self.topology.clone())
+    }
+
+    /// Immediate scripted events (`afterMs: 0`) are queued at once; later ones come from a thread. The stream
+    /// stays open while the backend lives ([`MockBackend::inject_health_event`] can add more).
+    fn health_events(&self) -> Result<HealthEvents, BackendError> {
+        let (tx, rx) = health_channel();
+        let (now, later): (Vec<_>, Vec<_>) = self.scripted.iter().cloned().partition(|(d, _)| d.is_zero());
+        for (_, event) in now {
+            tx.send(event);
+        }
+        if !later.is_empty() {
+            let thread_tx = tx.clone();
+            std::thread::Builder::new()
+                .name("mock-health".to_owned())
+                .spawn(move || deliver_later(thread_tx, later))
+                .map_err(|err| BackendError::Unavailable { backend: "mock", message: err.to_string() })?;
+        }
+        self.subscribers.lock().unwrap_or_else(PoisonError::into_inner).push(tx);
+        Ok(rx)
+    }
+
+    fn processes(&self, index: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        self.gpu(index).map(|g| g.processes.clone())
+    }
+
+    fn process_utilization(
+        &self,
+        index: u32,
+        since_timestamp_us: u64,
+    ) -> Result<Vec<ProcessUtilizationSample>, BackendError> {
+        let gpu = self.gpu(index)?;
+        Ok(gpu.samples.iter().filter(|s| s.timestamp_us > since_timestamp_us).copied().collect())
+    }
+
+    fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {
+        self.gpu(index).map(|g| g.mig.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::links::{LINK_CROSS_CPU, LINK_SAME_CPU, nvlinks};
+
+    const TWO: &str = "\
+name: test
+gpus:
+  - uuid: GPU-a
+    name: NVIDIA A100-SXM4-80GB
+    memoryMiB: 81920
+    numaNode: 0
+    computeCapability: '8.0'
+    processes:
+      - { pid: 10, usedMemoryMiB: 1000 }
+      - { pid: 11, usedMemoryMiB: 24, kind: graphics }
+    mig:
+      mode: Enabled
+      instances:
+        - { uuid: MIG-a, profile: 3g.40gb, gpuInstanceId: 2, placementStart: 0, placementSize: 4, memoryMiB: 40320 }
+  - uuid: GPU-b
+    name: NVIDIA A100-SXM4-80GB
+    vendor: nvidia
+    memoryMiB: 81920
+    usedMemoryMiB: 4096
+    busId: '0000:90:00.0'
+    healthy: false
+topology:
+  default: [SYS]
+  rules:
+    - { gpus: [0, 1], links: [NV12, NODE] }
+healthEvents:
+  - { gpu: 1, kind: xid, xid: 79, message: gone }
+  - { gpu: 0, kind: recovered, afterMs: 20 }
+utilization:
+  - { gpu: 0, pid: 10, timestampUs: 200, smPercent: 90 }
+  - { gpu: 0, pid: 10, timestampUs: 100, smPercent: 40 }
+";
+
+    #[test]
+    fn answers_from_description() {
+        let backend = MockBackend::from_yaml_str(TWO).unwrap();
+        assert_eq!(backend.name(), "mock");
+        assert_eq!(backend.node_name(), Some("test"));
+        let devices = backend.devices().unwrap();
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[0].bus_id, "0000:01:00.0");
+        assert_eq!(devices[1].bus_id, "0000:90:00.0");
+        assert_eq!(devices[0].capability, ComputeCapability::new(8, 0).unwrap());
+        assert!(devices[0].mig_enabled);
+        assert_eq!((devices[0].cores, devices[0].split_count), (100, 10));
+        assert_eq!(devices[1].health, DeviceHealth::Unhealthy);
+        assert_eq!(backend.memory_usage(0).unwrap().used_bytes, 1024 * MIB);
+        assert_eq!(backend.memory_usage(1).unwrap().free_bytes(), (81920 - 4096) * MIB);
+        assert!(matches!(backend.memory_usage(2), Err(BackendError::NoSuchDevice { index: 2, count: 2 })));
+        let topo = backend.topology().unwrap();
+        assert_eq!(topo.links(1, 0), &[nvlinks(12).unwrap(), LINK_SAME_CPU]);
+        assert_ne!(topo.links(0, 1), &[LINK_CROSS_CPU]);
+        assert_eq!(backend.processes(0).unwrap()[1].kind, ProcessKind::Graphics);
+        let samples = backend.process_utilization(0, 150).unwrap();
+        assert_eq!(samples.len(), 1);
+        assert_eq!(samples[0].sm_percent, 90);
+        assert_eq!(backend.process_utilization(0, 0).unwrap()[0].timestamp_us, 100);
+        let mig = backend.mig_layout(0).unwrap();
+        assert_eq!(mig.instances[0].profile.to_string(), "3g.40gb");
+        assert_eq!(backend.mig_layout(1).unwrap().mode, MigMode::NotSupported);
+        assert_eq!(backend.inventory().unwrap().by_uuid("GPU-b").map(|d| d.index), Some(1));
+    }
+
+    #[test]
+    fn health_script_then_injection_then_close() {
+        let backend = MockBackend::from_yaml_str(TWO).unwrap();
+        let rx = backend.health_events().unwrap();
+        let first = rx.try_recv().unwrap();
+        assert_eq!((first.index, first.uuid.as_str(), first.kind.is_critical()), (1, "GPU-b", true));
+        let later = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(later.kind, HealthEventKind::Recovered);
+        let injected = HealthEvent {
+            index: 0,
+            uuid: "GPU-a".into(),
+            kind: HealthEventKind::DeviceLost,
+            message: String::new(),
+        };
+        assert_eq!(backend.inject_health_event(injected.clone()), 1);
+        assert_eq!(rx.try_recv(), Ok(injected));
+        drop(backend);
+        assert_eq!(rx.recv(), None);
+    }
+
+    #[test]
+    fn invalid_descriptions_name_the_field() {
+        let cases = [
+            (
+                "gpus:\n  - { uuid: a, name: x, memoryMiB: 1 }\n  - { uuid: a, name: x, memoryMiB: 1 }\n",
+                "gpus[1].uuid",
+            ),
+            ("gpus:\n  - { uuid: a, name: x, memoryMiB: 0 }\n", "gpus[0].memoryMiB"),
+            ("gpus:\n  - { uuid: a, name: x, memoryMiB: 1, busId: nope }\n", "gpus[0].busId"),
+            (
+                "gpus:\n  - { uuid: a, name: x, memoryMiB: 1, computeCapability: '8.10' }\n",
+                "gpus[0].computeCapability",
+            ),
+            ("gpus:\n  - { uuid: a, name: x, memoryMiB: 1, usedMemoryMiB: 2 }\n", "gpus[0].usedMemoryMiB"),
+            (
+                "gpus:\n  - { uuid: a, name: x, memoryMiB: 1 }\ntopology: { rules: [ { gpus: [0, 3], links: [SYS] } ] }\n",
+                "topology.rules[0].gpus[1]",
+            ),
+            (
+                "gpus:\n  - { uuid: a, name: x, memoryMiB: 1 }\ntopology: { default: [NV99] }\n",
+                "topology.default[0]",
+            ),
+            (
+                "gpus:\n  - { uuid: a, name: x, memoryMiB: 1 }\nhealthEvents: [ { gpu: 0, kind: xid } ]\n",
+                "healthEvents[0].xid",
+            ),
+            (
+                "gpus:\n  - { uuid: a, name: x, memoryMiB: 1 }\nutilization: [ { gpu: 0, pid: 1, timestampUs: 1, smPercent: 101 } ]\n",
+                "utilization[0].smPercent",
+            ),
+            (
+                "gpus:\n  - { uuid: a, name: x, memoryMiB: 1, mig: { mode: Disabled, instances: [ { uuid: m, profile: 1g.5gb, gpuInstanceId: 1, placementStart: 0, placementSize: 1, memoryMiB: 1 } ] } }\n",
+                "gpus[0].mig.instances",
+            ),
+        ];
+        for (text, field) in cases {
+            match MockBackend::from_yaml_str(text) {
+                Err(MockConfigError::Invalid { field: f, .. }) => assert_eq!(f, field, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            MockBackend::from_yaml_str("gpus: [ { uuid: a } ]"),
+            Err(MockConfigError::Parse { .. })
+        ));
+        assert!(matches!(MockBackend::from_yaml_str("gpu: []"), Err(MockConfigError::Parse { .. })));
+        assert!(matches!(MockBackend::from_json_str("{"), Err(MockConfigError::Parse { .. })));
+        assert!(matches!(
+            MockBackend::from_path(Path::new("/nonexistent/mock.yaml")),
+            Err(MockConfigError::Read { .. })
+        ));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn loading_never_panics(text in proptest::prelude::any::<String>()) {
+            let _ = MockBackend::from_yaml_str(&text);
+            let _ = MockBackend::from_json_str(&text);
+        }
+
+        #[test]
+        fn loading_never_panics_on_plausible_yaml(
+            memory in proptest::prelude::any::<u64>(),
+            used in proptest::prelude::any::<u64>(),
+            gpu in 0u32..4,
+            link in "(NV[0-9]{1,2}|SYS|PIX|[A-Z]{0,4})",
+            cap in "[0-9]{0,3}\\.?[0-9]{0,3}",
+        ) {
+            let text = format!(
+                "gpus:\n  - {{ uuid: a, name: x, memoryMiB: {memory}, usedMemoryMiB: {used}, computeCapability: '{cap}' }}\n  - {{ uuid: b, name: x, memoryMiB: 1 }}\ntopology: {{ rules: [ {{ gpus: [0, {gpu}], links: [{link}] }} ] }}\nhealthEvents: [ {{ gpu: {gpu}, kind: deviceLost }} ]\n"
+            );
+            let _ = MockBackend::from_yaml_str(&text);
+        }
+    }
+
+    #[test]
+    fn json_description() {
+        let backend = MockBackend::from_json_str(
+            r#"{"gpus":[{"uuid":"GPU-x","name":"MXC500","vendor":"metax","memoryMiB":65536}]}"#,
+        )
+        .unwrap();
+        assert_eq!(backend.devices().unwrap()[0].vendor, Vendor::MetaX);
+        assert_eq!(backend.topology().unwrap().links(0, 0), &[] as &[u8]);
+    }
+}

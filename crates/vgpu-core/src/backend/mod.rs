@@ -1,0 +1,154 @@
+//! The vendor-neutral device backend seam ([`DeviceBackend`]) and the [`mock`] backend.
+//!
+//! Node-side programs (device plugin, DRA kubelet plugin, device monitor) talk to GPUs only through
+//! [`DeviceBackend`]: enumerate devices ([`GpuDevice`]), read memory use, the GPU-to-GPU link matrix, a stream
+//! of health events, running processes with their utilization samples, and the MIG layout. NVML and MetaX
+//! implement it in `vgpu-nvml`; [`mock::MockBackend`] implements it from a YAML/JSON description so every
+//! binary runs without GPUs (`--backend mock --mock-config FILE`). The [`crate::discovery`] module is the
+//! vendor-neutral sysfs scan that backends can use to find PCI facts the vendor library does not give.
+//!
+//! Submodules: [`health`] (events and their runtime-agnostic channel), [`links`] (link codes and matrix),
+//! [`types`] (memory, processes, samples, MIG), [`mock`], [`error`].
+//!
+//! ```
+//! use vgpu_core::backend::{BackendKind, DeviceBackend, mock::MockBackend};
+//!
+//! let yaml = "gpus:\n  - uuid: GPU-0\n    name: NVIDIA A30\n    memoryMiB: 24576\n    computeCapability: '8.0'\n";
+//! let backend: Box<dyn DeviceBackend> = Box::new(MockBackend::from_yaml_str(yaml)?);
+//! assert_eq!("mock".parse::<BackendKind>(), Ok(BackendKind::Mock));
+//! let devices = backend.devices()?;
+//! assert_eq!(devices[0].type_name, "NVIDIA A30");
+//! assert_eq!(backend.memory_usage(0)?.free_bytes(), 24576 << 20);
+//! # Ok::<(), vgpu_core::backend::BackendError>(())
+//! ```
+
+pub mod error;
+pub mod health;
+pub mod links;
+pub mod mock;
+pub mod types;
+
+use std::{fmt, str::FromStr};
+
+pub use self::{
+    error::{BackendError, MockConfigError},
+    health::{HealthEvent, HealthEventKind, HealthEventSender, HealthEvents, health_channel},
+    links::{LinkCode, LinkMatrix},
+    types::{
+        GpuProcess, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, ProcessKind,
+        ProcessUtilizationSample,
+    },
+};
+use crate::model::{GpuDevice, NodeDeviceInventory};
+
+/// Access to the GPUs of one node, whatever their vendor.
+///
+/// Devices are addressed by their index (`GpuDevice::index`, `0..n`). Implementations must be cheap to call
+/// repeatedly and safe to share between threads; they never panic, every failure is a [`BackendError`].
+pub trait DeviceBackend: Send + Sync {
+    /// A short name for logs and errors (`nvml`, `metax`, `mock`).
+    fn name(&self) -> &'static str;
+
+    /// The node's GPUs, ordered by index.
+    fn devices(&self) -> Result<Vec<GpuDevice>, BackendError>;
+
+    /// Memory of one GPU.
+    fn memory_usage(&self, index: u32) -> Result<MemoryUsage, BackendError>;
+
+    /// Links between every pair of GPUs, by index.
+    fn topology(&self) -> Result<LinkMatrix, BackendError>;
+
+    /// Subscribes to health events. Each call returns a new receiver that sees the events from then on; the
+    /// stream ends when the backend stops watching (e.g. it is dropped).
+    fn health_events(&self) -> Result<HealthEvents, BackendError>;
+
+    /// Processes running on one GPU.
+    fn processes(&self, index: u32) -> Result<Vec<GpuProcess>, BackendError>;
+
+    /// Per-process utilization samples of one GPU taken after `since_timestamp_us` (microseconds since the Unix
+    /// epoch; `0` for all the driver keeps).
+    fn process_utilization(
+        &self,
+        index: u32,
+        since_timestamp_us: u64,
+    ) -> Result<Vec<ProcessUtilizationSample>, BackendError>;
+
+    /// MIG mode and instances of one GPU ([`MigMode::NotSupported`] for GPUs that cannot be partitioned).
+    fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError>;
+
+    /// The devices as a node inventory.
+    fn inventory(&self) -> Result<NodeDeviceInventory, BackendError> {
+        self.devices().map(NodeDeviceInventory::new)
+    }
+}
+
+impl<B: DeviceBackend + ?Sized> DeviceBackend for Box<B> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn devices(&self) -> Result<Vec<GpuDevice>, BackendError> {
+        (**self).devices()
+    }
+    fn memory_usage(&self, index: u32) -> Result<MemoryUsage, BackendError> {
+        (**self).memory_usage(index)
+    }
+    fn topology(&self) -> Result<LinkMatrix, BackendError> {
+        (**self).topology()
+    }
+    fn health_events(&self) -> Result<HealthEvents, BackendError> {
+        (**self).health_events()
+    }
+    fn processes(&self, index: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        (**self).processes(index)
+    }
+    fn process_utilization(
+        &self,
+        index: u32,
+        since_timestamp_us: u64,
+    ) -> Result<Vec<ProcessUtilizationSample>, BackendError> {
+        (**self).process_utilization(index, since_timestamp_us)
+    }
+    fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {
+        (**self).mig_layout(index)
+    }
+}
+
+/// Which backend a binary uses (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BackendKind {
+    /// NVIDIA NVML (`vgpu-nvml`).
+    #[default]
+    Nvml,
+    /// MetaX MXSML (`vgpu-nvml`).
+    MetaX,
+    /// [`mock::MockBackend`], from `--mock-config`.
+    Mock,
+}
+
+/// The text is not a backend name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown backend {0:?}: expected nvml, metax or mock")]
+pub struct UnknownBackend(pub String);
+
+impl FromStr for BackendKind {
+    type Err = UnknownBackend;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "nvml" | "nvidia" => Ok(Self::Nvml),
+            "metax" | "mxsml" => Ok(Self::MetaX),
+            "mock" => Ok(Self::Mock),
+            _ => Err(UnknownBackend(crate::discovery::fields::excerpt(s))),
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Nvml => "nvml",
+            Self::MetaX => "metax",
+            Self::Mock => "mock",
+        })
+    }
+}

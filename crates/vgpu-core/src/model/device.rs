@@ -1,0 +1,185 @@
+//! Physical GPU devices and a node's inventory of them.
+
+use std::fmt;
+
+/// The maker of a GPU. Not part of the `node-device-register` wire form (which is NVIDIA-shaped); device
+/// backends fill it in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Vendor {
+    /// NVIDIA (NVML backend).
+    #[default]
+    Nvidia,
+    /// MetaX.
+    MetaX,
+    /// Any other or unknown vendor.
+    Other,
+}
+
+impl fmt::Display for Vendor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Vendor::Nvidia => "nvidia",
+            Vendor::MetaX => "metax",
+            Vendor::Other => "other",
+        })
+    }
+}
+
+/// Health of a physical GPU as reported by the device plugin (`healthy` in `node-device-register`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DeviceHealth {
+    /// The GPU can take new allocations.
+    #[default]
+    Healthy,
+    /// The GPU is unhealthy or excluded by the node configuration; it stays registered.
+    Unhealthy,
+}
+
+impl DeviceHealth {
+    /// `true` for [`DeviceHealth::Healthy`].
+    pub fn is_healthy(self) -> bool {
+        self == DeviceHealth::Healthy
+    }
+
+    /// Maps the wire boolean to a health value.
+    pub fn from_bool(healthy: bool) -> Self {
+        if healthy { DeviceHealth::Healthy } else { DeviceHealth::Unhealthy }
+    }
+}
+
+/// CUDA compute capability `major.minor` (e.g. 8.6). On the wire it is a `float32` (`6.1`), computed
+/// upstream as `major + minor/10`, so `minor` is a single digit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct ComputeCapability {
+    /// Major version.
+    pub major: u32,
+    /// Minor version (0..=9).
+    pub minor: u32,
+}
+
+impl ComputeCapability {
+    /// Builds a capability; returns `None` when `minor > 9` (not representable on the wire).
+    pub fn new(major: u32, minor: u32) -> Option<Self> {
+        (minor <= 9).then_some(Self { major, minor })
+    }
+
+    /// The wire value (`major + minor/10` as `f32`).
+    pub fn as_f32(self) -> f32 {
+        // Build the value from its decimal text so that 6.1 is exactly the f32 nearest to 6.1.
+        format!("{}.{}", self.major, self.minor).parse::<f32>().unwrap_or(0.0)
+    }
+
+    /// Reads the wire value; `None` unless it is finite, non-negative and exactly `major.minor` with one
+    /// minor digit.
+    pub fn from_f32(value: f32) -> Option<Self> {
+        if !value.is_finite() || !(0.0..4_294_967_296.0).contains(&value) {
+            return None;
+        }
+        let major = value.trunc();
+        let minor = ((value - major) * 10.0).round();
+        if minor >= 10.0 {
+            return None;
+        }
+        // `as` is exact here: both are integral, in range and non-negative.
+        let cap = Self { major: major as u32, minor: minor as u32 };
+        (cap.as_f32() == value).then_some(cap)
+    }
+}
+
+impl fmt::Display for ComputeCapability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// One physical GPU of a node, as the scheduler sees it (one entry of `node-device-register`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct GpuDevice {
+    /// Device index on the node, `0..n-1` (`id`). The scheduler uses it as a slice index.
+    pub index: u32,
+    /// Device UUID, e.g. `GPU-49aa2e6a-33f3-99dd-e08b-ea4beb0e0d28` (`uuid`).
+    pub uuid: String,
+    /// Product/type name, e.g. `NVIDIA GeForce GTX 1050 Ti` (`type`).
+    pub type_name: String,
+    /// Maker; not on the wire (decoded devices get [`Vendor::Nvidia`]).
+    pub vendor: Vendor,
+    /// Schedulable memory in MiB, after memory scaling (`memory`).
+    pub memory_mib: u64,
+    /// Schedulable cores, `coresScaling × 100` (`core`).
+    pub cores: u64,
+    /// vGPU slots on this GPU: the node split count (`number`).
+    pub split_count: u32,
+    /// NUMA node, `None` when unknown (`numa` = -1).
+    pub numa_node: Option<u32>,
+    /// MIG mode enabled (`mig`); MIG GPUs are not shared as vGPUs.
+    pub mig_enabled: bool,
+    /// PCI bus id, e.g. `0000:01:00.0` (`busId`).
+    pub bus_id: String,
+    /// CUDA compute capability (`capability`).
+    pub capability: ComputeCapability,
+    /// Health (`healthy`).
+    pub health: DeviceHealth,
+}
+
+impl GpuDevice {
+    /// A device may take vGPU allocations: healthy and not in MIG mode.
+    pub fn is_schedulable(&self) -> bool {
+        self.health.is_healthy() && !self.mig_enabled
+    }
+}
+
+/// All GPUs of one node, ordered by index (`devices[i].index == i`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct NodeDeviceInventory {
+    /// The devices, `devices[i].index == i`.
+    pub devices: Vec<GpuDevice>,
+}
+
+impl NodeDeviceInventory {
+    /// Wraps a device list (no validation; the codec validates indices).
+    pub fn new(devices: Vec<GpuDevice>) -> Self {
+        Self { devices }
+    }
+
+    /// Number of devices.
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// `true` when the node has no devices.
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
+    /// The device with this index.
+    pub fn get(&self, index: u32) -> Option<&GpuDevice> {
+        self.devices.get(usize::try_from(index).ok()?)
+    }
+
+    /// The device with this UUID (case-sensitive).
+    pub fn by_uuid(&self, uuid: &str) -> Option<&GpuDevice> {
+        self.devices.iter().find(|d| d.uuid == uuid)
+    }
+
+    /// Devices that can take vGPU allocations.
+    pub fn schedulable(&self) -> impl Iterator<Item = &GpuDevice> {
+        self.devices.iter().filter(|d| d.is_schedulable())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capability_round_trip() {
+        for (major, minor) in [(6, 1), (8, 0), (8, 9), (10, 0), (12, 1)] {
+            let cap = ComputeCapability::new(major, minor).unwrap();
+            assert_eq!(ComputeCapability::from_f32(cap.as_f32()), Some(cap));
+        }
+        assert_eq!(ComputeCapability::from_f32(6.15), None);
+        assert_eq!(ComputeCapability::from_f32(-1.0), None);
+        assert_eq!(ComputeCapability::from_f32(f32::NAN), None);
+        assert_eq!(ComputeCapability::new(1, 10), None);
+    }
+}
