@@ -3,5 +3,6 @@
 //! Domain model, annotation codecs (wire-compatible with vgpu-manager), node config, device
 //! backends, sysfs/PCI discovery, allocators and topology scoring.
 
+pub mod codec;
 pub mod domain;
 pub mod model;
