@@ -6,3 +6,4 @@
 pub mod codec;
 pub mod domain;
 pub mod model;
+pub mod node_config;
