@@ -8,6 +8,8 @@
 //! Unknown fields are ignored (forward compatibility); every known field is required. Go's `null` (a nil
 //! slice) decodes as an empty inventory.
 
+use std::fmt::Write as _;
+
 use serde::Deserialize;
 
 use super::{CodecError, NODE_DEVICE_REGISTER, gojson};
@@ -127,17 +129,18 @@ pub fn encode(inventory: &NodeDeviceInventory) -> Result<String, CodecError> {
         if pos > 0 {
             out.push(',');
         }
-        out.push_str(&format!("{{\"id\":{},\"type\":", d.index));
+        let _ = write!(out, "{{\"id\":{},\"type\":", d.index);
         gojson::write_string(&mut out, &d.type_name);
         out.push_str(",\"uuid\":");
         gojson::write_string(&mut out, &d.uuid);
         let numa = d.numa_node.map_or(-1, i64::from);
-        out.push_str(&format!(
+        let _ = write!(
+            out,
             ",\"core\":{core},\"memory\":{memory},\"number\":{},\"numa\":{numa},\"mig\":{},\"busId\":",
             d.split_count, d.mig_enabled
-        ));
+        );
         gojson::write_string(&mut out, &d.bus_id);
-        out.push_str(&format!(",\"capability\":{capability},\"healthy\":{}}}", d.health.is_healthy()));
+        let _ = write!(out, ",\"capability\":{capability},\"healthy\":{}}}", d.health.is_healthy());
     }
     out.push(']');
     Ok(out)

@@ -12,6 +12,8 @@
 //! `;` (e.g. a trailing `;` left by appending one container at a time) are skipped. A UUID may itself contain
 //! `_`: the first field is the index and the last two are cores and memory. Values over 1 MiB are refused.
 
+use std::fmt::Write as _;
+
 use super::CodecError;
 use crate::model::{ContainerDeviceClaim, DeviceClaim, PodDeviceClaim};
 
@@ -42,7 +44,11 @@ pub fn decode(annotation: &'static str, value: &str) -> Result<PodDeviceClaim, C
     if value.len() > MAX_VALUE_LEN {
         return Err(CodecError::TooLong { annotation, len: value.len(), max: MAX_VALUE_LEN });
     }
-    let text: String = value.chars().filter(|c| !c.is_whitespace()).collect();
+    let text: std::borrow::Cow<'_, str> = if value.contains(char::is_whitespace) {
+        value.chars().filter(|c| !c.is_whitespace()).collect::<String>().into()
+    } else {
+        value.into()
+    };
     let syntax = |location: String, expected: &'static str, found: &str| CodecError::Syntax {
         annotation,
         location,
@@ -116,7 +122,7 @@ pub fn encode(claim: &PodDeviceClaim) -> Result<String, CodecError> {
             if i > 0 {
                 out.push(',');
             }
-            out.push_str(&format!("{}_{}_{}_{}", d.index, d.uuid, d.cores, d.memory_mib));
+            let _ = write!(out, "{}_{}_{}_{}", d.index, d.uuid, d.cores, d.memory_mib);
         }
         out.push(']');
     }
