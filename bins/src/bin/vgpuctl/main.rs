@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod decode;
 mod gates;
 
 /// Inspect and check vgpu configuration, annotations and placement.
@@ -19,11 +20,14 @@ enum Command {
     /// List, check and render feature gates.
     #[command(subcommand)]
     Gates(gates::GatesCommand),
+    /// Decode an annotation value (node-devices, node-config, node-topology, pod-devices) to normalized JSON.
+    Decode(decode::DecodeArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Gates(cmd) => gates::run(cmd),
+        Command::Decode(args) => decode::run(args),
     }
 }

@@ -1,0 +1,149 @@
+//! `vgpuctl decode KIND VALUE`: decode an annotation value and print it as normalized JSON.
+
+use std::{io::Read, process::ExitCode};
+
+use serde_json::{Value, json};
+use vgpu_core::{
+    codec::{node_config_info, node_devices, pod_devices},
+    model::{NodeDeviceInventory, NodeVgpuConfig, PodDeviceClaim},
+};
+
+/// Which annotation value to decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DecodeKind {
+    /// `node-device-register` (node device inventory JSON).
+    NodeDevices,
+    /// `node-config-info` (node vGPU config JSON).
+    NodeConfig,
+    /// `node-device-topology` (GPU link matrix JSON).
+    NodeTopology,
+    /// `pre-allocated` / `real-allocated` (pod device claim text).
+    PodDevices,
+}
+
+/// Arguments of `vgpuctl decode`.
+#[derive(Debug, clap::Args)]
+pub struct DecodeArgs {
+    /// Kind of value.
+    #[arg(value_enum)]
+    pub kind: DecodeKind,
+    /// The annotation value, or `-` to read it from stdin.
+    pub value: String,
+}
+
+/// Decodes and prints; exit 0 on success, 2 (message on stderr) on malformed input, 1 on I/O failure.
+pub fn run(args: DecodeArgs) -> ExitCode {
+    let value = if args.value == "-" {
+        let mut buf = String::new();
+        if let Err(e) = std::io::stdin().read_to_string(&mut buf) {
+            eprintln!("error: cannot read the value from stdin: {e}");
+            return ExitCode::FAILURE;
+        }
+        buf
+    } else {
+        args.value
+    };
+    match normalize(args.kind, &value) {
+        Ok(v) => match serde_json::to_string_pretty(&v) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: cannot print the value: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn normalize(kind: DecodeKind, value: &str) -> Result<Value, String> {
+    match kind {
+        DecodeKind::NodeDevices => node_devices::decode(value).map(devices_json).map_err(|e| e.to_string()),
+        DecodeKind::NodeConfig => node_config_info::decode(value).map(config_json).map_err(|e| e.to_string()),
+        DecodeKind::PodDevices => pod_devices::decode("pre-allocated/real-allocated", value)
+            .map(|c| claim_json(&c))
+            .map_err(|e| e.to_string()),
+        DecodeKind::NodeTopology => topology_json(value),
+    }
+}
+
+fn devices_json(inv: NodeDeviceInventory) -> Value {
+    Value::Array(
+        inv.devices
+            .into_iter()
+            .map(|d| {
+                json!({
+                    "id": d.index,
+                    "type": d.type_name,
+                    "uuid": d.uuid,
+                    "core": d.cores,
+                    "memory": d.memory_mib,
+                    "number": d.split_count,
+                    "numa": d.numa_node.map_or(-1, i64::from),
+                    "mig": d.mig_enabled,
+                    "busId": d.bus_id,
+                    "capability": capability_json(d.capability),
+                    "healthy": d.health.is_healthy(),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// `major.minor` as a JSON number (`6.1`, not the f32 widening `6.099999904632568`).
+fn capability_json(cap: vgpu_core::model::ComputeCapability) -> Value {
+    cap.to_string()
+        .parse::<serde_json::Number>()
+        .map_or_else(|_| Value::String(cap.to_string()), Value::Number)
+}
+
+fn config_json(c: NodeVgpuConfig) -> Value {
+    json!({
+        "deviceSplit": c.device_split,
+        "coresScaling": c.cores_scaling,
+        "memoryFactor": c.memory_factor,
+        "memoryScaling": c.memory_scaling,
+    })
+}
+
+fn claim_json(c: &PodDeviceClaim) -> Value {
+    Value::Array(
+        c.containers
+            .iter()
+            .map(|ctr| {
+                json!({
+                    "name": ctr.name,
+                    "devices": ctr.devices.iter().map(|d| json!({
+                        "index": d.index,
+                        "uuid": d.uuid,
+                        "cores": d.cores,
+                        "memoryMiB": d.memory_mib,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect(),
+    )
+}
+
+// TODO(merge): use vgpu_core::topology codec (owned by the topology work) instead of this generic check.
+fn topology_json(value: &str) -> Result<Value, String> {
+    let v: Value = serde_json::from_str(value)
+        .map_err(|e| format!("invalid node-device-topology value: expected a JSON array or object: {e}"))?;
+    match v {
+        Value::Array(_) | Value::Object(_) => Ok(v),
+        other => Err(format!(
+            "invalid node-device-topology value: expected a JSON array or object, found {}",
+            match other {
+                Value::Null => "null",
+                Value::Bool(_) => "a boolean",
+                Value::Number(_) => "a number",
+                _ => "a string",
+            }
+        )),
+    }
+}
