@@ -1,1 +1,2 @@
+//! `vgpu-device-monitor` (placeholder).
 fn main() {}

@@ -1,1 +1,2 @@
+//! `vgpu-device-plugin` (placeholder).
 fn main() {}

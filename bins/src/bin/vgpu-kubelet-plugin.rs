@@ -1,1 +1,2 @@
+//! `vgpu-kubelet-plugin` (placeholder).
 fn main() {}

@@ -1,1 +1,2 @@
+//! `vgpu-scheduler-extender` (placeholder).
 fn main() {}
