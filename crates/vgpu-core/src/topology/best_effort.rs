@@ -375,6 +375,21 @@ impl Solver {
             return e.value;
         }
         let mut candidates = self.candidates(mask);
+        if candidates.iter().all(|c| c.exact) {
+            // Every total is known: the first maximum in upstream's order wins.
+            let mut best: Option<Candidate> = None;
+            for c in candidates {
+                if best.is_none_or(|b| c.bound2 > b.bound2) {
+                    best = Some(c);
+                }
+            }
+            let entry = match best {
+                Some(c) => Entry { value: Some(c.bound2 / 2), block: c.block },
+                None => Entry { value: None, block: 0 },
+            };
+            self.memo.insert(mask, entry);
+            return entry.value;
+        }
         // Best-first; among equal bounds, upstream's order.
         candidates.sort_unstable_by(|a, b| b.bound2.cmp(&a.bound2).then(a.seq.cmp(&b.seq)));
         let mut best: Option<(u64, u64, u32)> = None; // (total, block, seq)
