@@ -61,9 +61,16 @@ fn node_config_ok_and_malformed() {
 fn node_topology_ok_and_malformed() {
     let v = stdout_json(vgpuctl().args(["decode", "node-topology", r#"[{"index":0,"links":{"1":[5,12]}}]"#]));
     assert_eq!(v[0]["links"]["1"][1], 12);
-    vgpuctl().args(["decode", "node-topology", "42"]).assert().code(2).stderr(predicate::str::contains(
-        "invalid node-device-topology value: expected a JSON array or object",
-    ));
+    assert_eq!(v[0]["linkNames"]["1"], serde_json::json!(["PIX", "NV6"]));
+    vgpuctl().args(["decode", "node-topology", "42"]).assert().code(2).stderr(
+        predicate::str::contains("invalid node-device-topology value")
+            .and(predicate::str::contains("expected")),
+    );
+    vgpuctl()
+        .args(["decode", "node-topology", r#"[{"index":0,"links":{"1":[99]}}]"#])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("invalid node-device-topology value"));
     vgpuctl()
         .args(["decode", "node-topology", "[{"])
         .assert()

@@ -130,20 +130,29 @@ fn claim_json(c: &PodDeviceClaim) -> Value {
     )
 }
 
-// TODO(merge): use vgpu_core::topology codec (owned by the topology work) instead of this generic check.
+/// The topology as decoded by the codec: per GPU its peers' link codes and their `nvidia-smi topo -m` names.
 fn topology_json(value: &str) -> Result<Value, String> {
-    let v: Value = serde_json::from_str(value)
-        .map_err(|e| format!("invalid node-device-topology value: expected a JSON array or object: {e}"))?;
-    match v {
-        Value::Array(_) | Value::Object(_) => Ok(v),
-        other => Err(format!(
-            "invalid node-device-topology value: expected a JSON array or object, found {}",
-            match other {
-                Value::Null => "null",
-                Value::Bool(_) => "a boolean",
-                Value::Number(_) => "a number",
-                _ => "a string",
-            }
-        )),
-    }
+    let topo = vgpu_core::topology::DeviceTopology::decode(value).map_err(|e| e.to_string())?;
+    Ok(Value::Array(
+        topo.gpus
+            .iter()
+            .map(|g| {
+                let links: serde_json::Map<String, Value> = g
+                    .links
+                    .iter()
+                    .map(|(peer, l)| {
+                        (peer.to_string(), l.iter().map(|t| t.code()).collect::<Vec<_>>().into())
+                    })
+                    .collect();
+                let names: serde_json::Map<String, Value> = g
+                    .links
+                    .iter()
+                    .map(|(peer, l)| {
+                        (peer.to_string(), l.iter().map(|t| t.short_name()).collect::<Vec<_>>().into())
+                    })
+                    .collect();
+                json!({"index": g.index, "links": links, "linkNames": names})
+            })
+            .collect(),
+    ))
 }
