@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod decode;
+mod devices;
 mod gates;
 
 /// Inspect and check vgpu configuration, annotations and placement.
@@ -22,6 +23,8 @@ enum Command {
     Gates(gates::GatesCommand),
     /// Decode an annotation value (node-devices, node-config, node-topology, pod-devices) to normalized JSON.
     Decode(decode::DecodeArgs),
+    /// List the GPUs a backend sees (table or JSON), optionally with the link matrix.
+    Devices(devices::DevicesArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,5 +32,6 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Gates(cmd) => gates::run(cmd),
         Command::Decode(args) => decode::run(args),
+        Command::Devices(args) => devices::run(args),
     }
 }
