@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod decode;
+mod devices;
 mod gates;
 mod topology;
 
@@ -26,6 +27,8 @@ enum Command {
     /// Score GPU sets and run best-effort allocation on a GPU link topology.
     #[command(subcommand)]
     Topology(topology::TopologyCommand),
+    /// List the GPUs a backend sees (table or JSON), optionally with the link matrix.
+    Devices(devices::DevicesArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,5 +37,6 @@ fn main() -> ExitCode {
         Command::Gates(cmd) => gates::run(cmd),
         Command::Decode(args) => decode::run(args),
         Command::Topology(cmd) => topology::run(cmd),
+        Command::Devices(args) => devices::run(args),
     }
 }

@@ -1,0 +1,498 @@
+//! The NVIDIA backend: [`NvmlBackend`], a [`DeviceBackend`] over NVML (`nvml-wrapper`).
+//!
+//! NVML is loaded at run time (`libnvidia-ml.so.1`, or [`NvmlOptions::library_path`]); without a driver,
+//! [`NvmlBackend::new`] returns [`Error::DriverNotFound`] saying what to check. Devices are addressed by
+//! their NVML index. The decisions (Xid policy, link codes, bus id form) live in the pure modules
+//! [`crate::xid`] and [`crate::topology`]; this module only asks NVML.
+//!
+//! Not covered, because nvml-wrapper 0.13 does not wrap the NVML calls and `unsafe` is not used here:
+//! MIG GPU-instance / compute-instance ids and placements ([`MigInstance`] gets `0` for them; the profile
+//! comes from the MIG device name), and `nvmlDeviceGetNvLinkRemoteDeviceType` (wrapped, but the wrapper
+//! always answers "unknown"; the remote kind is inferred, see [`crate::topology::classify_remote`]).
+
+mod health;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use nvml_wrapper::{
+    Device, Nvml,
+    enum_wrappers::{device::TopologyLevel, nv_link::IntDeviceType},
+    enums::device::UsedGpuMemory,
+    error::NvmlError,
+};
+use vgpu_core::{
+    backend::{
+        BackendError, DeviceBackend, GpuProcess, HealthEventSender, HealthEvents, LinkMatrix, MemoryUsage,
+        MigInstance, MigLayout, MigMode, MigProfile, ProcessKind, ProcessUtilizationSample, health_channel,
+    },
+    discovery::{DEFAULT_SYSFS_ROOT, fields::parse_numa_node},
+    model::{ComputeCapability, DeviceHealth, GpuDevice, Vendor},
+};
+
+use crate::{
+    NVML_LIBRARY,
+    error::Error,
+    topology::{self, NvLinkEnd, PcieLevel, RemoteKind},
+    xid::XidPolicy,
+};
+
+/// The most NVLinks NVML reports per GPU (`NVML_NVLINK_MAX_LINKS`).
+pub const NVLINK_MAX_LINKS: u32 = 18;
+
+/// Options of [`NvmlBackend`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmlOptions {
+    /// The NVML library to load instead of `libnvidia-ml.so.1` from the loader path.
+    pub library_path: Option<PathBuf>,
+    /// The sysfs mount, for NUMA nodes (`/sys`).
+    pub sysfs_root: PathBuf,
+    /// Which Xids make a GPU unhealthy.
+    pub xid_policy: XidPolicy,
+    /// How long one `nvmlEventSetWait` blocks, in milliseconds (the health thread checks for shutdown in
+    /// between).
+    pub event_wait_ms: u32,
+}
+
+impl Default for NvmlOptions {
+    fn default() -> Self {
+        Self {
+            library_path: None,
+            sysfs_root: PathBuf::from(DEFAULT_SYSFS_ROOT),
+            xid_policy: XidPolicy::default(),
+            event_wait_ms: 5000,
+        }
+    }
+}
+
+/// Driver versions (node labels `node-driver-version`, `node-cuda-version`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverInfo {
+    /// Driver version, e.g. `570.86.10`.
+    pub driver_version: String,
+    /// CUDA driver version `(major, minor)` (from `cudaDriverVersion`: `v / 1000`, `v % 1000 / 10`).
+    pub cuda_version: Option<(u32, u32)>,
+    /// NVML library version.
+    pub nvml_version: Option<String>,
+}
+
+/// Splits NVML's integer CUDA driver version (`12040`) into `(12, 4)`.
+pub fn cuda_version_parts(version: i32) -> Option<(u32, u32)> {
+    let v = u32::try_from(version).ok()?;
+    Some((v / 1000, v % 1000 / 10))
+}
+
+/// Turns an `Nvml::init` failure into [`Error`], with what to check.
+pub fn init_error(library: &str, err: &NvmlError) -> Error {
+    match err {
+        NvmlError::LibloadingError(inner) => {
+            Error::DriverNotFound { library: library.to_owned(), detail: inner.to_string() }
+        }
+        NvmlError::LibraryNotFound => {
+            Error::DriverNotFound { library: library.to_owned(), detail: err.to_string() }
+        }
+        NvmlError::FailedToLoadSymbol(symbol) => Error::NvmlInit {
+            message: format!("{library} lacks {symbol}: the driver is too old or the file is not NVML"),
+        },
+        NvmlError::DriverNotLoaded => Error::NvmlInit {
+            message: "the NVIDIA kernel driver is not loaded (check `lsmod | grep nvidia` and `dmesg`)"
+                .to_owned(),
+        },
+        NvmlError::LibRmVersionMismatch => Error::NvmlInit {
+            message:
+                "the NVML library and the kernel driver versions differ (reload the nvidia kernel module or \
+                      reboot after a driver upgrade)"
+                    .to_owned(),
+        },
+        NvmlError::NoPermission => Error::NvmlInit {
+            message: "no permission to open the NVIDIA devices (/dev/nvidiactl, /dev/nvidia*)".to_owned(),
+        },
+        other => Error::NvmlInit { message: other.to_string() },
+    }
+}
+
+fn lib(operation: &'static str) -> impl FnOnce(NvmlError) -> BackendError {
+    move |err| BackendError::Library { operation, source: Box::new(err) }
+}
+
+/// The parent's `(uuid)` index map used by health events.
+#[derive(Debug, Clone)]
+pub(crate) struct WatchedDevice {
+    pub(crate) index: u32,
+    pub(crate) uuid: String,
+}
+
+/// The NVIDIA backend.
+///
+/// ```no_run
+/// use vgpu_core::backend::DeviceBackend;
+/// use vgpu_nvml::nvml::{NvmlBackend, NvmlOptions};
+///
+/// let backend = NvmlBackend::new(NvmlOptions::default())?;
+/// for gpu in backend.devices()? {
+///     println!("{} {} {} MiB", gpu.index, gpu.uuid, gpu.memory_mib);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct NvmlBackend {
+    nvml: Arc<Nvml>,
+    options: NvmlOptions,
+    stop: Arc<AtomicBool>,
+    idle_senders: Mutex<Vec<HealthEventSender>>,
+}
+
+impl NvmlBackend {
+    /// Loads and initialises NVML.
+    pub fn new(options: NvmlOptions) -> Result<Self, Error> {
+        let nvml = match &options.library_path {
+            Some(path) => Nvml::builder()
+                .lib_path(path.as_os_str())
+                .init()
+                .map_err(|err| init_error(&path.display().to_string(), &err))?,
+            None => Nvml::init().map_err(|err| init_error(NVML_LIBRARY, &err))?,
+        };
+        Ok(Self {
+            nvml: Arc::new(nvml),
+            options,
+            stop: Arc::new(AtomicBool::new(false)),
+            idle_senders: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The options in use.
+    pub fn options(&self) -> &NvmlOptions {
+        &self.options
+    }
+
+    /// Driver, CUDA and NVML versions.
+    pub fn driver_info(&self) -> Result<DriverInfo, BackendError> {
+        Ok(DriverInfo {
+            driver_version: self.nvml.sys_driver_version().map_err(lib("nvmlSystemGetDriverVersion"))?,
+            cuda_version: self.nvml.sys_cuda_driver_version().ok().and_then(cuda_version_parts),
+            nvml_version: self.nvml.sys_nvml_version().ok(),
+        })
+    }
+
+    /// The minor number of a GPU (its device node is `/dev/nvidia<minor>`).
+    pub fn minor_number(&self, index: u32) -> Result<u32, BackendError> {
+        self.device(index)?.minor_number().map_err(lib("nvmlDeviceGetMinorNumber"))
+    }
+
+    fn count(&self) -> Result<u32, BackendError> {
+        self.nvml.device_count().map_err(lib("nvmlDeviceGetCount"))
+    }
+
+    fn device(&self, index: u32) -> Result<Device<'_>, BackendError> {
+        match self.nvml.device_by_index(index) {
+            Ok(device) => Ok(device),
+            Err(NvmlError::InvalidArg | NvmlError::NotFound) => {
+                let count = self.count().map(|c| c as usize).unwrap_or(0);
+                Err(BackendError::NoSuchDevice { index, count })
+            }
+            Err(err) => Err(lib("nvmlDeviceGetHandleByIndex")(err)),
+        }
+    }
+
+    fn bus_id(device: &Device<'_>) -> Result<String, BackendError> {
+        let raw = device.pci_info().map_err(lib("nvmlDeviceGetPciInfo"))?.bus_id;
+        Ok(topology::normalize_bus_id(&raw).unwrap_or(raw))
+    }
+
+    fn numa_node(&self, device: &Device<'_>, bus_id: &str) -> Option<u32> {
+        sysfs_numa_node(&self.options.sysfs_root, bus_id).or_else(|| device.numa_node_id().ok())
+    }
+
+    fn describe(&self, index: u32) -> Result<GpuDevice, BackendError> {
+        let device = self.device(index)?;
+        let uuid = device.uuid().map_err(lib("nvmlDeviceGetUUID"))?;
+        let type_name = device.name().map_err(lib("nvmlDeviceGetName"))?;
+        let memory = device.memory_info().map_err(lib("nvmlDeviceGetMemoryInfo"))?;
+        let bus_id = Self::bus_id(&device)?;
+        let capability = device
+            .cuda_compute_capability()
+            .ok()
+            .and_then(|cc| {
+                ComputeCapability::new(u32::try_from(cc.major).ok()?, u32::try_from(cc.minor).ok()?)
+            })
+            .unwrap_or_default();
+        let mig_enabled = device.mig_mode().is_ok_and(|m| m.current == 1);
+        Ok(GpuDevice {
+            index,
+            uuid,
+            type_name,
+            vendor: Vendor::Nvidia,
+            memory_mib: memory.total >> 20,
+            cores: 100,
+            split_count: 10,
+            numa_node: self.numa_node(&device, &bus_id),
+            mig_enabled,
+            bus_id,
+            capability,
+            health: DeviceHealth::Healthy,
+        })
+    }
+
+    fn nvlinks(device: &Device<'_>, gpu_bus_ids: &[String]) -> Vec<NvLinkEnd> {
+        let mut ends = Vec::new();
+        for link in 0..NVLINK_MAX_LINKS {
+            let wrapper = device.link_wrapper_for(link);
+            if !wrapper.is_active().unwrap_or(false) {
+                continue;
+            }
+            let Ok(remote) = wrapper.remote_pci_info() else { continue };
+            let bus = topology::normalize_bus_id(&remote.bus_id).unwrap_or(remote.bus_id);
+            let reported = match wrapper.remote_device_type(link) {
+                Ok(IntDeviceType::Gpu) => RemoteKind::Gpu,
+                Ok(IntDeviceType::Switch) => RemoteKind::Switch,
+                Ok(IntDeviceType::Ibmnpu) => RemoteKind::Other,
+                _ => RemoteKind::Unknown,
+            };
+            let remote = topology::classify_remote(reported, &bus, remote.pci_device_id, gpu_bus_ids);
+            ends.push(NvLinkEnd { remote_bus_id: bus, remote });
+        }
+        ends
+    }
+
+    pub(crate) fn watched_devices(&self) -> Result<Vec<WatchedDevice>, BackendError> {
+        (0..self.count()?)
+            .map(|index| {
+                let uuid = self.device(index)?.uuid().map_err(lib("nvmlDeviceGetUUID"))?;
+                Ok(WatchedDevice { index, uuid })
+            })
+            .collect()
+    }
+}
+
+impl Drop for NvmlBackend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Reads `<sysfs>/bus/pci/devices/<bus_id>/numa_node` (`None` when absent, `-1` or malformed).
+pub fn sysfs_numa_node(sysfs_root: &Path, bus_id: &str) -> Option<u32> {
+    let text =
+        std::fs::read_to_string(sysfs_root.join("bus/pci/devices").join(bus_id).join("numa_node")).ok()?;
+    parse_numa_node(&text).ok().flatten()
+}
+
+fn pcie_level(level: TopologyLevel) -> PcieLevel {
+    match level {
+        TopologyLevel::Internal => PcieLevel::Internal,
+        TopologyLevel::Single => PcieLevel::Single,
+        TopologyLevel::Multiple => PcieLevel::Multiple,
+        TopologyLevel::HostBridge => PcieLevel::HostBridge,
+        TopologyLevel::Node => PcieLevel::Node,
+        TopologyLevel::System => PcieLevel::System,
+    }
+}
+
+/// The MIG profile named at the end of a MIG device name (`NVIDIA A100-SXM4-40GB MIG 3g.20gb` → `3g.20gb`).
+pub fn profile_from_mig_name(name: &str) -> Option<MigProfile> {
+    name.split_whitespace().next_back()?.parse().ok()
+}
+
+impl DeviceBackend for NvmlBackend {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn devices(&self) -> Result<Vec<GpuDevice>, BackendError> {
+        (0..self.count()?).map(|index| self.describe(index)).collect()
+    }
+
+    fn memory_usage(&self, index: u32) -> Result<MemoryUsage, BackendError> {
+        let memory = self.device(index)?.memory_info().map_err(lib("nvmlDeviceGetMemoryInfo"))?;
+        Ok(MemoryUsage { total_bytes: memory.total, used_bytes: memory.used })
+    }
+
+    fn topology(&self) -> Result<LinkMatrix, BackendError> {
+        let count = self.count()?;
+        let devices: Vec<Device<'_>> = (0..count).map(|i| self.device(i)).collect::<Result<_, _>>()?;
+        let bus_ids: Vec<String> = devices.iter().map(Self::bus_id).collect::<Result<_, _>>()?;
+        let numa: Vec<Option<u32>> =
+            devices.iter().zip(&bus_ids).map(|(d, b)| self.numa_node(d, b)).collect();
+        let nvlinks: Vec<Vec<NvLinkEnd>> = devices.iter().map(|d| Self::nvlinks(d, &bus_ids)).collect();
+        Ok(topology::build_matrix(&bus_ids, &nvlinks, |i, j| {
+            let level = u32::try_from(j)
+                .ok()
+                .and_then(|j| self.nvml.device_by_index(j).ok())
+                .and_then(|other| devices.get(i)?.topology_common_ancestor(other).ok());
+            match level {
+                Some(level) => Some(pcie_level(level)),
+                None => PcieLevel::from_numa(*numa.get(i)?, *numa.get(j)?),
+            }
+        }))
+    }
+
+    /// Starts a thread around `nvmlEventSetWait` for this subscriber (see [`crate::xid`] for what is
+    /// reported). When health checks are disabled, the stream stays open and silent.
+    fn health_events(&self) -> Result<HealthEvents, BackendError> {
+        let (tx, rx) = health_channel();
+        if self.options.xid_policy.is_all_disabled() {
+            let mut idle = self.idle_senders.lock().unwrap_or_else(PoisonError::into_inner);
+            idle.retain(HealthEventSender::is_open);
+            idle.push(tx);
+            return Ok(rx);
+        }
+        let devices = self.watched_devices()?;
+        let watcher = health::Watcher {
+            nvml: Arc::clone(&self.nvml),
+            policy: self.options.xid_policy.clone(),
+            devices,
+            tx,
+            stop: Arc::clone(&self.stop),
+            wait_ms: self.options.event_wait_ms,
+        };
+        std::thread::Builder::new()
+            .name("nvml-health".to_owned())
+            .spawn(move || watcher.run())
+            .map_err(|err| BackendError::Unavailable { backend: "nvml", message: err.to_string() })?;
+        Ok(rx)
+    }
+
+    fn processes(&self, index: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        let device = self.device(index)?;
+        let compute =
+            device.running_compute_processes().map_err(lib("nvmlDeviceGetComputeRunningProcesses"))?;
+        let graphics = device.running_graphics_processes().unwrap_or_default();
+        let convert = |kind: ProcessKind| {
+            move |p: nvml_wrapper::struct_wrappers::device::ProcessInfo| GpuProcess {
+                pid: p.pid,
+                used_memory_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(bytes) => Some(bytes),
+                    UsedGpuMemory::Unavailable => None,
+                },
+                kind,
+            }
+        };
+        Ok(compute
+            .into_iter()
+            .map(convert(ProcessKind::Compute))
+            .chain(graphics.into_iter().map(convert(ProcessKind::Graphics)))
+            .collect())
+    }
+
+    fn process_utilization(
+        &self,
+        index: u32,
+        since_timestamp_us: u64,
+    ) -> Result<Vec<ProcessUtilizationSample>, BackendError> {
+        let device = self.device(index)?;
+        let since = (since_timestamp_us > 0).then_some(since_timestamp_us);
+        match device.process_utilization_stats(since) {
+            Ok(samples) => Ok(samples
+                .into_iter()
+                .map(|s| ProcessUtilizationSample {
+                    pid: s.pid,
+                    timestamp_us: s.timestamp,
+                    sm_percent: s.sm_util,
+                    memory_percent: s.mem_util,
+                    encoder_percent: s.enc_util,
+                    decoder_percent: s.dec_util,
+                })
+                .collect()),
+            Err(NvmlError::NotFound) => Ok(Vec::new()),
+            Err(NvmlError::NotSupported) => {
+                Err(BackendError::NotSupported { backend: "nvml", operation: "process utilization" })
+            }
+            Err(err) => Err(lib("nvmlDeviceGetProcessUtilization")(err)),
+        }
+    }
+
+    fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {
+        let device = self.device(index)?;
+        let mode = match device.mig_mode() {
+            Ok(m) if m.current == 1 => MigMode::Enabled,
+            Ok(_) => MigMode::Disabled,
+            Err(NvmlError::GpuLost) => return Err(lib("nvmlDeviceGetMigMode")(NvmlError::GpuLost)),
+            Err(_) => MigMode::NotSupported,
+        };
+        let mut instances = Vec::new();
+        if mode == MigMode::Enabled {
+            let count = device.mig_device_count().map_err(lib("nvmlDeviceGetMaxMigDeviceCount"))?;
+            for i in 0..count {
+                let mig = match device.mig_device_by_index(i) {
+                    Ok(mig) => mig,
+                    Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
+                    Err(err) => return Err(lib("nvmlDeviceGetMigDeviceHandleByIndex")(err)),
+                };
+                let uuid = mig.uuid().map_err(lib("nvmlDeviceGetUUID"))?;
+                let name = mig.name().unwrap_or_default();
+                let memory_mib = mig.memory_info().map(|m| m.total >> 20).unwrap_or(0);
+                let profile = profile_from_mig_name(&name).unwrap_or(MigProfile {
+                    compute_slices: 0,
+                    memory_gb: 0,
+                    suffix: String::new(),
+                });
+                instances.push(MigInstance {
+                    uuid,
+                    profile,
+                    gpu_instance_id: 0,
+                    compute_instance_id: 0,
+                    placement_start: 0,
+                    placement_size: 0,
+                    memory_mib,
+                });
+            }
+        }
+        Ok(MigLayout { mode, instances })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_is_a_clear_error() {
+        let options = NvmlOptions {
+            library_path: Some("/nonexistent/libnvidia-ml.so.1".into()),
+            ..NvmlOptions::default()
+        };
+        let err = NvmlBackend::new(options).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.starts_with("NVIDIA driver library /nonexistent/libnvidia-ml.so.1 not found"), "{err}");
+        assert!(err.contains("LD_LIBRARY_PATH") && err.contains("container toolkit"), "{err}");
+    }
+
+    #[test]
+    fn init_errors_name_the_cause() {
+        assert!(
+            init_error("x", &NvmlError::DriverNotLoaded).to_string().contains("kernel driver is not loaded")
+        );
+        assert!(init_error("x", &NvmlError::LibRmVersionMismatch).to_string().contains("versions differ"));
+        assert!(matches!(init_error("x", &NvmlError::LibraryNotFound), Error::DriverNotFound { .. }));
+        assert!(init_error("x", &NvmlError::Unknown).to_string().starts_with("NVML initialisation failed"));
+    }
+
+    #[test]
+    fn small_parsers() {
+        assert_eq!(cuda_version_parts(12040), Some((12, 4)));
+        assert_eq!(cuda_version_parts(11080), Some((11, 8)));
+        assert_eq!(cuda_version_parts(-1), None);
+        assert_eq!(
+            profile_from_mig_name("NVIDIA A100-SXM4-40GB MIG 3g.20gb").map(|p| p.to_string()),
+            Some("3g.20gb".into())
+        );
+        assert_eq!(profile_from_mig_name("NVIDIA H100 MIG 1g.10gb+me").map(|p| p.suffix), Some("+me".into()));
+        assert_eq!(profile_from_mig_name(""), None);
+    }
+
+    #[test]
+    fn numa_from_fake_sysfs() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = dir.path().join("bus/pci/devices/0000:18:00.0");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("numa_node"), "1\n").unwrap();
+        assert_eq!(sysfs_numa_node(dir.path(), "0000:18:00.0"), Some(1));
+        std::fs::write(dev.join("numa_node"), "-1\n").unwrap();
+        assert_eq!(sysfs_numa_node(dir.path(), "0000:18:00.0"), None);
+        assert_eq!(sysfs_numa_node(dir.path(), "0000:19:00.0"), None);
+    }
+}
