@@ -93,3 +93,32 @@ impl DeviceState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32, uuid: &str) -> GpuDevice {
+        GpuDevice { index, uuid: uuid.into(), memory_mib: 1000, ..GpuDevice::default() }
+    }
+
+    #[test]
+    fn settings_apply_and_exclusions_stay_unhealthy() {
+        let mut settings =
+            NodeSettings { device_split_count: 4, device_memory_scaling: 1.5, ..NodeSettings::default() };
+        settings.device_cores_scaling = 2.0;
+        settings.exclude_devices.push_entry("GPU-b").unwrap();
+        let devices = node_devices(&[gpu(0, "GPU-a"), gpu(1, "GPU-b")], &settings);
+        assert_eq!((devices[0].split_count, devices[0].cores, devices[0].memory_mib), (4, 200, 1500));
+        assert!(devices[0].health.is_healthy() && !devices[1].health.is_healthy());
+
+        let state = DeviceState::new(devices, &settings);
+        let ev = |index, kind| HealthEvent { index, uuid: String::new(), kind, message: String::new() };
+        assert!(!state.apply(&ev(1, HealthEventKind::Recovered)), "excluded GPUs stay unhealthy");
+        assert!(!state.apply(&ev(0, HealthEventKind::Xid { code: 43 })), "application Xid");
+        assert!(state.apply(&ev(0, HealthEventKind::DeviceLost)));
+        assert!(!state.devices()[0].health.is_healthy());
+        assert!(state.apply(&ev(0, HealthEventKind::Recovered)));
+        assert!(!state.apply(&ev(7, HealthEventKind::DeviceLost)), "unknown GPU");
+    }
+}

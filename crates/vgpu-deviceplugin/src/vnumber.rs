@@ -516,3 +516,57 @@ impl PluginHandler for VgpuNumberPlugin {
         Ok(PreStartContainerResponse {})
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::InMemoryCluster;
+    use std::collections::BTreeMap;
+
+    fn pod(name: &str, time: &str) -> PodInfo {
+        let labels = BTreeMap::from([("nvidia.com/assigned-phase".to_owned(), "allocating".to_owned())]);
+        let annotations = BTreeMap::from([
+            ("nvidia.com/pre-allocated".to_owned(), "main[0_GPU-a_10_10]".to_owned()),
+            ("nvidia.com/predicate-node".to_owned(), "n1".to_owned()),
+            ("nvidia.com/predicate-time".to_owned(), time.to_owned()),
+        ]);
+        PodInfo { name: name.into(), node_name: "n1".into(), labels, annotations, ..PodInfo::default() }
+    }
+
+    #[test]
+    fn current_pod_is_the_oldest_eligible_one() {
+        let config = Arc::new(PluginConfig::new("n1"));
+        let state = DeviceState::new(Vec::new(), &config.settings);
+        let plugin = VgpuNumberPlugin::new(config, state, Some(Arc::new(InMemoryCluster::default())));
+        let mut deleting = pod("deleting", "1");
+        deleting.deleting = true;
+        let mut failed = pod("failed", "2");
+        failed.phase = PHASE_FAILED.into();
+        let mut elsewhere = pod("elsewhere", "3");
+        elsewhere.annotations.insert("nvidia.com/predicate-node".into(), "n2".into());
+        let mut filtering = pod("filtering", "4");
+        filtering.labels.insert("nvidia.com/assigned-phase".into(), "filtering".into());
+        let pods = vec![
+            deleting,
+            failed,
+            elsewhere,
+            filtering,
+            pod("done", PREDICATE_TIME_DONE),
+            pod("zero", "0"),
+            pod("junk", "x"),
+            pod("b", "20"),
+            pod("a", "10"),
+        ];
+        assert_eq!(plugin.current_pod(pods).unwrap().name, "a");
+        assert!(plugin.current_pod(vec![pod("done", PREDICATE_TIME_DONE)]).is_none());
+    }
+
+    #[test]
+    fn core_limit_envs() {
+        assert_eq!(core_limits(ComputePolicy::Fixed, 30), ("30".into(), "30".into()));
+        assert_eq!(core_limits(ComputePolicy::Balance, 30), ("30".into(), "100".into()));
+        assert_eq!(core_limits(ComputePolicy::None, 30), (String::new(), String::new()));
+        assert_eq!(core_limits(ComputePolicy::Fixed, 100), (String::new(), String::new()));
+        assert!(is_truthy(" Enabled") && is_truthy("1") && !is_truthy("yes"));
+    }
+}
