@@ -7,6 +7,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
+//! | [`abi`] | byte-exact shared files: `vgpu.config` ([`abi::vgpu_config`], magic `VGCF`, 8192 bytes) and `devices.json`, written atomically |
 //! | [`domain`] | [`ResourceDomain`](domain::ResourceDomain): the configurable `nvidia.com` domain and every resource, annotation and label key built from it |
 //! | [`model`] | the domain model: [`GpuDevice`](model::GpuDevice), [`NodeDeviceInventory`](model::NodeDeviceInventory), [`NodeVgpuConfig`](model::NodeVgpuConfig), requests, [`PodDeviceClaim`](model::PodDeviceClaim), policy enums |
 //! | [`codec`] | byte-exact codecs for `node-device-register`, `node-config-info`, `pre-allocated`/`real-allocated` and the include/exclude GPU lists |
@@ -48,6 +49,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod abi;
 pub mod backend;
 pub mod codec;
 pub mod discovery;

@@ -1,23 +1,75 @@
-//! vgpu-deviceplugin: the kubelet device plugin of vgpu.
+//! vgpu-deviceplugin: the kubelet device plugin of vgpu (contract §5), wire-compatible with vgpu-manager.
 //!
-//! This crate will hold the kubelet device-plugin gRPC server (`v1beta1` Registration and
-//! DevicePlugin, pod-resources `v1`), registration and re-registration when kubelet restarts,
-//! `ListAndWatch` health streaming, `Allocate` (environment, mounts, device nodes, CDI devices and
-//! the per-container `vgpu.config`), and node publishing. The server is tracked in issue #6; for
-//! now the crate holds the well-known paths and names of the contract
-//! (`shared/reference/vgpu-manager-contract.md` §1, §5, §13) and the component's gate registry.
+//! # Module map
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`api`] | generated tonic/prost code: device-plugin `v1beta1`, pod-resources `v1` |
+//! | [`plugin`] | [`PluginHandler`](plugin::PluginHandler), the thin internal trait behind the generated `DevicePlugin` trait; the vcore / vmemory plugins |
+//! | [`vnumber`] | the `vgpu-number` plugin: `<uuid>::<i>` devices, preferred allocation, `Allocate`, `PreStartContainer` |
+//! | [`service`] | the generated `DevicePlugin` trait over a handler: translation and the `ListAndWatch` stream |
+//! | [`server`] | serving one handler on a unix socket |
+//! | [`registration`] | unix-socket gRPC clients: probe our socket, `Register` with the kubelet |
+//! | [`manager`] | [`PluginManager`](manager::PluginManager): serve + register every plugin, re-register when `kubelet.sock` is re-created, bounded crash restarts |
+//! | [`inventory`] | the advertised GPUs (settings applied) and their health from the backend's event stream |
+//! | [`ids`] | kubelet device ID formats |
+//! | [`cluster`] | [`ClusterClient`](cluster::ClusterClient): list pods on the node, patch pods; [`InMemoryCluster`](cluster::InMemoryCluster) |
+//! | [`config`] | [`PluginConfig`](config::PluginConfig), the resolved configuration |
+//! | [`error`] | [`PluginError`](error::PluginError) (per RPC) and [`ServerError`](error::ServerError) |
+//!
+//! # Example
+//!
+//! Serve the plugins of a mock node in a temporary directory (no kubelet there, so `run` keeps retrying
+//! registration until shutdown):
 //!
 //! ```
-//! use vgpu_deviceplugin::{DEFAULT_DEVICE_PLUGIN_PATH, VGPU_SOCKET, feature_gates};
-//! use vgpu_gates::CoreGate;
+//! use std::{sync::Arc, time::Duration};
+//! use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
+//! use vgpu_deviceplugin::{
+//!     build_handlers, cluster::InMemoryCluster, config::PluginConfig, inventory::{DeviceState, node_devices},
+//!     manager::PluginManager,
+//! };
 //!
-//! assert_eq!(format!("{DEFAULT_DEVICE_PLUGIN_PATH}{VGPU_SOCKET}"), "/var/lib/kubelet/device-plugins/nvidia-vgpu.sock");
-//! let gates = feature_gates().configure(["GPUCoreResourcePlugin=true"])?;
-//! assert!(gates.enabled(CoreGate::GPUCoreResourcePlugin));
-//! # Ok::<(), vgpu_gates::Error>(())
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = std::env::temp_dir().join(format!("vgpu-dp-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let backend = MockBackend::from_yaml_str("gpus:\n  - { uuid: GPU-a, name: L4, memoryMiB: 23034 }\n")?;
+//! let mut config = PluginConfig::new("node-1");
+//! config.device_plugin_path = dir.clone();
+//! config.manager_dir = dir.clone();
+//! config.watch_interval = Duration::from_millis(20);
+//! let state = DeviceState::new(node_devices(&backend.devices()?, &config.settings), &config.settings);
+//! tokio::spawn(state.clone().watch_backend(backend.health_events()?));
+//! let config = Arc::new(config);
+//! let handlers = build_handlers(&config, &state, Some(Arc::new(InMemoryCluster::default())));
+//! assert_eq!(handlers[0].resource_name(), "nvidia.com/vgpu-number");
+//! assert_eq!(handlers[0].devices(&state.devices()).len(), 10);
+//! PluginManager::new((*config).clone(), state, handlers)
+//!     .run(tokio::time::sleep(Duration::from_millis(50)))
+//!     .await?;
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(())
+//! # }
 //! ```
 
+use std::sync::Arc;
+
+use vgpu_core::node_config::MigStrategy;
+use vgpu_gates::CoreGate;
+
 pub mod api;
+pub mod cluster;
+pub mod config;
+pub mod error;
+pub mod ids;
+pub mod inventory;
+pub mod manager;
+pub mod plugin;
+pub mod registration;
+pub mod server;
+pub mod service;
+pub mod vnumber;
 
 /// Default `--device-plugin-path`: the kubelet's device-plugin directory.
 pub const DEFAULT_DEVICE_PLUGIN_PATH: &str = "/var/lib/kubelet/device-plugins/";
@@ -35,4 +87,27 @@ pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.s
 /// The device-plugin's feature-gate registry (Core).
 pub fn feature_gates() -> &'static vgpu_gates::Registry<vgpu_gates::CoreGate> {
     vgpu_gates::device_plugin()
+}
+
+/// The plugins this configuration serves, in order: vnumber (unless `migStrategy: single`), vcore (gate
+/// `GPUCoreResourcePlugin`), vmemory (gate `GPUMemoryResourcePlugin`).
+pub fn build_handlers(
+    config: &Arc<config::PluginConfig>,
+    state: &inventory::DeviceState,
+    cluster: Option<Arc<dyn cluster::ClusterClient>>,
+) -> Vec<Arc<dyn plugin::PluginHandler>> {
+    let mut handlers: Vec<Arc<dyn plugin::PluginHandler>> = Vec::new();
+    if config.settings.mig_strategy != MigStrategy::Single {
+        handlers.push(Arc::new(vnumber::VgpuNumberPlugin::new(Arc::clone(config), state.clone(), cluster)));
+    }
+    if config.gates.enabled(CoreGate::GPUCoreResourcePlugin) {
+        handlers.push(Arc::new(plugin::ResourcePlugin::cores(&config.domain)));
+    }
+    if config.gates.enabled(CoreGate::GPUMemoryResourcePlugin) {
+        handlers.push(Arc::new(plugin::ResourcePlugin::memory(
+            &config.domain,
+            config.settings.device_memory_factor,
+        )));
+    }
+    handlers
 }

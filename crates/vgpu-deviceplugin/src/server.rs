@@ -1,0 +1,81 @@
+//! Serving a [`PluginHandler`] on a unix socket.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use tokio::{net::UnixListener, sync::watch, task::JoinHandle};
+use tokio_stream::wrappers::UnixListenerStream;
+use vgpu_core::model::GpuDevice;
+
+use crate::{
+    api::v1beta1::device_plugin_server::DevicePluginServer, error::ServerError, plugin::PluginHandler,
+    service::DevicePluginService,
+};
+
+/// A plugin being served: stop it with [`RunningServer::stop`]; [`RunningServer::handle`] ends when the
+/// serve loop ends (`Ok` after a stop, `Err` when it crashed).
+#[derive(Debug)]
+pub struct RunningServer {
+    /// The socket path.
+    pub socket: PathBuf,
+    stop: watch::Sender<bool>,
+    /// The serve task.
+    pub handle: JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// Asks the server to stop (open `ListAndWatch` streams end, then the server drains) and waits for it.
+    /// The socket file is removed.
+    pub async fn stop(self) -> Result<(), ServerError> {
+        let _ = self.stop.send(true);
+        let result = match self.handle.await {
+            Ok(result) => result,
+            Err(join) => Err(ServerError::Io {
+                path: self.socket.clone(),
+                action: "join serve task",
+                source: std::io::Error::other(join.to_string()),
+            }),
+        };
+        remove_socket(&self.socket);
+        result
+    }
+}
+
+fn remove_socket(path: &Path) {
+    if let Err(err) = std::fs::remove_file(path)
+        && err.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(socket = %path.display(), %err, "could not remove socket");
+    }
+}
+
+/// Binds `socket` (removing a stale file first) and serves `handler` on it in a task.
+pub fn serve(
+    handler: Arc<dyn PluginHandler>,
+    socket: PathBuf,
+    gpus: watch::Receiver<Vec<GpuDevice>>,
+) -> Result<RunningServer, ServerError> {
+    remove_socket(&socket);
+    let listener = UnixListener::bind(&socket).map_err(|source| ServerError::Io {
+        path: socket.clone(),
+        action: "bind unix socket",
+        source,
+    })?;
+    let (stop, stop_rx) = watch::channel(false);
+    let service = DevicePluginService::new(handler, gpus, stop_rx.clone());
+    let path = socket.clone();
+    let handle = tokio::spawn(async move {
+        let mut stop_rx = stop_rx;
+        let shutdown = async move {
+            let _ = stop_rx.wait_for(|stopped| *stopped).await;
+        };
+        tonic::transport::Server::builder()
+            .add_service(DevicePluginServer::new(service))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+            .await
+            .map_err(|source| ServerError::Transport { path, source })
+    });
+    Ok(RunningServer { socket, stop, handle })
+}

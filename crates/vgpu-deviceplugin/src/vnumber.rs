@@ -1,0 +1,572 @@
+//! The vnumber plugin (`<domain>/vgpu-number` on `nvidia-vgpu.sock`, contract §5.2): `<uuid>::<i>` devices,
+//! preferred allocation from the scheduler's `pre-allocated` claim, `Allocate` (find the admitted pod,
+//! check the claim, build envs and mounts, write the per-container files, patch the pod) and
+//! `PreStartContainer`.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use vgpu_core::{
+    abi::{
+        devices_json,
+        vgpu_config::{self, BuildOptions, ContainerIdentity, VgpuConfig},
+    },
+    codec::pod_devices,
+    model::{ComputePolicy, ContainerDeviceClaim, GpuDevice, PodDeviceClaim},
+    node_config::DeviceListStrategy,
+};
+use vgpu_gates::CoreGate;
+
+use crate::{
+    api::v1beta1::{
+        AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
+        ContainerPreferredAllocationResponse, Device, DevicePluginOptions, Mount, PreStartContainerRequest,
+        PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
+    },
+    cluster::{ClusterClient, PHASE_FAILED, PHASE_SUCCEEDED, PodInfo, PodPatch},
+    config::PluginConfig,
+    error::PluginError,
+    ids,
+    inventory::DeviceState,
+    plugin::{PluginHandler, default_preferred_allocation, health_text, topology},
+};
+
+/// `MANAGER_VISIBLE_DEVICES` placeholder of an unused slot.
+pub const EMPTY_UUID: &str = "GPU-00000000-0000-0000-0000-000000000000";
+/// `predicate-time` after success or failure.
+pub const PREDICATE_TIME_DONE: &str = "9223372036854775807";
+/// Container path of the per-container config directory.
+pub const CONTAINER_CONFIG_DIR: &str = "/etc/vgpu-manager/config";
+/// Container-side root of the volume-mounts device list.
+pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
+/// CDI kind of the GPUs the device plugin hands out.
+pub const CDI_KIND: &str = "k8s.device-plugin.nvidia.com/gpu";
+
+/// `1`, `true` or `enabled`, case-insensitive.
+pub fn is_truthy(value: &str) -> bool {
+    ["1", "true", "enabled"].iter().any(|t| value.trim().eq_ignore_ascii_case(t))
+}
+
+/// The vnumber plugin.
+pub struct VgpuNumberPlugin {
+    config: Arc<PluginConfig>,
+    resource_name: String,
+    state: DeviceState,
+    cluster: Option<Arc<dyn ClusterClient>>,
+    allocating: tokio::sync::Mutex<()>,
+}
+
+impl VgpuNumberPlugin {
+    /// Without a cluster client `Allocate` and the pre-allocated preference fail / fall back.
+    pub fn new(
+        config: Arc<PluginConfig>,
+        state: DeviceState,
+        cluster: Option<Arc<dyn ClusterClient>>,
+    ) -> Self {
+        let resource_name = config.domain.vgpu_number();
+        Self { config, resource_name, state, cluster, allocating: tokio::sync::Mutex::new(()) }
+    }
+
+    fn cluster(&self) -> Result<&Arc<dyn ClusterClient>, String> {
+        self.cluster.as_ref().ok_or_else(|| "no cluster client configured".to_owned())
+    }
+
+    /// The pod being admitted on this node: label `assigned-phase=allocating`, not Succeeded/Failed, not
+    /// deleting, with `pre-allocated`, `predicate-node == spec.nodeName` and `predicate-time` in
+    /// `(0, MaxInt64)`; the oldest `predicate-time` wins (ties by namespace/name).
+    pub fn current_pod(&self, pods: Vec<PodInfo>) -> Option<PodInfo> {
+        let d = &self.config.domain;
+        let (phase_key, pre_key, node_key, time_key) =
+            (d.assigned_phase(), d.pre_allocated(), d.predicate_node(), d.predicate_time());
+        pods.into_iter()
+            .filter(|p| p.labels.get(&phase_key).map(String::as_str) == Some("allocating"))
+            .filter(|p| p.phase != PHASE_SUCCEEDED && p.phase != PHASE_FAILED && !p.deleting)
+            .filter(|p| p.annotations.get(&pre_key).is_some_and(|v| !v.is_empty()))
+            .filter(|p| p.annotations.get(&node_key) == Some(&p.node_name))
+            .filter_map(|p| {
+                let t = p.annotations.get(&time_key)?.trim().parse::<i64>().ok()?;
+                (t > 0 && t < i64::MAX).then_some((t, p))
+            })
+            .min_by(|(ta, a), (tb, b)| {
+                ta.cmp(tb).then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
+            })
+            .map(|(_, p)| p)
+    }
+
+    fn claims_of(&self, pod: &PodInfo) -> Result<(PodDeviceClaim, PodDeviceClaim), String> {
+        let get = |key: String| pod.annotations.get(&key).cloned().unwrap_or_default();
+        let pre = pod_devices::decode_pre_allocated(&get(self.config.domain.pre_allocated()))
+            .map_err(|e| e.to_string())?;
+        let real_text = get(self.config.domain.real_allocated());
+        let real = if real_text.trim().is_empty() {
+            PodDeviceClaim::default()
+        } else {
+            pod_devices::decode_real_allocated(&real_text).map_err(|e| e.to_string())?
+        };
+        Ok((pre, real))
+    }
+
+    async fn preferred(
+        &self,
+        request: &PreferredAllocationRequest,
+    ) -> Result<PreferredAllocationResponse, String> {
+        let cluster = self.cluster()?;
+        let pods = cluster.list_node_pods(&self.config.node_name).await.map_err(|e| e.to_string())?;
+        let pod = self.current_pod(pods).ok_or("no pod is being allocated")?;
+        let (pre, real) = self.claims_of(&pod)?;
+        let mut used = HashSet::new();
+        let mut container_responses = Vec::new();
+        for (cursor, req) in (real.containers.len()..).zip(&request.container_requests) {
+            let claim = pre.containers.get(cursor).ok_or("no pre-allocated container left")?;
+            if usize::try_from(req.allocation_size).ok() != Some(claim.devices.len()) {
+                return Err("allocation size does not match the pre-allocated claim".to_owned());
+            }
+            let mut picked = Vec::new();
+            for device in &claim.devices {
+                let id = req
+                    .available_device_i_ds
+                    .iter()
+                    .find(|id| ids::gpu_uuid_of(id) == Some(device.uuid.as_str()) && !used.contains(*id))
+                    .ok_or_else(|| format!("no available device on {}", device.uuid))?;
+                used.insert(id.clone());
+                picked.push(id.clone());
+            }
+            container_responses.push(ContainerPreferredAllocationResponse { device_i_ds: picked });
+        }
+        Ok(PreferredAllocationResponse { container_responses })
+    }
+
+    async fn try_allocate(
+        &self,
+        pod: &PodInfo,
+        request: &AllocateRequest,
+    ) -> Result<(AllocateResponse, PodDeviceClaim, bool), String> {
+        let (pre, mut real) = self.claims_of(pod)?;
+        let gpus = self.state.devices();
+        let mut responses = Vec::new();
+        for req in &request.container_requests {
+            let cursor = real.containers.len();
+            let claim = pre.containers.get(cursor).ok_or_else(|| {
+                format!("pod {}/{} has no pre-allocated container left", pod.namespace, pod.name)
+            })?;
+            if req.devices_ids.len() != claim.devices.len() {
+                return Err(format!(
+                    "requested number of devices does not match: container {} requested {}, pre-allocated {}",
+                    claim.name,
+                    req.devices_ids.len(),
+                    claim.devices.len()
+                ));
+            }
+            let mut devices = claim.devices.clone();
+            devices.sort_by_key(|d| d.index);
+            for d in &devices {
+                if !gpus.iter().any(|g| g.uuid == d.uuid) {
+                    return Err(format!(
+                        "device {} does not exist on node {}",
+                        d.uuid, self.config.node_name
+                    ));
+                }
+            }
+            let claim = ContainerDeviceClaim { name: claim.name.clone(), devices };
+            responses.push(self.container_response(pod, &claim, &req.devices_ids, &gpus)?);
+            real.containers.push(claim);
+        }
+        let done = real.containers.len() >= pre.containers.len();
+        Ok((AllocateResponse { container_responses: responses }, real, done))
+    }
+
+    fn compute_policy(&self, pod: &PodInfo) -> ComputePolicy {
+        pod.annotations
+            .get(&self.config.domain.vgpu_compute_policy())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default()
+    }
+
+    fn container_response(
+        &self,
+        pod: &PodInfo,
+        claim: &ContainerDeviceClaim,
+        device_ids: &[String],
+        gpus: &[GpuDevice],
+    ) -> Result<ContainerAllocateResponse, String> {
+        let cfg = &self.config;
+        let gates = &cfg.gates;
+        let settings = &cfg.settings;
+        let policy = self.compute_policy(pod);
+        let env_of = pod.containers.iter().find(|c| c.name == claim.name).map(|c| &c.env);
+        let env_flag = |key: &str| env_of.and_then(|e| e.get(key)).is_some_and(|v| is_truthy(v));
+
+        let mut envs = HashMap::new();
+        let mut set = |k: &str, v: String| {
+            envs.insert(k.to_owned(), v);
+        };
+        set("VGPU_POD_NAME", pod.name.clone());
+        set("VGPU_POD_NAMESPACE", pod.namespace.clone());
+        set("VGPU_POD_UID", pod.uid.clone());
+        set("VGPU_CONTAINER_NAME", claim.name.clone());
+        set("CUDA_MEM_RATIO", format!("{:.2}", settings.device_memory_scaling));
+        set("EXTERNAL_SM_WATCHER_ENABLED", gates.enabled(CoreGate::SharedSMUtilizationWatcher).to_string());
+        set("CUDA_CORE_LIMIT", String::new());
+        set("CUDA_CORE_SOFT_LIMIT", String::new());
+        set("MANAGER_CLIENT_REGISTER_UUID", String::new());
+        set("MANAGER_COMPATIBILITY_MODE", cfg.compatibility_mode().to_string());
+        set("CUDA_SM_SHARED_BUCKET", "true".to_owned());
+        set("VMEMORY_NODE_ENABLED", gates.enabled(CoreGate::VirtualMemoryTracking).to_string());
+        let mut visible = vec![EMPTY_UUID.to_owned(); vgpu_config::MAX_DEVICE_COUNT];
+        for d in &claim.devices {
+            let (hard, soft) = core_limits(policy, d.cores);
+            set(&format!("CUDA_MEM_LIMIT_{}", d.index), format!("{}m", d.memory_mib));
+            set(&format!("CUDA_CORE_LIMIT_{}", d.index), hard);
+            set(&format!("CUDA_CORE_SOFT_LIMIT_{}", d.index), soft);
+            if let Some(slot) = usize::try_from(d.index).ok().and_then(|i| visible.get_mut(i)) {
+                slot.clone_from(&d.uuid);
+            }
+        }
+        set("MANAGER_VISIBLE_DEVICES", visible.join(","));
+        for (on, key) in [
+            (settings.gds_enabled, "NVIDIA_GDS"),
+            (settings.mofed_enabled, "NVIDIA_MOFED"),
+            (settings.gdrcopy_enabled, "NVIDIA_GDRCOPY"),
+        ] {
+            if on {
+                set(key, "enabled".to_owned());
+            }
+        }
+
+        let uuids: Vec<&str> = claim.devices.iter().map(|d| d.uuid.as_str()).collect();
+        let mut mounts = Vec::new();
+        let mut cdi_devices = Vec::new();
+        let strategies = &settings.device_list_strategy;
+        if strategies.contains(&DeviceListStrategy::Envvar) {
+            set("NVIDIA_VISIBLE_DEVICES", uuids.join(","));
+        }
+        if strategies.contains(&DeviceListStrategy::VolumeMounts) {
+            set("NVIDIA_VISIBLE_DEVICES", VOLUME_MOUNTS_ROOT.to_owned());
+            for uuid in &uuids {
+                mounts.push(mount(&format!("{VOLUME_MOUNTS_ROOT}/{uuid}"), Path::new("/dev/null"), true));
+            }
+        }
+        if strategies.contains(&DeviceListStrategy::CdiCri) {
+            cdi_devices = uuids.iter().map(|u| CdiDevice { name: format!("{CDI_KIND}={u}") }).collect();
+        }
+
+        let host = &cfg.host_manager_dir;
+        let dir_name = format!("{}_{}", pod.uid, claim.name);
+        let host_dir = host.join(&dir_name);
+        if gates.enabled(CoreGate::DevicePluginClientMode) {
+            mounts.push(mount("/etc/vgpu-manager/registry", &host.join("registry"), true));
+        } else {
+            mounts.push(mount("/etc/vgpu-manager/.host_proc", Path::new("/proc"), true));
+        }
+        if gates.enabled(CoreGate::SharedSMUtilizationWatcher) {
+            mounts.push(mount("/etc/vgpu-manager/watcher", &host.join("watcher"), true));
+        }
+        mounts.push(mount(
+            "/etc/vgpu-manager/driver/libvgpu-control.so",
+            &host.join(format!("libvgpu-control.so.{}", cfg.library_version)),
+            true,
+        ));
+        mounts.push(mount(CONTAINER_CONFIG_DIR, &host_dir.join("config"), true));
+        mounts.push(mount("/tmp/.vgpu_lock", &host_dir.join("vgpu_lock"), false));
+        mounts.push(mount("/tmp/.vmem_node", &host_dir.join("vmem_node"), false));
+        mounts.push(mount("/tmp/.sm_node", &host_dir.join("sm_node"), false));
+        if !env_flag("DISABLE_VGPU_CONTROL") {
+            mounts.push(mount("/etc/ld.so.preload", &host.join("ld.so.preload"), true));
+        }
+
+        // Side effects: the per-container tree, devices.json and a fresh vgpu.config.
+        let local_dir = cfg.manager_dir.join(&dir_name);
+        for sub in ["", "vgpu_lock", "vmem_node", "sm_node", "config"] {
+            make_dir(&local_dir.join(sub))?;
+        }
+        devices_json::write(&local_dir.join(devices_json::FILE_NAME), device_ids)
+            .map_err(|e| e.to_string())?;
+        let identity = ContainerIdentity {
+            pod_uid: pod.uid.clone(),
+            pod_name: pod.name.clone(),
+            pod_namespace: pod.namespace.clone(),
+            container_name: claim.name.clone(),
+            register_uuid: String::new(),
+        };
+        let options = BuildOptions {
+            memory_scaling: settings.device_memory_scaling,
+            compute_policy: policy,
+            memory_oversold: env_flag("CUDA_MEM_OVERSOLD"),
+            compatibility_mode: cfg.compatibility_mode(),
+            sm_watcher: gates.enabled(CoreGate::SharedSMUtilizationWatcher),
+            vmem_node: gates.enabled(CoreGate::VirtualMemoryTracking),
+            cuda_version: cfg.cuda_version,
+            driver_version: cfg.driver_version.clone(),
+        };
+        let config =
+            VgpuConfig::build(&identity, &options, &claim.devices, gpus).map_err(|e| e.to_string())?;
+        let config_path = local_dir.join("config").join(vgpu_config::FILE_NAME);
+        remove_if_present(&config_path)?;
+        vgpu_config::write(&config_path, &config).map_err(|e| e.to_string())?;
+
+        Ok(ContainerAllocateResponse {
+            envs,
+            mounts,
+            devices: Vec::new(),
+            annotations: HashMap::new(),
+            cdi_devices,
+        })
+    }
+
+    async fn patch(&self, pod: &PodInfo, patch: PodPatch) -> Result<(), String> {
+        self.cluster()?.patch_pod(&pod.namespace, &pod.name, &patch).await.map_err(|e| e.to_string())
+    }
+
+    fn success_patch(&self, real: &PodDeviceClaim, done: bool) -> Result<PodPatch, String> {
+        let d = &self.config.domain;
+        let mut patch = PodPatch::default();
+        let real_text = pod_devices::encode(real).map_err(|e| e.to_string())?;
+        patch.annotations.insert(d.real_allocated(), Some(real_text));
+        let phase = if done { "succeed" } else { "allocating" };
+        patch.labels.insert(d.assigned_phase(), Some(phase.to_owned()));
+        patch.labels.insert(d.metrics_node(), Some(self.config.node_name.clone()));
+        if done {
+            patch.annotations.insert(d.predicate_time(), Some(PREDICATE_TIME_DONE.to_owned()));
+        }
+        Ok(patch)
+    }
+
+    fn failed_patch(&self) -> PodPatch {
+        let d = &self.config.domain;
+        let mut patch = PodPatch::default();
+        patch.labels.insert(d.assigned_phase(), Some("failed".to_owned()));
+        patch.labels.insert(d.metrics_node(), None);
+        patch.annotations.insert(d.predicate_time(), Some(PREDICATE_TIME_DONE.to_owned()));
+        patch
+    }
+}
+
+/// `CUDA_CORE_LIMIT_<i>` and `CUDA_CORE_SOFT_LIMIT_<i>`: fixed → both = cores, balance → cores and 100,
+/// when 0 < cores < 100; otherwise (none, whole GPU) both empty.
+pub fn core_limits(policy: ComputePolicy, cores: u64) -> (String, String) {
+    if cores == 0 || cores >= 100 {
+        return (String::new(), String::new());
+    }
+    match policy {
+        ComputePolicy::Fixed => (cores.to_string(), cores.to_string()),
+        ComputePolicy::Balance => (cores.to_string(), "100".to_owned()),
+        ComputePolicy::None => (String::new(), String::new()),
+    }
+}
+
+fn mount(container: &str, host: &Path, read_only: bool) -> Mount {
+    Mount { container_path: container.to_owned(), host_path: host.display().to_string(), read_only }
+}
+
+fn make_dir(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path).map_err(|e| format!("{}: create directory: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))
+        .map_err(|e| format!("{}: chmod 0777: {e}", path.display()))
+}
+
+fn remove_if_present(path: &Path) -> Result<(), String> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("{}: remove: {e}", path.display())),
+    }
+}
+
+/// The per-container directory whose `devices.json` holds exactly `ids` (as a set); the most recently
+/// modified wins when stale directories match too.
+pub fn find_container_dir(manager_dir: &Path, ids: &[String]) -> Result<Option<PathBuf>, String> {
+    let want: HashSet<&String> = ids.iter().collect();
+    let entries =
+        std::fs::read_dir(manager_dir).map_err(|e| format!("{}: read dir: {e}", manager_dir.display()))?;
+    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let file = dir.join(devices_json::FILE_NAME);
+        let Ok(found) = devices_json::read(&file) else { continue };
+        if found.len() == ids.len() && found.iter().collect::<HashSet<_>>() == want {
+            let modified =
+                std::fs::metadata(&file).and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
+            if best.as_ref().is_none_or(|(t, _)| modified > *t) {
+                best = Some((modified, dir));
+            }
+        }
+    }
+    Ok(best.map(|(_, d)| d))
+}
+
+#[tonic::async_trait]
+impl PluginHandler for VgpuNumberPlugin {
+    fn name(&self) -> &'static str {
+        "vnumber-plugin"
+    }
+
+    fn socket_name(&self) -> &str {
+        crate::VGPU_SOCKET
+    }
+
+    fn resource_name(&self) -> &str {
+        &self.resource_name
+    }
+
+    fn options(&self) -> DevicePluginOptions {
+        DevicePluginOptions {
+            pre_start_required: true,
+            get_preferred_allocation_available: self
+                .config
+                .gates
+                .enabled(CoreGate::HonorPreAllocatedDeviceIDs),
+        }
+    }
+
+    fn devices(&self, gpus: &[GpuDevice]) -> Vec<Device> {
+        let mut out = Vec::new();
+        for gpu in gpus.iter().filter(|g| !g.mig_enabled) {
+            let health = health_text(gpu);
+            let topology = topology(gpu);
+            for i in 0..gpu.split_count {
+                out.push(Device {
+                    id: ids::vgpu_device_id(&gpu.uuid, i),
+                    health: health.clone(),
+                    topology: topology.clone(),
+                });
+            }
+        }
+        out
+    }
+
+    /// With gate `HonorPreAllocatedDeviceIDs`: the IDs of the scheduler's pre-allocated GPUs for the next
+    /// containers; any failure (or the gate off) gives the default preference.
+    async fn preferred_allocation(
+        &self,
+        request: PreferredAllocationRequest,
+    ) -> Result<PreferredAllocationResponse, PluginError> {
+        if self.config.gates.enabled(CoreGate::HonorPreAllocatedDeviceIDs) {
+            match self.preferred(&request).await {
+                Ok(resp) => return Ok(resp),
+                Err(err) => tracing::info!(%err, "pre-allocated preference unavailable; using the default"),
+            }
+        }
+        Ok(default_preferred_allocation(&request))
+    }
+
+    async fn allocate(&self, request: AllocateRequest) -> Result<AllocateResponse, PluginError> {
+        let _serial = self.allocating.lock().await;
+        let cluster = self.cluster().map_err(PluginError::Allocate)?;
+        let pods = cluster
+            .list_node_pods(&self.config.node_name)
+            .await
+            .map_err(|e| PluginError::Allocate(e.to_string()))?;
+        let pod = self.current_pod(pods).ok_or_else(|| {
+            PluginError::Allocate(format!("no pod in allocating phase on node {}", self.config.node_name))
+        })?;
+        let result = self.try_allocate(&pod, &request).await;
+        let outcome = match result {
+            Ok((response, real, done)) => match self.success_patch(&real, done) {
+                Ok(patch) => self.patch(&pod, patch).await.map(|()| response),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(response) => Ok(response),
+            Err(err) => {
+                if let Err(patch_err) = self.patch(&pod, self.failed_patch()).await {
+                    tracing::error!(%patch_err, pod = %pod.name, "could not mark the pod failed");
+                }
+                Err(PluginError::Allocate(err))
+            }
+        }
+    }
+
+    /// Finds the container by its `devices.json`, checks its `vgpu.config` (exactly 8192 bytes with gate
+    /// `AllocationFailureReschedule`), then deletes `config/pids.config`, `vmem_node/vmem_node.config` and
+    /// `sm_node/sm_node.config` so the library starts clean.
+    async fn pre_start_container(
+        &self,
+        request: PreStartContainerRequest,
+    ) -> Result<PreStartContainerResponse, PluginError> {
+        let dir = find_container_dir(&self.config.manager_dir, &request.devices_ids)
+            .map_err(PluginError::PreStart)?
+            .ok_or_else(|| {
+                PluginError::PreStart(format!(
+                    "inconsistent allocation results of container equipment: no container holds {:?}",
+                    request.devices_ids
+                ))
+            })?;
+        let config = dir.join("config").join(vgpu_config::FILE_NAME);
+        let meta = std::fs::metadata(&config)
+            .map_err(|e| PluginError::PreStart(format!("{}: {e}", config.display())))?;
+        if self.config.gates.enabled(CoreGate::AllocationFailureReschedule)
+            && meta.len() != vgpu_config::FILE_SIZE as u64
+        {
+            return Err(PluginError::PreStart(format!(
+                "{}: size {} is not {}",
+                config.display(),
+                meta.len(),
+                vgpu_config::FILE_SIZE
+            )));
+        }
+        for stale in ["config/pids.config", "vmem_node/vmem_node.config", "sm_node/sm_node.config"] {
+            remove_if_present(&dir.join(stale)).map_err(PluginError::PreStart)?;
+        }
+        Ok(PreStartContainerResponse {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::InMemoryCluster;
+    use std::collections::BTreeMap;
+
+    fn pod(name: &str, time: &str) -> PodInfo {
+        let labels = BTreeMap::from([("nvidia.com/assigned-phase".to_owned(), "allocating".to_owned())]);
+        let annotations = BTreeMap::from([
+            ("nvidia.com/pre-allocated".to_owned(), "main[0_GPU-a_10_10]".to_owned()),
+            ("nvidia.com/predicate-node".to_owned(), "n1".to_owned()),
+            ("nvidia.com/predicate-time".to_owned(), time.to_owned()),
+        ]);
+        PodInfo { name: name.into(), node_name: "n1".into(), labels, annotations, ..PodInfo::default() }
+    }
+
+    #[test]
+    fn current_pod_is_the_oldest_eligible_one() {
+        let config = Arc::new(PluginConfig::new("n1"));
+        let state = DeviceState::new(Vec::new(), &config.settings);
+        let plugin = VgpuNumberPlugin::new(config, state, Some(Arc::new(InMemoryCluster::default())));
+        let mut deleting = pod("deleting", "1");
+        deleting.deleting = true;
+        let mut failed = pod("failed", "2");
+        failed.phase = PHASE_FAILED.into();
+        let mut elsewhere = pod("elsewhere", "3");
+        elsewhere.annotations.insert("nvidia.com/predicate-node".into(), "n2".into());
+        let mut filtering = pod("filtering", "4");
+        filtering.labels.insert("nvidia.com/assigned-phase".into(), "filtering".into());
+        let pods = vec![
+            deleting,
+            failed,
+            elsewhere,
+            filtering,
+            pod("done", PREDICATE_TIME_DONE),
+            pod("zero", "0"),
+            pod("junk", "x"),
+            pod("b", "20"),
+            pod("a", "10"),
+        ];
+        assert_eq!(plugin.current_pod(pods).unwrap().name, "a");
+        assert!(plugin.current_pod(vec![pod("done", PREDICATE_TIME_DONE)]).is_none());
+    }
+
+    #[test]
+    fn core_limit_envs() {
+        assert_eq!(core_limits(ComputePolicy::Fixed, 30), ("30".into(), "30".into()));
+        assert_eq!(core_limits(ComputePolicy::Balance, 30), ("30".into(), "100".into()));
+        assert_eq!(core_limits(ComputePolicy::None, 30), (String::new(), String::new()));
+        assert_eq!(core_limits(ComputePolicy::Fixed, 100), (String::new(), String::new()));
+        assert!(is_truthy(" Enabled") && is_truthy("1") && !is_truthy("yes"));
+    }
+}
