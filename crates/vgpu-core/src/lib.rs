@@ -13,6 +13,7 @@
 //! | [`node_config`] | the device plugin's per-node config file (JSONC or YAML) and the effective [`NodeSettings`](node_config::NodeSettings) |
 //! | [`backend`] | the vendor-neutral [`DeviceBackend`](backend::DeviceBackend) seam (devices, memory, links, health, processes, MIG) and the mock backend |
 //! | [`discovery`] | vendor-neutral GPU scan of sysfs, `pci.ids` naming, vendor table, bare-metal detection |
+//! | [`topology`] | `node-device-topology` codec, go-gpuallocator link scores, exact best-effort GPU set allocation |
 //!
 //! # Example
 //!
@@ -53,3 +54,4 @@ pub mod discovery;
 pub mod domain;
 pub mod model;
 pub mod node_config;
+pub mod topology;

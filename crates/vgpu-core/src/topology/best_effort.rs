@@ -1,0 +1,427 @@
+//! The go-gpuallocator best-effort policy, solved exactly by memoised search over subsets.
+//!
+//! # What upstream computes
+//!
+//! With `n` available GPUs (ascending index order), a set size `s ≥ 2` and `required` GPUs `R`, upstream pads
+//! the list with `p = (s − n mod s) mod s` placeholders and walks every partition of the padded list into sets
+//! of `s`, where each set holds either all `p` placeholders or none (so at most one *short* set). Sets are
+//! generated in a fixed order: each partition is a sequence of sets ordered by their smallest member, and each
+//! set is compared as its sorted tuple with placeholders after every real GPU; partitions are visited in
+//! lexicographic order of that sequence. Among partitions with a placeholder-free set containing all of `R`,
+//! the *first visited* with the highest score (sum of set scores, placeholders scoring 0) wins. Upstream then
+//! returns the first highest-scoring set of that partition among those containing `R`. For `s = 1` every
+//! single GPU is its own "partition" and the first one containing `R` wins.
+//!
+//! # How we compute it
+//!
+//! The winning partition is the lexicographically first partition of maximal score under the constraint
+//! "every set meeting `R` contains all of `R` and no placeholder" (equivalent to upstream's filter). Both the
+//! score and the order decompose over the first set: the best partition of a GPU mask `M` is the first (in
+//! upstream's set order) set `B ∋ min(M)` maximising `score(B) + best(M ∖ B)`, followed by the best partition of
+//! `M ∖ B`. [`BestEffortPolicy`] memoises `best(M)` per mask and enumerates candidate sets in upstream's order,
+//! replacing the incumbent only on a strictly greater total — which reproduces upstream's first-wins tie-break
+//! exactly. A child `M ∖ B` is skipped, without changing any memoised value, when
+//! `score(B) + bound(M ∖ B)` cannot exceed the incumbent, where `bound` is half the sum over GPUs of their
+//! `s − 1` best pair scores inside the mask (every set's score is at most that).
+//!
+//! # Deliberate differences
+//!
+//! * Upstream may return the short set, i.e. fewer real GPUs than asked. We never do: in that case we return
+//!   the first highest-scoring placeholder-free set of the same partition (there always is one).
+//! * `available` and `required` are sets: order and duplicates in the arguments do not matter (upstream's own
+//!   allocator passes them sorted and distinct).
+//! * Upstream re-uses slice storage between partitions; for 7 or more sets per partition this can overwrite the
+//!   recorded best partition. We follow the algorithm's intent, not that accident.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::score::{GpuSetError, Topology};
+
+/// Most distinct available GPUs one best-effort call accepts (GPU subsets are 64-bit masks).
+pub const MAX_AVAILABLE: usize = 64;
+
+/// Result of an allocation: the chosen GPUs (ascending) and their set score. Empty when nothing fits.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Allocation {
+    /// Chosen GPU indices, ascending; empty when no set fits.
+    pub devices: Vec<usize>,
+    /// Set score of `devices` (0 when empty or a single GPU).
+    pub score: u64,
+}
+
+impl Allocation {
+    /// Whether nothing was allocated.
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+}
+
+/// One set of a partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionSet {
+    /// Real GPUs of the set, ascending.
+    pub devices: Vec<usize>,
+    /// Placeholders in the set (0, or all of the partition's padding).
+    pub padding: usize,
+    /// Set score (placeholders score 0).
+    pub score: u64,
+}
+
+/// The best-scoring partition chosen by the best-effort policy, and the sets picked from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BestPartition {
+    /// Sets in upstream's order (by smallest member).
+    pub sets: Vec<PartitionSet>,
+    /// Partition score: sum of set scores.
+    pub score: u64,
+    /// Index in `sets` of the set upstream returns (possibly a padded one).
+    pub upstream: usize,
+    /// Index in `sets` of the set we return (never padded).
+    pub chosen: usize,
+}
+
+/// The go-gpuallocator best-effort policy over a [`Topology`].
+///
+/// ```
+/// use vgpu_core::topology::{BestEffortPolicy, Topology};
+///
+/// // 4 GPUs: NV2 bridges 0-3 and 1-2, NODE 0-1 and 2-3, SYS 0-2 and 1-3 (4×RTX8000).
+/// let topology = Topology::decode(
+///     r#"[{"index":0,"links":{"1":[2],"2":[1],"3":[8]}},{"index":1,"links":{"0":[2],"2":[8],"3":[1]}},
+///        {"index":2,"links":{"0":[1],"1":[8],"3":[2]}},{"index":3,"links":{"0":[8],"1":[1],"2":[2]}}]"#,
+/// )?;
+/// let policy = BestEffortPolicy::new(&topology);
+/// let got = policy.allocate(&[0, 1, 2, 3], &[], 2)?;
+/// assert_eq!(got.devices, vec![0, 3]);
+/// assert_eq!(got.score, 200);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct BestEffortPolicy<'a> {
+    topology: &'a Topology,
+}
+
+impl<'a> BestEffortPolicy<'a> {
+    /// A policy scoring with `topology`.
+    pub fn new(topology: &'a Topology) -> Self {
+        Self { topology }
+    }
+
+    /// Returns the set of `size` GPUs from `available` (including all of `required`) that upstream's best-effort
+    /// policy returns, with the padding fix described in the [module docs](self).
+    ///
+    /// Empty when `size == 0`, fewer than `size` GPUs are available, more than `size` are required, or a
+    /// required GPU is not available. Errors only for GPU indices outside the topology or more than
+    /// [`MAX_AVAILABLE`] available GPUs.
+    pub fn allocate(
+        &self,
+        available: &[usize],
+        required: &[usize],
+        size: usize,
+    ) -> Result<Allocation, GpuSetError> {
+        Ok(match self.best_partition(available, required, size)? {
+            Some(best) => match best.sets.into_iter().nth(best.chosen) {
+                Some(set) => Allocation { devices: set.devices, score: set.score },
+                None => Allocation::default(),
+            },
+            None => Allocation::default(),
+        })
+    }
+
+    /// The winning partition and the sets upstream and we pick from it; `None` when nothing fits.
+    ///
+    /// For `size == 1` upstream does not partition: the "partition" is the single winning GPU.
+    pub fn best_partition(
+        &self,
+        available: &[usize],
+        required: &[usize],
+        size: usize,
+    ) -> Result<Option<BestPartition>, GpuSetError> {
+        let available = self.topology.normalize(available)?;
+        let required = self.topology.normalize(required)?;
+        if available.len() > MAX_AVAILABLE {
+            return Err(GpuSetError::TooManyGpus { count: available.len(), max: MAX_AVAILABLE });
+        }
+        let n = available.len();
+        if size == 0 || n < size || required.len() > size {
+            return Ok(None);
+        }
+        // Required GPUs as a local mask; one that is not available means no partition qualifies.
+        let mut req = 0u64;
+        for r in &required {
+            match available.binary_search(r) {
+                Ok(i) => req |= 1u64 << i,
+                Err(_) => return Ok(None),
+            }
+        }
+        if size == 1 {
+            let first = if req == 0 { 0 } else { req.trailing_zeros() as usize };
+            let Some(&gpu) = available.get(first) else { return Ok(None) };
+            let set = PartitionSet { devices: vec![gpu], padding: 0, score: 0 };
+            return Ok(Some(BestPartition { sets: vec![set], score: 0, upstream: 0, chosen: 0 }));
+        }
+
+        let mut solver = Solver::new(self.topology, &available, size, req);
+        let full = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+        let Some(score) = solver.solve(full) else { return Ok(None) };
+
+        // Walk the memo along the optimal path; sets come out ordered by smallest member.
+        let mut sets = Vec::new();
+        let mut mask = full;
+        while mask != 0 {
+            let Some(entry) = solver.memo.get(&mask) else { return Ok(None) };
+            let block = entry.block;
+            if block == 0 || block & !mask != 0 {
+                return Ok(None);
+            }
+            let members: Vec<usize> = bits(block).collect();
+            let padding = size - members.len();
+            let set_score = solver.block_score(&members);
+            sets.push(PartitionSet {
+                devices: members.iter().filter_map(|&i| available.get(i).copied()).collect(),
+                padding,
+                score: set_score,
+            });
+            mask &= !block;
+        }
+
+        // Upstream: first highest-scoring set among those containing all required GPUs.
+        let contains_required = |set: &PartitionSet| required.iter().all(|r| set.devices.contains(r));
+        let first_best = |allow_padded: bool| {
+            let mut pick: Option<(usize, u64)> = None;
+            for (i, set) in sets.iter().enumerate() {
+                if !contains_required(set) || (!allow_padded && set.padding > 0) {
+                    continue;
+                }
+                if pick.is_none_or(|(_, s)| set.score > s) {
+                    pick = Some((i, set.score));
+                }
+            }
+            pick.map(|(i, _)| i)
+        };
+        let Some(upstream) = first_best(true) else { return Ok(None) };
+        let chosen = if sets.get(upstream).is_some_and(|s| s.padding > 0) {
+            match first_best(false) {
+                Some(i) => i,
+                None => return Ok(None),
+            }
+        } else {
+            upstream
+        };
+        Ok(Some(BestPartition { sets, score, upstream, chosen }))
+    }
+}
+
+/// Iterates the set bit positions of `mask`, ascending.
+fn bits(mut mask: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if mask == 0 {
+            None
+        } else {
+            let i = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            Some(i)
+        }
+    })
+}
+
+/// Cheap multiplicative hasher for 64-bit masks.
+#[derive(Default)]
+struct MaskHasher(u64);
+
+impl Hasher for MaskHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        let h = (x ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 29);
+    }
+}
+
+/// Memo entry: best score of partitioning a mask (`None`: infeasible) and the first set of that partition.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    value: Option<u64>,
+    block: u64,
+}
+
+/// Incumbent while enumerating the first set of a mask.
+struct Best {
+    value: Option<u64>,
+    block: u64,
+}
+
+/// Exact solver over local GPU indices `0..n` (positions in the sorted available list).
+struct Solver {
+    n: usize,
+    size: usize,
+    padding: usize,
+    required: u64,
+    /// Local pair scores, row-major `n × n`.
+    w: Vec<u64>,
+    /// Per GPU: peers with a positive pair score, best first.
+    neighbours: Vec<Vec<(u64, u8)>>,
+    memo: HashMap<u64, Entry, BuildHasherDefault<MaskHasher>>,
+}
+
+impl Solver {
+    fn new(topology: &Topology, available: &[usize], size: usize, required: u64) -> Self {
+        let n = available.len();
+        let mut w = vec![0u64; n * n];
+        let mut neighbours = Vec::with_capacity(n);
+        for (i, &a) in available.iter().enumerate() {
+            let mut row = Vec::new();
+            for (j, &b) in available.iter().enumerate() {
+                let s = if i == j { 0 } else { topology.pair(a, b) };
+                w[i * n + j] = s;
+                if s > 0 {
+                    row.push((s, j as u8));
+                }
+            }
+            row.sort_unstable_by(|x, y| y.cmp(x));
+            neighbours.push(row);
+        }
+        Self {
+            n,
+            size,
+            padding: (size - n % size) % size,
+            required,
+            w,
+            neighbours,
+            memo: HashMap::with_capacity_and_hasher(1024, BuildHasherDefault::default()),
+        }
+    }
+
+    fn block_score(&self, members: &[usize]) -> u64 {
+        let mut total = 0u64;
+        for (i, &a) in members.iter().enumerate() {
+            for &b in &members[i + 1..] {
+                total = total.saturating_add(self.w[a * self.n + b]);
+            }
+        }
+        total
+    }
+
+    /// Best score of partitioning `mask` (and memoises the first set of the first best partition).
+    fn solve(&mut self, mask: u64) -> Option<u64> {
+        if mask == 0 {
+            return Some(0);
+        }
+        if let Some(e) = self.memo.get(&mask) {
+            return e.value;
+        }
+        let count = mask.count_ones() as usize;
+        let pending = self.padding > 0 && !count.is_multiple_of(self.size);
+        let first = mask.trailing_zeros() as usize;
+        let mut rest = [0u8; 64];
+        let mut len = 0;
+        for i in bits(mask & (mask - 1)) {
+            rest[len] = i as u8;
+            len += 1;
+        }
+        let mut chosen = [0u8; 64];
+        chosen[0] = first as u8;
+        let mut best = Best { value: None, block: 0 };
+        let walk = Walk { mask, rest: &rest[..len], pending };
+        self.extend(&walk, 0, 1, 1u64 << first, 0, &mut chosen, &mut best);
+        self.memo.insert(mask, Entry { value: best.value, block: best.block });
+        best.value
+    }
+
+    /// Enumerates completions of the partial set `chosen[..depth]` in upstream's order.
+    #[allow(clippy::too_many_arguments)]
+    fn extend(
+        &mut self,
+        walk: &Walk<'_>,
+        start: usize,
+        depth: usize,
+        block: u64,
+        score: u64,
+        chosen: &mut [u8; 64],
+        best: &mut Best,
+    ) {
+        let slots = self.size - depth;
+        if slots == 0 {
+            self.consider(walk.mask, block, score, best);
+            return;
+        }
+        let pad = if walk.pending { self.padding } else { 0 };
+        let len = walk.rest.len();
+        for j in start..len {
+            if len - j - 1 + pad < slots - 1 {
+                break;
+            }
+            let e = walk.rest[j] as usize;
+            let row = &self.w[e * self.n..(e + 1) * self.n];
+            let add = chosen[..depth].iter().fold(0u64, |acc, &c| acc.saturating_add(row[c as usize]));
+            chosen[depth] = e as u8;
+            self.extend(walk, j + 1, depth + 1, block | (1u64 << e), score.saturating_add(add), chosen, best);
+        }
+        // Placeholders sort after every real GPU: the short set closes this prefix's completions.
+        if walk.pending && slots == self.padding {
+            self.consider(walk.mask, block, score, best);
+        }
+    }
+
+    /// Scores candidate first set `block` of `mask` against the incumbent.
+    fn consider(&mut self, mask: u64, block: u64, score: u64, best: &mut Best) {
+        if self.required != 0 {
+            let hit = block & self.required;
+            if hit != 0 && (hit != self.required || (block.count_ones() as usize) < self.size) {
+                return;
+            }
+        }
+        let rest = mask & !block;
+        let child = match (best.value, self.memo.get(&rest)) {
+            (_, Some(e)) => e.value,
+            (Some(incumbent), None) if rest != 0 => {
+                let bound2 = self.bound2(rest);
+                if score.saturating_mul(2).saturating_add(bound2) <= incumbent.saturating_mul(2) {
+                    return;
+                }
+                self.solve(rest)
+            }
+            _ => self.solve(rest),
+        };
+        let Some(v) = child else { return };
+        let total = score.saturating_add(v);
+        if best.value.is_none_or(|b| total > b) {
+            best.value = Some(total);
+            best.block = block;
+        }
+    }
+
+    /// Twice an upper bound on the best partition score of `mask`: for every GPU, its `size − 1` best pair
+    /// scores inside the mask.
+    fn bound2(&self, mask: u64) -> u64 {
+        let k = self.size - 1;
+        let mut total = 0u64;
+        for v in bits(mask) {
+            let mut taken = 0;
+            for &(s, u) in &self.neighbours[v] {
+                if mask & (1u64 << u) != 0 {
+                    total = total.saturating_add(s);
+                    taken += 1;
+                    if taken == k {
+                        break;
+                    }
+                }
+            }
+        }
+        total
+    }
+}
+
+/// The mask being partitioned and its members after the smallest.
+struct Walk<'r> {
+    mask: u64,
+    rest: &'r [u8],
+    pending: bool,
+}
