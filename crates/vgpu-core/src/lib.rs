@@ -13,6 +13,7 @@
 //! | [`node_config`] | the device plugin's per-node config file (JSONC or YAML) and the effective [`NodeSettings`](node_config::NodeSettings) |
 //! | [`backend`] | the vendor-neutral [`DeviceBackend`](backend::DeviceBackend) seam (devices, memory, links, health, processes, MIG) and the mock backend |
 //! | [`discovery`] | vendor-neutral GPU scan of sysfs, `pci.ids` naming, vendor table, bare-metal detection |
+//! | [`alloc`] | vGPU allocation: pod request model, per-node placement (filters, policies, NUMA/link topology), reason codes, node ordering and scores |
 //! | [`topology`] | `node-device-topology` codec, go-gpuallocator link scores, exact best-effort GPU set allocation |
 //!
 //! # Example
@@ -48,6 +49,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod alloc;
 pub mod backend;
 pub mod codec;
 pub mod discovery;
