@@ -20,6 +20,10 @@ use super::node::{LinkTier, NodeLinks};
 /// Largest `C(run, need)` searched exhaustively (`maxCombinationSearch`).
 pub const MAX_COMBINATIONS: u128 = 50_000;
 
+/// Largest pool handed to the best-effort optimizer; larger pools keep the walk's set (the optimizer's cost grows
+/// with the number of GPU subsets).
+pub const MAX_OPTIMIZER_POOL: usize = 16;
+
 /// A link placement: candidate positions (store order), tier reached, whether it spans components.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LinkPlan {
@@ -123,7 +127,7 @@ fn improve(
     picks: Vec<usize>,
     walk_score: u64,
 ) -> Vec<usize> {
-    if need < 2 {
+    if need < 2 || pool.len() > MAX_OPTIMIZER_POOL {
         return picks;
     }
     let available: Vec<usize> = pool.iter().filter_map(|&p| cands.get(p)).map(|c| c.index as usize).collect();

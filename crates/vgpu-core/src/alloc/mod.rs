@@ -13,9 +13,14 @@
 //! Link placement runs the contract's tiered walk and hands the chosen component to the exact
 //! [`BestEffortPolicy`](crate::topology::BestEffortPolicy); the better-scoring set wins.
 //!
-//! Upstream bugs and quirks fixed: device filtering iterates the inventory in index order rather than a Go map
-//! (results were already deterministic upstream through the index tiebreak, and stay so); node accounting of pods
-//! with sequential init containers is available through [`PodFootprint::from_claim_with_roles`].
+//! Where this differs from upstream (all deliberate, all deterministic):
+//! * link placement may replace the walk's set by the optimizer's strictly better-scoring set from the same
+//!   component (upstream keeps the walk's set); ties in the walk's subset search go to the first subset in store
+//!   order (upstream compares complements);
+//! * devices are filtered in inventory order rather than Go map order (upstream was already deterministic
+//!   through the index tiebreak of the policy sort);
+//! * node accounting of pods with sequential init containers is offered as
+//!   [`PodFootprint::from_claim_with_roles`] (`ReducePodFootprint`), so a cache can count them exactly.
 //!
 //! ```
 //! use vgpu_core::alloc::{NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest, PodSpec, ReasonCode, allocate};
@@ -54,7 +59,7 @@ mod usage;
 #[cfg(test)]
 mod tests;
 
-pub use link::MAX_COMBINATIONS;
+pub use link::{MAX_COMBINATIONS, MAX_OPTIMIZER_POOL};
 pub use node::{LinkTier, NodeLinks, NodeView, decode_node};
 pub use place::{Notice, NoticeKind, PodAllocation, allocate, place, precheck};
 pub use pod::{PodContainer, PodSpec, parse_quantity};
