@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod decode;
 mod gates;
+mod topology;
 
 /// Inspect and check vgpu configuration, annotations and placement.
 #[derive(Debug, Parser)]
@@ -22,6 +23,9 @@ enum Command {
     Gates(gates::GatesCommand),
     /// Decode an annotation value (node-devices, node-config, node-topology, pod-devices) to normalized JSON.
     Decode(decode::DecodeArgs),
+    /// Score GPU sets and run best-effort allocation on a GPU link topology.
+    #[command(subcommand)]
+    Topology(topology::TopologyCommand),
 }
 
 fn main() -> ExitCode {
@@ -29,5 +33,6 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Gates(cmd) => gates::run(cmd),
         Command::Decode(args) => decode::run(args),
+        Command::Topology(cmd) => topology::run(cmd),
     }
 }

@@ -20,9 +20,11 @@
 //! upstream's set order) set `B ∋ min(M)` maximising `score(B) + best(M ∖ B)`, followed by the best partition of
 //! `M ∖ B`. [`BestEffortPolicy`] memoises `best(M)` per mask and enumerates candidate sets in upstream's order,
 //! replacing the incumbent only on a strictly greater total — which reproduces upstream's first-wins tie-break
-//! exactly. A child `M ∖ B` is skipped, without changing any memoised value, when
-//! `score(B) + bound(M ∖ B)` cannot exceed the incumbent, where `bound` is half the sum over GPUs of their
-//! `s − 1` best pair scores inside the mask (every set's score is at most that).
+//! exactly. Candidates `B` are explored best-first by `score(B) + bound(M ∖ B)`, where `bound` is exact when
+//! `M ∖ B` is already solved or is one last set, and otherwise half the sum over GPUs of their `s − 1` best pair
+//! scores inside the mask (no set can score more). Exploration stops once the bound falls below the incumbent
+//! and skips candidates that could only tie it from later in upstream's order; every memoised value stays
+//! exact, and ties between explored candidates go to the earlier one in upstream's order.
 //!
 //! # Deliberate differences
 //!
@@ -170,8 +172,7 @@ impl<'a> BestEffortPolicy<'a> {
         let mut sets = Vec::new();
         let mut mask = full;
         while mask != 0 {
-            let Some(entry) = solver.memo.get(&mask) else { return Ok(None) };
-            let block = entry.block;
+            let Some(block) = solver.first_set(mask) else { return Ok(None) };
             if block == 0 || block & !mask != 0 {
                 return Ok(None);
             }
@@ -252,10 +253,19 @@ struct Entry {
     block: u64,
 }
 
-/// Incumbent while enumerating the first set of a mask.
-struct Best {
-    value: Option<u64>,
+/// A candidate first set of a mask, with what is known about the best total through it.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    /// Twice an upper bound on `score + best(rest)` (exact when `exact`).
+    bound2: u64,
+    /// Score of the set.
+    score: u64,
+    /// The set (local mask).
     block: u64,
+    /// Position in upstream's visiting order (ties go to the smaller).
+    seq: u32,
+    /// `bound2` is exact (the rest is memoised or a single final set).
+    exact: bool,
 }
 
 /// Exact solver over local GPU indices `0..n` (positions in the sorted available list).
@@ -309,16 +319,116 @@ impl Solver {
         total
     }
 
-    /// Best score of partitioning `mask` (and memoises the first set of the first best partition).
+    fn mask_score(&self, mask: u64) -> u64 {
+        let mut total = 0u64;
+        let mut rest = mask;
+        while rest != 0 {
+            let a = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            let row = &self.w[a * self.n..(a + 1) * self.n];
+            total = bits(rest).fold(total, |acc, b| acc.saturating_add(row[b]));
+        }
+        total
+    }
+
+    /// Whether a set may appear in a qualifying partition: a set meeting the required GPUs holds all of them
+    /// and no placeholder.
+    fn allowed(&self, block: u64, full: bool) -> bool {
+        let hit = block & self.required;
+        hit == 0 || (hit == self.required && full)
+    }
+
+    /// Upstream's padding rule: placeholders remain while the real count is not a multiple of the size.
+    fn pending(&self, mask: u64) -> bool {
+        self.padding > 0 && !(mask.count_ones() as usize).is_multiple_of(self.size)
+    }
+
+    /// For a mask that upstream closes as one last set: `Some(its best score or None if not allowed)`.
+    fn terminal(&self, mask: u64) -> Option<Option<u64>> {
+        let count = mask.count_ones() as usize;
+        let pending = self.pending(mask);
+        if (pending && count == self.size - self.padding) || (!pending && count == self.size) {
+            Some(self.allowed(mask, !pending).then(|| self.mask_score(mask)))
+        } else {
+            None
+        }
+    }
+
+    /// The first set of the memoised best partition of `mask`.
+    fn first_set(&self, mask: u64) -> Option<u64> {
+        match self.memo.get(&mask) {
+            Some(e) => e.value.map(|_| e.block),
+            None => self.terminal(mask).flatten().map(|_| mask),
+        }
+    }
+
+    /// Best score of partitioning `mask` (`None`: no qualifying partition); memoises the first set of the
+    /// first best partition in upstream's order.
     fn solve(&mut self, mask: u64) -> Option<u64> {
         if mask == 0 {
             return Some(0);
         }
+        if let Some(t) = self.terminal(mask) {
+            return t;
+        }
         if let Some(e) = self.memo.get(&mask) {
             return e.value;
         }
-        let count = mask.count_ones() as usize;
-        let pending = self.padding > 0 && !count.is_multiple_of(self.size);
+        let mut candidates = self.candidates(mask);
+        if candidates.iter().all(|c| c.exact) {
+            // Every total is known: the first maximum in upstream's order wins.
+            let mut best: Option<Candidate> = None;
+            for c in candidates {
+                if best.is_none_or(|b| c.bound2 > b.bound2) {
+                    best = Some(c);
+                }
+            }
+            let entry = match best {
+                Some(c) => Entry { value: Some(c.bound2 / 2), block: c.block },
+                None => Entry { value: None, block: 0 },
+            };
+            self.memo.insert(mask, entry);
+            return entry.value;
+        }
+        // Best-first; among equal bounds, upstream's order.
+        candidates.sort_unstable_by(|a, b| b.bound2.cmp(&a.bound2).then(a.seq.cmp(&b.seq)));
+        let mut best: Option<(u64, u64, u32)> = None; // (total, block, seq)
+        for c in candidates {
+            if let Some((total, _, seq)) = best {
+                let total2 = total.saturating_mul(2);
+                if c.bound2 < total2 {
+                    break;
+                }
+                if c.bound2 == total2 && c.seq > seq {
+                    continue;
+                }
+            }
+            let total = if c.exact {
+                c.bound2 / 2
+            } else {
+                match self.solve(mask & !c.block) {
+                    Some(v) => c.score.saturating_add(v),
+                    None => continue,
+                }
+            };
+            let better = match best {
+                None => true,
+                Some((b, _, seq)) => total > b || (total == b && c.seq < seq),
+            };
+            if better {
+                best = Some((total, c.block, c.seq));
+            }
+        }
+        let entry = match best {
+            Some((total, block, _)) => Entry { value: Some(total), block },
+            None => Entry { value: None, block: 0 },
+        };
+        self.memo.insert(mask, entry);
+        entry.value
+    }
+
+    /// Every allowed first set of `mask` (the set holding its smallest GPU), in upstream's order.
+    fn candidates(&self, mask: u64) -> Vec<Candidate> {
         let first = mask.trailing_zeros() as usize;
         let mut rest = [0u8; 64];
         let mut len = 0;
@@ -328,28 +438,27 @@ impl Solver {
         }
         let mut chosen = [0u8; 64];
         chosen[0] = first as u8;
-        let mut best = Best { value: None, block: 0 };
-        let walk = Walk { mask, rest: &rest[..len], pending };
-        self.extend(&walk, 0, 1, 1u64 << first, 0, &mut chosen, &mut best);
-        self.memo.insert(mask, Entry { value: best.value, block: best.block });
-        best.value
+        let walk = Walk { mask, rest: &rest[..len], pending: self.pending(mask) };
+        let mut out = Vec::new();
+        self.extend(&walk, 0, 1, 1u64 << first, 0, &mut chosen, &mut out);
+        out
     }
 
     /// Enumerates completions of the partial set `chosen[..depth]` in upstream's order.
     #[allow(clippy::too_many_arguments)]
     fn extend(
-        &mut self,
+        &self,
         walk: &Walk<'_>,
         start: usize,
         depth: usize,
         block: u64,
         score: u64,
         chosen: &mut [u8; 64],
-        best: &mut Best,
+        out: &mut Vec<Candidate>,
     ) {
         let slots = self.size - depth;
         if slots == 0 {
-            self.consider(walk.mask, block, score, best);
+            self.push(walk.mask, block, score, true, out);
             return;
         }
         let pad = if walk.pending { self.padding } else { 0 };
@@ -362,40 +471,44 @@ impl Solver {
             let row = &self.w[e * self.n..(e + 1) * self.n];
             let add = chosen[..depth].iter().fold(0u64, |acc, &c| acc.saturating_add(row[c as usize]));
             chosen[depth] = e as u8;
-            self.extend(walk, j + 1, depth + 1, block | (1u64 << e), score.saturating_add(add), chosen, best);
+            self.extend(walk, j + 1, depth + 1, block | (1u64 << e), score.saturating_add(add), chosen, out);
         }
         // Placeholders sort after every real GPU: the short set closes this prefix's completions.
         if walk.pending && slots == self.padding {
-            self.consider(walk.mask, block, score, best);
+            self.push(walk.mask, block, score, false, out);
         }
     }
 
-    /// Scores candidate first set `block` of `mask` against the incumbent.
-    fn consider(&mut self, mask: u64, block: u64, score: u64, best: &mut Best) {
-        if self.required != 0 {
-            let hit = block & self.required;
-            if hit != 0 && (hit != self.required || (block.count_ones() as usize) < self.size) {
-                return;
-            }
+    /// Records candidate first set `block` of `mask` (if allowed) with its bound.
+    fn push(&self, mask: u64, block: u64, score: u64, full: bool, out: &mut Vec<Candidate>) {
+        let seq = out.len() as u32;
+        if !self.allowed(block, full) {
+            return;
         }
         let rest = mask & !block;
-        let child = match (best.value, self.memo.get(&rest)) {
-            (_, Some(e)) => e.value,
-            (Some(incumbent), None) if rest != 0 => {
-                let bound2 = self.bound2(rest);
-                if score.saturating_mul(2).saturating_add(bound2) <= incumbent.saturating_mul(2) {
-                    return;
-                }
-                self.solve(rest)
-            }
-            _ => self.solve(rest),
+        let known = if rest == 0 {
+            Some(Some(0))
+        } else {
+            self.terminal(rest).or_else(|| self.memo.get(&rest).map(|e| e.value))
         };
-        let Some(v) = child else { return };
-        let total = score.saturating_add(v);
-        if best.value.is_none_or(|b| total > b) {
-            best.value = Some(total);
-            best.block = block;
-        }
+        let candidate = match known {
+            Some(None) => return,
+            Some(Some(v)) => Candidate {
+                bound2: score.saturating_add(v).saturating_mul(2),
+                score,
+                block,
+                seq,
+                exact: true,
+            },
+            None => Candidate {
+                bound2: score.saturating_mul(2).saturating_add(self.bound2(rest)),
+                score,
+                block,
+                seq,
+                exact: false,
+            },
+        };
+        out.push(candidate);
     }
 
     /// Twice an upper bound on the best partition score of `mask`: for every GPU, its `size − 1` best pair
