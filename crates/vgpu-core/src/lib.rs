@@ -14,6 +14,7 @@
 //! | [`node_config`] | the device plugin's per-node config file (JSONC or YAML) and the effective [`NodeSettings`](node_config::NodeSettings) |
 //! | [`backend`] | the vendor-neutral [`DeviceBackend`](backend::DeviceBackend) seam (devices, memory, links, health, processes, MIG) and the mock backend |
 //! | [`discovery`] | vendor-neutral GPU scan of sysfs, `pci.ids` naming, vendor table, bare-metal detection |
+//! | [`alloc`] | vGPU allocation: pod request model, per-node placement (filters, policies, NUMA/link topology), reason codes, node ordering and scores |
 //! | [`topology`] | P2P link types, the `node-device-topology` codec, pair/set scores and the exact best-effort GPU-set optimizer |
 //!
 //! # Example
@@ -50,6 +51,7 @@
 //! ```
 
 pub mod abi;
+pub mod alloc;
 pub mod backend;
 pub mod codec;
 pub mod discovery;

@@ -1,0 +1,349 @@
+//! Per-node allocation of a whole pod (contract §4.2).
+
+use std::collections::BTreeSet;
+
+use crate::model::{ContainerDeviceClaim, DeviceClaim, PodDeviceClaim, TopologyMode};
+
+use super::filter::{Candidate, filter_devices, sort_candidates};
+use super::link;
+use super::node::{LinkTier, NodeView};
+use super::numa;
+use super::reason::{NodeFailure, ReasonCode};
+use super::request::{ContainerNeed, ContainerRole, PodRequest, ResolvedRequest};
+use super::usage::DeviceUsage;
+
+/// What kind of notice a successful allocation carries (a scheduler turns them into events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NoticeKind {
+    /// Link or NUMA placement fell back to a weaker topology (`TopologyFallback` warning event).
+    TopologyFallback,
+}
+
+/// A warning attached to a successful allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Notice {
+    /// The container concerned.
+    pub container: String,
+    /// Kind of notice.
+    pub kind: NoticeKind,
+    /// Human-readable message.
+    pub message: String,
+}
+
+/// A successful per-node allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodAllocation {
+    /// The claim, in request order, ready for the `pre-allocated` codec.
+    pub claim: PodDeviceClaim,
+    /// Topology fallbacks and similar warnings.
+    pub notices: Vec<Notice>,
+}
+
+/// Allocates a pod's vGPUs on one node, or says why it cannot.
+///
+/// Runs the node checks ([`NodeView::check`]), the structural gates of the filter (cards, per-vGPU maxima,
+/// node totals, include/exclude matches), then places containers in request order against the node's usage
+/// plus the pod's own earlier containers. With sequential init containers it takes the two-pass path:
+/// sidecars, then app containers, then each init container alone against the sidecar-only usage, first on the
+/// pod's GPUs and then on the whole node. Deterministic: equal inputs give equal outputs.
+///
+/// ```
+/// use vgpu_core::alloc::{NodeUsage, NodeView, PodContainer, PodRequest, PodSpec, allocate};
+/// use vgpu_core::codec::pod_devices;
+/// use vgpu_core::domain::ResourceDomain;
+/// use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+///
+/// let domain = ResourceDomain::default();
+/// let gpu = |i: u32| GpuDevice {
+///     index: i, uuid: format!("GPU-{i}"), type_name: "A100".into(), memory_mib: 40960, cores: 100,
+///     split_count: 4, numa_node: Some(0), ..Default::default()
+/// };
+/// let inventory = NodeDeviceInventory::new(vec![gpu(0), gpu(1)]);
+/// let config = NodeVgpuConfig::default();
+/// let usage = NodeUsage::new();
+/// let node = NodeView { name: "n1", inventory: &inventory, config: &config, links: None, usage: &usage };
+///
+/// let pod = PodSpec::new()
+///     .container(PodContainer::app("main").limit(domain.vgpu_number(), 2).limit(domain.vgpu_cores(), 50)
+///         .limit(domain.vgpu_memory(), 4096))
+///     .annotation(domain.device_scheduler_policy(), "binpack");
+/// let request = PodRequest::from_pod(&pod, &domain)?;
+/// let got = allocate(&request, &node)?;
+/// assert_eq!(pod_devices::encode(&got.claim)?, "main[0_GPU-0_50_4096,1_GPU-1_50_4096]");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn allocate(request: &PodRequest, node: &NodeView<'_>) -> Result<PodAllocation, NodeFailure> {
+    node.check(request)?;
+    let resolved = request.resolve(node.inventory, node.config);
+    precheck(request, &resolved, node)?;
+    place(request, &resolved, node)
+}
+
+/// The structural gates of the filter (contract §3.1 step 6) on a resolved request.
+pub fn precheck(
+    request: &PodRequest,
+    resolved: &ResolvedRequest,
+    node: &NodeView<'_>,
+) -> Result<(), NodeFailure> {
+    let sched: Vec<_> = node.inventory.schedulable().collect();
+    let fail = |code, detail: String| Err(NodeFailure::new(code).with_detail(detail));
+    let (max, total) = (resolved.max, resolved.total);
+    if max.number > sched.len() as u64 {
+        return fail(
+            ReasonCode::InsufficientGpuCards,
+            format!("a container requests {} vGPUs, node has {} schedulable GPUs", max.number, sched.len()),
+        );
+    }
+    let max_cores = sched.iter().map(|d| d.cores).max().unwrap_or(0);
+    if max.cores > max_cores {
+        return fail(
+            ReasonCode::InsufficientVgpuCore,
+            format!("{} cores per vGPU > largest GPU {max_cores}", max.cores),
+        );
+    }
+    let max_mem = sched.iter().map(|d| d.memory_mib).max().unwrap_or(0);
+    if max.memory_mib > max_mem {
+        return fail(
+            ReasonCode::InsufficientVgpuMemory,
+            format!("{} MiB per vGPU > largest GPU {max_mem} MiB", max.memory_mib),
+        );
+    }
+    let mut avail = [0u64; 3];
+    for d in &sched {
+        let u = node.usage.device(d.index);
+        avail[0] += u64::from(d.split_count.saturating_sub(u.number));
+        avail[1] += d.cores.saturating_sub(u.cores);
+        avail[2] += d.memory_mib.saturating_sub(u.memory_mib);
+    }
+    if total.number > avail[0] {
+        return fail(
+            ReasonCode::InsufficientVgpuSlot,
+            format!("{} slots needed, {} free", total.number, avail[0]),
+        );
+    }
+    if total.cores > avail[1] {
+        return fail(
+            ReasonCode::InsufficientVgpuCore,
+            format!("{} cores needed, {} free", total.cores, avail[1]),
+        );
+    }
+    if total.memory_mib > avail[2] {
+        return fail(
+            ReasonCode::InsufficientVgpuMemory,
+            format!("{} MiB needed, {} MiB free", total.memory_mib, avail[2]),
+        );
+    }
+    if !request.filter.uuids.is_unset() {
+        let n = sched.iter().filter(|d| request.filter.uuids.admits(&d.uuid)).count();
+        if (n as u64) < max.number {
+            return fail(ReasonCode::DeviceUuidMismatch, format!("{n} GPUs match the UUID lists"));
+        }
+    }
+    if !request.filter.types.is_unset() {
+        let n = sched.iter().filter(|d| request.filter.types.admits(&d.type_name)).count();
+        if (n as u64) < max.number {
+            return fail(ReasonCode::DeviceTypeMismatch, format!("{n} GPUs match the type lists"));
+        }
+    }
+    Ok(())
+}
+
+/// Places every container (fast path or two-pass path) without the node checks and gates.
+pub fn place(
+    request: &PodRequest,
+    resolved: &ResolvedRequest,
+    node: &NodeView<'_>,
+) -> Result<PodAllocation, NodeFailure> {
+    let mut work: Vec<DeviceUsage> =
+        node.inventory.devices.iter().map(|d| node.usage.device(d.index)).collect();
+    let mut notices = Vec::new();
+    let mut out: Vec<Option<Vec<DeviceClaim>>> = vec![None; resolved.containers.len()];
+    let mut run = |i: usize,
+                   work: &mut Vec<DeviceUsage>,
+                   notices: &mut Vec<Notice>|
+     -> Result<(), NodeFailure> {
+        let need =
+            resolved.containers.get(i).ok_or_else(|| NodeFailure::new(ReasonCode::AllocatorInternalError))?;
+        let (claims, notice) = allocate_one(request, node, work, need, None)?;
+        apply(node, work, &claims);
+        notices.extend(notice);
+        if let Some(slot) = out.get_mut(i) {
+            *slot = Some(claims);
+        }
+        Ok(())
+    };
+    if !resolved.has_sequential_init {
+        for i in 0..resolved.containers.len() {
+            run(i, &mut work, &mut notices)?;
+        }
+    } else {
+        let roles: Vec<ContainerRole> = resolved.containers.iter().map(|c| c.role).collect();
+        for (i, _) in roles.iter().enumerate().filter(|(_, r)| **r == ContainerRole::Sidecar) {
+            run(i, &mut work, &mut notices)?;
+        }
+        let snapshot = work.clone();
+        for (i, _) in roles.iter().enumerate().filter(|(_, r)| **r == ContainerRole::App) {
+            run(i, &mut work, &mut notices)?;
+        }
+        let pod_gpus: Vec<u32> =
+            out.iter().flatten().flatten().map(|c| c.index).collect::<BTreeSet<u32>>().into_iter().collect();
+        for (i, need) in resolved.containers.iter().enumerate() {
+            if need.role != ContainerRole::SequentialInit {
+                continue;
+            }
+            let mut scratch = snapshot.clone();
+            let windowed = if pod_gpus.len() >= need.number as usize {
+                allocate_one(request, node, &mut scratch, need, Some(&pod_gpus)).ok()
+            } else {
+                None
+            };
+            let (claims, notice) = match windowed {
+                Some(r) => r,
+                None => allocate_one(request, node, &mut scratch, need, None)?,
+            };
+            notices.extend(notice);
+            if let Some(slot) = out.get_mut(i) {
+                *slot = Some(claims);
+            }
+        }
+    }
+    let mut containers = Vec::with_capacity(out.len());
+    for (need, claims) in resolved.containers.iter().zip(out) {
+        let devices = claims.ok_or_else(|| {
+            NodeFailure::new(ReasonCode::AllocatorInternalError)
+                .with_detail(format!("container {} not placed", need.name))
+        })?;
+        containers.push(ContainerDeviceClaim { name: need.name.clone(), devices });
+    }
+    Ok(PodAllocation { claim: PodDeviceClaim { containers }, notices })
+}
+
+fn apply(node: &NodeView<'_>, work: &mut [DeviceUsage], claims: &[DeviceClaim]) {
+    for c in claims {
+        if let Some(pos) = node.inventory.devices.iter().position(|d| d.index == c.index)
+            && let Some(w) = work.get_mut(pos)
+        {
+            *w = w.plus(DeviceUsage::of_claim(c));
+        }
+    }
+}
+
+/// `allocateOne`: filter, order, topology dispatch, claims sorted by GPU index.
+fn allocate_one(
+    request: &PodRequest,
+    node: &NodeView<'_>,
+    work: &mut [DeviceUsage],
+    need: &ContainerNeed,
+    window: Option<&[u32]>,
+) -> Result<(Vec<DeviceClaim>, Option<Notice>), NodeFailure> {
+    let number = need.number as usize;
+    let schedulable = node.inventory.schedulable().count();
+    if number > schedulable {
+        return Err(NodeFailure::new(ReasonCode::InsufficientGpuCards).with_detail(format!(
+            "container {} requests {number} vGPUs, node has {schedulable} schedulable GPUs",
+            need.name
+        )));
+    }
+    let (mut cands, counts) = filter_devices(node.inventory, work, need, request, window);
+    if cands.len() < number {
+        let fit = cands.len();
+        return Err(NodeFailure::from_counts(counts)
+            .with_detail(format!("container {}: {fit} of {number} requested GPUs fit", need.name)));
+    }
+    sort_candidates(&mut cands, request.device_policy);
+    let (picks, notice) = dispatch(request, node, &cands, need)?;
+    let mut claims: Vec<DeviceClaim> = picks
+        .iter()
+        .filter_map(|&p| cands.get(p))
+        .filter_map(|c| node.inventory.devices.get(c.pos))
+        .map(|d| DeviceClaim {
+            index: d.index,
+            uuid: d.uuid.clone(),
+            cores: need.cores,
+            memory_mib: if need.memory_mib == 0 { d.memory_mib } else { need.memory_mib },
+        })
+        .collect();
+    if claims.len() != number {
+        return Err(NodeFailure::new(ReasonCode::AllocatorInternalError).with_detail(format!(
+            "container {}: placed {} of {number}",
+            need.name,
+            claims.len()
+        )));
+    }
+    claims.sort_by_key(|c| c.index);
+    Ok((claims, notice))
+}
+
+type Picks = (Vec<usize>, Option<Notice>);
+
+fn first_n(n: usize) -> Vec<usize> {
+    (0..n).collect()
+}
+
+fn dispatch(
+    request: &PodRequest,
+    node: &NodeView<'_>,
+    cands: &[Candidate],
+    need: &ContainerNeed,
+) -> Result<Picks, NodeFailure> {
+    let n = need.number as usize;
+    let strict = request.topology.is_strict();
+    let notice = |message: String| Notice {
+        container: need.name.clone(),
+        kind: NoticeKind::TopologyFallback,
+        message,
+    };
+    match request.topology.base() {
+        TopologyMode::Numa => match numa::pick(cands, n, request.device_policy) {
+            Ok(p) => Ok((p, None)),
+            Err(max) => {
+                let has_numa = node.inventory.devices.iter().any(|d| d.numa_node.is_some());
+                let detail = if has_numa {
+                    format!("no NUMA node has {n} GPUs (max single-NUMA capacity {max})")
+                } else {
+                    "node has no NUMA topology".to_owned()
+                };
+                if strict {
+                    Err(NodeFailure::new(ReasonCode::NumaTopologyUnsatisfied).with_detail(detail))
+                } else {
+                    let msg = format!(
+                        "NUMA topology unsatisfiable on node {:?}: {detail}; falling back to cross-NUMA allocation",
+                        node.name
+                    );
+                    Ok((first_n(n), Some(notice(msg))))
+                }
+            }
+        },
+        TopologyMode::Link => {
+            let links = node.links.filter(|l| l.has_links());
+            let plan = links.and_then(|l| link::plan(l, cands, n, request.device_policy));
+            let nvlink = plan.as_ref().is_some_and(|p| p.tier == LinkTier::NvLink && !p.spanned);
+            if nvlink {
+                return Ok((plan.map(|p| p.picks).unwrap_or_default(), None));
+            }
+            let detail = match links {
+                None => "node has no GPU link topology".to_owned(),
+                Some(l) => format!(
+                    "no NVLink-connected set of {n} GPUs (largest NVLink component {})",
+                    l.largest_component(LinkTier::NvLink)
+                ),
+            };
+            if strict {
+                return Err(NodeFailure::new(ReasonCode::LinkTopologyUnsatisfied).with_detail(detail));
+            }
+            match plan {
+                Some(p) => {
+                    let at = if p.spanned { "spanning components" } else { p.tier.as_str() };
+                    let msg = format!(
+                        "Link topology downgraded on node {:?}: {n} GPUs connected at {at:?}, not NVLink; \
+                         use link-strict to require NVLink",
+                        node.name
+                    );
+                    Ok((p.picks, Some(notice(msg))))
+                }
+                None => Ok((first_n(n), Some(notice(format!("{detail}; falling back to policy order"))))),
+            }
+        }
+        _ => Ok((first_n(n), None)),
+    }
+}

@@ -1,0 +1,117 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Property tests of the allocator: no over-commit of slots, cores or memory; deterministic results.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use vgpu_core::alloc::{
+    ContainerRole, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest, PodSpec, allocate,
+};
+use vgpu_core::domain::ResourceDomain;
+use vgpu_core::model::{DeviceHealth, GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+
+fn device() -> impl Strategy<Value = (u32, u64, u64, Option<u32>, bool, bool)> {
+    (
+        1u32..=4,
+        prop::sample::select(vec![100u64, 200]),
+        1u64..=8,
+        prop::option::of(0u32..2),
+        prop::bool::weighted(0.9),
+        prop::bool::weighted(0.1),
+    )
+}
+
+fn container() -> impl Strategy<Value = (u8, u64, u64, u64)> {
+    (0u8..3, 0u64..=3, 0u64..=100, prop::sample::select(vec![0u64, 512, 2048, 4096, 8192]))
+}
+
+type PodCase = (Vec<(u8, u64, u64, u64)>, usize, usize, usize);
+
+fn pod() -> impl Strategy<Value = PodCase> {
+    (prop::collection::vec(container(), 1..=3), 0usize..3, 0usize..3, 0usize..5)
+}
+
+fn links_json(n: usize, codes: &[u8]) -> String {
+    let mut gpus = Vec::new();
+    for i in 0..n {
+        let mut peers = Vec::new();
+        for j in 0..n {
+            if i == j {
+                continue;
+            }
+            let (a, b) = (i.min(j), i.max(j));
+            let c = codes[(a * 7 + b) % codes.len()];
+            if c > 0 {
+                peers.push(format!("\"{j}\":[{c}]"));
+            }
+        }
+        gpus.push(format!("{{\"index\":{i},\"links\":{{{}}}}}", peers.join(",")));
+    }
+    format!("[{}]", gpus.join(","))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn never_overcommits_and_is_deterministic(
+        devices in prop::collection::vec(device(), 1..=6),
+        codes in prop::collection::vec(prop::sample::select(vec![0u8, 1, 2, 4, 5, 7, 8, 12]), 1..10),
+        pods in prop::collection::vec(pod(), 1..=6),
+    ) {
+        let d = ResourceDomain::default();
+        let inv = NodeDeviceInventory::new(
+            devices.iter().enumerate().map(|(i, &(split, cores, gib, numa, healthy, mig))| GpuDevice {
+                index: i as u32,
+                uuid: format!("GPU-{i}"),
+                type_name: "T".into(),
+                memory_mib: gib * 1024,
+                cores,
+                split_count: split,
+                numa_node: numa,
+                mig_enabled: mig,
+                health: DeviceHealth::from_bool(healthy),
+                ..Default::default()
+            }).collect(),
+        );
+        let cfg = NodeVgpuConfig::default();
+        let links = NodeLinks::decode(&links_json(inv.len(), &codes)).unwrap();
+        let mut usage = NodeUsage::new();
+        let modes = ["none", "numa", "link", "numa-strict", "link-strict"];
+        let pols = ["none", "binpack", "spread"];
+        for (p, (ctrs, dp, np, mode)) in pods.iter().enumerate() {
+            let mut spec = PodSpec::new()
+                .annotation(d.device_scheduler_policy(), pols[*dp])
+                .annotation(d.node_scheduler_policy(), pols[*np])
+                .annotation(d.device_topology_mode(), modes[*mode]);
+            for (c, &(kind, n, cores, mem)) in ctrs.iter().enumerate() {
+                let name = format!("c{c}");
+                let base = match kind { 0 => PodContainer::app(name), 1 => PodContainer::init(name), _ => PodContainer::sidecar(name) };
+                spec = spec.container(base.limit(d.vgpu_number(), n).limit(d.vgpu_cores(), cores).limit(d.vgpu_memory(), mem));
+            }
+            let req = PodRequest::from_pod(&spec, &d).unwrap();
+            let view = NodeView { name: "n", inventory: &inv, config: &cfg, links: Some(&links), usage: &usage };
+            let first = allocate(&req, &view);
+            prop_assert_eq!(&first, &allocate(&req, &view));
+            let Ok(got) = first else { continue };
+            // Every container got exactly its number of distinct, schedulable GPUs.
+            for (c, claim) in req.containers.iter().zip(&got.claim.containers) {
+                prop_assert_eq!(&c.name, &claim.name);
+                let set: BTreeSet<u32> = claim.devices.iter().map(|x| x.index).collect();
+                prop_assert_eq!(set.len(), c.request.number as usize);
+                for x in &claim.devices {
+                    prop_assert!(inv.get(x.index).unwrap().is_schedulable());
+                }
+            }
+            let roles: BTreeMap<String, ContainerRole> =
+                req.containers.iter().map(|c| (c.name.clone(), ContainerRole::of(c))).collect();
+            usage.insert_pod(format!("p{p}"), PodFootprint::from_claim_with_roles(&got.claim, |n| roles[n]));
+            for dev in &inv.devices {
+                let u = usage.device(dev.index);
+                prop_assert!(u.number <= dev.split_count, "slots {} > {} on {}", u.number, dev.split_count, dev.index);
+                prop_assert!(u.cores <= dev.cores, "cores {} > {} on {}", u.cores, dev.cores, dev.index);
+                prop_assert!(u.memory_mib <= dev.memory_mib, "memory {} > {} on {}", u.memory_mib, dev.memory_mib, dev.index);
+            }
+        }
+    }
+}
