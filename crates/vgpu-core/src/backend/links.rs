@@ -1,34 +1,40 @@
-//! A GPU-to-GPU link matrix, coded like go-gpuallocator's `P2PLinkType`.
+//! A GPU-to-GPU link matrix as backends report it, coded with [`P2PLinkType`]'s integer codes.
 //!
-//! TODO(merge): replace with the P2P link type and matrix of `crate::topology` once the `topology` branch is
-//! merged; the codes below follow the same order so the conversion is one-to-one.
+//! The codes and names come from [`crate::topology::P2PLinkType`] (the single source of truth);
+//! [`LinkMatrix::to_device_topology`] turns a backend's matrix into the `node-device-topology` value.
 
 use std::fmt;
+
+use crate::topology::{DeviceTopology, GpuLinks, InvalidLinkType, P2PLinkType};
 
 /// One link between two GPUs, coded as go-gpuallocator's `P2PLinkType` (`0` unknown, `1` SYS ... `6` same
 /// board, `6 + k` for `k` NVLinks).
 pub type LinkCode = u8;
 
 /// No information.
-pub const LINK_UNKNOWN: LinkCode = 0;
+pub const LINK_UNKNOWN: LinkCode = P2PLinkType::Unknown.code();
 /// Across CPU sockets (`SYS`).
-pub const LINK_CROSS_CPU: LinkCode = 1;
+pub const LINK_CROSS_CPU: LinkCode = P2PLinkType::CrossCpu.code();
 /// Same CPU socket / NUMA node, through the interconnect between PCIe host bridges (`NODE`).
-pub const LINK_SAME_CPU: LinkCode = 2;
+pub const LINK_SAME_CPU: LinkCode = P2PLinkType::SameCpu.code();
 /// Through a PCIe host bridge (`PHB`).
-pub const LINK_HOST_BRIDGE: LinkCode = 3;
+pub const LINK_HOST_BRIDGE: LinkCode = P2PLinkType::HostBridge.code();
 /// Through several PCIe switches (`PXB`).
-pub const LINK_MULTI_SWITCH: LinkCode = 4;
+pub const LINK_MULTI_SWITCH: LinkCode = P2PLinkType::MultiSwitch.code();
 /// Through one PCIe switch (`PIX`).
-pub const LINK_SINGLE_SWITCH: LinkCode = 5;
+pub const LINK_SINGLE_SWITCH: LinkCode = P2PLinkType::SingleSwitch.code();
 /// On the same board (`BOARD`).
-pub const LINK_SAME_BOARD: LinkCode = 6;
+pub const LINK_SAME_BOARD: LinkCode = P2PLinkType::SameBoard.code();
 /// The largest NVLink count that can be coded.
-pub const MAX_NVLINKS: u8 = 18;
+pub const MAX_NVLINKS: u8 = P2PLinkType::MAX_NVLINKS;
 
-/// The code of `count` NVLinks (1..=18), `None` outside that range.
+/// The code of `count` NVLinks (1..=18), `None` outside that range (no saturation, unlike
+/// [`P2PLinkType::nvlinks`]).
 pub fn nvlinks(count: u8) -> Option<LinkCode> {
-    (1..=MAX_NVLINKS).contains(&count).then(|| LINK_SAME_BOARD + count)
+    if count > MAX_NVLINKS {
+        return None;
+    }
+    P2PLinkType::nvlinks(u32::from(count)).map(P2PLinkType::code)
 }
 
 /// Parses an `nvidia-smi topo -m` style name: `SYS`, `NODE`, `PHB`, `PXB`, `PIX`, `BOARD`, `NV1`..`NV18`,
@@ -62,16 +68,10 @@ pub fn parse_link(name: &str) -> Option<LinkCode> {
 
 /// The `nvidia-smi topo -m` style name of a code (`NV<k>` for NVLinks, `CODE<n>` past the known range).
 pub fn link_name(code: LinkCode) -> String {
-    match code {
-        LINK_UNKNOWN => "UNKNOWN".to_owned(),
-        LINK_CROSS_CPU => "SYS".to_owned(),
-        LINK_SAME_CPU => "NODE".to_owned(),
-        LINK_HOST_BRIDGE => "PHB".to_owned(),
-        LINK_MULTI_SWITCH => "PXB".to_owned(),
-        LINK_SINGLE_SWITCH => "PIX".to_owned(),
-        LINK_SAME_BOARD => "BOARD".to_owned(),
-        c if c <= LINK_SAME_BOARD + MAX_NVLINKS => format!("NV{}", c - LINK_SAME_BOARD),
-        c => format!("CODE{c}"),
+    match P2PLinkType::from_code(i64::from(code)) {
+        Ok(P2PLinkType::Unknown) => "UNKNOWN".to_owned(),
+        Ok(link) => link.short_name(),
+        Err(_) => format!("CODE{code}"),
     }
 }
 
@@ -123,6 +123,27 @@ impl LinkMatrix {
     pub fn rows(&self) -> &[Vec<Vec<LinkCode>>] {
         &self.links
     }
+
+    /// The `node-device-topology` value of this matrix: per GPU, every peer with at least one link.
+    /// Fails on a code outside `0..=24`.
+    pub fn to_device_topology(&self) -> Result<DeviceTopology, InvalidLinkType> {
+        let mut gpus = Vec::with_capacity(self.len());
+        for (index, row) in self.links.iter().enumerate() {
+            let mut gpu = GpuLinks { index, ..GpuLinks::default() };
+            for (peer, cell) in row.iter().enumerate() {
+                if peer == index || cell.is_empty() {
+                    continue;
+                }
+                let links = cell
+                    .iter()
+                    .map(|c| P2PLinkType::from_code(i64::from(*c)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                gpu.links.insert(peer, links);
+            }
+            gpus.push(gpu);
+        }
+        Ok(DeviceTopology { gpus })
+    }
 }
 
 impl fmt::Display for LinkMatrix {
@@ -168,5 +189,20 @@ mod tests {
         assert_eq!(m.links(2, 0), &[LINK_CROSS_CPU]);
         assert_eq!(m.links(5, 0), &[] as &[u8]);
         assert!(m.to_string().contains("GPU0\tX\t\tSYS"));
+    }
+
+    #[test]
+    fn converts_to_the_topology_annotation() {
+        let mut m = LinkMatrix::new(3);
+        assert!(m.set_pair(0, 1, vec![LINK_SINGLE_SWITCH, nvlinks(2).unwrap()]));
+        assert!(m.set_pair(1, 2, vec![LINK_CROSS_CPU]));
+        let topo = m.to_device_topology().unwrap();
+        assert_eq!(
+            topo.encode(),
+            r#"[{"index":0,"links":{"1":[5,8]}},{"index":1,"links":{"0":[5,8],"2":[1]}},{"index":2,"links":{"1":[1]}}]"#
+        );
+        assert_eq!(DeviceTopology::decode(&topo.encode()).unwrap(), topo);
+        assert!(m.set_pair(0, 2, vec![99]));
+        assert_eq!(m.to_device_topology(), Err(InvalidLinkType(99)));
     }
 }
