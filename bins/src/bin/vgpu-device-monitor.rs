@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vgpu_bins::{CoreGateArgs, configure_gates, init_tracing, not_implemented};
+use vgpu_bins::{CoreGateArgs, gates_then_not_implemented};
 
-/// the per-node vGPU metrics exporter.
+/// The per-node vGPU metrics exporter.
 #[derive(Debug, Parser)]
 #[command(name = "vgpu-device-monitor", version, about)]
 struct Cli {
@@ -15,10 +15,10 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
-    let _gates = match configure_gates(vgpu_gates::device_monitor(), &cli.gates.feature_gates) {
-        Ok(g) => g,
-        Err(code) => return code,
-    };
-    not_implemented("vgpu-device-monitor", "no issue filed yet")
+    gates_then_not_implemented(
+        vgpu_gates::device_monitor(),
+        &cli.gates.feature_gates,
+        "vgpu-device-monitor",
+        "no issue filed yet",
+    )
 }

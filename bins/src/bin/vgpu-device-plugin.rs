@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use vgpu_bins::{CoreGateArgs, configure_gates, init_tracing, not_implemented};
 
-/// the kubelet device plugin for vGPU resources.
+/// The kubelet device plugin for vGPU resources.
 #[derive(Debug, Parser)]
 #[command(name = "vgpu-device-plugin", version, about)]
 struct Cli {

@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vgpu_bins::{DraGateArgs, configure_gates, init_tracing, not_implemented};
+use vgpu_bins::{DraGateArgs, gates_then_not_implemented};
 
-/// the DRA kubelet plugin for vGPU claims.
+/// The DRA kubelet plugin for vGPU claims.
 #[derive(Debug, Parser)]
 #[command(name = "vgpu-kubelet-plugin", version, about)]
 struct Cli {
@@ -15,10 +15,10 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
-    let _gates = match configure_gates(vgpu_gates::kubelet_plugin(), &cli.gates.feature_gates) {
-        Ok(g) => g,
-        Err(code) => return code,
-    };
-    not_implemented("vgpu-kubelet-plugin", "no issue filed yet")
+    gates_then_not_implemented(
+        vgpu_gates::kubelet_plugin(),
+        &cli.gates.feature_gates,
+        "vgpu-kubelet-plugin",
+        "no issue filed yet",
+    )
 }

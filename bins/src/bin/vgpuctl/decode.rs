@@ -137,20 +137,15 @@ fn topology_json(value: &str) -> Result<Value, String> {
         topo.gpus
             .iter()
             .map(|g| {
-                let links: serde_json::Map<String, Value> = g
-                    .links
-                    .iter()
-                    .map(|(peer, l)| {
-                        (peer.to_string(), l.iter().map(|t| t.code()).collect::<Vec<_>>().into())
-                    })
-                    .collect();
-                let names: serde_json::Map<String, Value> = g
-                    .links
-                    .iter()
-                    .map(|(peer, l)| {
-                        (peer.to_string(), l.iter().map(|t| t.short_name()).collect::<Vec<_>>().into())
-                    })
-                    .collect();
+                let mut links = serde_json::Map::new();
+                let mut names = serde_json::Map::new();
+                for (peer, l) in &g.links {
+                    links.insert(peer.to_string(), l.iter().map(|t| t.code()).collect::<Vec<_>>().into());
+                    names.insert(
+                        peer.to_string(),
+                        l.iter().map(|t| t.short_name()).collect::<Vec<_>>().into(),
+                    );
+                }
                 json!({"index": g.index, "links": links, "linkNames": names})
             })
             .collect(),
