@@ -45,6 +45,7 @@ fi
 echo "build-controlplane: building k8s ${k8s_version} + etcd ${etcd_version} into $out (this takes a while)" >&2
 mkdir -p "$cache_root"
 tmp="$(mktemp -d "$cache_root/.build.XXXXXX")"
+chmod 755 "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 
 # Version stamping as upstream's hack/lib/version.sh does, so /version reports the real release.

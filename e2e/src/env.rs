@@ -16,7 +16,11 @@ use crate::process::{ManagedProcess, log_tail};
 use crate::scheduler::{ExtenderConfig, scheduler_configuration};
 
 /// Feature gates enabled on kube-apiserver by default (the DRA tests need them).
-pub const DEFAULT_FEATURE_GATES: [&str; 2] = ["DRAConsumableCapacity=true", "DRADeviceTaints=true"];
+///
+/// In v1.37 `DRAConsumableCapacity` is beta (on by default; set explicitly so a default change
+/// does not silently alter the tests). `DRADeviceTaints` is GA and locked on: setting it only
+/// logs a warning and would fail once the gate is removed, so it is not set.
+pub const DEFAULT_FEATURE_GATES: [&str; 1] = ["DRAConsumableCapacity=true"];
 /// `--runtime-config` entries enabled by default: the `resource.k8s.io` beta APIs
 /// (`v1` is on by default).
 pub const DEFAULT_RUNTIME_CONFIG: [&str; 2] =
@@ -287,8 +291,12 @@ impl TestEnv {
             format!("--service-account-signing-key-file={}", file("sa.key")),
             "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
             "--allow-privileged=true".to_owned(),
-            // No kube-controller-manager creates the `default` service accounts.
-            "--disable-admission-plugins=ServiceAccount".to_owned(),
+            // The default (lease) reconciler rejects a loopback advertise address.
+            "--endpoint-reconciler-type=none".to_owned(),
+            // No kube-controller-manager runs: nothing would create the `default` service
+            // accounts, nor lift the `node.kubernetes.io/not-ready` taint that
+            // TaintNodesByCondition puts on new nodes.
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".to_owned(),
         ];
         if !builder.feature_gates.is_empty() {
             args.push(format!("--feature-gates={}", builder.feature_gates.join(",")));
@@ -326,12 +334,17 @@ impl TestEnv {
         }
     }
 
-    fn keep_logs(&self) -> Result<PathBuf> {
+    /// `target/e2e-logs/<name>` (`$CARGO_TARGET_DIR` is honoured).
+    fn logs_dest(&self) -> PathBuf {
         let target = match std::env::var_os("CARGO_TARGET_DIR") {
             Some(dir) => PathBuf::from(dir),
             None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
         };
-        let dest = target.join("e2e-logs").join(sanitize(&self.name));
+        target.join("e2e-logs").join(sanitize(&self.name))
+    }
+
+    fn keep_logs(&self) -> Result<PathBuf> {
+        let dest = self.logs_dest();
         let _ = std::fs::remove_dir_all(&dest);
         std::fs::create_dir_all(&dest)?;
         for entry in std::fs::read_dir(self.dir.path())? {
@@ -353,6 +366,10 @@ impl Drop for TestEnv {
         }
         let failed = !self.finished || std::thread::panicking();
         let keep = std::env::var(KEEP_LOGS_ENV).is_ok_and(|v| v == "1");
+        if !failed && !keep {
+            // Logs of an earlier failed run would only mislead.
+            let _ = std::fs::remove_dir_all(self.logs_dest());
+        }
         if failed || keep {
             match self.keep_logs() {
                 Ok(dest) => eprintln!("vgpu-e2e [{}]: logs kept in {}", self.name, dest.display()),
@@ -404,7 +421,7 @@ mod tests {
             kube_apiserver: dir.path().join("kube-apiserver"),
             kube_scheduler: dir.path().join("kube-scheduler"),
         };
-        let err = TestEnv::builder("missing").binaries(bins).start().await.unwrap_err();
+        let err = TestEnv::builder("unit_test_missing_binaries").binaries(bins).start().await.unwrap_err();
         assert!(format!("{err:#}").contains("starting etcd"), "{err:#}");
     }
 }
