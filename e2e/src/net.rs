@@ -1,0 +1,61 @@
+//! Loopback ports.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::time::Instant;
+
+/// `n` distinct free TCP ports on 127.0.0.1 (all bound at once, then released).
+pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("binding a free port on 127.0.0.1")?;
+    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+/// Waits until something accepts TCP connections on `127.0.0.1:port`, or `timeout` passes.
+/// `alive` is checked between attempts and aborts the wait with its error.
+pub(crate) async fn wait_for_port(
+    port: u16,
+    timeout: Duration,
+    mut alive: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let deadline = Instant::now() + timeout;
+    loop {
+        alive()?;
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("nothing listens on {addr} after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let ports = free_ports(4).unwrap();
+        let mut sorted = ports.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 4);
+    }
+
+    #[tokio::test]
+    async fn wait_for_port_times_out_and_succeeds() {
+        let port = free_ports(1).unwrap()[0];
+        let err = wait_for_port(port, Duration::from_millis(300), || Ok(())).await.unwrap_err();
+        assert!(err.to_string().contains("nothing listens"), "{err}");
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        wait_for_port(port, Duration::from_secs(5), || Ok(())).await.unwrap();
+    }
+}

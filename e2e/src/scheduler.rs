@@ -1,0 +1,135 @@
+//! `KubeSchedulerConfiguration` for kube-scheduler with the vgpu extender.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+/// Name of the scheduler profile that calls the extender (`spec.schedulerName` of vGPU pods).
+pub const SCHEDULER_NAME: &str = "vgpu-scheduler";
+
+/// Extended resources the vgpu extender manages.
+pub const VGPU_RESOURCES: [&str; 3] =
+    ["nvidia.com/vgpu-number", "nvidia.com/vgpu-cores", "nvidia.com/vgpu-memory"];
+
+/// The `extenders:` entry of the scheduler configuration (`kubescheduler.config.k8s.io/v1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtenderConfig {
+    /// `urlPrefix`, e.g. `http://127.0.0.1:3456/scheduler`; verbs are appended as `/<verb>`.
+    pub url_prefix: String,
+    /// `filterVerb` (`None`: not called).
+    pub filter_verb: Option<String>,
+    /// `prioritizeVerb`.
+    pub prioritize_verb: Option<String>,
+    /// `bindVerb` (the extender then binds pods itself).
+    pub bind_verb: Option<String>,
+    /// `preemptVerb`.
+    pub preempt_verb: Option<String>,
+    /// `weight` for prioritize scores.
+    pub weight: i64,
+    /// `nodeCacheCapable`: send `NodeNames` instead of full nodes.
+    pub node_cache_capable: bool,
+    /// `managedResources`: `(name, ignoredByScheduler)`.
+    pub managed_resources: Vec<(String, bool)>,
+    /// `httpTimeout`, a Go duration such as `10s`.
+    pub http_timeout: String,
+    /// `ignorable`: scheduling goes on when the extender fails.
+    pub ignorable: bool,
+}
+
+impl ExtenderConfig {
+    /// The vgpu extender at `url_prefix`: verbs `filter`, `prioritize`, `bind`, `preempt`,
+    /// `nodeCacheCapable`, the three vGPU resources managed with `ignoredByScheduler: true`,
+    /// `weight: 1`, `httpTimeout: 10s`.
+    pub fn vgpu(url_prefix: impl Into<String>) -> Self {
+        Self {
+            url_prefix: url_prefix.into(),
+            filter_verb: Some("filter".to_owned()),
+            prioritize_verb: Some("prioritize".to_owned()),
+            bind_verb: Some("bind".to_owned()),
+            preempt_verb: Some("preempt".to_owned()),
+            weight: 1,
+            node_cache_capable: true,
+            managed_resources: VGPU_RESOURCES.iter().map(|r| ((*r).to_owned(), true)).collect(),
+            http_timeout: "10s".to_owned(),
+            ignorable: false,
+        }
+    }
+
+    /// This entry as JSON (the keys of the Go `Extender` type).
+    pub fn to_json(&self) -> Value {
+        let mut entry = json!({
+            "urlPrefix": self.url_prefix,
+            "weight": self.weight,
+            "nodeCacheCapable": self.node_cache_capable,
+            "httpTimeout": self.http_timeout,
+            "ignorable": self.ignorable,
+            "enableHTTPS": false,
+            "managedResources": self.managed_resources.iter()
+                .map(|(name, ignored)| json!({"name": name, "ignoredByScheduler": ignored}))
+                .collect::<Vec<_>>(),
+        });
+        for (key, verb) in [
+            ("filterVerb", &self.filter_verb),
+            ("prioritizeVerb", &self.prioritize_verb),
+            ("bindVerb", &self.bind_verb),
+            ("preemptVerb", &self.preempt_verb),
+        ] {
+            if let (Some(verb), Some(map)) = (verb, entry.as_object_mut()) {
+                map.insert(key.to_owned(), Value::String(verb.clone()));
+            }
+        }
+        entry
+    }
+}
+
+/// A `KubeSchedulerConfiguration` (JSON, which kube-scheduler reads like YAML) with one
+/// profile, [`SCHEDULER_NAME`], no leader election, and the given extenders.
+pub fn scheduler_configuration(kubeconfig: &Path, extenders: &[ExtenderConfig]) -> Value {
+    json!({
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": false},
+        "clientConnection": {"kubeconfig": kubeconfig.display().to_string(), "qps": 100, "burst": 200},
+        "profiles": [{"schedulerName": SCHEDULER_NAME}],
+        "extenders": extenders.iter().map(ExtenderConfig::to_json).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vgpu_extender_entry_has_the_contract_keys() {
+        let cfg = scheduler_configuration(
+            Path::new("/tmp/kubeconfig"),
+            &[ExtenderConfig::vgpu("http://127.0.0.1:1/scheduler")],
+        );
+        assert_eq!(cfg["apiVersion"], "kubescheduler.config.k8s.io/v1");
+        assert_eq!(cfg["profiles"][0]["schedulerName"], SCHEDULER_NAME);
+        let ext = &cfg["extenders"][0];
+        assert_eq!(ext["urlPrefix"], "http://127.0.0.1:1/scheduler");
+        assert_eq!(ext["filterVerb"], "filter");
+        assert_eq!(ext["prioritizeVerb"], "prioritize");
+        assert_eq!(ext["bindVerb"], "bind");
+        assert_eq!(ext["preemptVerb"], "preempt");
+        assert_eq!(ext["nodeCacheCapable"], true);
+        assert_eq!(ext["weight"], 1);
+        assert_eq!(ext["httpTimeout"], "10s");
+        let managed = ext["managedResources"].as_array().unwrap();
+        assert_eq!(managed.len(), 3);
+        for (entry, name) in managed.iter().zip(VGPU_RESOURCES) {
+            assert_eq!(entry["name"], name);
+            assert_eq!(entry["ignoredByScheduler"], true);
+        }
+    }
+
+    #[test]
+    fn absent_verbs_are_omitted() {
+        let mut ext = ExtenderConfig::vgpu("http://127.0.0.1:1");
+        ext.prioritize_verb = None;
+        let json = ext.to_json();
+        assert!(json.get("prioritizeVerb").is_none());
+        assert_eq!(json["filterVerb"], "filter");
+    }
+}
