@@ -31,10 +31,10 @@ struct Cli {
     #[arg(long, default_value_t = 10)]
     device_split_count: u32,
     /// Multiplier of the 100 cores per GPU.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     device_cores_scaling: f64,
     /// Multiplier of each GPU's memory (> 1 = virtual memory).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     device_memory_scaling: f64,
     /// MiB per `vgpu-memory` unit.
     #[arg(long, default_value_t = 1)]
