@@ -14,7 +14,7 @@ const BINARIES: &[(&str, &str, &str)] = &[
 
 fn bin(name: &str) -> Command {
     let mut cmd = Command::cargo_bin(name).unwrap();
-    cmd.env_remove("FEATURE_GATES");
+    cmd.env_remove("FEATURE_GATES").env_remove("NODE_NAME").env_remove("KUBECONFIG");
     cmd
 }
 
@@ -31,7 +31,7 @@ fn bad_gates_exit_2_before_anything_else() {
 
 #[test]
 fn good_gates_then_not_implemented_yet() {
-    for (name, good, _) in BINARIES {
+    for (name, good, _) in BINARIES.iter().filter(|(name, ..)| *name != "vgpu-device-plugin") {
         bin(name)
             .args(["--feature-gates", good])
             .assert()
@@ -53,6 +53,65 @@ fn kubelet_plugin_reads_feature_gates_env_and_the_flag_wins() {
         .assert()
         .code(1)
         .stderr(predicate::str::contains("not implemented yet"));
-    // Core binaries do not read FEATURE_GATES.
-    bin("vgpu-device-plugin").env("FEATURE_GATES", "Nope=true").assert().code(1);
+    // Core binaries do not read FEATURE_GATES (the device plugin then stops at the missing node name).
+    bin("vgpu-device-plugin")
+        .env("FEATURE_GATES", "Nope=true")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"));
+}
+
+#[test]
+fn device_plugin_good_gates_then_a_clear_configuration_error() {
+    bin("vgpu-device-plugin")
+        .args(["--feature-gates", "GPUCoreResourcePlugin=true"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"));
+}
+
+#[test]
+fn device_plugin_bad_flag_values_exit_2_naming_the_flag() {
+    for (args, flag) in [
+        (&["--device-cores-scaling", "-1"][..], "--device-cores-scaling"),
+        (&["--device-memory-factor", "0"][..], "--device-memory-factor"),
+        (&["--device-list-strategy", "envvar,bogus"][..], "--device-list-strategy"),
+        (&["--mig-strategy", "half"][..], "--mig-strategy"),
+        (&["--exclude-devices", "3..1"][..], "--exclude-devices"),
+        (&["--backend", "cuda"][..], "--backend"),
+        (&["--device-split-count", "ten"][..], "--device-split-count"),
+    ] {
+        bin("vgpu-device-plugin")
+            .args(["--node-name", "n1"])
+            .args(args)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(flag));
+    }
+}
+
+#[test]
+fn device_plugin_without_a_cluster_fails_clearly() {
+    let home = tempfile::tempdir().unwrap();
+    let mock = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/mock/dgx-h100-8gpu.yaml");
+    bin("vgpu-device-plugin")
+        .env("HOME", home.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .args(["--node-name", "n1", "--backend", "mock", "--mock-config", mock])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("no Kubernetes configuration"));
+}
+
+#[test]
+fn device_plugin_nvml_without_a_driver_fails_clearly() {
+    // Only meaningful where no NVIDIA driver is installed.
+    if std::path::Path::new("/proc/driver/nvidia/version").exists() {
+        return;
+    }
+    bin("vgpu-device-plugin")
+        .args(["--node-name", "n1", "--backend", "nvml"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("NVIDIA driver library"));
 }

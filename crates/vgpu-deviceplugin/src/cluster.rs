@@ -1,5 +1,7 @@
-//! The device plugin's view of the cluster: list the pods on this node and patch pod metadata. A kube-backed
-//! implementation lives with the binary; [`InMemoryCluster`] serves tests and simulations.
+//! The device plugin's view of the cluster: list the pods on this node and patch pod metadata
+//! ([`ClusterClient`]), publish the node's annotations/labels and drop stale extended resources from its
+//! status ([`NodeClient`]). [`crate::kube_cluster::KubeCluster`] talks to the API server;
+//! [`InMemoryCluster`] serves tests and simulations.
 
 use std::{
     collections::BTreeMap,
@@ -52,7 +54,15 @@ pub struct PodPatch {
     pub annotations: BTreeMap<String, Option<String>>,
 }
 
+/// The same merge-patch shape applied to a Node's metadata.
+pub type NodePatch = PodPatch;
+
 impl PodPatch {
+    /// `true` when the patch changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.annotations.is_empty()
+    }
+
     /// The merge-patch body (`{"metadata":{"labels":{..},"annotations":{..}}}`).
     pub fn to_json(&self) -> serde_json::Value {
         let map = |m: &BTreeMap<String, Option<String>>| {
@@ -87,16 +97,73 @@ pub trait ClusterClient: Send + Sync + 'static {
     async fn patch_pod(&self, namespace: &str, name: &str, patch: &PodPatch) -> Result<(), ClusterError>;
 }
 
-/// Pods held in memory; patches apply immediately.
+/// Node access of the device plugin's node publisher.
+#[tonic::async_trait]
+pub trait NodeClient: Send + Sync + 'static {
+    /// Merge-patches the node's labels and annotations (`None` removes a key; absent keys are fine).
+    async fn patch_node(&self, node: &str, patch: &NodePatch) -> Result<(), ClusterError>;
+    /// Removes `resources` from the node's `status.capacity` and `status.allocatable`. Returns whether any
+    /// of them was present (and so removed).
+    async fn remove_node_resources(&self, node: &str, resources: &[String]) -> Result<bool, ClusterError>;
+}
+
+/// The parts of a Node the publisher writes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInfo {
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// `status.capacity` (quantities as text).
+    pub capacity: BTreeMap<String, String>,
+    /// `status.allocatable`.
+    pub allocatable: BTreeMap<String, String>,
+}
+
+/// Pods and nodes held in memory; patches apply immediately. Node calls can be made to fail
+/// ([`InMemoryCluster::fail_node_calls`]) to exercise retries.
 #[derive(Debug, Default)]
 pub struct InMemoryCluster {
     pods: Mutex<Vec<PodInfo>>,
+    nodes: Mutex<BTreeMap<String, NodeInfo>>,
+    node_failures: Mutex<usize>,
+    node_calls: Mutex<usize>,
 }
 
 impl InMemoryCluster {
     /// A cluster holding `pods`.
     pub fn new(pods: Vec<PodInfo>) -> Self {
-        Self { pods: Mutex::new(pods) }
+        Self { pods: Mutex::new(pods), ..Self::default() }
+    }
+
+    /// Adds or replaces a node.
+    pub fn upsert_node(&self, name: &str, node: NodeInfo) {
+        self.nodes.lock().unwrap_or_else(PoisonError::into_inner).insert(name.to_owned(), node);
+    }
+
+    /// A copy of a node.
+    pub fn node(&self, name: &str) -> Option<NodeInfo> {
+        self.nodes.lock().unwrap_or_else(PoisonError::into_inner).get(name).cloned()
+    }
+
+    /// The next `count` node calls fail with a conflict-like error.
+    pub fn fail_node_calls(&self, count: usize) {
+        *self.node_failures.lock().unwrap_or_else(PoisonError::into_inner) = count;
+    }
+
+    /// Node calls made so far (failed ones included).
+    pub fn node_calls(&self) -> usize {
+        *self.node_calls.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn node_call(&self, operation: String) -> Result<(), ClusterError> {
+        *self.node_calls.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        let mut failures = self.node_failures.lock().unwrap_or_else(PoisonError::into_inner);
+        if *failures > 0 {
+            *failures -= 1;
+            return Err(ClusterError { operation, message: "injected failure (409 Conflict)".to_owned() });
+        }
+        Ok(())
     }
 
     /// Adds or replaces (by namespace/name) a pod.
@@ -139,5 +206,43 @@ impl ClusterClient for InMemoryCluster {
             }
         }
         Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl NodeClient for InMemoryCluster {
+    async fn patch_node(&self, node: &str, patch: &NodePatch) -> Result<(), ClusterError> {
+        self.node_call(format!("patch node {node}"))?;
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        let info = nodes.get_mut(node).ok_or_else(|| ClusterError {
+            operation: format!("patch node {node}"),
+            message: "not found".to_owned(),
+        })?;
+        for (target, changes) in
+            [(&mut info.labels, &patch.labels), (&mut info.annotations, &patch.annotations)]
+        {
+            for (k, v) in changes {
+                match v {
+                    Some(v) => target.insert(k.clone(), v.clone()),
+                    None => target.remove(k),
+                };
+            }
+        }
+        Ok(())
+    }
+
+    async fn remove_node_resources(&self, node: &str, resources: &[String]) -> Result<bool, ClusterError> {
+        self.node_call(format!("patch node {node} status"))?;
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        let info = nodes.get_mut(node).ok_or_else(|| ClusterError {
+            operation: format!("patch node {node} status"),
+            message: "not found".to_owned(),
+        })?;
+        let mut removed = false;
+        for r in resources {
+            removed |= info.capacity.remove(r).is_some();
+            removed |= info.allocatable.remove(r).is_some();
+        }
+        Ok(removed)
     }
 }

@@ -1,7 +1,7 @@
 //! The resolved configuration the plugins run with (built once by the binary from flags, env and the node
 //! config file).
 
-use std::{path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use vgpu_core::{abi::vgpu_config::CudaVersion, domain::ResourceDomain, node_config::NodeSettings};
 use vgpu_gates::{CoreGate, FeatureGates};
@@ -57,6 +57,13 @@ pub struct PluginConfig {
     pub cuda_version: CudaVersion,
     /// Driver version written to `vgpu.config`.
     pub driver_version: String,
+    /// Root under which the optional control device nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
+    /// `/dev/nvidia-uvm-tools`, `/dev/nvidia-modeset`) are looked for; only those present become
+    /// `DeviceSpecs` (default `/`).
+    pub device_root: PathBuf,
+    /// GPU index → minor number of `/dev/nvidia<minor>` (from the backend); a GPU missing here uses its
+    /// index.
+    pub device_minors: BTreeMap<u32, u32>,
     /// How often `kubelet.sock` and our sockets are checked for re-creation (upstream uses fsnotify).
     pub watch_interval: Duration,
     /// Limit for dialing our own socket and for the `Register` call (upstream 5 s).
@@ -82,6 +89,8 @@ impl PluginConfig {
             library_version: "v1.0.0".to_owned(),
             cuda_version: CudaVersion::default(),
             driver_version: String::new(),
+            device_root: PathBuf::from("/"),
+            device_minors: BTreeMap::new(),
             watch_interval: Duration::from_secs(1),
             dial_timeout: Duration::from_secs(5),
             max_crashes: 5,

@@ -13,7 +13,10 @@
 //! | [`manager`] | [`PluginManager`](manager::PluginManager): serve + register every plugin, re-register when `kubelet.sock` is re-created, bounded crash restarts |
 //! | [`inventory`] | the advertised GPUs (settings applied) and their health from the backend's event stream |
 //! | [`ids`] | kubelet device ID formats |
-//! | [`cluster`] | [`ClusterClient`](cluster::ClusterClient): list pods on the node, patch pods; [`InMemoryCluster`](cluster::InMemoryCluster) |
+//! | [`cluster`] | [`ClusterClient`](cluster::ClusterClient) (pods) and [`NodeClient`](cluster::NodeClient) (node publishing); [`InMemoryCluster`](cluster::InMemoryCluster) |
+//! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): both traits over a `kube::Client` |
+//! | [`publisher`] | [`NodePublisher`](publisher::NodePublisher): node annotations, driver labels, stale resource removal |
+//! | [`daemon`] | [`Daemon`](daemon::Daemon): backend + clients + plugins + publisher, run until shutdown (the binary's body) |
 //! | [`config`] | [`PluginConfig`](config::PluginConfig), the resolved configuration |
 //! | [`error`] | [`PluginError`](error::PluginError) (per RPC) and [`ServerError`](error::ServerError) |
 //!
@@ -61,11 +64,14 @@ use vgpu_gates::CoreGate;
 pub mod api;
 pub mod cluster;
 pub mod config;
+pub mod daemon;
 pub mod error;
 pub mod ids;
 pub mod inventory;
+pub mod kube_cluster;
 pub mod manager;
 pub mod plugin;
+pub mod publisher;
 pub mod registration;
 pub mod server;
 pub mod service;

@@ -23,8 +23,9 @@ use vgpu_gates::CoreGate;
 use crate::{
     api::v1beta1::{
         AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
-        ContainerPreferredAllocationResponse, Device, DevicePluginOptions, Mount, PreStartContainerRequest,
-        PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
+        ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Mount,
+        PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
+        PreferredAllocationResponse,
     },
     cluster::{ClusterClient, PHASE_FAILED, PHASE_SUCCEEDED, PodInfo, PodPatch},
     config::PluginConfig,
@@ -44,6 +45,30 @@ pub const CONTAINER_CONFIG_DIR: &str = "/etc/vgpu-manager/config";
 pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
 /// CDI kind of the GPUs the device plugin hands out.
 pub const CDI_KIND: &str = "k8s.device-plugin.nvidia.com/gpu";
+
+/// Control device nodes passed to every vGPU container when present (contract §5.2).
+pub const CONTROL_DEVICES: [&str; 4] =
+    ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"];
+
+/// The `DeviceSpecs` (rw) of a container: `/dev/nvidia<minor>` per claimed GPU (minor from
+/// `config.device_minors`, else the index), then the [`CONTROL_DEVICES`] present under `config.device_root`.
+pub fn device_specs(config: &PluginConfig, gpu_indices: &[u32]) -> Vec<DeviceSpec> {
+    let spec = |path: String| DeviceSpec {
+        container_path: path.clone(),
+        host_path: path,
+        permissions: "rw".to_owned(),
+    };
+    let mut specs: Vec<DeviceSpec> = gpu_indices
+        .iter()
+        .map(|i| spec(format!("/dev/nvidia{}", config.device_minors.get(i).copied().unwrap_or(*i))))
+        .collect();
+    for path in CONTROL_DEVICES {
+        if config.device_root.join(path.trim_start_matches('/')).exists() {
+            specs.push(spec(path.to_owned()));
+        }
+    }
+    specs
+}
 
 /// `1`, `true` or `enabled`, case-insensitive.
 pub fn is_truthy(value: &str) -> bool {
@@ -240,6 +265,15 @@ impl VgpuNumberPlugin {
         let mut mounts = Vec::new();
         let mut cdi_devices = Vec::new();
         let strategies = &settings.device_list_strategy;
+        let all_cdi = !strategies.is_empty()
+            && strategies
+                .iter()
+                .all(|s| matches!(s, DeviceListStrategy::CdiAnnotations | DeviceListStrategy::CdiCri));
+        let device_nodes = if all_cdi {
+            Vec::new()
+        } else {
+            device_specs(cfg, &claim.devices.iter().map(|d| d.index).collect::<Vec<_>>())
+        };
         if strategies.contains(&DeviceListStrategy::Envvar) {
             set("NVIDIA_VISIBLE_DEVICES", uuids.join(","));
         }
@@ -310,7 +344,7 @@ impl VgpuNumberPlugin {
         Ok(ContainerAllocateResponse {
             envs,
             mounts,
-            devices: Vec::new(),
+            devices: device_nodes,
             annotations: HashMap::new(),
             cdi_devices,
         })
@@ -568,5 +602,29 @@ mod tests {
         assert_eq!(core_limits(ComputePolicy::None, 30), (String::new(), String::new()));
         assert_eq!(core_limits(ComputePolicy::Fixed, 100), (String::new(), String::new()));
         assert!(is_truthy(" Enabled") && is_truthy("1") && !is_truthy("yes"));
+    }
+
+    #[test]
+    fn device_specs_per_gpu_minor_and_present_control_nodes() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("dev")).unwrap();
+        for f in ["nvidiactl", "nvidia-uvm"] {
+            std::fs::write(root.path().join("dev").join(f), b"").unwrap();
+        }
+        let mut config = PluginConfig::new("n1");
+        config.device_root = root.path().to_path_buf();
+        config.device_minors = BTreeMap::from([(1, 7)]);
+        let specs = device_specs(&config, &[0, 1]);
+        let paths: Vec<_> = specs.iter().map(|s| (s.container_path.as_str(), s.host_path.as_str())).collect();
+        assert_eq!(
+            paths,
+            [
+                ("/dev/nvidia0", "/dev/nvidia0"),
+                ("/dev/nvidia7", "/dev/nvidia7"),
+                ("/dev/nvidiactl", "/dev/nvidiactl"),
+                ("/dev/nvidia-uvm", "/dev/nvidia-uvm"),
+            ]
+        );
+        assert!(specs.iter().all(|s| s.permissions == "rw"));
     }
 }

@@ -12,6 +12,7 @@
 //!     usedMemoryMiB: 512           # default: sum of the processes' memory
 //!     busId: "0000:18:00.0"        # default 0000:<index+1>:00.0
 //!     numaNode: 0                  # default none
+//!     minor: 0                     # /dev/nvidia<minor>; default: the index
 //!     computeCapability: "9.0"     # default 0.0
 //!     cores: 100                   # default 100
 //!     splitCount: 10               # default 10
@@ -98,6 +99,8 @@ struct GpuSpec {
     bus_id: Option<String>,
     #[serde(default)]
     numa_node: Option<u32>,
+    #[serde(default)]
+    minor: Option<u32>,
     #[serde(default)]
     compute_capability: Option<String>,
     #[serde(default)]
@@ -360,6 +363,7 @@ impl Validator<'_> {
                 health: DeviceHealth::from_bool(spec.healthy),
             });
             gpus.push(GpuState {
+                minor: spec.minor.unwrap_or(index_of(i)?),
                 memory: MemoryUsage {
                     total_bytes: spec.memory_mib.saturating_mul(MIB),
                     used_bytes: used_mib.saturating_mul(MIB),
@@ -515,6 +519,7 @@ impl Validator<'_> {
 
 #[derive(Debug)]
 struct GpuState {
+    minor: u32,
     memory: MemoryUsage,
     processes: Vec<GpuProcess>,
     samples: Vec<ProcessUtilizationSample>,
@@ -625,6 +630,10 @@ impl DeviceBackend for MockBackend {
 
     fn devices(&self) -> Result<Vec<GpuDevice>, BackendError> {
         Ok(self.devices.clone())
+    }
+
+    fn minor_number(&self, index: u32) -> Result<u32, BackendError> {
+        self.gpu(index).map(|g| g.minor)
     }
 
     fn memory_usage(&self, index: u32) -> Result<MemoryUsage, BackendError> {

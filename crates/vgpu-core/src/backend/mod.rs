@@ -76,6 +76,12 @@ pub trait DeviceBackend: Send + Sync {
     /// MIG mode and instances of one GPU ([`MigMode::NotSupported`] for GPUs that cannot be partitioned).
     fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError>;
 
+    /// The character-device minor number of one GPU (`/dev/nvidia<minor>`, used for the device plugin's
+    /// `DeviceSpecs`). The default, for backends without device nodes of that shape, is the index.
+    fn minor_number(&self, index: u32) -> Result<u32, BackendError> {
+        Ok(index)
+    }
+
     /// The devices as a node inventory.
     fn inventory(&self) -> Result<NodeDeviceInventory, BackendError> {
         self.devices().map(NodeDeviceInventory::new)
@@ -91,6 +97,9 @@ impl<B: DeviceBackend + ?Sized> DeviceBackend for Box<B> {
     }
     fn memory_usage(&self, index: u32) -> Result<MemoryUsage, BackendError> {
         (**self).memory_usage(index)
+    }
+    fn minor_number(&self, index: u32) -> Result<u32, BackendError> {
+        (**self).minor_number(index)
     }
     fn topology(&self) -> Result<LinkMatrix, BackendError> {
         (**self).topology()

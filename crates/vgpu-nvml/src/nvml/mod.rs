@@ -303,6 +303,11 @@ impl DeviceBackend for NvmlBackend {
         "nvml"
     }
 
+    fn minor_number(&self, index: u32) -> Result<u32, BackendError> {
+        // The inherent method (nvmlDeviceGetMinorNumber).
+        NvmlBackend::minor_number(self, index)
+    }
+
     fn devices(&self) -> Result<Vec<GpuDevice>, BackendError> {
         (0..self.count()?).map(|index| self.describe(index)).collect()
     }

@@ -1,0 +1,148 @@
+//! [`Daemon`]: everything the `vgpu-device-plugin` binary runs, wired from a backend and cluster clients:
+//! device state + health watch, the plugins ([`PluginManager`]) and the [`NodePublisher`]. Restarting the
+//! plugins (SIGHUP in the binary) is a message on a channel; shutdown removes the node annotations.
+
+use std::{future::Future, sync::Arc};
+
+use tokio::sync::{mpsc, watch};
+use vgpu_core::backend::DeviceBackend;
+use vgpu_gates::CoreGate;
+
+use crate::{
+    build_handlers,
+    cluster::{ClusterClient, NodeClient},
+    config::PluginConfig,
+    error::ServerError,
+    inventory::{DeviceState, node_devices},
+    manager::PluginManager,
+    publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
+};
+
+/// The device-plugin process.
+pub struct Daemon {
+    /// Configuration (its `device_minors` are filled from the backend by [`Daemon::new`]).
+    pub config: PluginConfig,
+    /// The GPUs.
+    pub backend: Arc<dyn DeviceBackend>,
+    /// Pod access (Allocate).
+    pub cluster: Arc<dyn ClusterClient>,
+    /// Node access (publisher).
+    pub nodes: Arc<dyn NodeClient>,
+    /// Publisher timing.
+    pub publisher: PublisherConfig,
+    /// Driver labels.
+    pub driver: DriverLabels,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon").field("node", &self.config.node_name).finish_non_exhaustive()
+    }
+}
+
+impl Daemon {
+    /// Wires a daemon; reads the GPUs' minor numbers from the backend.
+    pub fn new(
+        mut config: PluginConfig,
+        backend: Arc<dyn DeviceBackend>,
+        cluster: Arc<dyn ClusterClient>,
+        nodes: Arc<dyn NodeClient>,
+    ) -> Result<Self, ServerError> {
+        for gpu in backend.devices()? {
+            config.device_minors.insert(gpu.index, backend.minor_number(gpu.index)?);
+        }
+        Ok(Self {
+            config,
+            backend,
+            cluster,
+            nodes,
+            publisher: PublisherConfig::default(),
+            driver: DriverLabels::default(),
+        })
+    }
+
+    /// Resources of gated plugins that are off: their capacity is removed from the node.
+    pub fn stale_resources(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.config.gates.enabled(CoreGate::GPUCoreResourcePlugin) {
+            out.push(self.config.domain.vgpu_cores());
+        }
+        if !self.config.gates.enabled(CoreGate::GPUMemoryResourcePlugin) {
+            out.push(self.config.domain.vgpu_memory());
+        }
+        out
+    }
+
+    /// Runs until `shutdown` completes; every message on `restart` stops and starts the plugins again.
+    /// Ends with an error only when the backend cannot be read at start or a plugin exhausts its crash
+    /// budget; cluster errors are logged and retried.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()>,
+        mut restart: mpsc::Receiver<()>,
+    ) -> Result<(), ServerError> {
+        let config = &self.config;
+        let devices = node_devices(&self.backend.devices()?, &config.settings);
+        tracing::info!(node = %config.node_name, backend = self.backend.name(), gpus = devices.len(), "devices discovered");
+        let state = DeviceState::new(devices, &config.settings);
+        let health = tokio::spawn(state.clone().watch_backend(self.backend.health_events()?));
+
+        let mut publisher = NodePublisher::new(
+            config.node_name.clone(),
+            config.domain.clone(),
+            config.settings.clone(),
+            state.clone(),
+            Arc::clone(&self.nodes),
+        )
+        .with_config(self.publisher.clone())
+        .with_driver_labels(self.driver.clone())
+        .with_stale_resources(self.stale_resources());
+        if config.gates.enabled(CoreGate::TopologyAwareGPUAllocation) {
+            match self
+                .backend
+                .topology()
+                .map_err(|e| e.to_string())
+                .and_then(|m| topology_from_matrix(&m).map_err(|e| format!("link code {} out of range", e.0)))
+            {
+                Ok(t) => publisher = publisher.with_topology(t),
+                Err(err) => {
+                    tracing::warn!(%err, "GPU topology unavailable; not publishing node-device-topology")
+                }
+            }
+        }
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let publishing = tokio::spawn(publisher.run(stopped(stop_rx.clone())));
+
+        let shared = Arc::new(config.clone());
+        let mut shutdown = std::pin::pin!(shutdown);
+        let result = loop {
+            let handlers = build_handlers(&shared, &state, Some(Arc::clone(&self.cluster)));
+            let manager = PluginManager::new(config.clone(), state.clone(), handlers);
+            let (again_tx, again_rx) = tokio::sync::oneshot::channel::<bool>();
+            let signal = async {
+                let again = tokio::select! {
+                    () = &mut shutdown => false,
+                    got = restart.recv() => got.is_some(),
+                };
+                let _ = again_tx.send(again);
+            };
+            let run = manager.run(signal).await;
+            let again = again_rx.await.unwrap_or(false);
+            match run {
+                Err(err) => break Err(err),
+                Ok(()) if again => tracing::info!("restarting device plugins"),
+                Ok(()) => break Ok(()),
+            }
+        };
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+        if let Err(err) = publishing.await {
+            tracing::warn!(%err, "node publisher task failed");
+        }
+        health.abort();
+        result
+    }
+}
