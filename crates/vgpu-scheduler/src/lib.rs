@@ -1,20 +1,85 @@
-//! vgpu-scheduler: the kube-scheduler extender of vgpu.
+//! vgpu-scheduler: the scheduling core of the vgpu kube-scheduler extender.
 //!
-//! This crate will hold the extender's HTTP server (filter, filter-dryrun, prioritize, bind,
-//! preempt, health, readiness, metrics), the incremental cluster cache behind a cluster-access
-//! trait (kube-backed and in-memory), and the filter/bind/preempt semantics of the contract
-//! (`shared/reference/vgpu-manager-contract.md` §3). The server is tracked in issue #5; for now the
-//! crate holds the contract's well-known names and the component's gate registry.
+//! Filter, dry-run filter, prioritize, bind and preempt with vgpu-manager semantics
+//! (`shared/reference/vgpu-manager-contract.md` §3) over an incremental cluster cache behind a cluster-access
+//! trait. The HTTP server and the kube-backed cluster live on top of this API; results mirror the extender
+//! protocol so that layer only translates.
+//!
+//! # Module map
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`cluster`] | light [`Node`]/[`Pod`] types, [`Cluster`] (snapshot, patch, bind, events), [`MemoryCluster`] with failure injection |
+//! | [`cache`] | [`ClusterCache`]: decoded nodes, per-node usage kept from pod events, in-flight reservations |
+//! | [`prealloc`] | reading `pre-allocated`/`predicate-*` back, `ShouldCountPodDeviceAllocation`, stuck grace period |
+//! | [`rank`] | node ordering over cached aggregates (same keys as `vgpu_core::alloc::order_nodes`) |
+//! | [`extender`] | [`Extender`]: the verbs and their protocol-shaped results |
+//! | [`fixture`] | nodes and pods as the device plugin and users publish them (tests, simulator, benches) |
+//! | [`clock`] | [`Clock`], [`SystemClock`], [`ManualClock`] |
+//!
+//! # Example
 //!
 //! ```
-//! use vgpu_scheduler::{DEFAULT_PORT, FILTER_PATH, feature_gates};
-//! use vgpu_gates::CoreGate;
+//! use std::sync::Arc;
+//! use vgpu_core::alloc::{PodContainer, PodSpec};
+//! use vgpu_core::codec::{node_config_info, node_devices};
+//! use vgpu_core::domain::ResourceDomain;
+//! use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+//! use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Node, Pod};
 //!
-//! assert_eq!(format!("http://127.0.0.1:{DEFAULT_PORT}{FILTER_PATH}"), "http://127.0.0.1:3456/scheduler/filter");
-//! let gates = feature_gates().configure(Vec::<String>::new())?;
-//! assert!(gates.enabled(CoreGate::SerializedNodeFilter), "Beta, on by default");
-//! # Ok::<(), vgpu_gates::Error>(())
+//! let d = ResourceDomain::default();
+//! let cluster = MemoryCluster::new();
+//! let inventory = NodeDeviceInventory::new(vec![GpuDevice {
+//!     index: 0, uuid: "GPU-0".into(), memory_mib: 16384, cores: 100, split_count: 4, ..Default::default()
+//! }]);
+//! let mut node = Node { name: "n1".into(), ..Node::default() };
+//! node.allocatable.insert(d.vgpu_number(), 4);
+//! node.annotations.insert(d.node_device_register(), node_devices::encode(&inventory)?);
+//! node.annotations.insert(d.node_config_info(), node_config_info::encode(&NodeVgpuConfig::default())?);
+//! cluster.upsert_node(node);
+//!
+//! let ext = Extender::new(cluster.clone(), Arc::new(ManualClock::new(1_000_000_000)), ExtenderConfig::default());
+//! ext.attach();
+//! let rt = tokio::runtime::Builder::new_current_thread().build()?;
+//! rt.block_on(ext.sync())?;
+//!
+//! let pod = cluster.upsert_pod(Pod {
+//!     uid: "u1".into(), namespace: "default".into(), name: "p1".into(),
+//!     spec: PodSpec::new().container(PodContainer::app("main").limit(d.vgpu_number(), 1).limit(d.vgpu_memory(), 4096)),
+//!     ..Pod::default()
+//! });
+//! let filtered = rt.block_on(ext.filter(Some(&pod), &["n1".to_string()]));
+//! assert_eq!(filtered.node_names, ["n1"]);
+//! assert_eq!(cluster.pod("default", "p1").unwrap().annotations[&d.pre_allocated()], "main[0_GPU-0_0_4096]");
+//! let bound = rt.block_on(ext.bind("default", "p1", "u1", "n1"));
+//! assert_eq!(bound.error, "");
+//! assert_eq!(ext.cache().counted_node("u1").as_deref(), Some("n1"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Differences from vgpu-manager (bugs fixed, all deliberate)
+//! * Per-filter pod listing is replaced by usage kept incrementally from events; the filter reserves the chosen
+//!   GPUs under the node's lock before patching, so with `SerializedNodeFilter=false` no GPU is over-committed
+//!   (upstream relied on the informer mutation cache and could double-book between concurrent filters).
+//! * The failure patch removes `metrics-node` from the labels and writes annotations to the annotations map
+//!   (upstream `CleanupMetadata` deleted annotation keys from the labels map).
+//! * Bind does not hold its per-node lock for a minimum of 30 ms (`minLockingDuration`).
+//! * Stale watch events (older resource version) never undo newer state.
+
+pub mod cache;
+pub mod clock;
+pub mod cluster;
+pub mod extender;
+pub mod fixture;
+pub mod prealloc;
+pub mod rank;
+
+pub use cache::ClusterCache;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use cluster::{Cluster, ClusterError, MemoryCluster, MetadataPatch, Node, Pod, PodPhase, WatchEvent};
+pub use extender::{
+    BindResult, Extender, ExtenderConfig, ExtenderError, FilterResult, HostPriority, PreemptResult,
+};
 
 /// Default `--server-bind-port`.
 pub const DEFAULT_PORT: u16 = 3456;

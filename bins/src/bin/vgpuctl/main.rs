@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod decode;
 mod devices;
 mod gates;
+mod simulate;
 mod topology;
 
 /// Inspect and check vgpu configuration, annotations and placement.
@@ -29,6 +30,8 @@ enum Command {
     Topology(topology::TopologyCommand),
     /// List the GPUs a backend sees (table or JSON), optionally with the link matrix.
     Devices(devices::DevicesArgs),
+    /// Stream a seeded mix of vGPU pods through the extender's filter and bind over an in-memory cluster.
+    Simulate(simulate::SimulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,5 +41,6 @@ fn main() -> ExitCode {
         Command::Decode(args) => decode::run(args),
         Command::Topology(cmd) => topology::run(cmd),
         Command::Devices(args) => devices::run(args),
+        Command::Simulate(args) => simulate::run(args),
     }
 }

@@ -1,0 +1,165 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! One live filter call against a cache of 5,000 nodes x 8 GPUs holding 20,000 placed pods (binpack, spread,
+//! link), next to the Go approach: rebuild every node's usage from the full pod list on each call.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use vgpu_core::alloc::{NodeLinks, NodeUsage, NodeView, PodFootprint, PodRequest, allocate, order_nodes};
+use vgpu_core::codec::{node_devices, pod_devices};
+use vgpu_core::domain::ResourceDomain;
+use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_core::topology::{DeviceTopology, GpuLinks, P2PLinkType};
+use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
+use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod};
+
+const NODES: usize = 5000;
+const PODS: usize = 20_000;
+
+fn inventory(n: usize) -> NodeDeviceInventory {
+    NodeDeviceInventory::new(
+        (0..8u32)
+            .map(|i| GpuDevice {
+                index: i,
+                uuid: format!("GPU-{n:05}-{i}"),
+                type_name: "NVIDIA H100 80GB HBM3".into(),
+                memory_mib: 81559,
+                cores: 100,
+                split_count: 10,
+                numa_node: Some(i / 4),
+                ..Default::default()
+            })
+            .collect(),
+    )
+}
+
+fn nvswitch() -> DeviceTopology {
+    let nv18 = P2PLinkType::nvlinks(18).unwrap();
+    let pcie = P2PLinkType::from_code(2).unwrap();
+    DeviceTopology {
+        gpus: (0..8)
+            .map(|i| GpuLinks {
+                index: i,
+                links: (0..8).filter(|&j| j != i).map(|j| (j, vec![pcie, nv18])).collect(),
+            })
+            .collect(),
+    }
+}
+
+struct Setup {
+    ext: Extender<MemoryCluster, ManualClock>,
+    names: Vec<String>,
+    pods: Vec<Pod>,
+    nodes: Vec<(String, String, String, String)>,
+}
+
+fn setup() -> Setup {
+    let d = ResourceDomain::default();
+    let cluster = MemoryCluster::new().without_event_log();
+    let ext = Extender::new(
+        cluster,
+        Arc::new(ManualClock::new(1_700_000_000_000_000_000)),
+        ExtenderConfig { emit_events: false, serialize_filter: false, ..ExtenderConfig::default() },
+    );
+    let topo = nvswitch();
+    let mut names = Vec::with_capacity(NODES);
+    let mut nodes = Vec::with_capacity(NODES);
+    for n in 0..NODES {
+        let name = format!("node-{n:05}");
+        let node = vgpu_node(&name, &inventory(n), &NodeVgpuConfig::default(), Some(&topo), &d).unwrap();
+        ext.cache().upsert_node(&node);
+        nodes.push((
+            name.clone(),
+            node.annotations[&d.node_device_register()].clone(),
+            node.annotations[&d.node_config_info()].clone(),
+            node.annotations[&d.node_device_topology()].clone(),
+        ));
+        names.push(name);
+    }
+    // 20,000 bound pods: 4 per node, 1-2 vGPUs of 25 cores and 8 GiB.
+    let mut pods = Vec::with_capacity(PODS);
+    for p in 0..PODS {
+        let n = p % NODES;
+        let k = p / NODES;
+        let mut pod = vgpu_pod(&format!("placed-{p}"), 1, 25, 8192, &[], &d);
+        pod.node_name = Some(names[n].clone());
+        pod.resource_version = 1;
+        let claim = format!("main[{k}_GPU-{n:05}-{k}_25_8192]");
+        pod.annotations.insert(d.pre_allocated(), claim);
+        pod.annotations.insert(d.predicate_node(), names[n].clone());
+        ext.cache().upsert_pod(pod.clone(), 0);
+        pods.push(pod);
+    }
+    Setup { ext, names, pods, nodes }
+}
+
+/// The Go approach: decode nodes and rebuild usage from every pod, then order and allocate.
+fn baseline(s: &Setup, pod: &Pod, d: &ResourceDomain) -> Option<String> {
+    let request = PodRequest::from_pod(&pod.request_spec(), d).unwrap();
+    let mut usage: HashMap<&str, NodeUsage> = HashMap::with_capacity(NODES);
+    for p in &s.pods {
+        let node = p.node_name.as_deref().unwrap();
+        let claim = pod_devices::decode_pre_allocated(&p.annotations[&d.pre_allocated()]).unwrap();
+        usage.entry(node).or_default().insert_pod(p.uid.clone(), PodFootprint::from_claim(&claim));
+    }
+    let decoded: Vec<(NodeDeviceInventory, NodeVgpuConfig, NodeLinks)> = s
+        .nodes
+        .iter()
+        .map(|(_, reg, cfg, topo)| {
+            (
+                node_devices::decode(reg).unwrap(),
+                vgpu_core::codec::node_config_info::decode(cfg).unwrap(),
+                NodeLinks::decode(topo).unwrap(),
+            )
+        })
+        .collect();
+    let empty = NodeUsage::new();
+    let views: Vec<NodeView<'_>> = s
+        .nodes
+        .iter()
+        .zip(&decoded)
+        .map(|((name, ..), (inv, cfg, links))| NodeView {
+            name,
+            inventory: inv,
+            config: cfg,
+            links: Some(links),
+            usage: usage.get(name.as_str()).unwrap_or(&empty),
+        })
+        .collect();
+    order_nodes(&request, &views)
+        .into_iter()
+        .find(|&i| allocate(&request, &views[i]).is_ok())
+        .map(|i| views[i].name.to_owned())
+}
+
+fn bench(c: &mut Criterion) {
+    let s = setup();
+    let d = ResourceDomain::default();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let mut group = c.benchmark_group("filter_5000x8_20000_pods");
+    group.sample_size(10);
+    for (label, node_policy, mode) in
+        [("binpack", "binpack", "none"), ("spread", "spread", "none"), ("link", "binpack", "link")]
+    {
+        let ann = vec![
+            (d.node_scheduler_policy(), node_policy.to_string()),
+            (d.device_scheduler_policy(), "binpack".to_string()),
+            (d.device_topology_mode(), mode.to_string()),
+        ];
+        let pod = vgpu_pod("probe", 2, 50, 16384, &ann, &d);
+        // MemoryCluster has no such pod, so the patch fails and the reservation is released: the cache is
+        // unchanged between iterations while the whole filter path (rank, allocate, reserve, release) runs.
+        group.bench_function(format!("cache/{label}"), |b| {
+            b.iter(|| black_box(rt.block_on(s.ext.filter(Some(&pod), &s.names))))
+        });
+        group.bench_function(format!("rebuild_per_call/{label}"), |b| {
+            b.iter(|| black_box(baseline(&s, &pod, &d)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

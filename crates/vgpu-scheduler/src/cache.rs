@@ -1,0 +1,537 @@
+//! The cluster cache: decoded nodes and per-node GPU usage kept incrementally from watch events, plus the
+//! filter's in-flight reservations.
+//!
+//! Usage of a node is a [`NodeUsage`] keyed by pod UID. A pod is counted on its planned node (`spec.nodeName`,
+//! else `predicate-node`) with its `pre-allocated` (else `real-allocated`) claim while
+//! [`should_count`](crate::prealloc::should_count) says so; terminal and deleted pods release. A reservation is
+//! taken by the filter under the node's lock in the same critical section as the allocation that chose it, so
+//! two filters can never hand out the same capacity; it is released on patch failure or expiry, and replaced
+//! by the pod's own counting once the patched pod is applied. Lock order: index, then node.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+
+use vgpu_core::alloc::{
+    NodeFailure, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest, PodSpec, ReasonCode,
+    decode_node, topology_fitness,
+};
+use vgpu_core::domain::ResourceDomain;
+use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig, TopologyMode};
+
+use crate::cluster::{Node, Pod, WatchEvent};
+use crate::prealloc::{self, Counting};
+
+/// Largest per-container vGPU number (fitness tables are indexed by it).
+const MAX_NEED: usize = 16;
+
+/// A node's decoded annotations and the static numbers the filter ranks by.
+#[derive(Debug)]
+pub struct DecodedNode {
+    /// `node-device-register`.
+    pub inventory: NodeDeviceInventory,
+    /// `node-config-info`.
+    pub config: NodeVgpuConfig,
+    /// `node-device-topology`, when published and valid.
+    pub links: Option<NodeLinks>,
+    /// Memory size shared by every schedulable GPU, if uniform.
+    pub uniform_memory: Option<u64>,
+    /// Slots, cores, memory over schedulable GPUs.
+    pub totals: [u64; 3],
+    fitness_link: OnceLock<[u8; MAX_NEED + 1]>,
+    fitness_numa: OnceLock<[u8; MAX_NEED + 1]>,
+}
+
+impl DecodedNode {
+    fn new(inventory: NodeDeviceInventory, config: NodeVgpuConfig, links: Option<NodeLinks>) -> Self {
+        let uniform_memory = {
+            let mut sizes = inventory.schedulable().map(|d| d.memory_mib);
+            sizes.next().filter(|f| sizes.all(|s| s == *f))
+        };
+        let mut totals = [0u64; 3];
+        for d in inventory.schedulable() {
+            totals[0] += u64::from(d.split_count);
+            totals[1] += d.cores;
+            totals[2] += d.memory_mib;
+        }
+        Self {
+            inventory,
+            config,
+            links,
+            uniform_memory,
+            totals,
+            fitness_link: OnceLock::new(),
+            fitness_numa: OnceLock::new(),
+        }
+    }
+
+    /// Topology fitness (`topology_fitness`) for a base mode and a need, cached per node.
+    pub fn fitness(&self, name: &str, mode: TopologyMode, need: u32, domain: &ResourceDomain) -> Option<u8> {
+        let cell = match mode {
+            TopologyMode::Link => &self.fitness_link,
+            TopologyMode::Numa => &self.fitness_numa,
+            _ => return None,
+        };
+        let table = cell.get_or_init(|| {
+            let usage = NodeUsage::new();
+            let view = NodeView {
+                name,
+                inventory: &self.inventory,
+                config: &self.config,
+                links: self.links.as_ref(),
+                usage: &usage,
+            };
+            let mut t = [0u8; MAX_NEED + 1];
+            for (n, slot) in t.iter_mut().enumerate() {
+                let pod = PodSpec::new()
+                    .container(PodContainer::app("p").limit(domain.vgpu_number(), n.max(1)))
+                    .annotation(domain.device_topology_mode(), mode.as_str());
+                if let Ok(req) = PodRequest::from_pod(&pod, domain) {
+                    *slot = topology_fitness(&req, &view).unwrap_or(0);
+                }
+            }
+            t
+        });
+        table.get((need as usize).min(MAX_NEED)).copied()
+    }
+}
+
+/// One node's mutable state, behind its own lock.
+#[derive(Debug)]
+pub struct NodeState {
+    /// Node name.
+    pub name: String,
+    /// Decoded annotations, or why the node cannot take vGPU pods.
+    pub decoded: Result<Arc<DecodedNode>, NodeFailure>,
+    raw: [Option<String>; 3],
+    enabled: bool,
+    /// GPU usage by counted pods and reservations (keyed by pod UID).
+    pub usage: NodeUsage,
+    /// Free slots, cores, memory over schedulable GPUs.
+    pub avail: [u64; 3],
+    /// In-flight reservations: pod UID → expiry (Unix ns).
+    pub reserved: HashMap<String, i64>,
+    /// Pods counted here (UIDs), reservations excluded.
+    pub pods: BTreeSet<String>,
+}
+
+impl NodeState {
+    fn recompute(&mut self) {
+        let mut avail = [0u64; 3];
+        if let Ok(d) = &self.decoded {
+            for g in d.inventory.schedulable() {
+                let u = self.usage.device(g.index);
+                avail[0] += u64::from(g.split_count.saturating_sub(u.number));
+                avail[1] += g.cores.saturating_sub(u.cores);
+                avail[2] += g.memory_mib.saturating_sub(u.memory_mib);
+            }
+        }
+        self.avail = avail;
+    }
+
+    /// The allocator's view of this node, when it decoded.
+    pub fn view(&self) -> Option<NodeView<'_>> {
+        let d = self.decoded.as_ref().ok()?;
+        Some(NodeView {
+            name: &self.name,
+            inventory: &d.inventory,
+            config: &d.config,
+            links: d.links.as_ref(),
+            usage: &self.usage,
+        })
+    }
+
+    fn insert(&mut self, uid: &str, fp: PodFootprint) {
+        self.usage.insert_pod(uid, fp);
+        self.recompute();
+    }
+
+    fn remove(&mut self, uid: &str) {
+        if self.usage.remove_pod(uid) {
+            self.recompute();
+        }
+    }
+}
+
+/// A shared node slot.
+pub type NodeSlot = Arc<Mutex<NodeState>>;
+
+#[derive(Debug)]
+struct PodRecord {
+    pod: Arc<Pod>,
+    counted: Option<(String, PodFootprint)>,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    pods: HashMap<String, PodRecord>,
+    /// uid → (node, expiry) of the in-flight reservation.
+    reservations: HashMap<String, (String, i64)>,
+    /// (deadline, uid, is_reservation).
+    deadlines: BTreeSet<(i64, String, bool)>,
+    /// pods whose planned node is not (yet) in the cache.
+    orphans: HashMap<String, BTreeSet<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Decoded nodes, incremental usage and reservations. Thread-safe; see the module docs.
+#[derive(Debug)]
+pub struct ClusterCache {
+    domain: ResourceDomain,
+    grace_ns: i64,
+    nodes: RwLock<HashMap<String, NodeSlot>>,
+    index: Mutex<Index>,
+}
+
+impl ClusterCache {
+    /// An empty cache for a domain and a default stuck grace period.
+    pub fn new(domain: ResourceDomain, stuck_grace_ns: i64) -> Self {
+        Self { domain, grace_ns: stuck_grace_ns, nodes: RwLock::default(), index: Mutex::default() }
+    }
+
+    /// The annotation domain.
+    pub fn domain(&self) -> &ResourceDomain {
+        &self.domain
+    }
+
+    /// The default stuck grace period, ns.
+    pub fn grace_ns(&self) -> i64 {
+        self.grace_ns
+    }
+
+    /// One node's slot.
+    pub fn node(&self, name: &str) -> Option<NodeSlot> {
+        self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(name).cloned()
+    }
+
+    /// Slots of the named nodes (`None` for a name the cache does not hold), in input order.
+    pub fn nodes<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> Vec<Option<NodeSlot>> {
+        let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        names.into_iter().map(|n| map.get(n).cloned()).collect()
+    }
+
+    /// Every node name, sorted.
+    pub fn node_names(&self) -> Vec<String> {
+        let mut v: Vec<String> =
+            self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).keys().cloned().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// A pod by UID.
+    pub fn pod(&self, uid: &str) -> Option<Arc<Pod>> {
+        lock(&self.index).pods.get(uid).map(|r| r.pod.clone())
+    }
+
+    /// The node a pod is counted on, if any.
+    pub fn counted_node(&self, uid: &str) -> Option<String> {
+        lock(&self.index).pods.get(uid).and_then(|r| r.counted.as_ref().map(|c| c.0.clone()))
+    }
+
+    /// Pods counted on a node.
+    pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
+        let uids: Vec<String> = match self.node(node) {
+            Some(slot) => lock(&slot).pods.iter().cloned().collect(),
+            None => return Vec::new(),
+        };
+        let idx = lock(&self.index);
+        uids.iter().filter_map(|u| idx.pods.get(u).map(|r| r.pod.clone())).collect()
+    }
+
+    /// Loads a snapshot (initial list).
+    pub fn load(&self, nodes: Vec<Node>, pods: Vec<Pod>, now_ns: i64) {
+        for n in nodes {
+            self.upsert_node(&n);
+        }
+        for p in pods {
+            self.upsert_pod(p, now_ns);
+        }
+    }
+
+    /// Applies one watch event.
+    pub fn apply(&self, event: &WatchEvent, now_ns: i64) {
+        match event {
+            WatchEvent::NodeUpserted(n) => self.upsert_node(n),
+            WatchEvent::NodeDeleted(n) => self.delete_node(n),
+            WatchEvent::PodUpserted(p) => self.upsert_pod(p.clone(), now_ns),
+            WatchEvent::PodDeleted(p) => self.delete_pod(&p.uid),
+        }
+    }
+
+    fn decode(&self, node: &Node) -> ([Option<String>; 3], bool, Result<Arc<DecodedNode>, NodeFailure>) {
+        let d = &self.domain;
+        let raw = [
+            node.annotations.get(&d.node_device_register()).cloned(),
+            node.annotations.get(&d.node_config_info()).cloned(),
+            node.annotations.get(&d.node_device_topology()).cloned(),
+        ];
+        let enabled = node.allocatable.get(&d.vgpu_number()).is_some_and(|&n| n > 0);
+        let decoded = if !enabled {
+            Err(NodeFailure::new(ReasonCode::NodeNotVgpuEnabled))
+        } else {
+            decode_node(raw[0].as_deref(), raw[1].as_deref()).map(|(inv, cfg)| {
+                let links = raw[2].as_deref().and_then(|t| NodeLinks::decode(t).ok());
+                Arc::new(DecodedNode::new(inv, cfg, links))
+            })
+        };
+        (raw, enabled, decoded)
+    }
+
+    /// Adds or updates a node; usage is kept across updates and re-derived only when the annotations change.
+    pub fn upsert_node(&self, node: &Node) {
+        if let Some(slot) = self.node(&node.name) {
+            let mut s = lock(&slot);
+            let enabled = node.allocatable.get(&self.domain.vgpu_number()).is_some_and(|&n| n > 0);
+            let d = &self.domain;
+            let same = s.enabled == enabled
+                && s.raw[0].as_deref() == node.annotations.get(&d.node_device_register()).map(String::as_str)
+                && s.raw[1].as_deref() == node.annotations.get(&d.node_config_info()).map(String::as_str)
+                && s.raw[2].as_deref() == node.annotations.get(&d.node_device_topology()).map(String::as_str);
+            if !same {
+                let (raw, enabled, decoded) = self.decode(node);
+                s.raw = raw;
+                s.enabled = enabled;
+                s.decoded = decoded;
+                s.recompute();
+            }
+            return;
+        }
+        let (raw, enabled, decoded) = self.decode(node);
+        let mut state = NodeState {
+            name: node.name.clone(),
+            decoded,
+            raw,
+            enabled,
+            usage: NodeUsage::new(),
+            avail: [0; 3],
+            reserved: HashMap::new(),
+            pods: BTreeSet::new(),
+        };
+        let mut idx = lock(&self.index);
+        if let Some(orphans) = idx.orphans.remove(&node.name) {
+            for uid in orphans {
+                if let Some((n, fp)) = idx.pods.get(&uid).and_then(|r| r.counted.clone())
+                    && n == node.name
+                {
+                    state.usage.insert_pod(uid.clone(), fp);
+                    state.pods.insert(uid);
+                }
+            }
+        }
+        state.recompute();
+        self.nodes
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(node.name.clone(), Arc::new(Mutex::new(state)));
+    }
+
+    /// Removes a node; its pods stay indexed and are re-attached if it comes back.
+    pub fn delete_node(&self, name: &str) {
+        let removed = self.nodes.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
+        if let Some(slot) = removed {
+            let mut idx = lock(&self.index);
+            let s = lock(&slot);
+            let pods: Vec<String> = s.pods.iter().cloned().collect();
+            idx.orphans.entry(name.to_owned()).or_default().extend(pods);
+        }
+    }
+
+    fn counting_of(&self, pod: &Pod, now_ns: i64) -> (Option<(String, PodFootprint)>, Option<i64>) {
+        if pod.phase.is_terminal() {
+            return (None, None);
+        }
+        let Some(node) = prealloc::planned_node(pod, &self.domain) else { return (None, None) };
+        let counting = prealloc::should_count(pod, &self.domain, self.grace_ns);
+        if !counting.at(now_ns) {
+            return (None, None);
+        }
+        let Some(claim) = prealloc::planned_claim(pod, &self.domain) else { return (None, None) };
+        let until = match counting {
+            Counting::Until(t) => Some(t),
+            _ => None,
+        };
+        (Some((node.to_owned(), prealloc::footprint(pod, &claim))), until)
+    }
+
+    /// Adds or updates a pod (events older than the held resource version are ignored).
+    pub fn upsert_pod(&self, pod: Pod, now_ns: i64) {
+        let (counted, until) = self.counting_of(&pod, now_ns);
+        let mut idx = lock(&self.index);
+        let old = idx.pods.get(&pod.uid);
+        if let Some(old) = old
+            && old.pod.resource_version > pod.resource_version
+        {
+            return;
+        }
+        let old_counted = old.and_then(|r| r.counted.clone());
+        let uid = pod.uid.clone();
+        // Take away the old counting where it moved or vanished.
+        if let Some((old_node, _)) = &old_counted
+            && counted.as_ref().is_none_or(|(n, _)| n != old_node)
+        {
+            self.uncount(&mut idx, old_node, &uid);
+        }
+        if let Some((node, fp)) = &counted {
+            // A reservation elsewhere is superseded by the pod's own metadata.
+            if let Some((rnode, _)) = idx.reservations.get(&uid).cloned()
+                && &rnode != node
+            {
+                self.drop_reservation(&mut idx, &uid, None);
+            }
+            idx.reservations.remove(&uid);
+            match self.node(node) {
+                Some(slot) => {
+                    let mut s = lock(&slot);
+                    s.reserved.remove(&uid);
+                    s.insert(&uid, fp.clone());
+                    s.pods.insert(uid.clone());
+                }
+                None => {
+                    idx.orphans.entry(node.clone()).or_default().insert(uid.clone());
+                }
+            }
+            if let Some(t) = until {
+                idx.deadlines.insert((t, uid.clone(), false));
+            }
+        }
+        idx.pods.insert(uid, PodRecord { pod: Arc::new(pod), counted });
+    }
+
+    fn uncount(&self, idx: &mut Index, node: &str, uid: &str) {
+        if let Some(o) = idx.orphans.get_mut(node) {
+            o.remove(uid);
+        }
+        if let Some(slot) = self.node(node) {
+            let mut s = lock(&slot);
+            s.pods.remove(uid);
+            if !s.reserved.contains_key(uid) {
+                s.remove(uid);
+            }
+        }
+    }
+
+    /// Removes a pod and everything it held.
+    pub fn delete_pod(&self, uid: &str) {
+        let mut idx = lock(&self.index);
+        if let Some(rec) = idx.pods.remove(uid)
+            && let Some((node, _)) = rec.counted
+        {
+            self.uncount(&mut idx, &node, uid);
+        }
+        self.drop_reservation(&mut idx, uid, None);
+    }
+
+    /// Takes a reservation on a locked node (the caller just allocated under the same lock).
+    pub fn reserve_locked(&self, state: &mut NodeState, uid: &str, footprint: PodFootprint, expires_ns: i64) {
+        state.insert(uid, footprint);
+        state.reserved.insert(uid.to_owned(), expires_ns);
+    }
+
+    /// Records a reservation taken with [`reserve_locked`](Self::reserve_locked) for expiry (call after
+    /// releasing the node lock).
+    pub fn track_reservation(&self, node: &str, uid: &str, expires_ns: i64) {
+        let mut idx = lock(&self.index);
+        let still = self.node(node).is_some_and(|s| lock(&s).reserved.get(uid) == Some(&expires_ns));
+        if still {
+            idx.reservations.insert(uid.to_owned(), (node.to_owned(), expires_ns));
+            idx.deadlines.insert((expires_ns, uid.to_owned(), true));
+        }
+    }
+
+    /// Releases a pod's reservation (patch failure); the pod's own counting, if any, is restored.
+    pub fn release(&self, node: &str, uid: &str) {
+        let mut idx = lock(&self.index);
+        idx.reservations.remove(uid);
+        self.release_on(&mut idx, node, uid, None);
+    }
+
+    fn drop_reservation(&self, idx: &mut Index, uid: &str, only_if: Option<i64>) {
+        if let Some((node, exp)) = idx.reservations.get(uid).cloned()
+            && only_if.is_none_or(|t| t == exp)
+        {
+            idx.reservations.remove(uid);
+            self.release_on(idx, &node, uid, Some(exp));
+        }
+    }
+
+    fn release_on(&self, idx: &mut Index, node: &str, uid: &str, only_if: Option<i64>) {
+        let Some(slot) = self.node(node) else { return };
+        let mut s = lock(&slot);
+        match s.reserved.get(uid) {
+            Some(&e) if only_if.is_none_or(|t| t == e) => {
+                s.reserved.remove(uid);
+                match idx.pods.get(uid).and_then(|r| r.counted.clone()) {
+                    Some((n, fp)) if n == node => s.insert(uid, fp),
+                    _ => s.remove(uid),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Expires reservations and stuck pre-allocations whose deadline is before `now_ns`.
+    pub fn sweep(&self, now_ns: i64) {
+        let mut idx = lock(&self.index);
+        while let Some(first) = idx.deadlines.first().cloned() {
+            if first.0 >= now_ns {
+                break;
+            }
+            idx.deadlines.pop_first();
+            let (t, uid, is_reservation) = first;
+            if is_reservation {
+                self.drop_reservation(&mut idx, &uid, Some(t));
+            } else {
+                let pod = idx.pods.get(&uid).map(|r| r.pod.clone());
+                if let Some(pod) = pod {
+                    let (counted, _) = self.counting_of(&pod, now_ns);
+                    if counted.is_none()
+                        && let Some(rec) = idx.pods.get_mut(&uid)
+                        && let Some((node, _)) = rec.counted.take()
+                    {
+                        self.uncount(&mut idx, &node, &uid);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reservations in flight (for tests and diagnostics).
+    pub fn reservation_count(&self) -> usize {
+        lock(&self.index).reservations.len()
+    }
+
+    /// Pods indexed.
+    pub fn pod_count(&self) -> usize {
+        lock(&self.index).pods.len()
+    }
+
+    /// Every node's usage snapshot: (name, decoded node, usage).
+    pub fn usage_snapshot(&self) -> Vec<(String, Option<Arc<DecodedNode>>, NodeUsage)> {
+        let slots: Vec<NodeSlot> =
+            self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect();
+        let mut out: Vec<_> = slots
+            .iter()
+            .map(|s| {
+                let s = lock(s);
+                (s.name.clone(), s.decoded.as_ref().ok().cloned(), s.usage.clone())
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Keys (UIDs) counted per node: pods and reservations.
+    pub fn counted(&self) -> BTreeMap<String, usize> {
+        let slots: Vec<NodeSlot> =
+            self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect();
+        slots
+            .iter()
+            .map(|s| {
+                let s = lock(s);
+                (s.name.clone(), s.usage.pod_count())
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,704 @@
+//! The extender verbs over a [`Cluster`] and the [`ClusterCache`]: filter, dry-run filter, prioritize, bind,
+//! preempt (contract §3.1–§3.5). Results mirror the extender protocol so an HTTP layer only translates.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use vgpu_core::alloc::{
+    NodeFailure, NodeUsage, NodeView, PodAllocation, PodRequest, ReasonCode, RequestBuildError, place,
+    precheck, render_unavailable,
+};
+use vgpu_core::codec::pod_devices;
+use vgpu_core::domain::ResourceDomain;
+use vgpu_gates::{CoreGate, FeatureGates};
+
+use crate::cache::{ClusterCache, NodeSlot, NodeState};
+use crate::clock::Clock;
+use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MemoryCluster, MetadataPatch, Pod};
+use crate::prealloc::{self, PREDICATE_TIME_DONE, phase};
+use crate::rank::{ResolveMemo, score_state, sort_ranked};
+
+/// Default `--stuck-grace-period` (30 s).
+pub const DEFAULT_STUCK_GRACE_NS: i64 = 30_000_000_000;
+/// Default lifetime of an in-flight reservation (30 s; it normally lives for one patch round trip).
+pub const DEFAULT_RESERVATION_TTL_NS: i64 = 30_000_000_000;
+
+/// Extender settings.
+#[derive(Debug, Clone)]
+pub struct ExtenderConfig {
+    /// Annotation/resource domain (`--domain`).
+    pub domain: ResourceDomain,
+    /// Scheduler name (event source).
+    pub scheduler_name: String,
+    /// Gate `SerializedNodeFilter`: one global lock around node evaluation, allocation and the patch.
+    pub serialize_filter: bool,
+    /// Gate `SerializedNodeBind`: one lock per target node around bind.
+    pub serialize_bind: bool,
+    /// Default stuck grace period, ns.
+    pub stuck_grace_ns: i64,
+    /// In-flight reservation lifetime, ns.
+    pub reservation_ttl_ns: i64,
+    /// Attempts of a metadata patch on retriable errors (conflict, timeout, 429).
+    pub patch_attempts: u32,
+    /// Send events to the cluster.
+    pub emit_events: bool,
+}
+
+impl Default for ExtenderConfig {
+    fn default() -> Self {
+        Self {
+            domain: ResourceDomain::default(),
+            scheduler_name: crate::DEFAULT_SCHEDULER_NAME.to_owned(),
+            serialize_filter: true,
+            serialize_bind: true,
+            stuck_grace_ns: DEFAULT_STUCK_GRACE_NS,
+            reservation_ttl_ns: DEFAULT_RESERVATION_TTL_NS,
+            patch_attempts: 3,
+            emit_events: true,
+        }
+    }
+}
+
+impl ExtenderConfig {
+    /// Defaults with the serialization gates taken from a configured gate set.
+    pub fn from_gates(gates: &FeatureGates<'_, CoreGate>) -> Self {
+        Self {
+            serialize_filter: gates.enabled(CoreGate::SerializedNodeFilter),
+            serialize_bind: gates.enabled(CoreGate::SerializedNodeBind),
+            ..Self::default()
+        }
+    }
+}
+
+/// Why a verb failed as a whole (the `Error` string of the protocol result).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExtenderError {
+    /// Filter without a pod.
+    #[error("extenderArgs.Pod cannot be empty")]
+    NoPod,
+    /// Filter of a bound pod.
+    #[error("pod has been bound to node \"{0}\"")]
+    AlreadyBound(String),
+    /// No candidate nodes.
+    #[error("No schedulable nodes")]
+    NoNodes,
+    /// The pod's vGPU limits are invalid.
+    #[error(transparent)]
+    InvalidRequest(#[from] RequestBuildError),
+    /// The pod holds a valid pre-allocation for a node that is not a candidate.
+    #[error("pod {0} had been predicated")]
+    AlreadyPredicated(String),
+    /// The allocation could not be encoded (never expected).
+    #[error("allocator internal error: {0}")]
+    Internal(String),
+    /// The pre-allocation patch failed.
+    #[error("failed to patch pod {pod}: {source}")]
+    Patch {
+        /// `<namespace>/<name>`.
+        pod: String,
+        /// The API error.
+        source: ClusterError,
+    },
+    /// Bind without a node.
+    #[error("ExtenderBindingArgs.Node cannot be empty")]
+    NoBindNode,
+    /// The pod read back has another UID.
+    #[error("different uid \"{0}\" from the target pod")]
+    UidMismatch(String),
+    /// The pre-allocation is for another node.
+    #[error("predicate node \"{predicate}\" does not match the bound node \"{node}\"")]
+    NodeMismatch {
+        /// `predicate-node`.
+        predicate: String,
+        /// Bind target.
+        node: String,
+    },
+    /// No valid, unexpired pre-allocation.
+    #[error("device pre allocation check failed, unable to bind to node \"{0}\"")]
+    PreallocExpired(String),
+    /// Reading the pod or creating the binding failed.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+}
+
+/// `ExtenderFilterResult`: passed node names, failed nodes (name → reason) and an error.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FilterResult {
+    /// Nodes that passed (live: at most one).
+    pub node_names: Vec<String>,
+    /// Node → reason (live: short phrase; dry-run: detailed).
+    pub failed_nodes: BTreeMap<String, String>,
+    /// Whole-call error ("" on success).
+    pub error: String,
+}
+
+/// One `HostPriority`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPriority {
+    /// Node name.
+    pub host: String,
+    /// 0..=10.
+    pub score: i64,
+}
+
+/// `ExtenderBindingResult`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BindResult {
+    /// "" on success.
+    pub error: String,
+}
+
+/// `ExtenderPreemptionResult`: node → victim pod UIDs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PreemptResult {
+    /// Node → victim UIDs (nodes that cannot host the pod even after eviction are dropped).
+    pub node_victims: BTreeMap<String, Vec<String>>,
+}
+
+/// Verb counters (`vgpu_scheduler_verb_total{verb,result}` of contract §3.6).
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// filter, result=fit.
+    pub filter_fit: AtomicU64,
+    /// filter, result=no_fit.
+    pub filter_no_fit: AtomicU64,
+    /// filter, result=error.
+    pub filter_error: AtomicU64,
+    /// bind, result=success.
+    pub bind_success: AtomicU64,
+    /// bind, any failure.
+    pub bind_error: AtomicU64,
+    /// preempt, result=victims.
+    pub preempt_victims: AtomicU64,
+    /// preempt, result=no_victims or passthrough.
+    pub preempt_other: AtomicU64,
+    /// Total filter time, ns.
+    pub filter_ns: AtomicU64,
+}
+
+const BIND_STRIPES: usize = 64;
+
+/// The scheduling core: cache + cluster + clock + gates.
+pub struct Extender<C, K> {
+    cluster: C,
+    clock: Arc<K>,
+    cache: Arc<ClusterCache>,
+    config: ExtenderConfig,
+    filter_lock: tokio::sync::Mutex<()>,
+    bind_locks: Vec<tokio::sync::Mutex<()>>,
+    stats: Stats,
+}
+
+impl<C, K> std::fmt::Debug for Extender<C, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extender").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+fn lock(slot: &NodeSlot) -> std::sync::MutexGuard<'_, NodeState> {
+    slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn fnv32a(s: &str) -> u32 {
+    s.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+}
+
+/// Allocates the pod on a locked node, excluding the pod's own earlier counting there.
+fn try_place(
+    request: &PodRequest,
+    memo: &mut ResolveMemo,
+    state: &NodeState,
+    uid: &str,
+) -> Result<PodAllocation, NodeFailure> {
+    let d = state.decoded.as_ref().map_err(Clone::clone)?;
+    let own;
+    let usage = if state.usage.contains_pod(uid) {
+        let mut u: NodeUsage = state.usage.clone();
+        u.remove_pod(uid);
+        own = u;
+        &own
+    } else {
+        &state.usage
+    };
+    let view = NodeView {
+        name: &state.name,
+        inventory: &d.inventory,
+        config: &d.config,
+        links: d.links.as_ref(),
+        usage,
+    };
+    view.check(request)?;
+    let resolved = memo.get(request, d);
+    precheck(request, resolved, &view)?;
+    place(request, resolved, &view)
+}
+
+impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
+    /// A new extender with an empty cache (fill it with [`sync`](Self::sync) and watch events).
+    pub fn new(cluster: C, clock: Arc<K>, config: ExtenderConfig) -> Self {
+        let cache = Arc::new(ClusterCache::new(config.domain.clone(), config.stuck_grace_ns));
+        Self {
+            cluster,
+            clock,
+            cache,
+            config,
+            filter_lock: tokio::sync::Mutex::new(()),
+            bind_locks: (0..BIND_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// The cache.
+    pub fn cache(&self) -> &Arc<ClusterCache> {
+        &self.cache
+    }
+
+    /// The cluster.
+    pub fn cluster(&self) -> &C {
+        &self.cluster
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ExtenderConfig {
+        &self.config
+    }
+
+    /// Verb counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Loads the cluster's snapshot into the cache.
+    pub async fn sync(&self) -> Result<(), ClusterError> {
+        let (nodes, pods) = self.cluster.snapshot().await?;
+        self.cache.load(nodes, pods, self.clock.now_ns());
+        Ok(())
+    }
+
+    async fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String) {
+        if self.config.emit_events {
+            let e = Event { namespace: pod.namespace.clone(), pod: pod.name.clone(), kind, reason, message };
+            self.cluster.record_event(e).await;
+        }
+    }
+
+    async fn patch(&self, pod: &Pod, patch: &MetadataPatch) -> Result<Pod, ExtenderError> {
+        let mut last = ClusterError::Other("no attempt".into());
+        for _ in 0..self.config.patch_attempts.max(1) {
+            match self.cluster.patch_pod_metadata(&pod.namespace, &pod.name, patch).await {
+                Ok(p) => return Ok(p),
+                Err(e) if e.is_retriable() => last = e,
+                Err(e) => return Err(ExtenderError::Patch { pod: pod.key(), source: e }),
+            }
+        }
+        Err(ExtenderError::Patch { pod: pod.key(), source: last })
+    }
+
+    fn request(&self, pod: &Pod) -> Result<PodRequest, RequestBuildError> {
+        PodRequest::from_pod(&pod.request_spec(), &self.config.domain)
+    }
+
+    /// The live filter (`/scheduler/filter`): picks one node, reserves its GPUs, patches the pre-allocation.
+    pub async fn filter(&self, pod: Option<&Pod>, nodes: &[String]) -> FilterResult {
+        let start = Instant::now();
+        let out = self.filter_inner(pod, nodes).await;
+        self.stats.filter_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        match out {
+            Ok(r) => {
+                let c =
+                    if r.node_names.is_empty() { &self.stats.filter_no_fit } else { &self.stats.filter_fit };
+                c.fetch_add(1, Ordering::Relaxed);
+                r
+            }
+            Err(e) => {
+                self.stats.filter_error.fetch_add(1, Ordering::Relaxed);
+                FilterResult { error: e.to_string(), ..FilterResult::default() }
+            }
+        }
+    }
+
+    async fn checked_request(&self, pod: Option<&Pod>) -> Result<(Pod, PodRequest), ExtenderError> {
+        let pod = pod.ok_or(ExtenderError::NoPod)?;
+        if let Some(n) = pod.node_name.as_deref().filter(|n| !n.is_empty()) {
+            return Err(ExtenderError::AlreadyBound(n.to_owned()));
+        }
+        let request = match self.request(pod) {
+            Ok(r) => r,
+            Err(e) => {
+                self.event(pod, EventType::Warning, "ResourceInvalid", e.to_string()).await;
+                return Err(e.into());
+            }
+        };
+        for p in &request.invalid_policies {
+            self.event(pod, EventType::Warning, "PolicyInvalid", p.to_string()).await;
+        }
+        Ok((pod.clone(), request))
+    }
+
+    async fn filter_inner(&self, pod: Option<&Pod>, nodes: &[String]) -> Result<FilterResult, ExtenderError> {
+        let (pod, request) = self.checked_request(pod).await?;
+        if request.is_empty() {
+            return Ok(FilterResult { node_names: nodes.to_vec(), ..FilterResult::default() });
+        }
+        if nodes.is_empty() {
+            return Err(ExtenderError::NoNodes);
+        }
+        let d = &self.config.domain;
+        let now = self.clock.now_ns();
+        if let Some(target) = prealloc::predicate_node(&pod, d)
+            && prealloc::planned_claim(&pod, d).is_some()
+            && prealloc::should_count(&pod, d, self.config.stuck_grace_ns).at(now)
+        {
+            if !nodes.iter().any(|n| n == target) {
+                return Err(ExtenderError::AlreadyPredicated(pod.uid.clone()));
+            }
+            let phrase = ReasonCode::AlreadyScheduledElsewhere.phrase();
+            let failed =
+                nodes.iter().filter(|n| *n != target).map(|n| (n.clone(), phrase.to_owned())).collect();
+            return Ok(FilterResult {
+                node_names: vec![target.to_owned()],
+                failed_nodes: failed,
+                error: String::new(),
+            });
+        }
+        let _serial = if self.config.serialize_filter { Some(self.filter_lock.lock().await) } else { None };
+        self.cache.sweep(now);
+        let slots = self.cache.nodes(nodes.iter().map(String::as_str));
+        let mut failed: Vec<(usize, NodeFailure)> = Vec::new();
+        let mut memo = ResolveMemo::default();
+        let mut ranked = Vec::with_capacity(nodes.len());
+        for (pos, (name, slot)) in nodes.iter().zip(&slots).enumerate() {
+            match slot {
+                None => failed.push((pos, NodeFailure::new(ReasonCode::NodeCacheMiss))),
+                Some(slot) => {
+                    let s = lock(slot);
+                    match &s.decoded {
+                        Err(f) => failed.push((pos, f.clone())),
+                        Ok(_) => {
+                            if let Some(sc) = score_state(&request, &s, &mut memo, d) {
+                                ranked.push((pos, name.as_str(), sc));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        sort_ranked(request.node_policy, &mut ranked);
+        let mut chosen: Option<(usize, PodAllocation)> = None;
+        let expires = now.saturating_add(self.config.reservation_ttl_ns);
+        for &(pos, _, _) in &ranked {
+            if chosen.is_some() {
+                failed.push((pos, NodeFailure::new(ReasonCode::AlreadyScheduledElsewhere)));
+                continue;
+            }
+            let Some(Some(slot)) = slots.get(pos) else { continue };
+            let mut s = lock(slot);
+            match try_place(&request, &mut memo, &s, &pod.uid) {
+                Ok(alloc) => {
+                    let fp = prealloc::footprint(&pod, &alloc.claim);
+                    self.cache.reserve_locked(&mut s, &pod.uid, fp, expires);
+                    chosen = Some((pos, alloc));
+                }
+                Err(f) => failed.push((pos, f)),
+            }
+        }
+        let Some((pos, alloc)) = chosen else {
+            let text =
+                render_unavailable(nodes.len(), failed.iter().map(|(p, f)| (nodes[*p].as_str(), f.code)));
+            self.event(&pod, EventType::Warning, "FilteringFailed", text).await;
+            let failed_nodes =
+                failed.into_iter().map(|(p, f)| (nodes[p].clone(), f.short().to_owned())).collect();
+            return Ok(FilterResult { failed_nodes, ..FilterResult::default() });
+        };
+        let node = nodes[pos].clone();
+        self.cache.track_reservation(&node, &pod.uid, expires);
+        let encoded = match pod_devices::encode(&alloc.claim) {
+            Ok(e) => e,
+            Err(e) => {
+                self.cache.release(&node, &pod.uid);
+                return Err(ExtenderError::Internal(e.to_string()));
+            }
+        };
+        let patch = MetadataPatch::default()
+            .label(d.metrics_node(), node.clone())
+            .label(d.assigned_phase(), phase::FILTERING)
+            .annotation(d.predicate_node(), node.clone())
+            .annotation(d.pre_allocated(), encoded)
+            .annotation(d.real_allocated(), "")
+            .annotation(d.predicate_time(), now.to_string());
+        match self.patch(&pod, &patch).await {
+            Ok(updated) => self.cache.upsert_pod(updated, now),
+            Err(e) => {
+                self.cache.release(&node, &pod.uid);
+                return Err(e);
+            }
+        }
+        for n in &alloc.notices {
+            self.event(&pod, EventType::Warning, "TopologyFallback", n.message.clone()).await;
+        }
+        self.event(
+            &pod,
+            EventType::Normal,
+            "FilteringSucceed",
+            format!("Successfully matched node \"{node}\""),
+        )
+        .await;
+        let failed_nodes =
+            failed.into_iter().map(|(p, f)| (nodes[p].clone(), f.short().to_owned())).collect();
+        Ok(FilterResult { node_names: vec![node], failed_nodes, error: String::new() })
+    }
+
+    /// The side-effect-free filter (`/scheduler/filter-dryrun`): every node evaluated, every feasible node
+    /// returned in input order, detailed reasons, no lock, no reservation, no patch, no event.
+    pub fn filter_dry_run(&self, pod: Option<&Pod>, nodes: &[String]) -> FilterResult {
+        let run = || -> Result<FilterResult, ExtenderError> {
+            let pod = pod.ok_or(ExtenderError::NoPod)?;
+            if let Some(n) = pod.node_name.as_deref().filter(|n| !n.is_empty()) {
+                return Err(ExtenderError::AlreadyBound(n.to_owned()));
+            }
+            let request = self.request(pod)?;
+            if request.is_empty() {
+                return Ok(FilterResult { node_names: nodes.to_vec(), ..FilterResult::default() });
+            }
+            if nodes.is_empty() {
+                return Err(ExtenderError::NoNodes);
+            }
+            let mut memo = ResolveMemo::default();
+            let mut out = FilterResult::default();
+            for (name, slot) in nodes.iter().zip(self.cache.nodes(nodes.iter().map(String::as_str))) {
+                let r = match slot {
+                    None => Err(NodeFailure::new(ReasonCode::NodeCacheMiss)),
+                    Some(slot) => try_place(&request, &mut memo, &lock(&slot), &pod.uid).map(|_| ()),
+                };
+                match r {
+                    Ok(()) => out.node_names.push(name.clone()),
+                    Err(f) => {
+                        out.failed_nodes.insert(name.clone(), f.detailed());
+                    }
+                }
+            }
+            Ok(out)
+        };
+        run().unwrap_or_else(|e| FilterResult { error: e.to_string(), ..FilterResult::default() })
+    }
+
+    /// Prioritize: host priorities 0..=10 from the node-policy score (0 for nodes that cannot fit, are
+    /// unknown, or for pods without vGPUs).
+    pub fn prioritize(&self, pod: &Pod, nodes: &[String]) -> Vec<HostPriority> {
+        let request = self.request(pod).ok().filter(|r| !r.is_empty());
+        let mut memo = ResolveMemo::default();
+        nodes
+            .iter()
+            .zip(self.cache.nodes(nodes.iter().map(String::as_str)))
+            .map(|(name, slot)| {
+                let score = match (&request, slot) {
+                    (Some(r), Some(slot)) => score_state(r, &lock(&slot), &mut memo, &self.config.domain)
+                        .map_or(0, |s| s.host_priority()),
+                    _ => 0,
+                };
+                HostPriority { host: name.clone(), score }
+            })
+            .collect()
+    }
+
+    async fn mark_failed(&self, pod: &Pod, message: &str) {
+        let d = &self.config.domain;
+        // Upstream CleanupMetadata removed annotation keys from the labels map; here each key goes to its map.
+        let patch = MetadataPatch::default()
+            .label(d.assigned_phase(), phase::FAILED)
+            .remove_label(d.metrics_node())
+            .annotation(d.predicate_time(), PREDICATE_TIME_DONE.to_string());
+        if let Ok(updated) = self.patch(pod, &patch).await {
+            self.cache.upsert_pod(updated, self.clock.now_ns());
+        }
+        self.event(pod, EventType::Warning, "BindingFailed", message.to_owned()).await;
+    }
+
+    /// Bind (`/scheduler/bind`): checks the pre-allocation, marks the pod allocating and creates the binding.
+    pub async fn bind(&self, namespace: &str, name: &str, uid: &str, node: &str) -> BindResult {
+        match self.bind_inner(namespace, name, uid, node).await {
+            Ok(()) => {
+                self.stats.bind_success.fetch_add(1, Ordering::Relaxed);
+                BindResult::default()
+            }
+            Err(e) => {
+                self.stats.bind_error.fetch_add(1, Ordering::Relaxed);
+                BindResult { error: e.to_string() }
+            }
+        }
+    }
+
+    async fn bind_inner(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+    ) -> Result<(), ExtenderError> {
+        if node.is_empty() {
+            return Err(ExtenderError::NoBindNode);
+        }
+        let stripe = (fnv32a(node) as usize) % BIND_STRIPES;
+        let _serial = match (self.config.serialize_bind, self.bind_locks.get(stripe)) {
+            (true, Some(l)) => Some(l.lock().await),
+            _ => None,
+        };
+        let mut pod = self.cluster.get_pod(namespace, name).await?;
+        if pod.uid != uid {
+            return Err(ExtenderError::UidMismatch(uid.to_owned()));
+        }
+        let d = &self.config.domain;
+        let is_vgpu = self.request(&pod).map(|r| !r.is_empty()).unwrap_or(true)
+            || pod.annotations.contains_key(&d.pre_allocated());
+        let now = self.clock.now_ns();
+        if is_vgpu {
+            let predicate = prealloc::predicate_node(&pod, d).unwrap_or_default().to_owned();
+            if predicate != node {
+                let e = ExtenderError::NodeMismatch { predicate, node: node.to_owned() };
+                self.mark_failed(&pod, &e.to_string()).await;
+                return Err(e);
+            }
+            let valid = prealloc::planned_claim(&pod, d).is_some()
+                && prealloc::should_count(&pod, d, self.config.stuck_grace_ns).at(now);
+            if !valid {
+                let e = ExtenderError::PreallocExpired(predicate);
+                self.mark_failed(&pod, &e.to_string()).await;
+                return Err(e);
+            }
+            let patch = MetadataPatch::default()
+                .label(d.assigned_phase(), phase::ALLOCATING)
+                .label(d.metrics_node(), node)
+                .annotation(d.predicate_time(), now.to_string());
+            match self.patch(&pod, &patch).await {
+                Ok(updated) => {
+                    self.cache.upsert_pod(updated.clone(), now);
+                    pod = updated;
+                }
+                Err(e) => {
+                    self.mark_failed(&pod, &e.to_string()).await;
+                    return Err(e);
+                }
+            }
+        }
+        let binding = Binding {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+            node: node.to_owned(),
+        };
+        if let Err(e) = self.cluster.bind_pod(&binding).await {
+            if is_vgpu {
+                self.mark_failed(&pod, &e.to_string()).await;
+            }
+            return Err(e.into());
+        }
+        pod.node_name = Some(node.to_owned());
+        pod.unschedulable_since_ns = None;
+        self.cache.upsert_pod(pod.clone(), now);
+        self.event(
+            &pod,
+            EventType::Normal,
+            "BindingSucceed",
+            format!("Successfully bound to node \"{node}\""),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Preempt (`/scheduler/preempt`, contract §3.4): per candidate node, drops protected victims, checks the
+    /// pod fits once the rest are gone, and otherwise adds lower-priority bound vGPU pods of that node (non-gang
+    /// first, lower priority first, newer first) until it fits; nodes that never fit are dropped. Pods without
+    /// vGPUs pass through.
+    pub fn preempt(&self, pod: Option<&Pod>, victims: &BTreeMap<String, Vec<String>>) -> PreemptResult {
+        let passthrough = || PreemptResult { node_victims: victims.clone() };
+        let Some(pod) = pod else {
+            self.stats.preempt_other.fetch_add(1, Ordering::Relaxed);
+            return passthrough();
+        };
+        let Some(request) = self.request(pod).ok().filter(|r| !r.is_empty()) else {
+            self.stats.preempt_other.fetch_add(1, Ordering::Relaxed);
+            return passthrough();
+        };
+        let d = &self.config.domain;
+        let protected = |v: &Pod| {
+            v.deleting
+                || v.phase.is_terminal()
+                || v.priority >= 2_000_000_000
+                || v.owner_kind.as_deref() == Some("DaemonSet")
+                || v.node_name.is_none()
+                || (pod.gang.is_some() && v.gang == pod.gang)
+        };
+        let mut out = PreemptResult::default();
+        for (node, uids) in victims {
+            let Some(slot) = self.cache.node(node) else { continue };
+            let pods_here = self.cache.pods_on(node);
+            let s = lock(&slot);
+            let Ok(dn) = &s.decoded else { continue };
+            let mut usage = s.usage.clone();
+            let mut chosen: Vec<String> = Vec::new();
+            let mut taken: HashSet<String> = HashSet::new();
+            for uid in uids {
+                let Some(v) = self.cache.pod(uid) else { continue };
+                if protected(&v) {
+                    continue;
+                }
+                usage.remove_pod(uid);
+                taken.insert(uid.clone());
+                chosen.push(uid.clone());
+            }
+            let fits = |usage: &NodeUsage| {
+                let view = NodeView {
+                    name: node,
+                    inventory: &dn.inventory,
+                    config: &dn.config,
+                    links: dn.links.as_ref(),
+                    usage,
+                };
+                vgpu_core::alloc::allocate(&request, &view).is_ok()
+            };
+            let mut ok = fits(&usage);
+            if !ok {
+                let mut extra: Vec<&Arc<Pod>> = pods_here
+                    .iter()
+                    .filter(|v| !taken.contains(&v.uid) && v.uid != pod.uid)
+                    .filter(|v| !protected(v) && v.priority < pod.priority)
+                    .filter(|v| prealloc::planned_claim(v, d).is_some())
+                    .collect();
+                extra.sort_by(|a, b| {
+                    a.gang
+                        .is_some()
+                        .cmp(&b.gang.is_some())
+                        .then(a.priority.cmp(&b.priority))
+                        .then(b.created_ns.cmp(&a.created_ns))
+                        .then(a.uid.cmp(&b.uid))
+                });
+                for v in extra {
+                    usage.remove_pod(&v.uid);
+                    chosen.push(v.uid.clone());
+                    if fits(&usage) {
+                        ok = true;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                out.node_victims.insert(node.clone(), chosen);
+            }
+        }
+        let c =
+            if out.node_victims.is_empty() { &self.stats.preempt_other } else { &self.stats.preempt_victims };
+        c.fetch_add(1, Ordering::Relaxed);
+        out
+    }
+}
+
+impl<K: Clock + 'static> Extender<MemoryCluster, K> {
+    /// Feeds the in-memory cluster's changes into the cache (like informers with no delay).
+    pub fn attach(&self) {
+        let cache = self.cache.clone();
+        let clock = self.clock.clone();
+        self.cluster.watch(move |e| cache.apply(e, clock.now_ns()));
+    }
+}

@@ -1,0 +1,312 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Filter, bind, preempt and cache semantics against the in-memory cluster.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use vgpu_core::alloc::{NodeUsage, NodeView, PodRequest, order_nodes};
+use vgpu_core::domain::ResourceDomain;
+use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
+use vgpu_scheduler::rank::{ResolveMemo, score_state, sort_ranked};
+use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, PodPhase};
+
+const T0: i64 = 1_700_000_000_000_000_000;
+
+fn inventory(gpus: u32, mem: u64) -> NodeDeviceInventory {
+    NodeDeviceInventory::new(
+        (0..gpus)
+            .map(|i| GpuDevice {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                type_name: "A100".into(),
+                memory_mib: mem,
+                cores: 100,
+                split_count: 4,
+                numa_node: Some(i / 2),
+                ..Default::default()
+            })
+            .collect(),
+    )
+}
+
+struct Env {
+    d: ResourceDomain,
+    cluster: MemoryCluster,
+    clock: Arc<ManualClock>,
+    ext: Extender<MemoryCluster, ManualClock>,
+    names: Vec<String>,
+    rt: tokio::runtime::Runtime,
+}
+
+fn env(nodes: usize, gpus: u32) -> Env {
+    let d = ResourceDomain::default();
+    let cluster = MemoryCluster::new();
+    let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
+    for n in &names {
+        cluster.upsert_node(
+            vgpu_node(n, &inventory(gpus, 16384), &NodeVgpuConfig::default(), None, &d).unwrap(),
+        );
+    }
+    let clock = Arc::new(ManualClock::new(T0));
+    let ext = Extender::new(cluster.clone(), clock.clone(), ExtenderConfig::default());
+    ext.attach();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(ext.sync()).unwrap();
+    Env { d, cluster, clock, ext, names, rt }
+}
+
+impl Env {
+    fn pod(&self, uid: &str, n: u32, cores: u32, mem: u64, ann: &[(String, String)]) -> Pod {
+        self.cluster.upsert_pod(vgpu_pod(uid, n, cores, mem, ann, &self.d))
+    }
+    fn filter(&self, pod: &Pod) -> vgpu_scheduler::FilterResult {
+        self.rt.block_on(self.ext.filter(Some(pod), &self.names))
+    }
+    fn bind(&self, pod: &Pod, node: &str) -> String {
+        self.rt.block_on(self.ext.bind(&pod.namespace, &pod.name, &pod.uid, node)).error
+    }
+    fn used(&self, node: &str) -> (u32, u64, u64) {
+        let slot = self.ext.cache().node(node).unwrap();
+        let s = slot.lock().unwrap();
+        (0..8)
+            .map(|i| s.usage.device(i))
+            .fold((0, 0, 0), |a, u| (a.0 + u.number, a.1 + u.cores, a.2 + u.memory_mib))
+    }
+}
+
+#[test]
+fn filter_patches_pre_allocation_and_bind_marks_allocating() {
+    let e = env(3, 2);
+    let binpack = vec![(e.d.node_scheduler_policy(), "binpack".to_string())];
+    let pod = e.pod("u1", 1, 50, 4096, &binpack);
+    let r = e.filter(&pod);
+    assert_eq!(r.error, "");
+    assert_eq!(r.node_names, ["n0"], "binpack ties break by name");
+    assert_eq!(r.failed_nodes.len(), 2);
+    assert!(r.failed_nodes.values().all(|v| v == "pod already scheduled to another node"));
+    let p = e.cluster.pod("default", "pod-u1").unwrap();
+    assert_eq!(p.annotations[&e.d.pre_allocated()], "main[0_GPU-0_50_4096]");
+    assert_eq!(p.annotations[&e.d.predicate_node()], "n0");
+    assert_eq!(p.annotations[&e.d.real_allocated()], "");
+    assert_eq!(p.annotations[&e.d.predicate_time()], T0.to_string());
+    assert_eq!(p.labels[&e.d.assigned_phase()], "filtering");
+    assert_eq!(p.labels[&e.d.metrics_node()], "n0");
+    assert_eq!(e.used("n0"), (1, 50, 4096));
+    assert_eq!(e.ext.cache().reservation_count(), 0, "the patched pod replaced the reservation");
+
+    // A second filter of the same pod short-circuits to its node.
+    let again = e.filter(&p);
+    assert_eq!(again.node_names, ["n0"]);
+
+    e.clock.advance(1_000);
+    assert_eq!(e.bind(&p, "n0"), "");
+    let p = e.cluster.pod("default", "pod-u1").unwrap();
+    assert_eq!(p.node_name.as_deref(), Some("n0"));
+    assert_eq!(p.labels[&e.d.assigned_phase()], "allocating");
+    assert_eq!(p.annotations[&e.d.predicate_time()], (T0 + 1_000).to_string());
+    assert_eq!(e.used("n0"), (1, 50, 4096));
+    let reasons: Vec<&str> = e.cluster.events().iter().map(|ev| ev.reason).collect();
+    assert_eq!(reasons, ["FilteringSucceed", "BindingSucceed"]);
+
+    // Bound pods cannot be filtered; succeeded pods release.
+    assert_eq!(e.filter(&p).error, "pod has been bound to node \"n0\"");
+    e.cluster.set_phase("default", "pod-u1", PodPhase::Succeeded);
+    assert_eq!(e.used("n0"), (0, 0, 0));
+}
+
+#[test]
+fn no_fit_reports_reasons_and_event_text() {
+    let e = env(2, 1);
+    let pod = e.pod("big", 2, 0, 0, &[]);
+    let r = e.filter(&pod);
+    assert!(r.node_names.is_empty() && r.error.is_empty());
+    assert_eq!(r.failed_nodes["n0"], "Insufficient GPU cards");
+    let ev = e.cluster.events().pop().unwrap();
+    assert_eq!(ev.reason, "FilteringFailed");
+    assert_eq!(ev.message, "0/2 nodes are available: Insufficient GPU cards (n0, n1).");
+    let bad = e.pod("bad", 17, 0, 0, &[]);
+    assert!(e.filter(&bad).error.contains("exceeding limit"), "{}", e.filter(&bad).error);
+    assert_eq!(e.rt.block_on(e.ext.filter(None, &e.names)).error, "extenderArgs.Pod cannot be empty");
+    let p = e.pod("x", 1, 0, 0, &[]);
+    assert_eq!(e.rt.block_on(e.ext.filter(Some(&p), &[])).error, "No schedulable nodes");
+    let r = e.rt.block_on(e.ext.filter(Some(&p), &["ghost".to_string()]));
+    assert_eq!(r.failed_nodes["ghost"], "node missing from cache");
+}
+
+#[test]
+fn patch_conflicts_are_retried_then_reservation_released() {
+    let e = env(1, 1);
+    e.cluster.fail_next_patches(2);
+    let a = e.pod("a", 1, 50, 1024, &[]);
+    assert_eq!(e.filter(&a).node_names, ["n0"], "two conflicts, third attempt wins");
+    e.cluster.fail_next_patches(3);
+    let b = e.pod("b", 1, 0, 1024, &[]);
+    let r = e.filter(&b);
+    assert!(r.error.starts_with("failed to patch pod default/pod-b: conflict"), "{}", r.error);
+    assert_eq!(e.used("n0"), (1, 50, 1024), "b's reservation released, a kept");
+    assert_eq!(e.ext.cache().reservation_count(), 0);
+}
+
+#[test]
+fn bind_checks_node_and_expiry_and_failure_cleans_up() {
+    let e = env(2, 1);
+    let a = e.pod("a", 1, 10, 0, &[]);
+    assert_eq!(e.filter(&a).node_names, ["n0"]);
+    let a = e.cluster.pod("default", "pod-a").unwrap();
+    assert_eq!(e.bind(&a, "n1"), "predicate node \"n0\" does not match the bound node \"n1\"");
+    let a = e.cluster.pod("default", "pod-a").unwrap();
+    assert_eq!(a.labels[&e.d.assigned_phase()], "failed");
+    assert!(!a.labels.contains_key(&e.d.metrics_node()), "label removed from labels");
+    assert_eq!(a.annotations[&e.d.predicate_time()], i64::MAX.to_string());
+    assert_eq!(e.used("n0"), (0, 0, 0), "failed pre-allocation released");
+
+    assert_eq!(e.bind(&a, ""), "ExtenderBindingArgs.Node cannot be empty");
+    assert_eq!(
+        e.rt.block_on(e.ext.bind("default", "pod-a", "other", "n0")).error,
+        "different uid \"other\" from the target pod"
+    );
+
+    // Expired: unschedulable after the predicate, past the grace period.
+    let b = e.pod("b", 1, 10, 0, &[]);
+    assert_eq!(e.filter(&b).node_names, ["n0"]);
+    let mut b = e.cluster.pod("default", "pod-b").unwrap();
+    b.unschedulable_since_ns = Some(T0 - 5_000_000_000);
+    let b = e.cluster.upsert_pod(b);
+    assert_eq!(e.used("n0").1, 10, "within grace");
+    e.clock.advance(31_000_000_000);
+    e.ext.cache().sweep(e.clock.now_ns_pub());
+    assert_eq!(e.used("n0").1, 0, "grace period over");
+    assert_eq!(e.bind(&b, "n0"), "device pre allocation check failed, unable to bind to node \"n0\"");
+
+    // Binding API failure.
+    let c = e.pod("c", 1, 10, 0, &[]);
+    let node = e.filter(&c).node_names[0].clone();
+    e.cluster.fail_next_binds(1);
+    let c = e.cluster.pod("default", "pod-c").unwrap();
+    assert_eq!(e.bind(&c, &node), "injected binding failure");
+    assert_eq!(e.used(&node), (0, 0, 0));
+}
+
+trait NowPub {
+    fn now_ns_pub(&self) -> i64;
+}
+impl NowPub for Arc<ManualClock> {
+    fn now_ns_pub(&self) -> i64 {
+        vgpu_scheduler::Clock::now_ns(self)
+    }
+}
+
+#[test]
+fn reservation_expires_and_delete_releases() {
+    let e = env(1, 1);
+    let slot = e.ext.cache().node("n0").unwrap();
+    {
+        let mut s = slot.lock().unwrap();
+        let claim = vgpu_core::codec::pod_devices::decode_pre_allocated("m[0_GPU-0_30_100]").unwrap();
+        e.ext.cache().reserve_locked(
+            &mut s,
+            "ghost",
+            vgpu_core::alloc::PodFootprint::from_claim(&claim),
+            T0 + 10,
+        );
+    }
+    e.ext.cache().track_reservation("n0", "ghost", T0 + 10);
+    assert_eq!(e.used("n0"), (1, 30, 100));
+    e.ext.cache().sweep(T0 + 5);
+    assert_eq!(e.used("n0"), (1, 30, 100));
+    e.ext.cache().sweep(T0 + 11);
+    assert_eq!(e.used("n0"), (0, 0, 0));
+
+    let a = e.pod("a", 1, 20, 0, &[]);
+    e.filter(&a);
+    assert_eq!(e.used("n0").1, 20);
+    e.cluster.delete_pod("default", "pod-a");
+    assert_eq!(e.used("n0").1, 0);
+}
+
+#[test]
+fn dry_run_has_no_side_effects_and_lists_every_feasible_node() {
+    let e = env(3, 1);
+    let a = e.pod("a", 1, 100, 0, &[]);
+    e.filter(&a);
+    let b = e.pod("b", 1, 100, 0, &[]);
+    let r = e.ext.filter_dry_run(Some(&b), &e.names);
+    assert_eq!(r.node_names.len(), 2);
+    let failed = r.failed_nodes.values().next().unwrap();
+    assert!(failed.starts_with("Insufficient vGPU cores"), "{failed}");
+    assert!(!e.cluster.pod("default", "pod-b").unwrap().annotations.contains_key(&e.d.pre_allocated()));
+    assert_eq!(e.ext.cache().reservation_count(), 0);
+}
+
+#[test]
+fn prioritize_and_rank_match_order_nodes() {
+    let e = env(6, 2);
+    for (i, cores) in [(0, 30), (1, 80), (2, 10), (3, 50)] {
+        let p = e.pod(&format!("p{i}"), 1, cores, 1000 * (i + 1), &[]);
+        let node = &e.names[i as usize];
+        e.rt.block_on(e.ext.filter(Some(&p), std::slice::from_ref(node)));
+    }
+    for policy in ["binpack", "spread", "none"] {
+        let ann = vec![(e.d.node_scheduler_policy(), policy.to_string())];
+        let pod = vgpu_pod("q", 1, 20, 2048, &ann, &e.d);
+        let req = PodRequest::from_pod(&pod.request_spec(), &e.d).unwrap();
+        let snap = e.ext.cache().usage_snapshot();
+        let owned: Vec<(String, Arc<_>, NodeUsage)> =
+            snap.into_iter().map(|(n, d, u)| (n, d.unwrap(), u)).collect();
+        let views: Vec<NodeView<'_>> = owned
+            .iter()
+            .map(|(n, d, u)| NodeView {
+                name: n,
+                inventory: &d.inventory,
+                config: &d.config,
+                links: None,
+                usage: u,
+            })
+            .collect();
+        let expected: Vec<&str> = order_nodes(&req, &views).into_iter().map(|i| views[i].name).collect();
+        let mut memo = ResolveMemo::default();
+        let slots: Vec<_> = owned.iter().map(|(n, _, _)| e.ext.cache().node(n).unwrap()).collect();
+        let mut ranked: Vec<_> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                (i, owned[i].0.as_str(), score_state(&req, &s.lock().unwrap(), &mut memo, &e.d).unwrap())
+            })
+            .collect();
+        sort_ranked(req.node_policy, &mut ranked);
+        let got: Vec<&str> = ranked.iter().map(|r| r.1).collect();
+        assert_eq!(got, expected, "{policy}");
+        let prio = e.ext.prioritize(&pod, &e.names);
+        assert!(prio.iter().all(|h| (0..=10).contains(&h.score)));
+    }
+}
+
+#[test]
+fn preempt_picks_unprotected_lower_priority_victims() {
+    let e = env(2, 1);
+    let mut low = vgpu_pod("low", 1, 100, 0, &[], &e.d);
+    low.priority = 1;
+    low.created_ns = 1;
+    let low = e.cluster.upsert_pod(low);
+    assert_eq!(e.rt.block_on(e.ext.filter(Some(&low), &e.names[..1])).node_names, ["n0"]);
+    let low = e.cluster.pod("default", "pod-low").unwrap();
+    assert_eq!(e.bind(&low, "n0"), "");
+    let mut ds = vgpu_pod("ds", 1, 0, 0, &[], &e.d);
+    ds.owner_kind = Some("DaemonSet".into());
+    ds.spec.containers[0].limits.insert(e.d.vgpu_cores(), "0".into());
+    let mut hi = vgpu_pod("hi", 1, 100, 0, &[], &e.d);
+    hi.priority = 100;
+    let mut victims = BTreeMap::new();
+    victims.insert("n0".to_string(), vec![]);
+    victims.insert("n1".to_string(), vec![]);
+    let r = e.ext.preempt(Some(&hi), &victims);
+    assert_eq!(r.node_victims["n0"], ["low"], "added lower-priority pod");
+    assert_eq!(r.node_victims["n1"], Vec::<String>::new(), "fits without victims");
+    hi.priority = 0;
+    let r = e.ext.preempt(Some(&hi), &victims);
+    assert!(!r.node_victims.contains_key("n0"), "no lower-priority pod to evict");
+    let plain = Pod { uid: "x".into(), ..Pod::default() };
+    assert_eq!(e.ext.preempt(Some(&plain), &victims).node_victims, victims, "passthrough");
+    let _ = ds;
+}
