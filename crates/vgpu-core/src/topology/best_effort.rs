@@ -26,6 +26,11 @@
 //! and skips candidates that could only tie it from later in upstream's order; every memoised value stays
 //! exact, and ties between explored candidates go to the earlier one in upstream's order.
 //!
+//! Up to 20 available GPUs the memo is a dense array indexed by mask, and once the best-first search has
+//! generated a small budget of candidates (it pays a bound per candidate) the remaining masks are solved by the
+//! plain programme: every allowed first set in upstream's order, its rest solved recursively, the incumbent
+//! replaced only on a strictly greater total. Both store the same exact `best(M)`, so the result is the same.
+//!
 //! # Deliberate differences
 //!
 //! * Upstream may return the short set, i.e. fewer real GPUs than asked. We never do: in that case we return
@@ -253,6 +258,72 @@ struct Entry {
     block: u64,
 }
 
+/// Most available GPUs for which the memo is a dense array indexed by mask (and the plain dynamic programme is
+/// used instead of the best-first search).
+const DENSE_MAX: usize = 20;
+
+/// Candidate sets the best-first search generates (dense memo) before handing over to the plain programme.
+const BEST_FIRST_BUDGET: usize = 2_000;
+
+/// Memoised `best(M)`: dense arrays indexed by mask for small GPU counts (values only, with "solved" and
+/// "feasible" bitsets; first sets are re-derived along the winning path), a hash map otherwise.
+enum Memo {
+    Dense { solved: Vec<u64>, feasible: Vec<u64>, value: Vec<u64> },
+    Sparse(HashMap<u64, Entry, BuildHasherDefault<MaskHasher>>),
+}
+
+impl Memo {
+    fn new(n: usize) -> Self {
+        if n <= DENSE_MAX {
+            let words = (1usize << n).div_ceil(64);
+            Memo::Dense { solved: vec![0; words], feasible: vec![0; words], value: vec![0; 1usize << n] }
+        } else {
+            Memo::Sparse(HashMap::with_capacity_and_hasher(1024, BuildHasherDefault::default()))
+        }
+    }
+
+    /// The memoised value of `mask` (`Some(None)`: infeasible); dense entries carry no first set (`block` 0).
+    #[inline]
+    fn get(&self, mask: u64) -> Option<Entry> {
+        match self {
+            Memo::Dense { solved, feasible, value } => {
+                let (word, bit) = ((mask >> 6) as usize, 1u64 << (mask & 63));
+                if solved.get(word).is_none_or(|w| w & bit == 0) {
+                    None
+                } else if feasible.get(word).is_some_and(|w| w & bit != 0) {
+                    Some(Entry { value: value.get(mask as usize).copied(), block: 0 })
+                } else {
+                    Some(Entry { value: None, block: 0 })
+                }
+            }
+            Memo::Sparse(map) => map.get(&mask).copied(),
+        }
+    }
+
+    #[inline]
+    fn insert(&mut self, mask: u64, entry: Entry) {
+        match self {
+            Memo::Dense { solved, feasible, value } => {
+                let (word, bit) = ((mask >> 6) as usize, 1u64 << (mask & 63));
+                if let Some(w) = solved.get_mut(word) {
+                    *w |= bit;
+                }
+                if let Some(v) = entry.value {
+                    if let Some(w) = feasible.get_mut(word) {
+                        *w |= bit;
+                    }
+                    if let Some(slot) = value.get_mut(mask as usize) {
+                        *slot = v;
+                    }
+                }
+            }
+            Memo::Sparse(map) => {
+                map.insert(mask, entry);
+            }
+        }
+    }
+}
+
 /// A candidate first set of a mask, with what is known about the best total through it.
 #[derive(Debug, Clone, Copy)]
 struct Candidate {
@@ -278,7 +349,12 @@ struct Solver {
     w: Vec<u64>,
     /// Per GPU: peers with a positive pair score, best first.
     neighbours: Vec<Vec<(u64, u8)>>,
-    memo: HashMap<u64, Entry, BuildHasherDefault<MaskHasher>>,
+    memo: Memo,
+    /// Candidates the best-first search may still generate before switching to the plain dynamic programme
+    /// (dense memo only; both store the same exact values).
+    budget: usize,
+    /// First sets of the masks the best-first search solved (dense memo only; it stores values alone).
+    blocks: HashMap<u64, u64, BuildHasherDefault<MaskHasher>>,
 }
 
 impl Solver {
@@ -298,6 +374,7 @@ impl Solver {
             row.sort_unstable_by(|x, y| y.cmp(x));
             neighbours.push(row);
         }
+        let budget = if n <= DENSE_MAX { BEST_FIRST_BUDGET } else { usize::MAX };
         Self {
             n,
             size,
@@ -305,7 +382,9 @@ impl Solver {
             required,
             w,
             neighbours,
-            memo: HashMap::with_capacity_and_hasher(1024, BuildHasherDefault::default()),
+            memo: Memo::new(n),
+            blocks: HashMap::default(),
+            budget,
         }
     }
 
@@ -355,8 +434,20 @@ impl Solver {
     }
 
     /// The first set of the memoised best partition of `mask`.
-    fn first_set(&self, mask: u64) -> Option<u64> {
-        match self.memo.get(&mask) {
+    fn first_set(&mut self, mask: u64) -> Option<u64> {
+        if let Memo::Dense { .. } = self.memo {
+            if let Some(&block) = self.blocks.get(&mask) {
+                return self.memo.get(mask).and_then(|e| e.value).map(|_| block);
+            }
+            return match self.terminal(mask) {
+                Some(t) => t.map(|_| mask),
+                None => {
+                    let e = self.search_dense(mask);
+                    e.value.map(|_| e.block)
+                }
+            };
+        }
+        match self.memo.get(mask) {
             Some(e) => e.value.map(|_| e.block),
             None => self.terminal(mask).flatten().map(|_| mask),
         }
@@ -368,13 +459,20 @@ impl Solver {
         if mask == 0 {
             return Some(0);
         }
+        if self.budget == 0 {
+            return self.solve_dense(mask);
+        }
         if let Some(t) = self.terminal(mask) {
             return t;
         }
-        if let Some(e) = self.memo.get(&mask) {
+        if let Some(e) = self.memo.get(mask) {
             return e.value;
         }
         let mut candidates = self.candidates(mask);
+        if let Memo::Dense { .. } = self.memo {
+            // Best-first pays per candidate; past the budget the plain programme is cheaper (same exact values).
+            self.budget = self.budget.saturating_sub(candidates.len().max(1));
+        }
         if candidates.iter().all(|c| c.exact) {
             // Every total is known: the first maximum in upstream's order wins.
             let mut best: Option<Candidate> = None;
@@ -387,7 +485,7 @@ impl Solver {
                 Some(c) => Entry { value: Some(c.bound2 / 2), block: c.block },
                 None => Entry { value: None, block: 0 },
             };
-            self.memo.insert(mask, entry);
+            self.record(mask, entry);
             return entry.value;
         }
         // Best-first; among equal bounds, upstream's order.
@@ -423,8 +521,107 @@ impl Solver {
             Some((total, block, _)) => Entry { value: Some(total), block },
             None => Entry { value: None, block: 0 },
         };
+        self.record(mask, entry);
+        entry.value
+    }
+
+    /// Memoises a best-first result (keeping its first set aside when the memo is dense).
+    fn record(&mut self, mask: u64, entry: Entry) {
+        if let Memo::Dense { .. } = self.memo {
+            self.blocks.insert(mask, entry.block);
+        }
+        self.memo.insert(mask, entry);
+    }
+
+    /// Plain dynamic programme (dense memo): `best(mask)` from every allowed first set in upstream's order, the
+    /// incumbent replaced only on a strictly greater total. Terminal masks are memoised too.
+    fn solve_dense(&mut self, mask: u64) -> Option<u64> {
+        if mask == 0 {
+            return Some(0);
+        }
+        if let Some(e) = self.memo.get(mask) {
+            return e.value;
+        }
+        let entry = match self.terminal(mask) {
+            Some(Some(v)) => Entry { value: Some(v), block: mask },
+            Some(None) => Entry { value: None, block: 0 },
+            None => self.search_dense(mask),
+        };
         self.memo.insert(mask, entry);
         entry.value
+    }
+
+    /// The first best set of non-terminal `mask` in upstream's order, and the best total.
+    fn search_dense(&mut self, mask: u64) -> Entry {
+        let first = mask.trailing_zeros() as usize;
+        let mut rest = [0u8; 64];
+        let mut len = 0;
+        for i in bits(mask & (mask - 1)) {
+            rest[len] = i as u8;
+            len += 1;
+        }
+        let mut chosen = [0u8; 64];
+        chosen[0] = first as u8;
+        let walk = Walk { mask, rest: &rest[..len], pending: self.pending(mask) };
+        let mut best = Entry { value: None, block: 0 };
+        self.extend_dense(&walk, 0, 1, 1u64 << first, 0, &mut chosen, &mut best);
+        best
+    }
+
+    /// [`Self::extend`] for the plain dynamic programme: evaluates each completion as it is enumerated.
+    #[allow(clippy::too_many_arguments)]
+    fn extend_dense(
+        &mut self,
+        walk: &Walk<'_>,
+        start: usize,
+        depth: usize,
+        block: u64,
+        score: u64,
+        chosen: &mut [u8; 64],
+        best: &mut Entry,
+    ) {
+        let slots = self.size - depth;
+        if slots == 0 {
+            self.consider(walk.mask, block, score, true, best);
+            return;
+        }
+        let pad = if walk.pending { self.padding } else { 0 };
+        let len = walk.rest.len();
+        for j in start..len {
+            if len - j - 1 + pad < slots - 1 {
+                break;
+            }
+            let e = walk.rest[j] as usize;
+            let row = &self.w[e * self.n..(e + 1) * self.n];
+            let add = chosen[..depth].iter().fold(0u64, |acc, &c| acc.saturating_add(row[c as usize]));
+            chosen[depth] = e as u8;
+            self.extend_dense(
+                walk,
+                j + 1,
+                depth + 1,
+                block | (1u64 << e),
+                score.saturating_add(add),
+                chosen,
+                best,
+            );
+        }
+        if walk.pending && slots == self.padding {
+            self.consider(walk.mask, block, score, false, best);
+        }
+    }
+
+    /// Offers first set `block` of `mask` (if allowed) to the incumbent `best`: replaces it on a strictly
+    /// greater total only, so the first best in upstream's order wins.
+    #[inline]
+    fn consider(&mut self, mask: u64, block: u64, score: u64, full: bool, best: &mut Entry) {
+        if !self.allowed(block, full) {
+            return;
+        }
+        let Some(v) = self.solve_dense(mask & !block) else { return };
+        let total = score.saturating_add(v);
+        if best.value.is_none_or(|b| total > b) {
+            *best = Entry { value: Some(total), block };
+        }
     }
 
     /// Every allowed first set of `mask` (the set holding its smallest GPU), in upstream's order.
@@ -489,7 +686,7 @@ impl Solver {
         let known = if rest == 0 {
             Some(Some(0))
         } else {
-            self.terminal(rest).or_else(|| self.memo.get(&rest).map(|e| e.value))
+            self.terminal(rest).or_else(|| self.memo.get(rest).map(|e| e.value))
         };
         let candidate = match known {
             Some(None) => return,
