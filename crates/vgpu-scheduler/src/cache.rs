@@ -355,12 +355,14 @@ impl ClusterCache {
         (Some((node.to_owned(), prealloc::footprint(pod, &claim))), until)
     }
 
-    /// Adds or updates a pod (events older than the held resource version are ignored).
+    /// Adds or updates a pod (events older than the held resource version are ignored; version 0 means unknown
+    /// and always applies).
     pub fn upsert_pod(&self, pod: Pod, now_ns: i64) {
         let (counted, until) = self.counting_of(&pod, now_ns);
         let mut idx = lock(&self.index);
         let old = idx.pods.get(&pod.uid);
         if let Some(old) = old
+            && pod.resource_version != 0
             && old.pod.resource_version > pod.resource_version
         {
             return;

@@ -15,6 +15,7 @@
 //! | [`rank`] | node ordering over cached aggregates (same keys as `vgpu_core::alloc::order_nodes`) |
 //! | [`extender`] | [`Extender`]: the verbs and their protocol-shaped results |
 //! | [`fixture`] | nodes and pods as the device plugin and users publish them (tests, simulator, benches) |
+//! | [`convert`] | Kubernetes `Pod`/`Node` (k8s-openapi) → [`Pod`]/[`Node`], gang identity |
 //! | [`clock`] | [`Clock`], [`SystemClock`], [`ManualClock`] |
 //!
 //! # Example
@@ -69,6 +70,7 @@
 pub mod cache;
 pub mod clock;
 pub mod cluster;
+pub mod convert;
 pub mod extender;
 pub mod fixture;
 pub mod prealloc;
