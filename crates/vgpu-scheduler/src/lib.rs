@@ -16,6 +16,7 @@
 //! | [`extender`] | [`Extender`]: the verbs and their protocol-shaped results |
 //! | [`fixture`] | nodes and pods as the device plugin and users publish them (tests, simulator, benches) |
 //! | [`convert`] | Kubernetes `Pod`/`Node` (k8s-openapi) → [`Pod`]/[`Node`], gang identity |
+//! | [`readiness`] | [`Readiness`]: caches synced + leader role, shared by the cache driver, elector and server |
 //! | [`clock`] | [`Clock`], [`SystemClock`], [`ManualClock`] |
 //!
 //! # Example
@@ -75,6 +76,7 @@ pub mod extender;
 pub mod fixture;
 pub mod prealloc;
 pub mod rank;
+pub mod readiness;
 
 pub use cache::ClusterCache;
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -82,6 +84,7 @@ pub use cluster::{Cluster, ClusterError, MemoryCluster, MetadataPatch, Node, Pod
 pub use extender::{
     BindResult, Extender, ExtenderConfig, ExtenderError, FilterResult, HostPriority, PreemptResult,
 };
+pub use readiness::{Readiness, Role};
 
 /// Default `--server-bind-port`.
 pub const DEFAULT_PORT: u16 = 3456;
