@@ -204,6 +204,61 @@ impl TestEnv {
             .context("waiting for kube-scheduler")
     }
 
+    /// Starts one of our binaries (see [`crate::vgpu_binary`]) as a managed process named `name` (unique in
+    /// this environment; its log is `<name>.log`, appended to across restarts) with `args` and extra
+    /// environment variables. Stopped with the environment, or earlier with [`TestEnv::stop_process`] /
+    /// [`TestEnv::kill_process`].
+    pub fn start_process(
+        &mut self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> Result<()> {
+        if self.processes.iter().any(|p| p.name() == name) {
+            bail!("a process named {name} is already running");
+        }
+        let process = ManagedProcess::spawn_with_env(name, program, args, env, &self.log_path(name))?;
+        self.processes.push(process);
+        Ok(())
+    }
+
+    /// Fails (with the end of its log) if the named process is not running.
+    pub fn check_process(&mut self, name: &str) -> Result<()> {
+        match self.processes.iter_mut().find(|p| p.name() == name) {
+            Some(p) => p.check_running(),
+            None => bail!("no process named {name}"),
+        }
+    }
+
+    /// Stops the named process gracefully (SIGTERM, then SIGKILL after 5 s) and forgets it.
+    pub fn stop_process(&mut self, name: &str) -> Result<()> {
+        let index = self.process_index(name)?;
+        let mut p = self.processes.remove(index);
+        p.stop();
+        Ok(())
+    }
+
+    /// Kills the named process with SIGKILL (no clean-up can run) and forgets it.
+    pub fn kill_process(&mut self, name: &str) -> Result<()> {
+        let index = self.process_index(name)?;
+        let mut p = self.processes.remove(index);
+        p.kill();
+        Ok(())
+    }
+
+    fn process_index(&self, name: &str) -> Result<usize> {
+        self.processes
+            .iter()
+            .position(|p| p.name() == name)
+            .with_context(|| format!("no process named {name}"))
+    }
+
+    /// The end of a component's log (for assertion messages).
+    pub fn log_tail(&self, component: &str, lines: usize) -> String {
+        log_tail(&self.log_path(component), lines)
+    }
+
     /// Marks the test as passed: the logs are not kept. Then stops everything.
     pub fn finish(mut self) {
         self.finished = true;

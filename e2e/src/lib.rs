@@ -36,8 +36,10 @@ pub mod json_server;
 mod net;
 mod process;
 mod scheduler;
+mod vgpu;
 
 pub use binaries::{BIN_DIR_ENV, Binaries, CACHE_ENV, ETCD_VERSION, K8S_VERSION, default_bin_dir};
 pub use env::{TestEnv, TestEnvBuilder};
 pub use json_server::JsonServer;
 pub use scheduler::{ExtenderConfig, SCHEDULER_NAME, VGPU_RESOURCES, scheduler_configuration};
+pub use vgpu::{VGPU_BIN_DIR_ENV, free_port, vgpu_binary};

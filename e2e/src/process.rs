@@ -21,10 +21,27 @@ pub(crate) struct ManagedProcess {
 impl ManagedProcess {
     /// Starts `program` with `args` in a new process group; output goes to `log`.
     pub(crate) fn spawn(name: &str, program: &Path, args: &[String], log: &Path) -> Result<Self> {
-        let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        Self::spawn_with_env(name, program, args, &[], log)
+    }
+
+    /// [`ManagedProcess::spawn`] with extra environment variables. The log is appended to, so a
+    /// restarted process keeps its predecessor's output.
+    pub(crate) fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log: &Path,
+    ) -> Result<Self> {
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
         let child = Command::new(program)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -47,6 +64,18 @@ impl ManagedProcess {
             bail!("{} exited early ({status}); last log lines:\n{}", self.name, log_tail(&self.log, 40));
         }
         Ok(())
+    }
+
+    /// SIGKILL to the process group at once (a crash, as far as the process can tell); waits for it.
+    pub(crate) fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Some(pgid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) {
+            let _ = kill_process_group(pgid, Signal::KILL);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     /// SIGTERM to the process group, SIGKILL after [`TERM_GRACE`]; waits for the process.

@@ -38,8 +38,10 @@ pub struct ExtenderConfig {
 
 impl ExtenderConfig {
     /// The vgpu extender at `url_prefix`: verbs `filter`, `prioritize`, `bind`, `preempt`,
-    /// `nodeCacheCapable`, the three vGPU resources managed with `ignoredByScheduler: true`,
-    /// `weight: 1`, `httpTimeout: 10s`.
+    /// `nodeCacheCapable`, the three vGPU resources managed as the vgpu-manager chart sets them
+    /// (`vgpu-number` with `ignoredByScheduler: false`, so in-tree preemption sees count pressure;
+    /// `vgpu-cores` and `vgpu-memory` with `ignoredByScheduler: true`), `weight: 1`, `httpTimeout: 30s`,
+    /// `ignorable: false`.
     pub fn vgpu(url_prefix: impl Into<String>) -> Self {
         Self {
             url_prefix: url_prefix.into(),
@@ -49,8 +51,11 @@ impl ExtenderConfig {
             preempt_verb: Some("preempt".to_owned()),
             weight: 1,
             node_cache_capable: true,
-            managed_resources: VGPU_RESOURCES.iter().map(|r| ((*r).to_owned(), true)).collect(),
-            http_timeout: "10s".to_owned(),
+            managed_resources: VGPU_RESOURCES
+                .iter()
+                .map(|r| ((*r).to_owned(), *r != VGPU_RESOURCES[0]))
+                .collect(),
+            http_timeout: "30s".to_owned(),
             ignorable: false,
         }
     }
@@ -115,12 +120,13 @@ mod tests {
         assert_eq!(ext["preemptVerb"], "preempt");
         assert_eq!(ext["nodeCacheCapable"], true);
         assert_eq!(ext["weight"], 1);
-        assert_eq!(ext["httpTimeout"], "10s");
+        assert_eq!(ext["httpTimeout"], "30s");
+        assert_eq!(ext["ignorable"], false);
         let managed = ext["managedResources"].as_array().unwrap();
         assert_eq!(managed.len(), 3);
         for (entry, name) in managed.iter().zip(VGPU_RESOURCES) {
             assert_eq!(entry["name"], name);
-            assert_eq!(entry["ignoredByScheduler"], true);
+            assert_eq!(entry["ignoredByScheduler"], name != "nvidia.com/vgpu-number", "{name}");
         }
     }
 
