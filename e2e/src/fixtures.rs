@@ -37,7 +37,7 @@ pub fn device_register(gpus: u32, split: u32) -> Value {
             json!({
                 "id": id,
                 "type": "NVIDIA E2E Fake GPU",
-                "uuid": format!("GPU-e2e00000-0000-0000-0000-{id:012}"),
+                "uuid": fake_gpu_uuid(id),
                 "core": 100,
                 "memory": FAKE_GPU_MEMORY_MIB,
                 "number": split,
@@ -125,6 +125,33 @@ pub fn vgpu_pod(namespace: &str, name: &str, vgpus: u32) -> Pod {
         }),
         ..Pod::default()
     }
+}
+
+/// A pod like [`vgpu_pod`] whose container limits are `limits` (resource name → quantity) and whose
+/// annotations are `annotations` (e.g. scheduling policies).
+pub fn vgpu_pod_with(
+    namespace: &str,
+    name: &str,
+    limits: &[(&str, u64)],
+    annotations: &[(&str, &str)],
+) -> Pod {
+    let mut pod = vgpu_pod(namespace, name, 0);
+    if let Some(c) = pod.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.resources = Some(ResourceRequirements {
+            limits: Some(limits.iter().map(|(k, v)| ((*k).to_owned(), Quantity(v.to_string()))).collect()),
+            ..ResourceRequirements::default()
+        });
+    }
+    if !annotations.is_empty() {
+        pod.metadata.annotations =
+            Some(annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
+    }
+    pod
+}
+
+/// The UUID [`device_register`] gives GPU `id`.
+pub fn fake_gpu_uuid(id: u32) -> String {
+    format!("GPU-e2e00000-0000-0000-0000-{id:012}")
 }
 
 /// Polls until the pod has `spec.nodeName` and returns it; fails after `timeout`.

@@ -33,6 +33,40 @@ pub fn free_port() -> Result<u16> {
     ports.first().copied().ok_or_else(|| anyhow::anyhow!("free_ports returned no port"))
 }
 
+/// `GET http://127.0.0.1:<port><path>`: the status code and body, or an error when nothing answers.
+pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("not an HTTP response from port {port}: {text:.200}"))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Polls `GET /readyz` on `port` until it answers 200, or fails after `timeout` with the last answer.
+pub async fn wait_ready(port: u16, timeout: std::time::Duration) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let last = match http_get(port, "/readyz").await {
+            Ok((200, _)) => return Ok(()),
+            Ok((code, body)) => format!("{code} {body}"),
+            Err(e) => e.to_string(),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            bail!("127.0.0.1:{port}/readyz not ready after {timeout:?}; last answer: {last}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
