@@ -74,3 +74,47 @@ pub fn not_implemented(binary: &str, tracking: &str) -> ExitCode {
     eprintln!("{binary}: not implemented yet ({tracking}); only flag and feature-gate validation run");
     ExitCode::FAILURE
 }
+
+/// A Kubernetes client from `--kubeconfig`, or else the in-cluster config, `$KUBECONFIG` or
+/// `~/.kube/config`; errors name the file or what was tried.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    use anyhow::Context;
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading --kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "no Kubernetes configuration (not in a cluster, no --kubeconfig, no $KUBECONFIG or ~/.kube/config)",
+        )?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// A future that completes on the first SIGTERM or SIGINT (logged). Installing the handlers can fail.
+pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use anyhow::Context;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+    })
+}
+
+/// Parses a Go duration flag value (`30s`, `1m30s`, `500ms`, `2h`) into a [`std::time::Duration`].
+///
+/// Errors name the value and the expected form; negative durations are refused.
+pub fn parse_go_duration(value: &str) -> Result<std::time::Duration, String> {
+    let ns = vgpu_scheduler::prealloc::parse_go_duration(value.trim())
+        .ok_or_else(|| format!("{value:?} is not a duration (expected e.g. 30s, 1m30s, 500ms)"))?;
+    u64::try_from(ns)
+        .map(std::time::Duration::from_nanos)
+        .map_err(|_| format!("{value:?} is negative (expected a duration ≥ 0)"))
+}
