@@ -16,8 +16,9 @@ fi
 built=$SECONDS
 echo "e2e: control plane ready in $((built - start))s: $VGPU_E2E_BIN_DIR"
 
-# Our binaries under test (vgpu-scheduler-extender, vgpu-device-plugin): found by vgpu_e2e::vgpu_binary.
-cargo build -p vgpu-bins --bins
+# Our binaries under test (vgpu-scheduler-extender, vgpu-device-plugin), found by vgpu_e2e::vgpu_binary;
+# same features as `cargo test --workspace --all-features`, so CI reuses that build.
+cargo build --workspace --all-features --locked --bins
 cargo test -p vgpu-e2e --tests -- --ignored --test-threads=1 "$@"
 done_at=$SECONDS
 echo "e2e: control plane $((built - start))s, tests (build + run) $((done_at - built))s, total $((done_at - start))s"
