@@ -19,6 +19,43 @@
 //! the operation and the object.
 //!
 //! This crate does not pick a `k8s-openapi` version feature; the binary does.
+//!
+//! # Wiring the extender binary
+//!
+//! The extender runs over a [`KubeCluster`]; its cache is fed by a [`CacheDriver`](crate::watch::CacheDriver)
+//! (not by [`Extender::sync`](crate::Extender::sync), which would list everything a second time), and
+//! [`leader::run`](crate::leader::run) sets the role in the shared [`Readiness`](crate::Readiness).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use vgpu_scheduler::{
+//!     CacheDriver, Extender, ExtenderConfig, KubeCluster, LeaderConfig, LeaderMode, Readiness, SystemClock, leader,
+//! };
+//! # async fn main_() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = kube::Client::try_default().await?;
+//! let clock = Arc::new(SystemClock);
+//! let cluster = KubeCluster::new(client.clone(), vgpu_scheduler::DEFAULT_SCHEDULER_NAME);
+//! let extender = Arc::new(Extender::new(cluster, clock.clone(), ExtenderConfig::default()));
+//!
+//! let leader_config = LeaderConfig::new(LeaderMode::from_flags(true, false)?, "kube-system", "vgpu-scheduler");
+//! leader_config.validate()?;
+//! let readiness = Readiness::new(leader_config.initial_role());
+//!
+//! let (stop, stopping) = tokio::sync::watch::channel(false);
+//! let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+//!     let _ = rx.wait_for(|s| *s).await;
+//! };
+//! let cache = CacheDriver::new(client.clone(), extender.cache().clone(), readiness.clone())
+//!     .with_clock(clock.clone())
+//!     .spawn(stopped(stopping.clone()));
+//! let elector = tokio::spawn(leader::run(client, leader_config, readiness.clone(), stopped(stopping)));
+//! // … serve the verbs with `extender`, `/readyz` with `readiness`, until SIGTERM …
+//! stop.send(true)?;
+//! cache.await?;
+//! elector.await??;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::sync::Arc;
 
