@@ -509,6 +509,11 @@ impl ClusterCache {
         lock(&self.index).pods.len()
     }
 
+    /// Every indexed pod (the cache driver compares them with a re-list).
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        lock(&self.index).pods.values().map(|r| r.pod.clone()).collect()
+    }
+
     /// Every node's usage snapshot: (name, decoded node, usage).
     pub fn usage_snapshot(&self) -> Vec<(String, Option<Arc<DecodedNode>>, NodeUsage)> {
         let slots: Vec<NodeSlot> =

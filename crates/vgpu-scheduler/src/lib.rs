@@ -18,6 +18,9 @@
 //! | [`convert`] | Kubernetes `Pod`/`Node` (k8s-openapi) → [`Pod`]/[`Node`], gang identity |
 //! | [`readiness`] | [`Readiness`]: caches synced + leader role, shared by the cache driver, elector and server |
 //! | [`clock`] | [`Clock`], [`SystemClock`], [`ManualClock`] |
+//! | [`kube_cluster`] | [`KubeCluster`]: [`Cluster`] over a `kube::Client` (paged lists, merge patches, `pods/binding`, events) |
+//! | [`watch`] | [`CacheDriver`]: list+watch of nodes and pods feeding the [`ClusterCache`], re-lists, sync, expiry sweeps |
+//! | [`leader`] | [`LeaderConfig`], [`leader::run`]: Lease election or `--watch-lease`, role in [`Readiness`] and the pod label |
 //!
 //! # Example
 //!
@@ -74,9 +77,12 @@ pub mod cluster;
 pub mod convert;
 pub mod extender;
 pub mod fixture;
+pub mod kube_cluster;
+pub mod leader;
 pub mod prealloc;
 pub mod rank;
 pub mod readiness;
+pub mod watch;
 
 pub use cache::ClusterCache;
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -84,7 +90,10 @@ pub use cluster::{Cluster, ClusterError, MemoryCluster, MetadataPatch, Node, Pod
 pub use extender::{
     BindResult, Extender, ExtenderConfig, ExtenderError, FilterResult, HostPriority, PreemptResult,
 };
+pub use kube_cluster::KubeCluster;
+pub use leader::{LeaderConfig, LeaderConfigError, LeaderMode, LeaseTimings};
 pub use readiness::{Readiness, Role};
+pub use watch::{CacheDriver, WatchConfig};
 
 /// Default `--server-bind-port`.
 pub const DEFAULT_PORT: u16 = 3456;

@@ -1,0 +1,308 @@
+//! `KubeCluster` at the HTTP layer: a `tower_test` mock service stands in for the API server, and every
+//! request's method, path, query, content type and body is checked.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use http::{Request, Response};
+use kube::client::Body;
+use serde_json::{Value, json};
+use tower_test::mock::{Handle, SendResponse};
+use vgpu_scheduler::cluster::{Binding, Event, EventType};
+use vgpu_scheduler::{Cluster, ClusterError, KubeCluster, ManualClock, MetadataPatch, PodPhase};
+
+type ApiHandle = Handle<Request<Body>, Response<Body>>;
+
+/// 2026-01-02T03:04:05.123456789Z
+const NOW_NS: i64 = 1_767_323_045_123_456_789;
+
+fn cluster() -> (KubeCluster, ApiHandle) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let cluster = KubeCluster::new(kube::Client::new(service, "default"), "vgpu-scheduler")
+        .with_clock(Arc::new(ManualClock::new(NOW_NS)));
+    (cluster, handle)
+}
+
+struct Seen {
+    method: String,
+    uri: String,
+    content_type: Option<String>,
+    raw: Vec<u8>,
+    body: Value,
+}
+
+async fn next(handle: &mut ApiHandle) -> (Seen, SendResponse<Response<Body>>) {
+    let (request, send) = handle.next_request().await.expect("a request");
+    let method = request.method().to_string();
+    let uri = request.uri().to_string();
+    let content_type = request.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+    let raw = request.into_body().collect_bytes().await.unwrap().to_vec();
+    let body = if raw.is_empty() { Value::Null } else { serde_json::from_slice(&raw).unwrap() };
+    (Seen { method, uri, content_type, raw, body }, send)
+}
+
+fn reply(send: SendResponse<Response<Body>>, status: u16, body: &Value) {
+    send.send_response(
+        Response::builder().status(status).body(Body::from(serde_json::to_vec(body).unwrap())).unwrap(),
+    );
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": reason, "message": message, "code": code})
+}
+
+fn pod(name: &str, uid: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "7",
+                     "annotations": {"nvidia.com/predicate-node": "n1"}},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/vgpu-number": "1"}}}]},
+        "status": {"phase": "Running"}
+    })
+}
+
+fn node(name: &str, vgpus: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+        "status": {"allocatable": {"nvidia.com/vgpu-number": vgpus, "cpu": "8"}}
+    })
+}
+
+fn list(kind: &str, items: Vec<Value>, cont: Option<&str>) -> Value {
+    let mut meta = json!({"resourceVersion": "100"});
+    if let Some(c) = cont {
+        meta["continue"] = json!(c);
+    }
+    json!({"apiVersion": "v1", "kind": kind, "metadata": meta, "items": items})
+}
+
+#[tokio::test]
+async fn snapshot_pages_nodes_then_pods_with_continue_tokens() {
+    let (cluster, mut handle) = cluster();
+    let server = tokio::spawn(async move {
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!((seen.method.as_str(), seen.uri.as_str()), ("GET", "/api/v1/nodes?&limit=500"));
+        reply(send, 200, &list("NodeList", vec![node("n1", "40")], Some("node-page-2")));
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(
+            (seen.method.as_str(), seen.uri.as_str()),
+            ("GET", "/api/v1/nodes?&limit=500&continue=node-page-2")
+        );
+        reply(send, 200, &list("NodeList", vec![node("n2", "0")], None));
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!((seen.method.as_str(), seen.uri.as_str()), ("GET", "/api/v1/pods?&limit=500"));
+        reply(send, 200, &list("PodList", vec![pod("a", "u-a")], Some("pod-page-2")));
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.uri, "/api/v1/pods?&limit=500&continue=pod-page-2");
+        // An empty continue token ends the paging too.
+        let mut last = list("PodList", vec![pod("b", "u-b")], None);
+        last["metadata"]["continue"] = json!("");
+        reply(send, 200, &last);
+    });
+    let (nodes, pods) = cluster.snapshot().await.unwrap();
+    server.await.unwrap();
+    assert_eq!(nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1", "n2"]);
+    assert_eq!(nodes[0].allocatable.get("nvidia.com/vgpu-number"), Some(&40));
+    assert!(!nodes[0].allocatable.contains_key("cpu"));
+    assert_eq!(pods.iter().map(|p| p.uid.as_str()).collect::<Vec<_>>(), ["u-a", "u-b"]);
+    assert_eq!(pods[0].phase, PodPhase::Running);
+    assert_eq!(pods[0].resource_version, 7);
+}
+
+#[tokio::test]
+async fn snapshot_fails_when_a_page_fails() {
+    let (cluster, mut handle) = cluster();
+    let server = tokio::spawn(async move {
+        let (_, send) = next(&mut handle).await;
+        reply(send, 200, &list("NodeList", vec![], None));
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.uri, "/api/v1/pods?&limit=500");
+        reply(send, 503, &status(503, "ServiceUnavailable", "etcd is down"));
+    });
+    let err = cluster.snapshot().await.unwrap_err();
+    server.await.unwrap();
+    assert!(
+        matches!(&err, ClusterError::Unavailable(m) if m.starts_with("list pods: etcd is down")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn gets_a_pod() {
+    let (cluster, mut handle) = cluster();
+    let server = tokio::spawn(async move {
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!((seen.method.as_str(), seen.uri.as_str()), ("GET", "/api/v1/namespaces/ns/pods/p"));
+        assert_eq!(seen.body, Value::Null);
+        reply(send, 200, &pod("p", "u-p"));
+    });
+    let p = cluster.get_pod("ns", "p").await.unwrap();
+    server.await.unwrap();
+    assert_eq!((p.namespace.as_str(), p.name.as_str(), p.uid.as_str()), ("ns", "p", "u-p"));
+    assert_eq!(p.annotations["nvidia.com/predicate-node"], "n1");
+}
+
+#[tokio::test]
+async fn patches_pod_metadata_with_exactly_the_merge_patch() {
+    let (cluster, mut handle) = cluster();
+    let patch = MetadataPatch::default()
+        .label("nvidia.com/assigned-phase", "filtering")
+        .label("nvidia.com/metrics-node", "n1")
+        .remove_label("stale")
+        .annotation("nvidia.com/pre-allocated", "main[0_GPU-0_50_4096]")
+        .annotation("nvidia.com/real-allocated", "");
+    let expected = patch.to_json();
+    let server = tokio::spawn(async move {
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.method, "PATCH");
+        assert_eq!(seen.uri, "/api/v1/namespaces/ns/pods/p?");
+        assert_eq!(seen.content_type.as_deref(), Some("application/merge-patch+json"));
+        assert_eq!(String::from_utf8(seen.raw).unwrap(), expected);
+        assert_eq!(seen.body["metadata"]["labels"]["stale"], Value::Null);
+        let mut updated = pod("p", "u-p");
+        updated["metadata"]["labels"] = json!({"nvidia.com/assigned-phase": "filtering"});
+        reply(send, 200, &updated);
+    });
+    let updated = cluster.patch_pod_metadata("ns", "p", &patch).await.unwrap();
+    server.await.unwrap();
+    assert_eq!(updated.labels["nvidia.com/assigned-phase"], "filtering");
+}
+
+#[tokio::test]
+async fn binds_with_the_pod_uid_as_precondition() {
+    let (cluster, mut handle) = cluster();
+    let server = tokio::spawn(async move {
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.method, "POST");
+        assert_eq!(seen.uri, "/api/v1/namespaces/ns/pods/p/binding?");
+        assert_eq!(seen.content_type.as_deref(), Some("application/json"));
+        assert_eq!(
+            seen.body,
+            json!({
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u-p"},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}
+            })
+        );
+        reply(send, 201, &json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}));
+    });
+    let b = Binding { namespace: "ns".into(), name: "p".into(), uid: "u-p".into(), node: "n1".into() };
+    cluster.bind_pod(&b).await.unwrap();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn binding_a_recreated_pod_is_a_conflict() {
+    let (cluster, mut handle) = cluster();
+    let server = tokio::spawn(async move {
+        let (_, send) = next(&mut handle).await;
+        let msg = "Operation cannot be fulfilled on pods/binding \"p\": Precondition failed: UID in precondition: u-old, UID in object meta: u-new";
+        reply(send, 409, &status(409, "Conflict", msg));
+    });
+    let b = Binding { namespace: "ns".into(), name: "p".into(), uid: "u-old".into(), node: "n1".into() };
+    let err = cluster.bind_pod(&b).await.unwrap_err();
+    server.await.unwrap();
+    match &err {
+        ClusterError::Conflict(m) => {
+            assert!(m.starts_with("bind pod ns/p to node n1: Operation cannot be fulfilled"), "{m}");
+            assert!(m.ends_with("(409)"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(err.is_retriable());
+}
+
+#[tokio::test]
+async fn records_core_v1_events() {
+    let (cluster, mut handle) = cluster();
+    let server = tokio::spawn(async move {
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.method, "POST");
+        assert_eq!(seen.uri, "/api/v1/namespaces/ns/events?");
+        assert_eq!(seen.content_type.as_deref(), Some("application/json"));
+        assert_eq!(
+            seen.body,
+            json!({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": format!("p.{NOW_NS:x}"), "namespace": "ns"},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "ns"},
+                "reason": "FilteringFailed",
+                "message": "0/2 nodes are available: Insufficient vGPU slots (n1, n2).",
+                "type": "Warning",
+                "source": {"component": "vgpu-scheduler"},
+                "reportingComponent": "vgpu-scheduler",
+                "firstTimestamp": "2026-01-02T03:04:05Z",
+                "lastTimestamp": "2026-01-02T03:04:05Z",
+                "count": 1
+            })
+        );
+        reply(send, 201, &seen.body);
+        // The second event fails: logged, not returned.
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.body["type"], "Normal");
+        reply(send, 403, &status(403, "Forbidden", "events is forbidden"));
+    });
+    cluster
+        .record_event(Event {
+            namespace: "ns".into(),
+            pod: "p".into(),
+            kind: EventType::Warning,
+            reason: "FilteringFailed",
+            message: "0/2 nodes are available: Insufficient vGPU slots (n1, n2).".into(),
+        })
+        .await;
+    cluster
+        .record_event(Event {
+            namespace: "ns".into(),
+            pod: "p".into(),
+            kind: EventType::Normal,
+            reason: "FilteringSucceed",
+            message: "Successfully matched node \"n1\"".into(),
+        })
+        .await;
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn api_errors_map_to_cluster_errors() {
+    let cases: [(u16, &str); 8] = [
+        (404, "NotFound"),
+        (409, "Conflict"),
+        (429, "TooManyRequests"),
+        (500, "InternalError"),
+        (504, "Timeout"),
+        (408, "Timeout"),
+        (403, "Forbidden"),
+        (422, "Invalid"),
+    ];
+    for (code, reason) in cases {
+        let (cluster, mut handle) = cluster();
+        let server = tokio::spawn(async move {
+            let (_, send) = next(&mut handle).await;
+            reply(send, code, &status(code, reason, "boom"));
+        });
+        let err = cluster.get_pod("ns", "p").await.unwrap_err();
+        server.await.unwrap();
+        let text = format!("get pod ns/p: boom ({code})");
+        let expected = match code {
+            404 => ClusterError::NotFound("pod ns/p [get]".into()),
+            409 => ClusterError::Conflict(text),
+            408 | 429 | 500 | 504 => ClusterError::Unavailable(text),
+            _ => ClusterError::Other(text),
+        };
+        assert_eq!(err, expected, "status {code}");
+    }
+}
+
+#[tokio::test]
+async fn a_broken_connection_is_unavailable() {
+    let (cluster, mut handle) = cluster();
+    let server = tokio::spawn(async move {
+        let (_, send) = next(&mut handle).await;
+        send.send_error(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset"));
+    });
+    let err = cluster.patch_pod_metadata("ns", "p", &MetadataPatch::default()).await.unwrap_err();
+    server.await.unwrap();
+    assert!(matches!(&err, ClusterError::Unavailable(m) if m.starts_with("patch pod ns/p: ")), "{err:?}");
+}
