@@ -446,21 +446,21 @@ impl Metrics {
         // Series known in advance start at zero, so they are exposed before the first event.
         for (verb, results) in VERB_RESULTS {
             for result in *results {
-                verb_total.get_or_create(&VerbResult { verb: verb.as_str(), result });
+                let _ = verb_total.get_or_create(&VerbResult { verb: verb.as_str(), result });
             }
         }
         for mode in ["link-strict", "numa-strict"] {
-            topology_strict_reject.get_or_create(&ModeLabel { mode });
+            let _ = topology_strict_reject.get_or_create(&ModeLabel { mode });
         }
         for algo in ["exhaustive", "greedy"] {
-            link_search.get_or_create(&AlgoLabel { algo });
-            link_search_candidates.get_or_create(&AlgoLabel { algo });
+            let _ = link_search.get_or_create(&AlgoLabel { algo });
+            let _ = link_search_candidates.get_or_create(&AlgoLabel { algo });
         }
         for reason in PROTECTION_REASONS {
-            preempt_protected.get_or_create(&ReasonLabel { reason });
+            let _ = preempt_protected.get_or_create(&ReasonLabel { reason });
         }
         for result in ["rail", "component", "none"] {
-            crosspod_alignment.get_or_create(&ResultLabel { result });
+            let _ = crosspod_alignment.get_or_create(&ResultLabel { result });
         }
         Self {
             registry,
