@@ -835,3 +835,35 @@ async fn tls_serves_http11_and_rotates_the_certificate() {
     refresher.abort();
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_reports_unusable_tls_files_and_busy_addresses() {
+    use vgpu_scheduler::server::{ServerError, run};
+    use vgpu_scheduler::tls::TlsFiles;
+    let s = start(Opts::default()).await;
+    let state = || AppState::new(s.ext.clone(), s.readiness.clone(), Arc::new(Metrics::new()));
+    let config = ServerConfig {
+        bind_address: "127.0.0.1:0".parse().unwrap(),
+        tls: Some(TlsFiles::new("/nonexistent/tls.crt", "/nonexistent/tls.key")),
+        ..ServerConfig::default()
+    };
+    let e = run(config, state(), async {}).await.unwrap_err();
+    assert!(matches!(e, ServerError::Tls(_)), "{e}");
+    assert!(e.to_string().starts_with("reading /nonexistent/tls.crt: "), "{e}");
+    let config = ServerConfig { bind_address: s.addr, ..ServerConfig::default() };
+    let e = run(config, state(), async {}).await.unwrap_err();
+    assert!(
+        matches!(e, ServerError::Bind { .. }) && e.to_string().starts_with(&format!("binding {}: ", s.addr)),
+        "{e}"
+    );
+    // A free address serves until the shutdown future completes.
+    let config = ServerConfig { bind_address: "127.0.0.1:0".parse().unwrap(), ..ServerConfig::default() };
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        run(config, state(), tokio::time::sleep(Duration::from_millis(50))),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    s.stop().await;
+}
