@@ -688,6 +688,73 @@ mod tests {
     }
 
     #[test]
+    fn placement_results_from_claims_and_topology() {
+        use vgpu_core::model::{
+            ContainerDeviceClaim, DeviceClaim, GpuDevice, NodeDeviceInventory, NodeVgpuConfig,
+        };
+        use vgpu_core::topology::{DeviceTopology, GpuLinks, P2PLinkType};
+        let d = ResourceDomain::default();
+        let inv = NodeDeviceInventory::new(
+            (0..4u32)
+                .map(|i| GpuDevice {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    memory_mib: 1024,
+                    cores: 100,
+                    split_count: 2,
+                    numa_node: Some(i / 2),
+                    ..Default::default()
+                })
+                .collect(),
+        );
+        // 0-1 and 2-3 joined by one NVLink (code 7), everything else through the host bridge (PHB, 3).
+        let code = |a: usize, b: usize| if a / 2 == b / 2 { 7 } else { 3 };
+        let topo = DeviceTopology {
+            gpus: (0..4)
+                .map(|i| GpuLinks {
+                    index: i,
+                    links: (0..4)
+                        .filter(|j| *j != i)
+                        .map(|j| (j, vec![P2PLinkType::from_code(code(i, j)).unwrap()]))
+                        .collect(),
+                })
+                .collect(),
+        };
+        let cache = crate::cache::ClusterCache::new(d.clone(), 1);
+        for (name, t) in [("linked", Some(&topo)), ("plain", None)] {
+            cache.upsert_node(
+                &crate::fixture::vgpu_node(name, &inv, &NodeVgpuConfig::default(), t, &d).unwrap(),
+            );
+        }
+        let decoded = |n: &str| cache.node(n).unwrap().lock().unwrap().decoded.clone().unwrap();
+        let (linked, plain) = (decoded("linked"), decoded("plain"));
+        let claim = |groups: &[&[u32]]| PodDeviceClaim {
+            containers: groups
+                .iter()
+                .enumerate()
+                .map(|(c, g)| ContainerDeviceClaim {
+                    name: format!("c{c}"),
+                    devices: g.iter().map(|&index| DeviceClaim { index, ..Default::default() }).collect(),
+                })
+                .collect(),
+        };
+        let link = TopologyMode::Link;
+        assert_eq!(placement_result(link, &claim(&[&[0, 1]]), &linked), Some("nvlink"));
+        assert_eq!(placement_result(TopologyMode::LinkStrict, &claim(&[&[2, 3]]), &linked), Some("nvlink"));
+        assert_eq!(
+            placement_result(link, &claim(&[&[0, 1], &[1, 2]]), &linked),
+            Some("numa"),
+            "weakest wins"
+        );
+        assert_eq!(placement_result(link, &claim(&[&[0, 1]]), &plain), Some("none"));
+        assert_eq!(placement_result(link, &claim(&[&[0], &[3]]), &linked), None, "single-GPU containers");
+        let numa = TopologyMode::Numa;
+        assert_eq!(placement_result(numa, &claim(&[&[0, 1]]), &plain), Some("numa"));
+        assert_eq!(placement_result(numa, &claim(&[&[1, 2]]), &plain), Some("cross-numa"));
+        assert_eq!(placement_result(TopologyMode::None, &claim(&[&[0, 1]]), &plain), None);
+    }
+
+    #[test]
     fn policy_labels_are_whitelisted() {
         let d = ResourceDomain::default();
         let mut pod = Pod::default();

@@ -432,7 +432,7 @@ async fn prioritize<C: Cluster, K: Clock + 'static>(
             .pod
             .as_ref()
             .map(pod_from_k8s)
-            .ok_or_else(|| RequestError::Invalid("ExtenderArgs.Pod cannot be empty".into()))?;
+            .ok_or_else(|| RequestError::Invalid(crate::ExtenderError::NoPod.to_string()))?;
         Ok::<_, RequestError>(
             s.extender.prioritize(&pod, &names).into_iter().map(HostPriority::from).collect::<Vec<_>>(),
         )

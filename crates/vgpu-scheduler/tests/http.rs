@@ -334,7 +334,7 @@ async fn prioritize_scores_every_node() {
     // Without a pod: 400.
     let (status, text) =
         s.call(Method::POST, vgpu_scheduler::PRIORITIZE_PATH, json!({"NodeNames": ["n0"]}).to_string()).await;
-    assert_eq!((status, text.as_str()), (StatusCode::BAD_REQUEST, "ExtenderArgs.Pod cannot be empty\n"));
+    assert_eq!((status, text.as_str()), (StatusCode::BAD_REQUEST, "extenderArgs.Pod cannot be empty\n"));
     s.stop().await;
 }
 
