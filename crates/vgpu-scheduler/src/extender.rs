@@ -178,6 +178,26 @@ pub struct Stats {
     pub filter_ns: AtomicU64,
 }
 
+/// A timed stage of a live filter call (reported to [`ExtenderObserver::filter_stage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FilterStage {
+    /// Waiting for the `SerializedNodeFilter` lock (only reported when the gate is on).
+    LockWait,
+    /// Node gates and ranking of the candidates.
+    Node,
+    /// Allocation on the ranked nodes until one fits, including its reservation.
+    Device,
+}
+
+/// Hooks into the verbs for metrics; every method defaults to a no-op. Set with
+/// [`Extender::with_observer`].
+pub trait ExtenderObserver: Send + Sync {
+    /// Time spent in one stage of a live filter call.
+    fn filter_stage(&self, stage: FilterStage, elapsed: std::time::Duration) {
+        let _ = (stage, elapsed);
+    }
+}
+
 const BIND_STRIPES: usize = 64;
 
 /// The scheduling core: cache + cluster + clock + gates.
@@ -189,6 +209,7 @@ pub struct Extender<C, K> {
     filter_lock: tokio::sync::Mutex<()>,
     bind_locks: Vec<tokio::sync::Mutex<()>>,
     stats: Stats,
+    observer: Option<Arc<dyn ExtenderObserver>>,
 }
 
 impl<C, K> std::fmt::Debug for Extender<C, K> {
@@ -247,6 +268,19 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             filter_lock: tokio::sync::Mutex::new(()),
             bind_locks: (0..BIND_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             stats: Stats::default(),
+            observer: None,
+        }
+    }
+
+    /// Reports stage timings to `observer` (e.g. [`Metrics`](crate::metrics::Metrics)).
+    pub fn with_observer(mut self, observer: Arc<dyn ExtenderObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    fn observe(&self, stage: FilterStage, since: Instant) {
+        if let Some(o) = &self.observer {
+            o.filter_stage(stage, since.elapsed());
         }
     }
 
@@ -363,7 +397,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 error: String::new(),
             });
         }
+        let t_stage = Instant::now();
         let _serial = if self.config.serialize_filter { Some(self.filter_lock.lock().await) } else { None };
+        if self.config.serialize_filter {
+            self.observe(FilterStage::LockWait, t_stage);
+        }
+        let t_stage = Instant::now();
         self.cache.sweep(now);
         let slots = self.cache.nodes(nodes.iter().map(String::as_str));
         let mut failed: Vec<(usize, NodeFailure)> = Vec::new();
@@ -386,6 +425,8 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             }
         }
         sort_ranked(request.node_policy, &mut ranked);
+        self.observe(FilterStage::Node, t_stage);
+        let t_stage = Instant::now();
         let mut chosen: Option<(usize, PodAllocation)> = None;
         let expires = now.saturating_add(self.config.reservation_ttl_ns);
         for &(pos, _, _) in &ranked {
@@ -404,6 +445,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 Err(f) => failed.push((pos, f)),
             }
         }
+        self.observe(FilterStage::Device, t_stage);
         let Some((pos, alloc)) = chosen else {
             let text =
                 render_unavailable(nodes.len(), failed.iter().map(|(p, f)| (nodes[*p].as_str(), f.code)));

@@ -21,6 +21,10 @@
 //! | [`kube_cluster`] | [`KubeCluster`]: [`Cluster`] over a `kube::Client` (paged lists, merge patches, `pods/binding`, events) |
 //! | [`watch`] | [`CacheDriver`]: list+watch of nodes and pods feeding the [`ClusterCache`], re-lists, sync, expiry sweeps |
 //! | [`leader`] | [`LeaderConfig`], [`leader::run`]: Lease election or `--watch-lease`, role in [`Readiness`] and the pod label |
+//! | [`wire`] | the `k8s.io/kube-scheduler/extender/v1` JSON types and their conversions to and from the verb results |
+//! | [`server`] | the axum router ([`server::router`]) and [`server::serve`]/[`server::run`]: verbs, `/healthz`, `/readyz`, `/metrics`, `/version` |
+//! | [`tls`] | rustls (ring, ALPN `http/1.1`) with a hot-reloaded certificate ([`tls::CertReloader`]) |
+//! | [`metrics`] | [`Metrics`]: the contract's `vgpu_scheduler_*` families (prometheus-client) |
 //!
 //! # Example
 //!
@@ -62,6 +66,31 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Serving it over HTTP
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use vgpu_scheduler::server::{AppState, ServerConfig};
+//! use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, Readiness, SystemClock};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let metrics = Arc::new(Metrics::new());
+//! let ext = Extender::new(MemoryCluster::new(), Arc::new(SystemClock), ExtenderConfig::default())
+//!     .with_observer(metrics.clone());
+//! ext.sync().await?;
+//! let readiness = Readiness::ready();
+//! let state = AppState::new(Arc::new(ext), readiness, metrics);
+//! // Plain HTTP on 0.0.0.0:3456 until Ctrl-C; set `tls: Some(TlsFiles::new(cert, key))` for HTTPS.
+//! let shutdown = async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! };
+//! vgpu_scheduler::server::run(ServerConfig::default(), state, shutdown).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `examples/serve_memory.rs` runs this against an in-memory cluster of four nodes.
+//!
 //! # Differences from vgpu-manager (bugs fixed, all deliberate)
 //! * Per-filter pod listing is replaced by usage kept incrementally from events; the filter reserves the chosen
 //!   GPUs under the node's lock before patching, so with `SerializedNodeFilter=false` no GPU is over-committed
@@ -79,19 +108,25 @@ pub mod extender;
 pub mod fixture;
 pub mod kube_cluster;
 pub mod leader;
+pub mod metrics;
 pub mod prealloc;
 pub mod rank;
 pub mod readiness;
+pub mod server;
+pub mod tls;
 pub mod watch;
+pub mod wire;
 
 pub use cache::ClusterCache;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{Cluster, ClusterError, MemoryCluster, MetadataPatch, Node, Pod, PodPhase, WatchEvent};
 pub use extender::{
-    BindResult, Extender, ExtenderConfig, ExtenderError, FilterResult, HostPriority, PreemptResult,
+    BindResult, Extender, ExtenderConfig, ExtenderError, ExtenderObserver, FilterResult, FilterStage,
+    HostPriority, PreemptResult,
 };
 pub use kube_cluster::KubeCluster;
 pub use leader::{LeaderConfig, LeaderConfigError, LeaderMode, LeaseTimings};
+pub use metrics::Metrics;
 pub use readiness::{Readiness, Role};
 pub use watch::{CacheDriver, WatchConfig};
 

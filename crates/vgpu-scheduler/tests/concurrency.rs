@@ -1,10 +1,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! 64 concurrent filter+bind streams at 50 nodes never over-commit a GPU, with and without serialization.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::Arc;
 
-use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
@@ -80,29 +80,7 @@ fn run(serialize: bool) {
         }
         assert!(placed > 0);
     });
-    // Ground truth from the cluster.
-    let mut used: BTreeMap<(String, u32), (u32, u64, u64)> = BTreeMap::new();
-    for p in cluster.pods() {
-        let (Some(node), Some(v)) = (&p.node_name, p.annotations.get(&d.pre_allocated())) else { continue };
-        for c in pod_devices::decode_pre_allocated(v).unwrap().devices() {
-            let e = used.entry((node.clone(), c.index)).or_default();
-            *e = (e.0 + 1, e.1 + c.cores, e.2 + c.memory_mib);
-        }
-    }
-    assert!(!used.is_empty());
-    for ((node, gpu), (n, c, m)) in &used {
-        let g = inv.get(*gpu).unwrap();
-        assert!(*n <= g.split_count && *c <= g.cores && *m <= g.memory_mib, "{node}/{gpu}: {n} {c} {m}");
-    }
-    // The cache agrees with the cluster and holds no leftover reservation.
-    assert_eq!(ext.cache().reservation_count(), 0);
-    for (node, _, usage) in ext.cache().usage_snapshot() {
-        for gpu in 0..4 {
-            let u = usage.device(gpu);
-            let t = used.get(&(node.clone(), gpu)).copied().unwrap_or_default();
-            assert_eq!((u.number, u.cores, u.memory_mib), t, "{node}/{gpu}");
-        }
-    }
+    common::assert_no_overcommit(&cluster, &ext, &inv, &d);
 }
 
 #[test]

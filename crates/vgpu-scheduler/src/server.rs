@@ -1,0 +1,684 @@
+//! The extender's HTTP server: kube-scheduler's extender protocol over an [`Extender`], plus health, readiness,
+//! metrics and version endpoints (contract §1.2, §3).
+//!
+//! | route | answer |
+//! |---|---|
+//! | `POST /scheduler/filter` | [`ExtenderFilterResult`] (live filter: one node, pre-allocation patched) |
+//! | `POST /scheduler/filter-dryrun` | [`ExtenderFilterResult`] (every feasible node, no side effect) |
+//! | `POST /scheduler/prioritize` | [`HostPriorityList`](crate::wire::HostPriorityList) (scores 0–10 from the node policy) |
+//! | `POST /scheduler/bind` | [`ExtenderBindingResult`] |
+//! | `POST /scheduler/preempt` | [`ExtenderPreemptionResult`] |
+//! | `GET /healthz` | 200 `ok` |
+//! | `GET /readyz` | 200 `ok` when [`Readiness::is_ready`]; else 500 naming why (caches not synced, or follower) |
+//! | `GET /metrics` | OpenMetrics text ([`Metrics`]) |
+//! | `GET /version` | [`VersionInfo`] as JSON |
+//!
+//! Errors, as upstream kube-scheduler and vgpu-manager expect them: filter, filter-dryrun and bind always answer
+//! HTTP 200, with the reason in the result's `Error` when the body is malformed or too large, or the caches
+//! are not synced yet (a non-empty `Error` fails the scheduler's call). Preempt and prioritize, whose results
+//! have no `Error` field, answer 400 (malformed), 413 (too large), 408 (body not received in time) or 503
+//! (not synced) with the reason as text. Request bodies are capped at [`MAX_BODY_BYTES`] (7 MiB).
+//!
+//! [`serve`] runs a router on a listener with the upstream timeouts (headers within 15 s, the whole request
+//! within 60 s), optional TLS ([`crate::tls`]) and graceful shutdown; [`run`] does it all from a
+//! [`ServerConfig`].
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpListener;
+use vgpu_core::alloc::PodRequest;
+use vgpu_core::model::TopologyMode;
+
+use crate::clock::Clock;
+use crate::cluster::{Cluster, Pod};
+use crate::convert::pod_from_k8s;
+use crate::extender::Extender;
+use crate::metrics::{
+    self, Metrics, PolicyLabels, Verb, bind_result_label, filter_result_label, protection_reason,
+};
+use crate::readiness::{Readiness, Role};
+use crate::tls::{CertReloader, TlsError, TlsFiles};
+use crate::wire::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
+    ExtenderPreemptionResult, HostPriority,
+};
+
+/// Largest accepted request body (7 MiB, vgpu-manager's `io.LimitReader`).
+pub const MAX_BODY_BYTES: usize = 7 << 20;
+/// Default time to receive a request's headers (`ReadHeaderTimeout`).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
+/// Default time to receive a whole request, body included (`ReadTimeout`).
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default wait for open connections to finish after shutdown is asked.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Health route.
+pub const HEALTHZ_PATH: &str = "/healthz";
+/// Readiness route.
+pub const READYZ_PATH: &str = "/readyz";
+/// Metrics route.
+pub const METRICS_PATH: &str = "/metrics";
+/// Version route.
+pub const VERSION_PATH: &str = "/version";
+
+/// Server settings (the binary fills them from its flags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Listen address (`0.0.0.0:<--server-bind-port>`, default port 3456).
+    pub bind_address: SocketAddr,
+    /// TLS certificate and key (`--enable-tls`); `None` serves plain HTTP.
+    pub tls: Option<TlsFiles>,
+    /// Time to receive a request's headers (also bounds the TLS handshake).
+    pub header_read_timeout: Duration,
+    /// Time to receive a whole request, body included.
+    pub read_timeout: Duration,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Wait for open connections after shutdown is asked, before giving up on them.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            bind_address: SocketAddr::from(([0, 0, 0, 0], crate::DEFAULT_PORT)),
+            tls: None,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            read_timeout: DEFAULT_READ_TIMEOUT,
+            max_body_bytes: MAX_BODY_BYTES,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}
+
+/// Why the server could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The listen address could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TLS certificate or configuration is not usable.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// What the router serves: the extender, the readiness handle, the metrics and the body limits.
+pub struct AppState<C, K> {
+    extender: Arc<Extender<C, K>>,
+    readiness: Readiness,
+    metrics: Arc<Metrics>,
+    max_body_bytes: usize,
+    read_timeout: Duration,
+}
+
+impl<C, K> Clone for AppState<C, K> {
+    fn clone(&self) -> Self {
+        Self {
+            extender: self.extender.clone(),
+            readiness: self.readiness.clone(),
+            metrics: self.metrics.clone(),
+            max_body_bytes: self.max_body_bytes,
+            read_timeout: self.read_timeout,
+        }
+    }
+}
+
+impl<C, K> std::fmt::Debug for AppState<C, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("readiness", &self.readiness)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("read_timeout", &self.read_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C, K> AppState<C, K> {
+    /// State with the default body limit and read timeout. Give the extender the same `metrics` as observer
+    /// ([`Extender::with_observer`]) to get the filter's stage timings.
+    pub fn new(extender: Arc<Extender<C, K>>, readiness: Readiness, metrics: Arc<Metrics>) -> Self {
+        Self {
+            extender,
+            readiness,
+            metrics,
+            max_body_bytes: MAX_BODY_BYTES,
+            read_timeout: DEFAULT_READ_TIMEOUT,
+        }
+    }
+
+    /// Takes the body limit and read timeout of a [`ServerConfig`].
+    pub fn with_limits(mut self, config: &ServerConfig) -> Self {
+        self.max_body_bytes = config.max_body_bytes;
+        self.read_timeout = config.read_timeout;
+        self
+    }
+
+    /// The extender.
+    pub fn extender(&self) -> &Arc<Extender<C, K>> {
+        &self.extender
+    }
+
+    /// The readiness handle.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+}
+
+/// The build's identity, served by `/version`. Git fields come from the `VGPU_GIT_COMMIT`,
+/// `VGPU_GIT_TREE_STATE` and `VGPU_BUILD_DATE` environment variables at compile time, when set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionInfo {
+    /// Component name.
+    pub component: &'static str,
+    /// Crate version.
+    pub version: &'static str,
+    /// Git commit, if known.
+    pub git_commit: Option<&'static str>,
+    /// `clean` or `dirty`, if known.
+    pub git_tree_state: Option<&'static str>,
+    /// Build date, if known.
+    pub build_date: Option<&'static str>,
+}
+
+impl VersionInfo {
+    /// This build.
+    pub fn current() -> Self {
+        Self {
+            component: "vgpu-scheduler-extender",
+            version: env!("CARGO_PKG_VERSION"),
+            git_commit: option_env!("VGPU_GIT_COMMIT"),
+            git_tree_state: option_env!("VGPU_GIT_TREE_STATE"),
+            build_date: option_env!("VGPU_BUILD_DATE"),
+        }
+    }
+}
+
+/// A request refused before its verb ran.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum RequestError {
+    #[error("extender not ready: the cluster cache has not synced yet; retry later")]
+    NotSynced,
+    #[error("request body exceeds the limit of {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("request body not received within {after:?}")]
+    Timeout { after: Duration },
+    #[error("reading the request body failed: {0}")]
+    Read(String),
+    #[error("malformed {what} JSON{}: {error}", path.as_deref().map(|p| format!(" at `{p}`")).unwrap_or_default())]
+    Json { what: &'static str, path: Option<String>, error: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl RequestError {
+    fn status(&self) -> StatusCode {
+        match self {
+            RequestError::NotSynced => StatusCode::SERVICE_UNAVAILABLE,
+            RequestError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            RequestError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            RequestError::Read(_) | RequestError::Json { .. } | RequestError::Invalid(_) => {
+                StatusCode::BAD_REQUEST
+            }
+        }
+    }
+
+    /// The non-200 answer (preempt, prioritize).
+    fn into_response(self) -> Response {
+        (self.status(), format!("{self}\n")).into_response()
+    }
+}
+
+impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
+    fn ensure_synced(&self) -> Result<(), RequestError> {
+        if self.readiness.is_synced() { Ok(()) } else { Err(RequestError::NotSynced) }
+    }
+
+    async fn read_body(&self, headers: &HeaderMap, body: Body) -> Result<Bytes, RequestError> {
+        let limit = self.max_body_bytes;
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(RequestError::TooLarge { limit });
+        }
+        match tokio::time::timeout(self.read_timeout, Limited::new(body, limit).collect()).await {
+            Err(_) => Err(RequestError::Timeout { after: self.read_timeout }),
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                Err(RequestError::TooLarge { limit })
+            }
+            Ok(Err(e)) => Err(RequestError::Read(e.to_string())),
+        }
+    }
+
+    async fn decode<T: DeserializeOwned>(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+        what: &'static str,
+    ) -> Result<T, RequestError> {
+        let bytes = self.read_body(headers, body).await?;
+        decode_json(&bytes, what)
+    }
+
+    fn is_vgpu(&self, pod: &Pod) -> bool {
+        PodRequest::from_pod(&pod.request_spec(), &self.extender.config().domain).is_ok_and(|r| !r.is_empty())
+    }
+
+    /// `topology_placement_total` for a pod just placed on `node`, from its pre-allocation in the cache.
+    fn record_placement(&self, pod: &Pod, node: &str, mode: TopologyMode) {
+        let cache = self.extender.cache();
+        let Some(placed) = cache.pod(&pod.uid) else { return };
+        let Some(claim) = crate::prealloc::planned_claim(&placed, cache.domain()) else { return };
+        let Some(slot) = cache.node(node) else { return };
+        let decoded = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).decoded.clone();
+        let Ok(decoded) = decoded else { return };
+        if let Some(result) = metrics::placement_result(mode, &claim, &decoded) {
+            self.metrics.topology_placement(mode.as_str(), result);
+        }
+    }
+}
+
+fn decode_json<T: DeserializeOwned>(bytes: &[u8], what: &'static str) -> Result<T, RequestError> {
+    // Go refuses anything but an object for these structs (serde would take an array as positional fields).
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        Some(_) => {
+            return Err(RequestError::Json { what, path: None, error: "expected a JSON object".into() });
+        }
+        None => {
+            return Err(RequestError::Json {
+                what,
+                path: None,
+                error: "empty body; expected a JSON object".into(),
+            });
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let path = (path != ".").then_some(path);
+        RequestError::Json { what, path, error: e.into_inner().to_string() }
+    })?;
+    de.end().map_err(|e| RequestError::Json { what, path: None, error: e.to_string() })?;
+    Ok(value)
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => {
+            let mut r = (status, body).into_response();
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        Err(e) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the answer failed: {e}\n")).into_response()
+        }
+    }
+}
+
+/// The router over `state`: the verbs at [`FILTER_PATH`](crate::FILTER_PATH) & co., and the probes.
+pub fn router<C: Cluster, K: Clock + 'static>(state: AppState<C, K>) -> Router {
+    Router::new()
+        .route(crate::FILTER_PATH, post(filter::<C, K>))
+        .route(crate::FILTER_DRYRUN_PATH, post(filter_dry_run::<C, K>))
+        .route(crate::PRIORITIZE_PATH, post(prioritize::<C, K>))
+        .route(crate::BIND_PATH, post(bind::<C, K>))
+        .route(crate::PREEMPT_PATH, post(preempt::<C, K>))
+        .route(HEALTHZ_PATH, get(healthz))
+        .route(READYZ_PATH, get(readyz::<C, K>))
+        .route(METRICS_PATH, get(metrics_text::<C, K>))
+        .route(VERSION_PATH, get(version))
+        .with_state(state)
+}
+
+async fn filter<C: Cluster, K: Clock + 'static>(
+    State(s): State<AppState<C, K>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    filter_verb(s, headers, body, Verb::Filter).await
+}
+
+async fn filter_dry_run<C: Cluster, K: Clock + 'static>(
+    State(s): State<AppState<C, K>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    filter_verb(s, headers, body, Verb::FilterDryRun).await
+}
+
+async fn filter_verb<C: Cluster, K: Clock + 'static>(
+    s: AppState<C, K>,
+    headers: HeaderMap,
+    body: Body,
+    verb: Verb,
+) -> Response {
+    let start = Instant::now();
+    let prepared = async {
+        s.ensure_synced()?;
+        let args: ExtenderArgs = s.decode(&headers, body, "ExtenderArgs").await?;
+        let names = args.candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
+        Ok::<_, RequestError>((args, names))
+    };
+    let (out, label) = match prepared.await {
+        Err(e) => (ExtenderFilterResult::error(e.to_string()), "error"),
+        Ok((args, names)) => {
+            let pod = args.pod.as_ref().map(pod_from_k8s);
+            let result = if verb == Verb::Filter {
+                s.extender.filter(pod.as_ref(), &names).await
+            } else {
+                s.extender.filter_dry_run(pod.as_ref(), &names)
+            };
+            let label = filter_result_label(&result);
+            let domain = &s.extender.config().domain;
+            let policy = pod.as_ref().map(|p| PolicyLabels::from_pod(p, domain));
+            s.metrics.filter_rejects(verb, &result, policy.map_or("none", |p| p.topology_mode));
+            if let (Verb::Filter, Some(pod), Some(policy)) = (verb, &pod, policy)
+                && label != "error"
+                && s.is_vgpu(pod)
+            {
+                s.metrics.pod_policy(policy);
+                let mode = policy.topology_mode.parse::<TopologyMode>().unwrap_or_default();
+                if let (Some(node), true) = (result.node_names.first(), result.node_names.len() == 1) {
+                    s.record_placement(pod, node, mode);
+                }
+            }
+            (ExtenderFilterResult::from_result(&args, result), label)
+        }
+    };
+    s.metrics.verb(verb, label, start.elapsed());
+    json(StatusCode::OK, &out)
+}
+
+async fn prioritize<C: Cluster, K: Clock + 'static>(
+    State(s): State<AppState<C, K>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let start = Instant::now();
+    let run = async {
+        s.ensure_synced()?;
+        let args: ExtenderArgs = s.decode(&headers, body, "ExtenderArgs").await?;
+        let names = args.candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
+        let pod = args
+            .pod
+            .as_ref()
+            .map(pod_from_k8s)
+            .ok_or_else(|| RequestError::Invalid(crate::ExtenderError::NoPod.to_string()))?;
+        Ok::<_, RequestError>(
+            s.extender.prioritize(&pod, &names).into_iter().map(HostPriority::from).collect::<Vec<_>>(),
+        )
+    };
+    let (response, label) = match run.await {
+        Ok(list) => (json(StatusCode::OK, &list), "success"),
+        Err(e) => (e.into_response(), "error"),
+    };
+    s.metrics.verb(Verb::Prioritize, label, start.elapsed());
+    response
+}
+
+async fn bind<C: Cluster, K: Clock + 'static>(
+    State(s): State<AppState<C, K>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let start = Instant::now();
+    let prepared = async {
+        s.ensure_synced()?;
+        s.decode::<ExtenderBindingArgs>(&headers, body, "ExtenderBindingArgs").await
+    };
+    let (out, label) = match prepared.await {
+        Err(e) => (ExtenderBindingResult { error: e.to_string() }, "error"),
+        Ok(a) => {
+            let r = s.extender.bind(&a.pod_namespace, &a.pod_name, &a.pod_uid, &a.node).await;
+            let label = bind_result_label(&r.error);
+            (ExtenderBindingResult::from(r), label)
+        }
+    };
+    s.metrics.verb(Verb::Bind, label, start.elapsed());
+    json(StatusCode::OK, &out)
+}
+
+async fn preempt<C: Cluster, K: Clock + 'static>(
+    State(s): State<AppState<C, K>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let start = Instant::now();
+    let prepared = async {
+        s.ensure_synced()?;
+        s.decode::<ExtenderPreemptionArgs>(&headers, body, "ExtenderPreemptionArgs").await
+    };
+    let args = match prepared.await {
+        Ok(a) => a,
+        Err(e) => {
+            s.metrics.verb(Verb::Preempt, "error", start.elapsed());
+            return e.into_response();
+        }
+    };
+    let pod = args.pod.as_ref().map(pod_from_k8s);
+    let victims = args.victim_uids();
+    let result = s.extender.preempt(pod.as_ref(), &victims);
+    let label = match &pod {
+        Some(p) if s.is_vgpu(p) => {
+            let cache = s.extender.cache();
+            for uid in victims.values().flatten() {
+                if let Some(reason) = cache.pod(uid).and_then(|v| protection_reason(&v, p)) {
+                    s.metrics.preempt_protected(reason);
+                }
+            }
+            for (node, chosen) in &result.node_victims {
+                let sent = victims.get(node);
+                let added = chosen.iter().filter(|u| !sent.is_some_and(|v| v.contains(u))).count();
+                s.metrics.preempt_victims_added(added);
+            }
+            if result.node_victims.is_empty() { "no_victims" } else { "victims" }
+        }
+        _ => "passthrough",
+    };
+    let out = ExtenderPreemptionResult::from_result(&args, result);
+    s.metrics.verb(Verb::Preempt, label, start.elapsed());
+    json(StatusCode::OK, &out)
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz<C: Cluster, K: Clock + 'static>(State(s): State<AppState<C, K>>) -> Response {
+    if s.readiness.is_ready() {
+        (StatusCode::OK, "ok").into_response()
+    } else if !s.readiness.is_synced() {
+        (StatusCode::INTERNAL_SERVER_ERROR, "not ready: caches not synced\n").into_response()
+    } else if s.readiness.role() == Role::Follower {
+        (StatusCode::INTERNAL_SERVER_ERROR, "not ready: follower (another replica holds the leader lease)\n")
+            .into_response()
+    } else {
+        (StatusCode::INTERNAL_SERVER_ERROR, "not ready\n").into_response()
+    }
+}
+
+async fn metrics_text<C: Cluster, K: Clock + 'static>(State(s): State<AppState<C, K>>) -> Response {
+    match s.metrics.encode() {
+        Ok(text) => {
+            let mut r = text.into_response();
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(metrics::CONTENT_TYPE));
+            r
+        }
+        Err(e) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics failed: {e}\n")).into_response()
+        }
+    }
+}
+
+async fn version() -> Response {
+    json(StatusCode::OK, &VersionInfo::current())
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets open connections finish
+/// (up to [`ServerConfig::shutdown_timeout`]) and returns.
+///
+/// HTTP/1.1 only; headers must arrive within [`ServerConfig::header_read_timeout`] (the TLS handshake too).
+/// With `tls`, connections are TLS (see [`crate::tls::acceptor`]). Accept errors and failed handshakes are
+/// logged and never stop the server.
+pub async fn serve<F>(
+    listener: TcpListener,
+    app: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    config: &ServerConfig,
+    shutdown: F,
+) where
+    F: Future<Output = ()> + Send,
+{
+    let graceful = GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
+    let handshake_timeout = config.header_read_timeout;
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let served = match tls {
+                None => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(tls_stream)) => {
+                            watcher.watch(builder.serve_connection(TokioIo::new(tls_stream), service)).await
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    }
+                }
+            };
+            if let Err(e) = served {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(config.shutdown_timeout) => {
+            tracing::warn!(timeout = ?config.shutdown_timeout, "connections still open at shutdown; closing them");
+        }
+    }
+}
+
+/// Binds [`ServerConfig::bind_address`], loads TLS when configured (and reloads it every refresh interval),
+/// and serves [`router`]`(state)` until `shutdown` completes.
+pub async fn run<C, K, F>(config: ServerConfig, state: AppState<C, K>, shutdown: F) -> Result<(), ServerError>
+where
+    C: Cluster,
+    K: Clock + 'static,
+    F: Future<Output = ()> + Send,
+{
+    let (acceptor, refresher) = match &config.tls {
+        None => (None, None),
+        Some(files) => {
+            let reloader = Arc::new(CertReloader::load(&files.cert_file, &files.key_file)?);
+            let refresher = reloader.spawn_refresher(files.refresh_interval);
+            (Some(crate::tls::acceptor(reloader)?), Some(refresher))
+        }
+    };
+    let listener = TcpListener::bind(config.bind_address)
+        .await
+        .map_err(|source| ServerError::Bind { addr: config.bind_address, source })?;
+    let app = router(state.with_limits(&config));
+    serve(listener, app, acceptor, &config, shutdown).await;
+    if let Some(r) = refresher {
+        r.abort();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_errors_name_the_type_and_path() {
+        let e = decode_json::<ExtenderBindingArgs>(br#"{"PodName": 3}"#, "ExtenderBindingArgs").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "malformed ExtenderBindingArgs JSON at `PodName`: invalid type: integer `3`, expected a string at line 1 column 13"
+        );
+        let e = decode_json::<ExtenderBindingArgs>(b"", "ExtenderBindingArgs").unwrap_err();
+        assert_eq!(e.to_string(), "malformed ExtenderBindingArgs JSON: empty body; expected a JSON object");
+        let e = decode_json::<ExtenderBindingArgs>(b" [1]", "ExtenderBindingArgs").unwrap_err();
+        assert_eq!(e.to_string(), "malformed ExtenderBindingArgs JSON: expected a JSON object");
+        let e = decode_json::<ExtenderBindingArgs>(b"{", "ExtenderBindingArgs").unwrap_err();
+        assert!(e.to_string().contains("EOF while parsing an object"), "{e}");
+        let e = decode_json::<ExtenderBindingArgs>(b"{} x", "ExtenderBindingArgs").unwrap_err();
+        assert!(e.to_string().contains("trailing characters"), "{e}");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(RequestError::TooLarge { limit: 1 }.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(RequestError::NotSynced.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn version_info_serializes_camel_case() {
+        let v = serde_json::to_value(VersionInfo::current()).unwrap();
+        assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(v["component"], "vgpu-scheduler-extender");
+        assert!(v.get("gitCommit").is_some());
+    }
+
+    #[test]
+    fn default_config_matches_upstream_flags() {
+        let c = ServerConfig::default();
+        assert_eq!(c.bind_address.to_string(), "0.0.0.0:3456");
+        assert_eq!((c.header_read_timeout.as_secs(), c.read_timeout.as_secs()), (15, 60));
+        assert_eq!(c.max_body_bytes, 7 * 1024 * 1024);
+        assert!(c.tls.is_none());
+    }
+}

@@ -1,0 +1,530 @@
+//! The kube-scheduler extender wire types (`k8s.io/kube-scheduler/extender/v1`) and their conversions to and
+//! from the [`Extender`](crate::Extender) results.
+//!
+//! The upstream structs carry no json tags, so the JSON keys are the Go field names (`Pod`, `NodeNames`,
+//! `FailedNodes`, …) and nothing is omitted when empty: a nil pointer or map is written as `null`. These types
+//! write the same shape. Reading is lenient like Go's decoder: `null` where a list, map or string is expected
+//! means empty, unknown keys are ignored, and the all-lowercase spelling of each key is accepted too (Go matches
+//! keys case-insensitively; the scheduler itself sends the exact names).
+//!
+//! Form of a filter answer: with `nodeCacheCapable: true` the scheduler sends `NodeNames` and reads `NodeNames`
+//! back; otherwise it sends `Nodes` (a full `NodeList`) and reads `Nodes`, filtered the same way
+//! ([`ExtenderFilterResult::from_result`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::extender::{BindResult, FilterResult, PreemptResult};
+
+/// `MinExtenderPriority`: the lowest prioritize score.
+pub const MIN_EXTENDER_PRIORITY: i64 = 0;
+/// `MaxExtenderPriority`: the highest prioritize score.
+pub const MAX_EXTENDER_PRIORITY: i64 = 10;
+
+/// A request that decodes but cannot be served as sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// A node of `Nodes.items` has no `metadata.name`.
+    #[error("ExtenderArgs.Nodes.items[{index}] has no metadata.name; expected every node to be named")]
+    UnnamedNode {
+        /// Position in `Nodes.items`.
+        index: usize,
+    },
+}
+
+fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
+}
+
+fn map_null_values<'de, D, V>(d: D) -> Result<BTreeMap<String, V>, D::Error>
+where
+    D: Deserializer<'de>,
+    V: Default + Deserialize<'de>,
+{
+    let m = Option::<BTreeMap<String, Option<V>>>::deserialize(d)?;
+    Ok(m.unwrap_or_default().into_iter().map(|(k, v)| (k, v.unwrap_or_default())).collect())
+}
+
+fn vec_skip_null<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let v = Option::<Vec<Option<T>>>::deserialize(d)?;
+    Ok(v.unwrap_or_default().into_iter().flatten().collect())
+}
+
+/// `*v1.NodeList` as the scheduler writes it: `{"metadata":{},"items":[…]}` (type meta usually absent).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeList {
+    /// `apiVersion` (`v1` when present).
+    #[serde(rename = "apiVersion", default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// `kind` (`NodeList` when present).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// `metadata` (always written, as Go does for a struct field).
+    #[serde(default, deserialize_with = "null_default")]
+    pub metadata: ListMeta,
+    /// `items`.
+    #[serde(default, deserialize_with = "vec_skip_null")]
+    pub items: Vec<Node>,
+}
+
+/// `ExtenderArgs`: the body of filter, filter-dryrun and prioritize.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExtenderArgs {
+    /// `Pod`: the pod being scheduled.
+    #[serde(rename = "Pod", alias = "pod", default)]
+    pub pod: Option<Pod>,
+    /// `Nodes`: candidate nodes (only when the extender is not `nodeCacheCapable`).
+    #[serde(rename = "Nodes", alias = "nodes", default)]
+    pub nodes: Option<NodeList>,
+    /// `NodeNames`: candidate node names (only when the extender is `nodeCacheCapable`).
+    #[serde(rename = "NodeNames", alias = "nodenames", default)]
+    pub node_names: Option<Vec<String>>,
+}
+
+impl ExtenderArgs {
+    /// The candidate node names: `NodeNames` when sent, else the names of `Nodes.items`, else none.
+    pub fn candidate_names(&self) -> Result<Vec<String>, WireError> {
+        if let Some(names) = &self.node_names {
+            return Ok(names.clone());
+        }
+        let Some(list) = &self.nodes else { return Ok(Vec::new()) };
+        list.items
+            .iter()
+            .enumerate()
+            .map(|(index, n)| {
+                n.metadata.name.clone().filter(|s| !s.is_empty()).ok_or(WireError::UnnamedNode { index })
+            })
+            .collect()
+    }
+}
+
+/// `ExtenderFilterResult`: the answer of filter and filter-dryrun.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExtenderFilterResult {
+    /// `Nodes`: passed nodes, when the request sent `Nodes`.
+    #[serde(rename = "Nodes", alias = "nodes", default)]
+    pub nodes: Option<NodeList>,
+    /// `NodeNames`: passed node names, when the request sent `NodeNames`.
+    #[serde(rename = "NodeNames", alias = "nodenames", default)]
+    pub node_names: Option<Vec<String>>,
+    /// `FailedNodes`: node → reason.
+    #[serde(rename = "FailedNodes", alias = "failednodes", default, deserialize_with = "null_default")]
+    pub failed_nodes: BTreeMap<String, String>,
+    /// `FailedAndUnresolvableNodes`: node → reason, where preemption would not help (never set by vgpu).
+    #[serde(rename = "FailedAndUnresolvableNodes", alias = "failedandunresolvablenodes", default)]
+    pub failed_and_unresolvable_nodes: Option<BTreeMap<String, String>>,
+    /// `Error`: whole-call error, `""` on success.
+    #[serde(rename = "Error", alias = "error", default, deserialize_with = "null_default")]
+    pub error: String,
+}
+
+impl ExtenderFilterResult {
+    /// A whole-call error (every other field `null`), as vgpu-manager answers.
+    pub fn error(message: impl Into<String>) -> Self {
+        Self { error: message.into(), ..Self::default() }
+    }
+
+    /// The answer to `args` from an extender result, in the request's form: `NodeNames` in → `NodeNames` out;
+    /// `Nodes` in → the sent node objects that passed, in request order. An error result carries only `Error`.
+    pub fn from_result(args: &ExtenderArgs, result: FilterResult) -> Self {
+        if !result.error.is_empty() {
+            return Self::error(result.error);
+        }
+        let mut out = Self { failed_nodes: result.failed_nodes, ..Self::default() };
+        match (&args.node_names, &args.nodes) {
+            (None, Some(list)) => {
+                let passed: BTreeSet<&str> = result.node_names.iter().map(String::as_str).collect();
+                let items = list
+                    .items
+                    .iter()
+                    .filter(|n| n.metadata.name.as_deref().is_some_and(|name| passed.contains(name)))
+                    .cloned()
+                    .collect();
+                out.nodes = Some(NodeList { metadata: ListMeta::default(), items, ..NodeList::default() });
+            }
+            _ => out.node_names = Some(result.node_names),
+        }
+        out
+    }
+}
+
+/// `HostPriority`: one node's prioritize score.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostPriority {
+    /// `Host`: node name.
+    #[serde(rename = "Host", alias = "host", default, deserialize_with = "null_default")]
+    pub host: String,
+    /// `Score`: [`MIN_EXTENDER_PRIORITY`]..=[`MAX_EXTENDER_PRIORITY`].
+    #[serde(rename = "Score", alias = "score", default)]
+    pub score: i64,
+}
+
+/// `HostPriorityList`: the answer of prioritize (a bare JSON array).
+pub type HostPriorityList = Vec<HostPriority>;
+
+impl From<crate::extender::HostPriority> for HostPriority {
+    fn from(h: crate::extender::HostPriority) -> Self {
+        Self { host: h.host, score: h.score.clamp(MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY) }
+    }
+}
+
+/// `ExtenderBindingArgs`: the body of bind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtenderBindingArgs {
+    /// `PodName`.
+    #[serde(rename = "PodName", alias = "podname", default, deserialize_with = "null_default")]
+    pub pod_name: String,
+    /// `PodNamespace`.
+    #[serde(rename = "PodNamespace", alias = "podnamespace", default, deserialize_with = "null_default")]
+    pub pod_namespace: String,
+    /// `PodUID`.
+    #[serde(rename = "PodUID", alias = "poduid", default, deserialize_with = "null_default")]
+    pub pod_uid: String,
+    /// `Node`: the target node.
+    #[serde(rename = "Node", alias = "node", default, deserialize_with = "null_default")]
+    pub node: String,
+}
+
+/// `ExtenderBindingResult`: the answer of bind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtenderBindingResult {
+    /// `Error`: `""` on success.
+    #[serde(rename = "Error", alias = "error", default, deserialize_with = "null_default")]
+    pub error: String,
+}
+
+impl From<BindResult> for ExtenderBindingResult {
+    fn from(r: BindResult) -> Self {
+        Self { error: r.error }
+    }
+}
+
+/// `Victims`: full victim pods of one node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Victims {
+    /// `Pods`.
+    #[serde(rename = "Pods", alias = "pods", default, deserialize_with = "vec_skip_null")]
+    pub pods: Vec<Pod>,
+    /// `NumPDBViolations`.
+    #[serde(
+        rename = "NumPDBViolations",
+        alias = "numpdbviolations",
+        default,
+        deserialize_with = "null_default"
+    )]
+    pub num_pdb_violations: i64,
+}
+
+/// `MetaPod`: a victim by UID.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaPod {
+    /// `UID`.
+    #[serde(rename = "UID", alias = "uid", default, deserialize_with = "null_default")]
+    pub uid: String,
+}
+
+/// `MetaVictims`: victim UIDs of one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaVictims {
+    /// `Pods`.
+    #[serde(rename = "Pods", alias = "pods", default, deserialize_with = "vec_skip_null")]
+    pub pods: Vec<MetaPod>,
+    /// `NumPDBViolations`.
+    #[serde(
+        rename = "NumPDBViolations",
+        alias = "numpdbviolations",
+        default,
+        deserialize_with = "null_default"
+    )]
+    pub num_pdb_violations: i64,
+}
+
+/// `ExtenderPreemptionArgs`: the body of preempt.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExtenderPreemptionArgs {
+    /// `Pod`: the preemptor.
+    #[serde(rename = "Pod", alias = "pod", default)]
+    pub pod: Option<Pod>,
+    /// `NodeNameToVictims`: full victims per node (extender not `nodeCacheCapable`).
+    #[serde(
+        rename = "NodeNameToVictims",
+        alias = "nodenametovictims",
+        default,
+        deserialize_with = "map_null_values"
+    )]
+    pub node_name_to_victims: BTreeMap<String, Victims>,
+    /// `NodeNameToMetaVictims`: victim UIDs per node (extender `nodeCacheCapable`).
+    #[serde(
+        rename = "NodeNameToMetaVictims",
+        alias = "nodenametometavictims",
+        default,
+        deserialize_with = "map_null_values"
+    )]
+    pub node_name_to_meta_victims: BTreeMap<String, MetaVictims>,
+}
+
+impl ExtenderPreemptionArgs {
+    /// Victim UIDs per candidate node, from `NodeNameToMetaVictims` where a node has an entry there, else from
+    /// `NodeNameToVictims` (pods without a UID are skipped).
+    pub fn victim_uids(&self) -> BTreeMap<String, Vec<String>> {
+        let mut out: BTreeMap<String, Vec<String>> = self
+            .node_name_to_victims
+            .iter()
+            .map(|(node, v)| {
+                (node.clone(), v.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect::<Vec<_>>())
+            })
+            .collect();
+        for (node, v) in &self.node_name_to_meta_victims {
+            out.insert(node.clone(), v.pods.iter().map(|p| p.uid.clone()).collect());
+        }
+        out
+    }
+
+    /// The `NumPDBViolations` the scheduler sent for a node (meta form first), 0 when absent.
+    pub fn pdb_violations(&self, node: &str) -> i64 {
+        self.node_name_to_meta_victims
+            .get(node)
+            .map(|v| v.num_pdb_violations)
+            .or_else(|| self.node_name_to_victims.get(node).map(|v| v.num_pdb_violations))
+            .unwrap_or(0)
+    }
+}
+
+/// `ExtenderPreemptionResult`: the answer of preempt.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtenderPreemptionResult {
+    /// `NodeNameToMetaVictims`: victim UIDs per node that can host the preemptor.
+    #[serde(
+        rename = "NodeNameToMetaVictims",
+        alias = "nodenametometavictims",
+        default,
+        deserialize_with = "map_null_values"
+    )]
+    pub node_name_to_meta_victims: BTreeMap<String, MetaVictims>,
+}
+
+impl ExtenderPreemptionResult {
+    /// The answer to `args` from an extender result. `NumPDBViolations` per node is the conservative upper
+    /// bound of vgpu-manager: `min(sent, kept) + added`, where `kept` counts the sent victims still chosen and
+    /// `added` the victims the extender added.
+    pub fn from_result(args: &ExtenderPreemptionArgs, result: PreemptResult) -> Self {
+        let sent = args.victim_uids();
+        let node_name_to_meta_victims = result
+            .node_victims
+            .into_iter()
+            .map(|(node, uids)| {
+                let before: BTreeSet<&str> =
+                    sent.get(&node).map(|v| v.iter().map(String::as_str).collect()).unwrap_or_default();
+                let kept = uids.iter().filter(|u| before.contains(u.as_str())).count();
+                let added = uids.len() - kept;
+                let kept = i64::try_from(kept).unwrap_or(i64::MAX);
+                let added = i64::try_from(added).unwrap_or(i64::MAX);
+                let num_pdb_violations = args.pdb_violations(&node).min(kept).saturating_add(added);
+                let pods = uids.into_iter().map(|uid| MetaPod { uid }).collect();
+                (node, MetaVictims { pods, num_pdb_violations })
+            })
+            .collect();
+        Self { node_name_to_meta_victims }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(name: &str) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.to_owned());
+        n
+    }
+
+    #[test]
+    fn filter_args_node_names_form() {
+        let args: ExtenderArgs = serde_json::from_value(json!({
+            "Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {"containers": [{"name": "c"}]}},
+            "Nodes": null,
+            "NodeNames": ["n1", "n2"]
+        }))
+        .unwrap();
+        assert_eq!(args.pod.as_ref().unwrap().metadata.uid.as_deref(), Some("u"));
+        assert_eq!(args.candidate_names().unwrap(), ["n1", "n2"]);
+        let r = FilterResult {
+            node_names: vec!["n2".into()],
+            failed_nodes: [("n1".to_owned(), "Insufficient vGPU slots".to_owned())].into(),
+            error: String::new(),
+        };
+        let out = serde_json::to_value(ExtenderFilterResult::from_result(&args, r)).unwrap();
+        assert_eq!(
+            out,
+            json!({
+                "Nodes": null,
+                "NodeNames": ["n2"],
+                "FailedNodes": {"n1": "Insufficient vGPU slots"},
+                "FailedAndUnresolvableNodes": null,
+                "Error": ""
+            })
+        );
+    }
+
+    #[test]
+    fn filter_args_nodes_form_answers_with_nodes() {
+        let args: ExtenderArgs = serde_json::from_value(json!({
+            "Pod": {"metadata": {"name": "p"}},
+            "Nodes": {"metadata": {}, "items": [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]}
+        }))
+        .unwrap();
+        assert_eq!(args.node_names, None);
+        assert_eq!(args.candidate_names().unwrap(), ["a", "b"]);
+        let r = FilterResult { node_names: vec!["b".into()], ..FilterResult::default() };
+        let out = ExtenderFilterResult::from_result(&args, r);
+        assert_eq!(out.node_names, None);
+        assert_eq!(out.nodes.as_ref().unwrap().items, [node("b")]);
+        assert_eq!(
+            serde_json::to_value(&out).unwrap(),
+            json!({
+                "Nodes": {"metadata": {}, "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "b"}}]},
+                "NodeNames": null,
+                "FailedNodes": {},
+                "FailedAndUnresolvableNodes": null,
+                "Error": ""
+            })
+        );
+        let unnamed: ExtenderArgs = serde_json::from_value(
+            json!({"Nodes": {"items": [{"metadata": {"name": "a"}}, {"metadata": {}}]}}),
+        )
+        .unwrap();
+        assert_eq!(unnamed.candidate_names(), Err(WireError::UnnamedNode { index: 1 }));
+        assert_eq!(
+            unnamed.candidate_names().unwrap_err().to_string(),
+            "ExtenderArgs.Nodes.items[1] has no metadata.name; expected every node to be named"
+        );
+    }
+
+    #[test]
+    fn filter_error_carries_only_error() {
+        let args = ExtenderArgs { node_names: Some(vec!["n1".into()]), ..ExtenderArgs::default() };
+        let r = FilterResult { error: "No schedulable nodes".into(), ..FilterResult::default() };
+        assert_eq!(
+            serde_json::to_value(ExtenderFilterResult::from_result(&args, r)).unwrap(),
+            json!({"Nodes": null, "NodeNames": null, "FailedNodes": {}, "FailedAndUnresolvableNodes": null,
+                   "Error": "No schedulable nodes"})
+        );
+    }
+
+    #[test]
+    fn upstream_types_test_fixtures_decode() {
+        // The JSON samples of k8s.io/kube-scheduler/extender/v1 types_test.go.
+        let f: ExtenderFilterResult = serde_json::from_str(
+            r#"{"NodeNames":["node1"],"FailedNodes":{"foo":"bar"},"FailedAndUnresolvableNodes":{"baz":"qux"},"Error":"myerror"}"#,
+        )
+        .unwrap();
+        assert_eq!(f.node_names.as_deref(), Some(&["node1".to_owned()][..]));
+        assert_eq!(f.failed_nodes["foo"], "bar");
+        assert_eq!(f.failed_and_unresolvable_nodes.as_ref().unwrap()["baz"], "qux");
+        assert_eq!(f.error, "myerror");
+        let b: ExtenderBindingArgs = serde_json::from_str(
+            r#"{"PodName":"mypodname","PodNamespace":"mypodnamespace","PodUID":"mypoduid","Node":"mynode"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            b,
+            ExtenderBindingArgs {
+                pod_name: "mypodname".into(),
+                pod_namespace: "mypodnamespace".into(),
+                pod_uid: "mypoduid".into(),
+                node: "mynode".into()
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&b).unwrap(),
+            r#"{"PodName":"mypodname","PodNamespace":"mypodnamespace","PodUID":"mypoduid","Node":"mynode"}"#
+        );
+        let h: HostPriority = serde_json::from_str(r#"{"Host":"myhost","Score":1}"#).unwrap();
+        assert_eq!(h, HostPriority { host: "myhost".into(), score: 1 });
+        assert_eq!(serde_json::to_string(&vec![h]).unwrap(), r#"[{"Host":"myhost","Score":1}]"#);
+        let p: ExtenderPreemptionResult = serde_json::from_str(
+            r#"{"NodeNameToMetaVictims":{"foo":{"Pods":[{"UID":"myuid"}],"NumPDBViolations":1}}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.node_name_to_meta_victims["foo"].pods, [MetaPod { uid: "myuid".into() }]);
+        assert_eq!(
+            serde_json::to_string(&p).unwrap(),
+            r#"{"NodeNameToMetaVictims":{"foo":{"Pods":[{"UID":"myuid"}],"NumPDBViolations":1}}}"#
+        );
+    }
+
+    #[test]
+    fn lower_case_keys_and_nulls_decode() {
+        let b: ExtenderBindingArgs =
+            serde_json::from_str(r#"{"podname":"p","podnamespace":null,"poduid":"u","node":"n"}"#).unwrap();
+        assert_eq!((b.pod_name.as_str(), b.pod_namespace.as_str(), b.node.as_str()), ("p", "", "n"));
+        let r: ExtenderBindingResult = serde_json::from_str(r#"{"Error":null}"#).unwrap();
+        assert_eq!(r.error, "");
+        assert_eq!(serde_json::to_string(&ExtenderBindingResult::default()).unwrap(), r#"{"Error":""}"#);
+        let a: ExtenderArgs = serde_json::from_str(r#"{"pod":null,"nodenames":null,"Extra":1}"#).unwrap();
+        assert_eq!(a, ExtenderArgs::default());
+        assert_eq!(a.candidate_names().unwrap(), Vec::<String>::new());
+        let e: ExtenderFilterResult = serde_json::from_str("{}").unwrap();
+        assert_eq!(e, ExtenderFilterResult::default());
+    }
+
+    #[test]
+    fn preemption_args_both_forms_and_result_pdb_bound() {
+        let args: ExtenderPreemptionArgs = serde_json::from_value(json!({
+            "Pod": {"metadata": {"uid": "pre"}},
+            "NodeNameToVictims": {
+                "full": {"Pods": [{"metadata": {"uid": "v1"}}, {"metadata": {"name": "no-uid"}}, null], "NumPDBViolations": 2},
+                "both": {"Pods": [{"metadata": {"uid": "ignored"}}], "NumPDBViolations": 9},
+                "nil": null
+            },
+            "NodeNameToMetaVictims": {
+                "both": {"Pods": [{"UID": "m1"}, {"UID": "m2"}], "NumPDBViolations": 1}
+            }
+        }))
+        .unwrap();
+        let uids = args.victim_uids();
+        assert_eq!(uids["full"], ["v1"]);
+        assert_eq!(uids["both"], ["m1", "m2"]);
+        assert_eq!(uids["nil"], Vec::<String>::new());
+        assert_eq!(args.pdb_violations("both"), 1);
+        assert_eq!(args.pdb_violations("full"), 2);
+        assert_eq!(args.pdb_violations("ghost"), 0);
+        let result = PreemptResult {
+            node_victims: [
+                ("full".to_owned(), vec!["v1".to_owned(), "extra".to_owned()]),
+                ("both".to_owned(), vec![]),
+            ]
+            .into(),
+        };
+        let out = ExtenderPreemptionResult::from_result(&args, result);
+        assert_eq!(
+            serde_json::to_value(&out).unwrap(),
+            json!({"NodeNameToMetaVictims": {
+                "both": {"Pods": [], "NumPDBViolations": 0},
+                "full": {"Pods": [{"UID": "v1"}, {"UID": "extra"}], "NumPDBViolations": 2}
+            }})
+        );
+        let args: ExtenderPreemptionArgs =
+            serde_json::from_str(r#"{"Pod":null,"NodeNameToVictims":null,"NodeNameToMetaVictims":null}"#)
+                .unwrap();
+        assert_eq!(args, ExtenderPreemptionArgs::default());
+    }
+
+    #[test]
+    fn host_priority_from_extender_is_clamped() {
+        let h = HostPriority::from(crate::extender::HostPriority { host: "n".into(), score: 42 });
+        assert_eq!(h.score, MAX_EXTENDER_PRIORITY);
+    }
+}
