@@ -3,12 +3,26 @@
 //! Thin wiring: parse flags → validate gates → Kubernetes client → watch-driven cache, optional leader
 //! election, HTTP(S) server until SIGTERM/SIGINT.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Parser;
-use vgpu_bins::{CoreGateArgs, configure_gates, init_tracing, parse_go_duration};
+use vgpu_bins::{
+    CoreGateArgs, configure_gates, init_tracing, kube_client, parse_go_duration, shutdown_signal,
+};
+use vgpu_core::domain::ResourceDomain;
+use vgpu_gates::{CoreGate, FeatureGates};
+use vgpu_scheduler::metrics::Metrics;
+use vgpu_scheduler::server::{AppState, ServerConfig};
+use vgpu_scheduler::tls::TlsFiles;
+use vgpu_scheduler::{
+    CacheDriver, Extender, ExtenderConfig, KubeCluster, LeaderConfig, LeaderMode, Readiness, SystemClock,
+    leader,
+};
 
 /// The kube-scheduler extender for vGPU placement.
 #[derive(Debug, Parser)]
@@ -68,6 +82,87 @@ fn bad_flag(flag: &str, err: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// The leader-election settings from the flags (names required when a lease mode is on).
+fn leader_config(cli: &Cli) -> Result<LeaderConfig, ExitCode> {
+    let mode =
+        LeaderMode::from_flags(cli.leader_elect, cli.watch_lease).map_err(|e| bad_flag("leader-elect", e))?;
+    if mode == LeaderMode::Off {
+        return Ok(LeaderConfig::off());
+    }
+    let name = cli.leader_elect_resource_name.clone().unwrap_or_default();
+    let namespace = cli.leader_elect_resource_namespace.clone().unwrap_or_default();
+    let mut config = LeaderConfig::new(mode, namespace, name);
+    if let Some(prefix) = cli.leader_identity_prefix.clone().filter(|p| !p.trim().is_empty()) {
+        config.identity_prefix = prefix;
+    }
+    config.validate().map_err(|e| bad_flag("leader-elect-resource-name", e))?;
+    Ok(config)
+}
+
+fn server_config(cli: &Cli) -> Result<ServerConfig, ExitCode> {
+    let tls = if cli.enable_tls {
+        let (Some(cert_file), Some(key_file)) = (cli.tls_cert_file.clone(), cli.tls_key_file.clone()) else {
+            return Err(bad_flag("enable-tls", "--tls-cert-file and --tls-key-file are both required"));
+        };
+        Some(TlsFiles { cert_file, key_file, refresh_interval: cli.cert_refresh_interval })
+    } else {
+        None
+    };
+    Ok(ServerConfig {
+        bind_address: SocketAddr::new(cli.server_bind_address, cli.server_bind_port),
+        tls,
+        ..ServerConfig::default()
+    })
+}
+
+async fn run(
+    cli: Cli,
+    gates: FeatureGates<'static, CoreGate>,
+    leader_config: LeaderConfig,
+    server: ServerConfig,
+) -> anyhow::Result<()> {
+    let domain = ResourceDomain::new(&cli.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
+    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let clock = Arc::new(SystemClock);
+    let stuck_grace_ns =
+        i64::try_from(cli.stuck_grace_period.as_nanos()).context("--stuck-grace-period is too large")?;
+    let config = ExtenderConfig {
+        domain: domain.clone(),
+        scheduler_name: cli.scheduler_name.clone(),
+        stuck_grace_ns,
+        ..ExtenderConfig::from_gates(&gates)
+    };
+    let cluster = KubeCluster::new(client.clone(), cli.scheduler_name.clone()).with_domain(domain);
+    let metrics = Arc::new(Metrics::new());
+    let extender = Arc::new(Extender::new(cluster, clock.clone(), config).with_observer(metrics.clone()));
+    let readiness = Readiness::new(leader_config.initial_role());
+
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let cache = CacheDriver::new(client.clone(), extender.cache().clone(), readiness.clone())
+        .with_clock(clock)
+        .spawn(stopped(stopping.clone()));
+    let elector =
+        tokio::spawn(leader::run(client, leader_config, readiness.clone(), stopped(stopping.clone())));
+
+    let shutdown = shutdown_signal()?;
+    let stop_all = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
+    tracing::info!(address = %server.bind_address, tls = server.tls.is_some(), "serving the extender");
+    let state = AppState::new(extender, readiness, metrics);
+    let served = vgpu_scheduler::server::run(server, state, stop_all).await;
+    // The server only returns early on a start-up error: stop the background tasks either way.
+    drop(stopping);
+    cache.await.context("the cache driver panicked")?;
+    elector.await.context("the leader elector panicked")?.context("leader election")?;
+    served.context("the HTTP server")?;
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
@@ -81,6 +176,26 @@ fn main() -> ExitCode {
             format!("{:?} (expected at least 1s)", cli.stuck_grace_period),
         );
     }
-    let _ = gates;
-    vgpu_bins::not_implemented("vgpu-scheduler-extender", "issue #5")
+    let leader_config = match leader_config(&cli) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let server = match server_config(&cli) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vgpu-scheduler-extender: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli, gates, leader_config, server)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-scheduler-extender: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
