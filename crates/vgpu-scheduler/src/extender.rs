@@ -591,6 +591,13 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         if pod.uid != uid {
             return Err(ExtenderError::UidMismatch(uid.to_owned()));
         }
+        // A repeated bind (kube-scheduler retrying after a timeout) must not touch a bound pod: binding to the
+        // same node again is a success, to another node an error; neither marks the pod failed.
+        match pod.node_name.as_deref() {
+            Some(bound) if bound == node => return Ok(()),
+            Some(bound) => return Err(ExtenderError::AlreadyBound(bound.to_owned())),
+            None => {}
+        }
         let d = &self.config.domain;
         let is_vgpu = self.request(&pod).map(|r| !r.is_empty()).unwrap_or(true)
             || pod.annotations.contains_key(&d.pre_allocated());

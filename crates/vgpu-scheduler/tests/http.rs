@@ -221,11 +221,16 @@ async fn filter_fit_then_bind_then_bind_again() {
     assert_eq!(p.node_name.as_deref(), Some("n0"));
     assert_eq!(p.labels[&s.d.assigned_phase()], "allocating");
 
-    // Binding a pod that is already bound fails with the API's conflict.
+    // Binding a bound pod again (a retry) succeeds without touching it; to another node it fails, and
+    // neither marks the pod failed.
     let (status, r) = s.post(vgpu_scheduler::BIND_PATH, &bind_args(&p, "n0")).await;
+    assert_eq!((status, r), (StatusCode::OK, json!({"Error": ""})));
+    let (status, r) = s.post(vgpu_scheduler::BIND_PATH, &bind_args(&p, "n1")).await;
     assert_eq!(status, StatusCode::OK);
-    let e = r["Error"].as_str().unwrap();
-    assert!(e.contains("already bound to n0"), "{e}");
+    assert_eq!(r["Error"], "pod has been bound to node \"n0\"");
+    let again = s.cluster.pod("default", "pod-u1").unwrap();
+    assert_eq!(again.labels[&s.d.assigned_phase()], "allocating");
+    assert_eq!(again.resource_version, p.resource_version, "a repeated bind must not patch the pod");
     // And filtering it again is refused.
     let (_, r) = s.post(vgpu_scheduler::FILTER_PATH, &filter_args(&p, &s.names)).await;
     assert_eq!(r["Error"], "pod has been bound to node \"n0\"");
