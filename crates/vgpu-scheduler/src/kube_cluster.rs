@@ -12,7 +12,8 @@
 //!
 //! The binding carries the pod's UID in its metadata: the API server refuses (409) to bind a pod of that name
 //! with another UID, so a pod deleted and recreated between filter and bind is never bound by mistake.
-//! Events are best effort: a failure is logged and dropped.
+//! Events are best effort and sent from a background task (a verb never waits for them): a failure is logged
+//! and dropped.
 //!
 //! Errors map to [`ClusterError`] by HTTP status: 404 → `NotFound`, 409 → `Conflict`, 408, 429 and 5xx (and
 //! connection errors, timeouts, broken streams) → `Unavailable`, anything else → `Other`; the message names
@@ -277,14 +278,17 @@ impl Cluster for KubeCluster {
         })
     }
 
+    /// Sends the event from a background task, so the verb that records it never waits for the API server.
     async fn record_event(&self, event: Event) {
         let api: Api<corev1::Event> = Api::namespaced(self.client.clone(), &event.namespace);
         let object = event_object(&event, &self.scheduler_name, self.clock.now_ns());
-        if let Err(e) = api.create(&PostParams::default(), &object).await {
-            tracing::warn!(
-                namespace = %event.namespace, pod = %event.pod, reason = event.reason,
-                error = %cluster_error("create", "event", &e), "recording an event failed"
-            );
-        }
+        tokio::spawn(async move {
+            if let Err(e) = api.create(&PostParams::default(), &object).await {
+                tracing::warn!(
+                    namespace = %event.namespace, pod = %event.pod, reason = event.reason,
+                    error = %cluster_error("create", "event", &e), "recording an event failed"
+                );
+            }
+        });
     }
 }
