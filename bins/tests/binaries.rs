@@ -31,7 +31,8 @@ fn bad_gates_exit_2_before_anything_else() {
 
 #[test]
 fn good_gates_then_not_implemented_yet() {
-    for (name, good, _) in BINARIES.iter().filter(|(name, ..)| *name != "vgpu-device-plugin") {
+    let done = ["vgpu-device-plugin", "vgpu-scheduler-extender"];
+    for (name, good, _) in BINARIES.iter().filter(|(name, ..)| !done.contains(name)) {
         bin(name)
             .args(["--feature-gates", good])
             .assert()
@@ -114,4 +115,37 @@ fn device_plugin_nvml_without_a_driver_fails_clearly() {
         .assert()
         .code(1)
         .stderr(predicate::str::contains("NVIDIA driver library"));
+}
+
+#[test]
+fn extender_bad_flag_values_exit_2_naming_the_flag() {
+    for (args, expected) in [
+        (&["--stuck-grace-period", "500ms"][..], "--stuck-grace-period"),
+        (&["--stuck-grace-period", "soon"][..], "--stuck-grace-period"),
+        (&["--cert-refresh-interval", "5"][..], "--cert-refresh-interval"),
+        (&["--leader-elect", "--watch-lease"][..], "--watch-lease"),
+        (&["--leader-elect"][..], "--leader-elect"),
+        (&["--enable-tls", "--tls-cert-file", "/tmp/c.pem"][..], "--tls-key-file"),
+        (&["--server-bind-port", "70000"][..], "--server-bind-port"),
+    ] {
+        bin("vgpu-scheduler-extender")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("POD_NAME")
+            .args(args)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(expected));
+    }
+}
+
+#[test]
+fn extender_without_a_cluster_fails_clearly() {
+    let home = tempfile::tempdir().unwrap();
+    bin("vgpu-scheduler-extender")
+        .env("HOME", home.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .args(["--server-bind-port", "0"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("no Kubernetes configuration"));
 }
