@@ -5,7 +5,10 @@
 use std::{future::Future, sync::Arc};
 
 use tokio::sync::{mpsc, watch};
-use vgpu_core::backend::DeviceBackend;
+use vgpu_core::{
+    abi::vgpu_config::CudaVersion,
+    backend::{DeviceBackend, DriverVersions},
+};
 use vgpu_gates::CoreGate;
 
 use crate::{
@@ -17,6 +20,17 @@ use crate::{
     manager::PluginManager,
     publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
 };
+
+/// Copies the backend's driver versions into the configuration `vgpu.config` is written from (a CUDA
+/// version that does not fit `i32` is left unset).
+pub fn apply_driver_versions(config: &mut PluginConfig, versions: &DriverVersions) {
+    config.driver_version.clone_from(&versions.driver_version);
+    if let Some((major, minor)) = versions.cuda_version
+        && let (Ok(major), Ok(minor)) = (i32::try_from(major), i32::try_from(minor))
+    {
+        config.cuda_version = CudaVersion { major, minor };
+    }
+}
 
 /// The device-plugin process.
 pub struct Daemon {
@@ -41,7 +55,11 @@ impl std::fmt::Debug for Daemon {
 }
 
 impl Daemon {
-    /// Wires a daemon; reads the GPUs' minor numbers from the backend.
+    /// Wires a daemon; reads the GPUs' minor numbers, the MIG instances to serve (fails when `migStrategy:
+    /// single` finds a non-uniform node) and the driver versions from the backend. The driver
+    /// and CUDA versions go to `vgpu.config` ([`PluginConfig::driver_version`],
+    /// [`PluginConfig::cuda_version`]) and to the node labels ([`Daemon::driver`]); a backend that reports
+    /// none leaves them as configured.
     pub fn new(
         mut config: PluginConfig,
         backend: Arc<dyn DeviceBackend>,
@@ -51,14 +69,20 @@ impl Daemon {
         for gpu in backend.devices()? {
             config.device_minors.insert(gpu.index, backend.minor_number(gpu.index)?);
         }
-        Ok(Self {
-            config,
-            backend,
-            cluster,
-            nodes,
-            publisher: PublisherConfig::default(),
-            driver: DriverLabels::default(),
-        })
+        config.mig_devices = crate::mig::mig_devices(backend.as_ref(), config.settings.mig_strategy)?;
+        let mut driver = DriverLabels::default();
+        match backend.driver_versions() {
+            Ok(Some(versions)) => {
+                apply_driver_versions(&mut config, &versions);
+                driver = DriverLabels {
+                    driver_version: versions.driver_version,
+                    cuda_version: versions.cuda_version,
+                };
+            }
+            Ok(None) => {}
+            Err(err) => tracing::warn!(%err, "driver versions unavailable"),
+        }
+        Ok(Self { config, backend, cluster, nodes, publisher: PublisherConfig::default(), driver })
     }
 
     /// Resources of gated plugins that are off: their capacity is removed from the node.
