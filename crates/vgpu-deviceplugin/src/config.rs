@@ -131,6 +131,10 @@ pub struct PluginConfig {
     /// GPU index → minor number of `/dev/nvidia<minor>` (from the backend); a GPU missing here uses its
     /// index.
     pub device_minors: BTreeMap<u32, u32>,
+    /// The host's `/proc` as this process sees it (client-mode registry: caller PID → cgroup).
+    pub proc_root: PathBuf,
+    /// The host's cgroup mount (client-mode registry: the caller's `cgroup.procs`; cgroup version).
+    pub cgroup_root: PathBuf,
     /// The MIG instances the MIG plugins serve (from the backend, per `migStrategy`; see
     /// [`crate::mig::mig_devices`]).
     pub mig_devices: Vec<crate::mig::MigDevice>,
@@ -167,6 +171,8 @@ impl PluginConfig {
             stale_dir_grace: Duration::from_secs(120),
             device_minors: BTreeMap::new(),
             mig_devices: Vec::new(),
+            proc_root: PathBuf::from("/proc"),
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             watch_interval: Duration::from_secs(1),
             dial_timeout: Duration::from_secs(5),
             max_crashes: 5,
@@ -179,6 +185,18 @@ impl PluginConfig {
         let base =
             if self.gates.enabled(CoreGate::DevicePluginClientMode) { 200 } else { self.cgroup_mode.bits() };
         if self.settings.open_kernel_modules { base | 100 } else { base }
+    }
+
+    /// The client-mode registry's settings (gate `DevicePluginClientMode`).
+    pub fn registry(&self) -> crate::registry::RegistryConfig {
+        crate::registry::RegistryConfig {
+            manager_dir: self.manager_dir.clone(),
+            proc_root: self.proc_root.clone(),
+            cgroup_root: self.cgroup_root.clone(),
+            cgroup_driver: self.settings.cgroup_driver,
+            poll_interval: Duration::from_millis(40),
+            poll_timeout: Duration::from_secs(60),
+        }
     }
 
     /// `<device-plugin-path>/kubelet_internal_checkpoint`.

@@ -140,6 +140,18 @@ impl Daemon {
         };
         let publishing = tokio::spawn(publisher.run(stopped(stop_rx.clone())));
 
+        let registry = if config.gates.enabled(CoreGate::DevicePluginClientMode) {
+            match crate::registry::serve_registry(config.registry()) {
+                Ok(r) => Some(r),
+                Err(err) => {
+                    let _ = stop_tx.send(true);
+                    health.abort();
+                    return Err(err);
+                }
+            }
+        } else {
+            None
+        };
         let shared = Arc::new(config.clone());
         let mut shutdown = std::pin::pin!(shutdown);
         let result = loop {
@@ -162,6 +174,9 @@ impl Daemon {
             }
         };
         tracing::info!("shutting down");
+        if let Some(registry) = registry {
+            registry.stop().await;
+        }
         let _ = stop_tx.send(true);
         if let Err(err) = publishing.await {
             tracing::warn!(%err, "node publisher task failed");

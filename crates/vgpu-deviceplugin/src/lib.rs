@@ -10,6 +10,7 @@
 //! | [`vnumber`] | the `vgpu-number` plugin: `<uuid>::<i>` devices, preferred allocation, `Allocate`, `PreStartContainer` |
 //! | [`service`] | the generated `DevicePlugin` trait over a handler: translation and the `ListAndWatch` stream |
 //! | [`server`] | serving one handler on a unix socket |
+//! | [`registry`] | client mode (gate `DevicePluginClientMode`): `VDeviceRegistry` on `registry/socket.sock`, caller PIDs → `pids.config` |
 //! | [`registration`] | unix-socket gRPC clients: probe our socket, `Register` with the kubelet |
 //! | [`manager`] | [`PluginManager`](manager::PluginManager): serve + register every plugin, re-register when `kubelet.sock` is re-created, bounded crash restarts |
 //! | [`inventory`] | the advertised GPUs (settings applied) and their health from the backend's event stream |
@@ -79,6 +80,7 @@ pub mod mig;
 pub mod plugin;
 pub mod publisher;
 pub mod registration;
+pub mod registry;
 pub mod server;
 pub mod service;
 pub mod vnumber;
