@@ -92,6 +92,9 @@ struct Cli {
     /// The driver uses the open kernel modules (OpenKernel bit of `MANAGER_COMPATIBILITY_MODE`).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
     open_kernel_modules: bool,
+    /// Where the node's CDI spec is written when a CDI device-list strategy is selected.
+    #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
+    cdi_root: PathBuf,
     /// Prefix of the `cdi-annotations` keys.
     #[arg(long, default_value = DEFAULT_CDI_ANNOTATION_PREFIX)]
     cdi_annotation_prefix: String,
@@ -188,6 +191,7 @@ fn plugin_config(cli: &Cli, node: String, settings: NodeSettings, domain: Resour
     config.host_driver_root.clone_from(&cli.host_driver_root);
     config.device_root.clone_from(&cli.container_driver_root);
     config.cdi_annotation_prefix.clone_from(&cli.cdi_annotation_prefix);
+    config.cdi_root.clone_from(&cli.cdi_root);
     config.pod_resources_socket.clone_from(&cli.pod_resources_socket);
     config.cgroup_mode = CgroupMode::detect(Path::new("/sys/fs/cgroup"));
     config.domain = domain;
@@ -328,6 +332,7 @@ mod tests {
             "--manager-dir=/mnt/mgr",
             "--host-manager-dir=/var/lib/vgpu",
             "--cdi-annotation-prefix=example.com/",
+            "--cdi-root=/etc/cdi",
             "--kubelet-root",
             kubelet_root,
             "--device-list-strategy=envvar,cdi-annotations",
@@ -341,6 +346,7 @@ mod tests {
         assert_eq!(config.manager_dir, Path::new("/mnt/mgr"));
         assert_eq!(config.host_manager_dir, Path::new("/var/lib/vgpu"));
         assert_eq!(config.cdi_annotation_prefix, "example.com/");
+        assert_eq!(config.cdi_root, Path::new("/etc/cdi"));
         assert_eq!(config.settings.cgroup_driver, CgroupDriver::Cgroupfs);
         assert_eq!(config.compatibility_mode() / 100, 1, "open kernel modules set the OpenKernel bit");
         // An explicit driver wins over detection.

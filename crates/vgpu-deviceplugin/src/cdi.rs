@@ -1,4 +1,4 @@
-//! CDI device names and the `cdi-annotations` device-list strategy (contract §5.2).
+//! CDI device names, the `cdi-annotations` device-list strategy (contract §5.2) and the node CDI spec.
 //!
 //! With `cdi-annotations` a container's devices reach the runtime as one annotation of the
 //! `ContainerAllocateResponse`, in the form the CDI annotation convention defines (the NVIDIA device plugin
@@ -27,6 +27,66 @@ pub const VGPU_PLUGIN_NAME: &str = "vgpu-device-plugin";
 pub const MIG_PLUGIN_NAME: &str = "vgpu-mig-plugin";
 /// Longest name part (`<plugin-name>_<id>`) of an annotation key.
 pub const MAX_NAME_LEN: usize = 63;
+
+/// CDI spec version written by [`node_spec`].
+pub const SPEC_VERSION: &str = "0.5.0";
+/// File name of the node's spec under the CDI root.
+pub const SPEC_FILE: &str = "k8s.device-plugin.nvidia.com-gpu.json";
+
+/// One CDI device of the node spec: its name (a GPU or MIG UUID) and its device nodes (container paths).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecDevice {
+    /// Device name (`<uuid>`): the part after `=` of the qualified name.
+    pub name: String,
+    /// Device nodes, container paths (`/dev/nvidia0`, `/dev/nvidia-caps/nvidia-cap12`).
+    pub nodes: Vec<String>,
+}
+
+/// The node's CDI spec (JSON) for kind [`GPU_KIND`]: one device per GPU / MIG instance with its device
+/// nodes, and the control nodes in the spec-wide edits. Host paths are under `host_driver_root`.
+///
+/// Only device nodes are described: driver libraries and hooks (what nvidia-container-toolkit's `nvcdi`
+/// adds) are not, so the runtime or the image must provide the user-space driver.
+pub fn node_spec(
+    devices: &[SpecDevice],
+    control_nodes: &[String],
+    host_driver_root: &std::path::Path,
+) -> serde_json::Value {
+    let node = |path: &String| {
+        serde_json::json!({
+            "path": path,
+            "hostPath": host_driver_root.join(path.trim_start_matches('/')).display().to_string(),
+        })
+    };
+    serde_json::json!({
+        "cdiVersion": SPEC_VERSION,
+        "kind": GPU_KIND,
+        "devices": devices.iter().map(|d| serde_json::json!({
+            "name": d.name,
+            "containerEdits": { "deviceNodes": d.nodes.iter().map(node).collect::<Vec<_>>() },
+        })).collect::<Vec<_>>(),
+        "containerEdits": { "deviceNodes": control_nodes.iter().map(node).collect::<Vec<_>>() },
+    })
+}
+
+/// Writes [`node_spec`] to `<cdi_root>/`[`SPEC_FILE`] atomically (creating `cdi_root`).
+pub fn write_node_spec(
+    cdi_root: &std::path::Path,
+    devices: &[SpecDevice],
+    control_nodes: &[String],
+    host_driver_root: &std::path::Path,
+) -> Result<std::path::PathBuf, vgpu_core::abi::AbiError> {
+    let path = cdi_root.join(SPEC_FILE);
+    std::fs::create_dir_all(cdi_root).map_err(|source| vgpu_core::abi::AbiError::Io {
+        path: cdi_root.to_path_buf(),
+        action: "create CDI directory",
+        source,
+    })?;
+    let text =
+        serde_json::to_vec_pretty(&node_spec(devices, control_nodes, host_driver_root)).unwrap_or_default();
+    vgpu_core::abi::atomic::write_atomic(&path, &text, 0o644)?;
+    Ok(path)
+}
 
 /// A CDI annotation cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -114,5 +174,35 @@ mod tests {
         assert_eq!(k, "c/p_1");
         assert_eq!(v, "k8s.device-plugin.nvidia.com/gpu=GPU-a,k8s.device-plugin.nvidia.com/gpu=GPU-b");
         assert_eq!(annotation("c/", "p", "1", &[]), Err(CdiError::NoDevices("c/p_1".into())));
+    }
+
+    #[test]
+    fn node_spec_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let devices = vec![
+            SpecDevice { name: "GPU-a".into(), nodes: vec!["/dev/nvidia3".into()] },
+            SpecDevice {
+                name: "MIG-x".into(),
+                nodes: vec!["/dev/nvidia3".into(), "/dev/nvidia-caps/nvidia-cap12".into()],
+            },
+        ];
+        let root = dir.path().join("cdi");
+        let path = write_node_spec(
+            &root,
+            &devices,
+            &["/dev/nvidiactl".into()],
+            std::path::Path::new("/run/nvidia/driver"),
+        )
+        .unwrap();
+        assert_eq!(path, root.join("k8s.device-plugin.nvidia.com-gpu.json"));
+        let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(spec["cdiVersion"], "0.5.0");
+        assert_eq!(spec["kind"], "k8s.device-plugin.nvidia.com/gpu");
+        assert_eq!(spec["devices"][0]["name"], "GPU-a");
+        assert_eq!(
+            spec["devices"][1]["containerEdits"]["deviceNodes"][1],
+            serde_json::json!({"path": "/dev/nvidia-caps/nvidia-cap12", "hostPath": "/run/nvidia/driver/dev/nvidia-caps/nvidia-cap12"})
+        );
+        assert_eq!(spec["containerEdits"]["deviceNodes"][0]["path"], "/dev/nvidiactl");
     }
 }

@@ -121,6 +121,9 @@ pub struct PluginConfig {
     pub host_driver_root: PathBuf,
     /// `--cdi-annotation-prefix`: prefix of the `cdi-annotations` keys (default `cdi.k8s.io/`).
     pub cdi_annotation_prefix: String,
+    /// `--cdi-root`: where the node's CDI spec is written when a CDI strategy is selected
+    /// (default `/var/run/cdi`).
+    pub cdi_root: PathBuf,
     /// The kubelet pod-resources socket `PreStartContainer` lists containers on.
     pub pod_resources_socket: PathBuf,
     /// Limit of the pod-resources `List` call (upstream 5 s).
@@ -166,6 +169,7 @@ impl PluginConfig {
             device_root: PathBuf::from("/"),
             host_driver_root: PathBuf::from("/"),
             cdi_annotation_prefix: DEFAULT_CDI_ANNOTATION_PREFIX.to_owned(),
+            cdi_root: PathBuf::from("/var/run/cdi"),
             pod_resources_socket: PathBuf::from(crate::POD_RESOURCES_SOCKET),
             pod_resources_timeout: Duration::from_secs(5),
             stale_dir_grace: Duration::from_secs(120),

@@ -8,17 +8,21 @@ use tokio::sync::{mpsc, watch};
 use vgpu_core::{
     abi::vgpu_config::CudaVersion,
     backend::{DeviceBackend, DriverVersions},
+    model::GpuDevice,
+    node_config::DeviceListStrategy,
 };
 use vgpu_gates::CoreGate;
 
 use crate::{
     build_handlers,
+    cdi::SpecDevice,
     cluster::{ClusterClient, NodeClient},
     config::PluginConfig,
     error::ServerError,
     inventory::{DeviceState, node_devices},
     manager::PluginManager,
     publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
+    vnumber::CONTROL_DEVICES,
 };
 
 /// Copies the backend's driver versions into the configuration `vgpu.config` is written from (a CUDA
@@ -30,6 +34,36 @@ pub fn apply_driver_versions(config: &mut PluginConfig, versions: &DriverVersion
     {
         config.cuda_version = CudaVersion { major, minor };
     }
+}
+
+/// The node's CDI devices (each non-MIG GPU with `/dev/nvidia<minor>`, each served MIG instance with its
+/// nodes) and the control nodes present under the container driver root.
+pub fn cdi_spec_devices(config: &PluginConfig, gpus: &[GpuDevice]) -> (Vec<SpecDevice>, Vec<String>) {
+    let control: Vec<String> = CONTROL_DEVICES
+        .iter()
+        .filter(|p| config.device_root.join(p.trim_start_matches('/')).exists())
+        .map(|p| (*p).to_owned())
+        .collect();
+    let mut devices: Vec<SpecDevice> = gpus
+        .iter()
+        .filter(|g| !g.mig_enabled)
+        .map(|g| SpecDevice {
+            name: g.uuid.clone(),
+            nodes: vec![format!(
+                "/dev/nvidia{}",
+                config.device_minors.get(&g.index).copied().unwrap_or(g.index)
+            )],
+        })
+        .collect();
+    for d in &config.mig_devices {
+        let nodes = crate::mig::mig_device_specs(config, &[d])
+            .into_iter()
+            .map(|s| s.container_path)
+            .filter(|p| !control.contains(p))
+            .collect();
+        devices.push(SpecDevice { name: d.uuid.clone(), nodes });
+    }
+    (devices, control)
 }
 
 /// The device-plugin process.
@@ -109,6 +143,21 @@ impl Daemon {
         let devices = node_devices(&self.backend.devices()?, &config.settings);
         tracing::info!(node = %config.node_name, backend = self.backend.name(), gpus = devices.len(), "devices discovered");
         let state = DeviceState::new(devices, &config.settings);
+        if config
+            .settings
+            .device_list_strategy
+            .iter()
+            .any(|s| matches!(s, DeviceListStrategy::CdiAnnotations | DeviceListStrategy::CdiCri))
+        {
+            let (devices, control) = cdi_spec_devices(config, &state.devices());
+            match crate::cdi::write_node_spec(&config.cdi_root, &devices, &control, &config.host_driver_root)
+            {
+                Ok(path) => {
+                    tracing::info!(spec = %path.display(), devices = devices.len(), "CDI spec written")
+                }
+                Err(err) => tracing::warn!(%err, "could not write the CDI spec"),
+            }
+        }
         let health = tokio::spawn(state.clone().watch_backend(self.backend.health_events()?));
 
         let mut publisher = NodePublisher::new(

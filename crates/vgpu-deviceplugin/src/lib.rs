@@ -15,7 +15,7 @@
 //! | [`manager`] | [`PluginManager`](manager::PluginManager): serve + register every plugin, re-register when `kubelet.sock` is re-created, bounded crash restarts |
 //! | [`inventory`] | the advertised GPUs (settings applied) and their health from the backend's event stream |
 //! | [`ids`] | kubelet device ID formats |
-//! | [`cdi`] | CDI device names and the `cdi-annotations` keys |
+//! | [`cdi`] | CDI device names, the `cdi-annotations` keys, the node CDI spec (device nodes) |
 //! | [`locate`] | which container a `PreStartContainer` is for: pod-resources `List`, kubelet checkpoint; stale directory cleanup |
 //! | [`cluster`] | [`ClusterClient`](cluster::ClusterClient) (pods) and [`NodeClient`](cluster::NodeClient) (node publishing); [`InMemoryCluster`](cluster::InMemoryCluster) |
 //! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): both traits over a `kube::Client` |

@@ -68,6 +68,20 @@ async fn mixed_serves_one_plugin_per_profile() {
             ("nvidia-mig-3g.40gb.sock", "nvidia.com/mig-3g.40gb"),
         ]
     );
+    // The node's CDI spec: the non-MIG GPU and every MIG instance, with their device nodes.
+    let (cdi, control) = vgpu_deviceplugin::daemon::cdi_spec_devices(&config, &state.devices());
+    let names: Vec<(&str, Vec<&str>)> =
+        cdi.iter().map(|d| (d.name.as_str(), d.nodes.iter().map(String::as_str).collect())).collect();
+    assert_eq!(
+        names,
+        [
+            ("GPU-b", vec!["/dev/nvidia1"]),
+            ("MIG-x", vec!["/dev/nvidia2"]),
+            ("MIG-y", vec!["/dev/nvidia2"]),
+            ("MIG-z", vec!["/dev/nvidia2"]),
+        ]
+    );
+    assert!(control.is_empty());
     // The vnumber plugin skips the MIG-enabled GPU.
     assert!(handlers[0].devices(&state.devices()).iter().all(|d| d.id.starts_with("GPU-b::")));
 
