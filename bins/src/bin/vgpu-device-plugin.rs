@@ -3,20 +3,28 @@
 //! Thin wiring: parse flags → validate gates → build the configuration → open the backend and the
 //! Kubernetes client → run [`Daemon`] until SIGTERM/SIGINT (SIGHUP restarts the plugins).
 
-use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::Context;
 use clap::Parser;
 use vgpu_bins::{CoreGateArgs, configure_gates, init_tracing};
 use vgpu_core::{
     domain::ResourceDomain,
-    node_config::{DeviceListStrategy, ExcludeDevices, MigStrategy, NodeConfigFile, NodeSettings},
+    node_config::{
+        CgroupDriver, DeviceListStrategy, ExcludeDevices, MigStrategy, NodeConfigFile, NodeSettings,
+    },
 };
 use vgpu_deviceplugin::{
-    config::{DEFAULT_MANAGER_DIR, PluginConfig},
+    config::{
+        CgroupMode, DEFAULT_CDI_ANNOTATION_PREFIX, DEFAULT_MANAGER_DIR, PluginConfig, resolve_cgroup_driver,
+    },
     daemon::Daemon,
     kube_cluster::KubeCluster,
-    publisher::DriverLabels,
 };
 use vgpu_nvml::select::{BackendChoice, SelectOptions, open_backend};
 
@@ -60,9 +68,48 @@ struct Cli {
     /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// Host path of the manager directory.
+    /// Host path of the manager directory (the mount sources handed to containers).
     #[arg(long, env = "HOST_MANAGER_DIR", default_value = DEFAULT_MANAGER_DIR)]
     host_manager_dir: PathBuf,
+    /// Where this process sees the manager directory (the per-container files are written there).
+    #[arg(long, default_value = DEFAULT_MANAGER_DIR)]
+    manager_dir: PathBuf,
+    /// Limit of each Kubernetes API request in seconds (connect, read and write); 0 = no limit.
+    #[arg(long, default_value_t = 0)]
+    kube_timeout: u64,
+    /// The node's cgroup driver: cgroupfs or systemd; anything else detects it.
+    #[arg(long, env = "CGROUP_DRIVER", default_value = "")]
+    cgroup_driver: String,
+    /// Pass `NVIDIA_GDS=enabled` to vGPU containers.
+    #[arg(long, env = "GDS_ENABLED", num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
+    gds_enabled: bool,
+    /// Pass `NVIDIA_MOFED=enabled` to vGPU containers.
+    #[arg(long, env = "MOFED_ENABLED", num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
+    mofed_enabled: bool,
+    /// Pass `NVIDIA_GDRCOPY=enabled` to vGPU containers.
+    #[arg(long, env = "GDRCOPY_ENABLED", num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
+    gdrcopy_enabled: bool,
+    /// The driver uses the open kernel modules (OpenKernel bit of `MANAGER_COMPATIBILITY_MODE`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
+    open_kernel_modules: bool,
+    /// Where the node's CDI spec is written when a CDI device-list strategy is selected.
+    #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
+    cdi_root: PathBuf,
+    /// Prefix of the `cdi-annotations` keys.
+    #[arg(long, default_value = DEFAULT_CDI_ANNOTATION_PREFIX)]
+    cdi_annotation_prefix: String,
+    /// The driver root on the host (host side of the device nodes handed to containers).
+    #[arg(long, env = "NVIDIA_DRIVER_ROOT", default_value = "/")]
+    host_driver_root: PathBuf,
+    /// Where the host's driver root is mounted in this container (device nodes are looked for there).
+    #[arg(long, env = "DRIVER_ROOT_CTR_PATH", default_value = "/driver-root")]
+    container_driver_root: PathBuf,
+    /// The kubelet pod-resources socket (PreStartContainer finds containers through it).
+    #[arg(long, default_value = vgpu_deviceplugin::POD_RESOURCES_SOCKET)]
+    pod_resources_socket: PathBuf,
+    /// The kubelet's root directory (its config.yaml / kubeadm-flags.env tell the cgroup driver).
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    kubelet_root: PathBuf,
     /// Device backend: auto, nvml, metax or mock.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
@@ -88,8 +135,19 @@ fn settings(cli: &Cli) -> Result<NodeSettings, ExitCode> {
         device_cores_scaling: cli.device_cores_scaling,
         device_memory_scaling: cli.device_memory_scaling,
         device_memory_factor: cli.device_memory_factor,
+        cgroup_driver: CgroupDriver::parse(&cli.cgroup_driver),
+        gds_enabled: cli.gds_enabled,
+        mofed_enabled: cli.mofed_enabled,
+        gdrcopy_enabled: cli.gdrcopy_enabled,
+        open_kernel_modules: cli.open_kernel_modules,
         ..NodeSettings::default()
     };
+    if cli.cdi_annotation_prefix.is_empty() || !cli.cdi_annotation_prefix.ends_with('/') {
+        return Err(bad_flag(
+            "cdi-annotation-prefix",
+            format!("{:?} (expected a prefix ending in '/', e.g. cdi.k8s.io/)", cli.cdi_annotation_prefix),
+        ));
+    }
     if !cli.exclude_devices.trim().is_empty() {
         s.exclude_devices =
             cli.exclude_devices.parse::<ExcludeDevices>().map_err(|e| bad_flag("exclude-devices", e))?;
@@ -114,7 +172,36 @@ fn settings(cli: &Cli) -> Result<NodeSettings, ExitCode> {
     Ok(s)
 }
 
-async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+/// `--kube-timeout`: every API request's connect, read and write limit (0 leaves kube's defaults).
+fn apply_kube_timeout(config: &mut kube::Config, seconds: u64) {
+    if seconds > 0 {
+        let limit = Some(Duration::from_secs(seconds));
+        config.connect_timeout = limit;
+        config.read_timeout = limit;
+        config.write_timeout = limit;
+    }
+}
+
+/// The plugin configuration from the flags and the effective node settings.
+fn plugin_config(cli: &Cli, node: String, settings: NodeSettings, domain: ResourceDomain) -> PluginConfig {
+    let mut config = PluginConfig::new(node);
+    config.device_plugin_path.clone_from(&cli.device_plugin_path);
+    config.host_manager_dir.clone_from(&cli.host_manager_dir);
+    config.manager_dir.clone_from(&cli.manager_dir);
+    config.host_driver_root.clone_from(&cli.host_driver_root);
+    config.device_root.clone_from(&cli.container_driver_root);
+    config.cdi_annotation_prefix.clone_from(&cli.cdi_annotation_prefix);
+    config.cdi_root.clone_from(&cli.cdi_root);
+    config.pod_resources_socket.clone_from(&cli.pod_resources_socket);
+    config.cgroup_mode = CgroupMode::detect(Path::new("/sys/fs/cgroup"));
+    config.domain = domain;
+    config.settings = settings;
+    config.settings.cgroup_driver =
+        resolve_cgroup_driver(config.settings.cgroup_driver, &cli.kubelet_root, Path::new("/sys/fs/cgroup"));
+    config
+}
+
+async fn kube_client(kubeconfig: Option<&PathBuf>, timeout: u64) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
@@ -127,6 +214,8 @@ async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Clien
             "no Kubernetes configuration (not in a cluster, no --kubeconfig, no $KUBECONFIG or ~/.kube/config)",
         )?,
     };
+    let mut config = config;
+    apply_kube_timeout(&mut config, timeout);
     kube::Client::try_from(config).context("building the Kubernetes client")
 }
 
@@ -155,24 +244,15 @@ async fn run(
     for w in &opened.warnings {
         tracing::warn!("{w}");
     }
-    let client = kube_client(cli.kubeconfig.as_ref()).await?;
+    let client = kube_client(cli.kubeconfig.as_ref(), cli.kube_timeout).await?;
     let cluster = Arc::new(KubeCluster::new(client));
 
-    let mut config = PluginConfig::new(node);
-    config.device_plugin_path.clone_from(&cli.device_plugin_path);
-    config.host_manager_dir.clone_from(&cli.host_manager_dir);
-    config.domain = domain;
-    config.settings = settings;
+    let mut config = plugin_config(&cli, node, settings, domain);
     config.gates = gates;
-    let mut driver = DriverLabels::default();
-    if let Some(info) = &opened.driver {
-        config.driver_version.clone_from(&info.driver_version);
-        driver =
-            DriverLabels { driver_version: info.driver_version.clone(), cuda_version: info.cuda_version };
-    }
+    tracing::info!(cgroup_driver = ?config.settings.cgroup_driver, cgroup = ?config.cgroup_mode, "cgroup setup");
+    // Driver and CUDA versions (vgpu.config, node labels) come from the backend in Daemon::new.
     let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
     let mut daemon = Daemon::new(config, backend, cluster.clone(), cluster)?;
-    daemon.driver = driver;
     daemon.publisher.interval = Duration::from_secs(cli.node_publish_interval);
 
     let shutdown = shutdown_signal().await?;
@@ -224,5 +304,84 @@ fn main() -> ExitCode {
             eprintln!("vgpu-device-plugin: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("vgpu-device-plugin").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn flags_reach_the_plugin_configuration() {
+        let kubelet = tempfile::tempdir().unwrap();
+        std::fs::write(kubelet.path().join("config.yaml"), "cgroupDriver: cgroupfs\n").unwrap();
+        let kubelet_root = kubelet.path().to_str().unwrap();
+        let cli = parse(&[
+            "--gds-enabled",
+            "--mofed-enabled=true",
+            "--gdrcopy-enabled=false",
+            "--open-kernel-modules",
+            "--host-driver-root=/run/nvidia/driver",
+            "--container-driver-root=/drv",
+            "--manager-dir=/mnt/mgr",
+            "--host-manager-dir=/var/lib/vgpu",
+            "--cdi-annotation-prefix=example.com/",
+            "--cdi-root=/etc/cdi",
+            "--kubelet-root",
+            kubelet_root,
+            "--device-list-strategy=envvar,cdi-annotations",
+        ]);
+        let settings = settings(&cli).unwrap();
+        assert!(settings.gds_enabled && settings.mofed_enabled && !settings.gdrcopy_enabled);
+        assert!(settings.open_kernel_modules);
+        let config = plugin_config(&cli, "n1".into(), settings, ResourceDomain::default());
+        assert_eq!(config.host_driver_root, Path::new("/run/nvidia/driver"));
+        assert_eq!(config.device_root, Path::new("/drv"));
+        assert_eq!(config.manager_dir, Path::new("/mnt/mgr"));
+        assert_eq!(config.host_manager_dir, Path::new("/var/lib/vgpu"));
+        assert_eq!(config.cdi_annotation_prefix, "example.com/");
+        assert_eq!(config.cdi_root, Path::new("/etc/cdi"));
+        assert_eq!(config.settings.cgroup_driver, CgroupDriver::Cgroupfs);
+        assert_eq!(config.compatibility_mode() / 100, 1, "open kernel modules set the OpenKernel bit");
+        // An explicit driver wins over detection.
+        let cli = parse(&["--cgroup-driver=systemd", "--kubelet-root", kubelet_root]);
+        let config = plugin_config(&cli, "n1".into(), settings_ok(&cli), ResourceDomain::default());
+        assert_eq!(config.settings.cgroup_driver, CgroupDriver::Systemd);
+        // Defaults.
+        let cli = parse(&[]);
+        let config = plugin_config(&cli, "n1".into(), settings_ok(&cli), ResourceDomain::default());
+        assert_eq!(config.device_root, Path::new("/driver-root"));
+        assert_eq!(config.host_driver_root, Path::new("/"));
+        assert_eq!(config.cdi_annotation_prefix, "cdi.k8s.io/");
+        assert!(!config.settings.gds_enabled);
+    }
+
+    fn settings_ok(cli: &Cli) -> NodeSettings {
+        settings(cli).unwrap()
+    }
+
+    #[test]
+    fn bad_cdi_prefix_is_refused() {
+        assert!(settings(&parse(&["--cdi-annotation-prefix=cdi.k8s.io"])).is_err());
+    }
+
+    #[test]
+    fn kube_timeout_sets_every_request_limit() {
+        let mut config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        let before = (config.connect_timeout, config.read_timeout, config.write_timeout);
+        apply_kube_timeout(&mut config, 0);
+        assert_eq!((config.connect_timeout, config.read_timeout, config.write_timeout), before);
+        apply_kube_timeout(&mut config, 7);
+        let seven = Some(Duration::from_secs(7));
+        assert_eq!(
+            (config.connect_timeout, config.read_timeout, config.write_timeout),
+            (seven, seven, seven)
+        );
     }
 }

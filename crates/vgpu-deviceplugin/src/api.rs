@@ -1,4 +1,4 @@
-//! Generated gRPC code for the kubelet APIs the device plugin speaks.
+//! Generated gRPC code for the kubelet APIs the device plugin speaks, and the device registry it serves.
 //!
 //! The `.proto` files under `proto/` are our own, written from the upstream field tables
 //! (package, service, message and field names and numbers as upstream). The Rust code in
@@ -37,4 +37,18 @@ pub mod podresources {
         clippy::panic
     )]
     include!("gen/v1.rs");
+}
+
+/// The vgpu-manager device registry (package `registry`, gate `DevicePluginClientMode`):
+/// `VDeviceRegistry.RegisterContainerDevice`.
+pub mod registry {
+    #![allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic
+    )]
+    include!("gen/registry.rs");
 }

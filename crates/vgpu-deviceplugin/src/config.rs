@@ -1,13 +1,25 @@
 //! The resolved configuration the plugins run with (built once by the binary from flags, env and the node
 //! config file).
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
-use vgpu_core::{abi::vgpu_config::CudaVersion, domain::ResourceDomain, node_config::NodeSettings};
+use vgpu_core::{
+    abi::vgpu_config::CudaVersion,
+    domain::ResourceDomain,
+    node_config::{CgroupDriver, NodeSettings},
+};
 use vgpu_gates::{CoreGate, FeatureGates};
 
 /// Default `HOST_MANAGER_DIR`.
 pub const DEFAULT_MANAGER_DIR: &str = "/etc/vgpu-manager";
+/// Default `--cdi-annotation-prefix`.
+pub const DEFAULT_CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+/// The kubelet's device-manager checkpoint, inside the device-plugin directory.
+pub const KUBELET_CHECKPOINT: &str = "kubelet_internal_checkpoint";
 
 /// The cgroup bit of `MANAGER_COMPATIBILITY_MODE` (contract §7.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,6 +34,11 @@ pub enum CgroupMode {
 }
 
 impl CgroupMode {
+    /// cgroup v2 when `<cgroup_root>/cgroup.controllers` exists (the unified hierarchy), else v1.
+    pub fn detect(cgroup_root: &Path) -> Self {
+        if cgroup_root.join("cgroup.controllers").exists() { Self::V2 } else { Self::V1 }
+    }
+
     /// The bit value.
     pub fn bits(self) -> i32 {
         match self {
@@ -30,6 +47,43 @@ impl CgroupMode {
             Self::V2 => 2,
         }
     }
+}
+
+/// The cgroup driver of the node: `setting` when it is `cgroupfs` or `systemd`; otherwise (auto) the first
+/// of: `cgroupDriver:` in `<kubelet_root>/config.yaml`, `--cgroup-driver=` in
+/// `<kubelet_root>/kubeadm-flags.env`, the pod hierarchy under `cgroup_root` (`kubepods.slice` → systemd,
+/// `kubepods` → cgroupfs; also under the v1 `memory` controller); systemd (the kubeadm default) when
+/// nothing tells.
+pub fn resolve_cgroup_driver(setting: CgroupDriver, kubelet_root: &Path, cgroup_root: &Path) -> CgroupDriver {
+    if setting != CgroupDriver::Auto {
+        return setting;
+    }
+    let known = |v: &str| match CgroupDriver::parse(v.trim().trim_matches(|c| c == '"' || c == '\'')) {
+        CgroupDriver::Auto => None,
+        d => Some(d),
+    };
+    if let Ok(text) = std::fs::read_to_string(kubelet_root.join("config.yaml"))
+        && let Some(d) = text.lines().filter_map(|l| l.trim().strip_prefix("cgroupDriver:")).find_map(known)
+    {
+        return d;
+    }
+    if let Ok(text) = std::fs::read_to_string(kubelet_root.join("kubeadm-flags.env"))
+        && let Some(d) = text
+            .split(|c: char| c.is_whitespace() || c == '"' || c == '\'')
+            .filter_map(|w| w.strip_prefix("--cgroup-driver="))
+            .find_map(known)
+    {
+        return d;
+    }
+    for base in [cgroup_root.to_path_buf(), cgroup_root.join("memory")] {
+        if base.join("kubepods.slice").is_dir() {
+            return CgroupDriver::Systemd;
+        }
+        if base.join("kubepods").is_dir() {
+            return CgroupDriver::Cgroupfs;
+        }
+    }
+    CgroupDriver::Systemd
 }
 
 /// Everything the device plugins need, resolved and validated.
@@ -57,13 +111,36 @@ pub struct PluginConfig {
     pub cuda_version: CudaVersion,
     /// Driver version written to `vgpu.config`.
     pub driver_version: String,
-    /// Root under which the optional control device nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
-    /// `/dev/nvidia-uvm-tools`, `/dev/nvidia-modeset`) are looked for; only those present become
-    /// `DeviceSpecs` (default `/`).
+    /// `--container-driver-root` (`DRIVER_ROOT_CTR_PATH`): where the host's driver root is mounted in this
+    /// process's file system. The optional control device nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
+    /// `/dev/nvidia-uvm-tools`, `/dev/nvidia-modeset`) are looked for under it; only those present become
+    /// `DeviceSpecs` (default `/`, i.e. the plugin sees the host's `/dev`).
     pub device_root: PathBuf,
+    /// `--host-driver-root` (`NVIDIA_DRIVER_ROOT`): the driver root on the host; `DeviceSpecs` host paths
+    /// are `<host-driver-root>/dev/...` (default `/`).
+    pub host_driver_root: PathBuf,
+    /// `--cdi-annotation-prefix`: prefix of the `cdi-annotations` keys (default `cdi.k8s.io/`).
+    pub cdi_annotation_prefix: String,
+    /// `--cdi-root`: where the node's CDI spec is written when a CDI strategy is selected
+    /// (default `/var/run/cdi`).
+    pub cdi_root: PathBuf,
+    /// The kubelet pod-resources socket `PreStartContainer` lists containers on.
+    pub pod_resources_socket: PathBuf,
+    /// Limit of the pod-resources `List` call (upstream 5 s).
+    pub pod_resources_timeout: Duration,
+    /// Per-container directories under the manager dir whose pod no longer exists on the node are removed
+    /// once they are older than this (upstream's monitor: 2 min).
+    pub stale_dir_grace: Duration,
     /// GPU index → minor number of `/dev/nvidia<minor>` (from the backend); a GPU missing here uses its
     /// index.
     pub device_minors: BTreeMap<u32, u32>,
+    /// The host's `/proc` as this process sees it (client-mode registry: caller PID → cgroup).
+    pub proc_root: PathBuf,
+    /// The host's cgroup mount (client-mode registry: the caller's `cgroup.procs`; cgroup version).
+    pub cgroup_root: PathBuf,
+    /// The MIG instances the MIG plugins serve (from the backend, per `migStrategy`; see
+    /// [`crate::mig::mig_devices`]).
+    pub mig_devices: Vec<crate::mig::MigDevice>,
     /// How often `kubelet.sock` and our sockets are checked for re-creation (upstream uses fsnotify).
     pub watch_interval: Duration,
     /// Limit for dialing our own socket and for the `Register` call (upstream 5 s).
@@ -90,7 +167,16 @@ impl PluginConfig {
             cuda_version: CudaVersion::default(),
             driver_version: String::new(),
             device_root: PathBuf::from("/"),
+            host_driver_root: PathBuf::from("/"),
+            cdi_annotation_prefix: DEFAULT_CDI_ANNOTATION_PREFIX.to_owned(),
+            cdi_root: PathBuf::from("/var/run/cdi"),
+            pod_resources_socket: PathBuf::from(crate::POD_RESOURCES_SOCKET),
+            pod_resources_timeout: Duration::from_secs(5),
+            stale_dir_grace: Duration::from_secs(120),
             device_minors: BTreeMap::new(),
+            mig_devices: Vec::new(),
+            proc_root: PathBuf::from("/proc"),
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             watch_interval: Duration::from_secs(1),
             dial_timeout: Duration::from_secs(5),
             max_crashes: 5,
@@ -105,8 +191,60 @@ impl PluginConfig {
         if self.settings.open_kernel_modules { base | 100 } else { base }
     }
 
+    /// The client-mode registry's settings (gate `DevicePluginClientMode`).
+    pub fn registry(&self) -> crate::registry::RegistryConfig {
+        crate::registry::RegistryConfig {
+            manager_dir: self.manager_dir.clone(),
+            proc_root: self.proc_root.clone(),
+            cgroup_root: self.cgroup_root.clone(),
+            cgroup_driver: self.settings.cgroup_driver,
+            poll_interval: Duration::from_millis(40),
+            poll_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// `<device-plugin-path>/kubelet_internal_checkpoint`.
+    pub fn kubelet_checkpoint(&self) -> PathBuf {
+        self.device_plugin_path.join(KUBELET_CHECKPOINT)
+    }
+
     /// `<device-plugin-path>/kubelet.sock`.
     pub fn kubelet_socket(&self) -> PathBuf {
         self.device_plugin_path.join(crate::KUBELET_SOCKET)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_mode_and_driver_detection() {
+        let root = tempfile::tempdir().unwrap();
+        let (kubelet, cgroup) = (root.path().join("kubelet"), root.path().join("cgroup"));
+        std::fs::create_dir_all(&kubelet).unwrap();
+        std::fs::create_dir_all(&cgroup).unwrap();
+        assert_eq!(CgroupMode::detect(&cgroup), CgroupMode::V1);
+        std::fs::write(cgroup.join("cgroup.controllers"), "cpu memory").unwrap();
+        assert_eq!(CgroupMode::detect(&cgroup), CgroupMode::V2);
+
+        let resolve = |s| resolve_cgroup_driver(s, &kubelet, &cgroup);
+        assert_eq!(resolve(CgroupDriver::Cgroupfs), CgroupDriver::Cgroupfs);
+        // Nothing to go by: systemd.
+        assert_eq!(resolve(CgroupDriver::Auto), CgroupDriver::Systemd);
+        // The pod hierarchy (v1 memory controller).
+        std::fs::create_dir_all(cgroup.join("memory/kubepods")).unwrap();
+        assert_eq!(resolve(CgroupDriver::Auto), CgroupDriver::Cgroupfs);
+        // kubeadm flags beat the hierarchy.
+        std::fs::write(
+            kubelet.join("kubeadm-flags.env"),
+            "KUBELET_KUBEADM_ARGS=\"--cgroup-driver=systemd --pod-infra-container-image=x\"\n",
+        )
+        .unwrap();
+        assert_eq!(resolve(CgroupDriver::Auto), CgroupDriver::Systemd);
+        // The kubelet config beats everything.
+        std::fs::write(kubelet.join("config.yaml"), "kind: KubeletConfiguration\ncgroupDriver: cgroupfs\n")
+            .unwrap();
+        assert_eq!(resolve(CgroupDriver::Auto), CgroupDriver::Cgroupfs);
     }
 }

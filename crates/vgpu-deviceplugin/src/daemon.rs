@@ -5,18 +5,66 @@
 use std::{future::Future, sync::Arc};
 
 use tokio::sync::{mpsc, watch};
-use vgpu_core::backend::DeviceBackend;
+use vgpu_core::{
+    abi::vgpu_config::CudaVersion,
+    backend::{DeviceBackend, DriverVersions},
+    model::GpuDevice,
+    node_config::DeviceListStrategy,
+};
 use vgpu_gates::CoreGate;
 
 use crate::{
     build_handlers,
+    cdi::SpecDevice,
     cluster::{ClusterClient, NodeClient},
     config::PluginConfig,
     error::ServerError,
     inventory::{DeviceState, node_devices},
     manager::PluginManager,
     publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
+    vnumber::CONTROL_DEVICES,
 };
+
+/// Copies the backend's driver versions into the configuration `vgpu.config` is written from (a CUDA
+/// version that does not fit `i32` is left unset).
+pub fn apply_driver_versions(config: &mut PluginConfig, versions: &DriverVersions) {
+    config.driver_version.clone_from(&versions.driver_version);
+    if let Some((major, minor)) = versions.cuda_version
+        && let (Ok(major), Ok(minor)) = (i32::try_from(major), i32::try_from(minor))
+    {
+        config.cuda_version = CudaVersion { major, minor };
+    }
+}
+
+/// The node's CDI devices (each non-MIG GPU with `/dev/nvidia<minor>`, each served MIG instance with its
+/// nodes) and the control nodes present under the container driver root.
+pub fn cdi_spec_devices(config: &PluginConfig, gpus: &[GpuDevice]) -> (Vec<SpecDevice>, Vec<String>) {
+    let control: Vec<String> = CONTROL_DEVICES
+        .iter()
+        .filter(|p| config.device_root.join(p.trim_start_matches('/')).exists())
+        .map(|p| (*p).to_owned())
+        .collect();
+    let mut devices: Vec<SpecDevice> = gpus
+        .iter()
+        .filter(|g| !g.mig_enabled)
+        .map(|g| SpecDevice {
+            name: g.uuid.clone(),
+            nodes: vec![format!(
+                "/dev/nvidia{}",
+                config.device_minors.get(&g.index).copied().unwrap_or(g.index)
+            )],
+        })
+        .collect();
+    for d in &config.mig_devices {
+        let nodes = crate::mig::mig_device_specs(config, &[d])
+            .into_iter()
+            .map(|s| s.container_path)
+            .filter(|p| !control.contains(p))
+            .collect();
+        devices.push(SpecDevice { name: d.uuid.clone(), nodes });
+    }
+    (devices, control)
+}
 
 /// The device-plugin process.
 pub struct Daemon {
@@ -41,7 +89,11 @@ impl std::fmt::Debug for Daemon {
 }
 
 impl Daemon {
-    /// Wires a daemon; reads the GPUs' minor numbers from the backend.
+    /// Wires a daemon; reads the GPUs' minor numbers, the MIG instances to serve (fails when `migStrategy:
+    /// single` finds a non-uniform node) and the driver versions from the backend. The driver
+    /// and CUDA versions go to `vgpu.config` ([`PluginConfig::driver_version`],
+    /// [`PluginConfig::cuda_version`]) and to the node labels ([`Daemon::driver`]); a backend that reports
+    /// none leaves them as configured.
     pub fn new(
         mut config: PluginConfig,
         backend: Arc<dyn DeviceBackend>,
@@ -51,14 +103,20 @@ impl Daemon {
         for gpu in backend.devices()? {
             config.device_minors.insert(gpu.index, backend.minor_number(gpu.index)?);
         }
-        Ok(Self {
-            config,
-            backend,
-            cluster,
-            nodes,
-            publisher: PublisherConfig::default(),
-            driver: DriverLabels::default(),
-        })
+        config.mig_devices = crate::mig::mig_devices(backend.as_ref(), config.settings.mig_strategy)?;
+        let mut driver = DriverLabels::default();
+        match backend.driver_versions() {
+            Ok(Some(versions)) => {
+                apply_driver_versions(&mut config, &versions);
+                driver = DriverLabels {
+                    driver_version: versions.driver_version,
+                    cuda_version: versions.cuda_version,
+                };
+            }
+            Ok(None) => {}
+            Err(err) => tracing::warn!(%err, "driver versions unavailable"),
+        }
+        Ok(Self { config, backend, cluster, nodes, publisher: PublisherConfig::default(), driver })
     }
 
     /// Resources of gated plugins that are off: their capacity is removed from the node.
@@ -85,6 +143,21 @@ impl Daemon {
         let devices = node_devices(&self.backend.devices()?, &config.settings);
         tracing::info!(node = %config.node_name, backend = self.backend.name(), gpus = devices.len(), "devices discovered");
         let state = DeviceState::new(devices, &config.settings);
+        if config
+            .settings
+            .device_list_strategy
+            .iter()
+            .any(|s| matches!(s, DeviceListStrategy::CdiAnnotations | DeviceListStrategy::CdiCri))
+        {
+            let (devices, control) = cdi_spec_devices(config, &state.devices());
+            match crate::cdi::write_node_spec(&config.cdi_root, &devices, &control, &config.host_driver_root)
+            {
+                Ok(path) => {
+                    tracing::info!(spec = %path.display(), devices = devices.len(), "CDI spec written")
+                }
+                Err(err) => tracing::warn!(%err, "could not write the CDI spec"),
+            }
+        }
         let health = tokio::spawn(state.clone().watch_backend(self.backend.health_events()?));
 
         let mut publisher = NodePublisher::new(
@@ -116,6 +189,18 @@ impl Daemon {
         };
         let publishing = tokio::spawn(publisher.run(stopped(stop_rx.clone())));
 
+        let registry = if config.gates.enabled(CoreGate::DevicePluginClientMode) {
+            match crate::registry::serve_registry(config.registry()) {
+                Ok(r) => Some(r),
+                Err(err) => {
+                    let _ = stop_tx.send(true);
+                    health.abort();
+                    return Err(err);
+                }
+            }
+        } else {
+            None
+        };
         let shared = Arc::new(config.clone());
         let mut shutdown = std::pin::pin!(shutdown);
         let result = loop {
@@ -138,6 +223,9 @@ impl Daemon {
             }
         };
         tracing::info!("shutting down");
+        if let Some(registry) = registry {
+            registry.stop().await;
+        }
         let _ = stop_tx.send(true);
         if let Err(err) = publishing.await {
             tracing::warn!(%err, "node publisher task failed");

@@ -6,13 +6,17 @@
 //! |---|---|
 //! | [`api`] | generated tonic/prost code: device-plugin `v1beta1`, pod-resources `v1` |
 //! | [`plugin`] | [`PluginHandler`](plugin::PluginHandler), the thin internal trait behind the generated `DevicePlugin` trait; the vcore / vmemory plugins |
+//! | [`mig`] | the MIG plugins (`--mig-strategy single|mixed`): one per profile, `<domain>/mig-<profile>` |
 //! | [`vnumber`] | the `vgpu-number` plugin: `<uuid>::<i>` devices, preferred allocation, `Allocate`, `PreStartContainer` |
 //! | [`service`] | the generated `DevicePlugin` trait over a handler: translation and the `ListAndWatch` stream |
 //! | [`server`] | serving one handler on a unix socket |
+//! | [`registry`] | client mode (gate `DevicePluginClientMode`): `VDeviceRegistry` on `registry/socket.sock`, caller PIDs → `pids.config` |
 //! | [`registration`] | unix-socket gRPC clients: probe our socket, `Register` with the kubelet |
 //! | [`manager`] | [`PluginManager`](manager::PluginManager): serve + register every plugin, re-register when `kubelet.sock` is re-created, bounded crash restarts |
 //! | [`inventory`] | the advertised GPUs (settings applied) and their health from the backend's event stream |
 //! | [`ids`] | kubelet device ID formats |
+//! | [`cdi`] | CDI device names, the `cdi-annotations` keys, the node CDI spec (device nodes) |
+//! | [`locate`] | which container a `PreStartContainer` is for: pod-resources `List`, kubelet checkpoint; stale directory cleanup |
 //! | [`cluster`] | [`ClusterClient`](cluster::ClusterClient) (pods) and [`NodeClient`](cluster::NodeClient) (node publishing); [`InMemoryCluster`](cluster::InMemoryCluster) |
 //! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): both traits over a `kube::Client` |
 //! | [`publisher`] | [`NodePublisher`](publisher::NodePublisher): node annotations, driver labels, stale resource removal |
@@ -62,6 +66,7 @@ use vgpu_core::node_config::MigStrategy;
 use vgpu_gates::CoreGate;
 
 pub mod api;
+pub mod cdi;
 pub mod cluster;
 pub mod config;
 pub mod daemon;
@@ -69,10 +74,13 @@ pub mod error;
 pub mod ids;
 pub mod inventory;
 pub mod kube_cluster;
+pub mod locate;
 pub mod manager;
+pub mod mig;
 pub mod plugin;
 pub mod publisher;
 pub mod registration;
+pub mod registry;
 pub mod server;
 pub mod service;
 pub mod vnumber;
@@ -95,8 +103,9 @@ pub fn feature_gates() -> &'static vgpu_gates::Registry<vgpu_gates::CoreGate> {
     vgpu_gates::device_plugin()
 }
 
-/// The plugins this configuration serves, in order: vnumber (unless `migStrategy: single`), vcore (gate
-/// `GPUCoreResourcePlugin`), vmemory (gate `GPUMemoryResourcePlugin`).
+/// The plugins this configuration serves, in order: vnumber (unless `migStrategy: single`), one MIG plugin
+/// per profile of `config.mig_devices` (unless `migStrategy: none`), vcore (gate `GPUCoreResourcePlugin`),
+/// vmemory (gate `GPUMemoryResourcePlugin`).
 pub fn build_handlers(
     config: &Arc<config::PluginConfig>,
     state: &inventory::DeviceState,
@@ -105,6 +114,11 @@ pub fn build_handlers(
     let mut handlers: Vec<Arc<dyn plugin::PluginHandler>> = Vec::new();
     if config.settings.mig_strategy != MigStrategy::Single {
         handlers.push(Arc::new(vnumber::VgpuNumberPlugin::new(Arc::clone(config), state.clone(), cluster)));
+    }
+    if config.settings.mig_strategy != MigStrategy::None {
+        for plugin in mig::mig_plugins(config, &config.mig_devices) {
+            handlers.push(Arc::new(plugin));
+        }
     }
     if config.gates.enabled(CoreGate::GPUCoreResourcePlugin) {
         handlers.push(Arc::new(plugin::ResourcePlugin::cores(&config.domain)));

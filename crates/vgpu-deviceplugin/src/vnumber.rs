@@ -5,7 +5,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    path::{Path, PathBuf},
+    path::Path,
     sync::Arc,
 };
 
@@ -27,11 +27,13 @@ use crate::{
         PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
         PreferredAllocationResponse,
     },
+    cdi,
     cluster::{ClusterClient, PHASE_FAILED, PHASE_SUCCEEDED, PodInfo, PodPatch},
     config::PluginConfig,
     error::PluginError,
     ids,
     inventory::DeviceState,
+    locate::{self, LocatedContainer, PodKey},
     plugin::{PluginHandler, default_preferred_allocation, health_text, topology},
 };
 
@@ -44,18 +46,20 @@ pub const CONTAINER_CONFIG_DIR: &str = "/etc/vgpu-manager/config";
 /// Container-side root of the volume-mounts device list.
 pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
 /// CDI kind of the GPUs the device plugin hands out.
-pub const CDI_KIND: &str = "k8s.device-plugin.nvidia.com/gpu";
+pub const CDI_KIND: &str = cdi::GPU_KIND;
 
 /// Control device nodes passed to every vGPU container when present (contract §5.2).
 pub const CONTROL_DEVICES: [&str; 4] =
     ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"];
 
 /// The `DeviceSpecs` (rw) of a container: `/dev/nvidia<minor>` per claimed GPU (minor from
-/// `config.device_minors`, else the index), then the [`CONTROL_DEVICES`] present under `config.device_root`.
+/// `config.device_minors`, else the index), then the [`CONTROL_DEVICES`] present under
+/// `config.device_root` (`--container-driver-root`). Host paths are under `config.host_driver_root`
+/// (`--host-driver-root`); container paths are the plain `/dev/...` paths.
 pub fn device_specs(config: &PluginConfig, gpu_indices: &[u32]) -> Vec<DeviceSpec> {
     let spec = |path: String| DeviceSpec {
-        container_path: path.clone(),
-        host_path: path,
+        host_path: config.host_driver_root.join(path.trim_start_matches('/')).display().to_string(),
+        container_path: path,
         permissions: "rw".to_owned(),
     };
     let mut specs: Vec<DeviceSpec> = gpu_indices
@@ -283,8 +287,17 @@ impl VgpuNumberPlugin {
                 mounts.push(mount(&format!("{VOLUME_MOUNTS_ROOT}/{uuid}"), Path::new("/dev/null"), true));
             }
         }
+        let qualified: Vec<String> = uuids.iter().map(|u| cdi::gpu_device(u)).collect();
         if strategies.contains(&DeviceListStrategy::CdiCri) {
-            cdi_devices = uuids.iter().map(|u| CdiDevice { name: format!("{CDI_KIND}={u}") }).collect();
+            cdi_devices = qualified.iter().map(|name| CdiDevice { name: name.clone() }).collect();
+        }
+        let mut annotations = HashMap::new();
+        if strategies.contains(&DeviceListStrategy::CdiAnnotations) {
+            // One key per pod: the annotations of a response apply to its container only.
+            let (key, value) =
+                cdi::annotation(&cfg.cdi_annotation_prefix, cdi::VGPU_PLUGIN_NAME, &pod.uid, &qualified)
+                    .map_err(|e| e.to_string())?;
+            annotations.insert(key, value);
         }
 
         let host = &cfg.host_manager_dir;
@@ -318,6 +331,24 @@ impl VgpuNumberPlugin {
         }
         devices_json::write(&local_dir.join(devices_json::FILE_NAME), device_ids)
             .map_err(|e| e.to_string())?;
+        let config_path = local_dir.join("config").join(vgpu_config::FILE_NAME);
+        remove_if_present(&config_path)?;
+        self.write_vgpu_config(&config_path, pod, claim, gpus)?;
+
+        Ok(ContainerAllocateResponse { envs, mounts, devices: device_nodes, annotations, cdi_devices })
+    }
+
+    /// Builds the container's `vgpu.config` (contract §7.1) and writes it atomically to `path`.
+    fn write_vgpu_config(
+        &self,
+        path: &Path,
+        pod: &PodInfo,
+        claim: &ContainerDeviceClaim,
+        gpus: &[GpuDevice],
+    ) -> Result<(), String> {
+        let cfg = &self.config;
+        let env_of = pod.containers.iter().find(|c| c.name == claim.name).map(|c| &c.env);
+        let env_flag = |key: &str| env_of.and_then(|e| e.get(key)).is_some_and(|v| is_truthy(v));
         let identity = ContainerIdentity {
             pod_uid: pod.uid.clone(),
             pod_name: pod.name.clone(),
@@ -326,28 +357,134 @@ impl VgpuNumberPlugin {
             register_uuid: String::new(),
         };
         let options = BuildOptions {
-            memory_scaling: settings.device_memory_scaling,
-            compute_policy: policy,
+            memory_scaling: cfg.settings.device_memory_scaling,
+            compute_policy: self.compute_policy(pod),
             memory_oversold: env_flag("CUDA_MEM_OVERSOLD"),
             compatibility_mode: cfg.compatibility_mode(),
-            sm_watcher: gates.enabled(CoreGate::SharedSMUtilizationWatcher),
-            vmem_node: gates.enabled(CoreGate::VirtualMemoryTracking),
+            sm_watcher: cfg.gates.enabled(CoreGate::SharedSMUtilizationWatcher),
+            vmem_node: cfg.gates.enabled(CoreGate::VirtualMemoryTracking),
             cuda_version: cfg.cuda_version,
             driver_version: cfg.driver_version.clone(),
         };
         let config =
             VgpuConfig::build(&identity, &options, &claim.devices, gpus).map_err(|e| e.to_string())?;
-        let config_path = local_dir.join("config").join(vgpu_config::FILE_NAME);
-        remove_if_present(&config_path)?;
-        vgpu_config::write(&config_path, &config).map_err(|e| e.to_string())?;
+        vgpu_config::write(path, &config).map_err(|e| e.to_string())
+    }
 
-        Ok(ContainerAllocateResponse {
-            envs,
-            mounts,
-            devices: device_nodes,
-            annotations: HashMap::new(),
-            cdi_devices,
-        })
+    /// The container `PreStartContainer` is called for: pod-resources `List` first, then the kubelet
+    /// checkpoint.
+    async fn locate(&self, ids: &[String]) -> Result<LocatedContainer, String> {
+        let cfg = &self.config;
+        let mut tried = Vec::new();
+        match locate::list_pod_resources(&cfg.pod_resources_socket, cfg.pod_resources_timeout).await {
+            Ok(list) => match locate::find_in_pod_resources(&list, &self.resource_name, ids) {
+                Some(found) => return Ok(found),
+                None => tried.push(format!(
+                    "pod-resources on {} lists no container holding exactly these devices",
+                    cfg.pod_resources_socket.display()
+                )),
+            },
+            Err(err) => tried.push(err.to_string()),
+        }
+        match locate::read_checkpoint(&cfg.kubelet_checkpoint()) {
+            Ok(entries) => match locate::find_in_checkpoint(&entries, &self.resource_name, ids) {
+                Some(found) => return Ok(found),
+                None => tried.push(format!(
+                    "{} has no {} entry holding exactly these devices",
+                    cfg.kubelet_checkpoint().display(),
+                    self.resource_name
+                )),
+            },
+            Err(err) => tried.push(err.to_string()),
+        }
+        Err(format!("no container was allocated devices {ids:?}: {}", tried.join("; ")))
+    }
+
+    async fn node_pods(&self) -> Result<Vec<PodInfo>, String> {
+        self.cluster()?.list_node_pods(&self.config.node_name).await.map_err(|e| e.to_string())
+    }
+
+    async fn pre_start(&self, ids: &[String]) -> Result<(), String> {
+        let found = self.locate(ids).await?;
+        // The pod (its UID for a pod-resources match; its claim when vgpu.config must be rebuilt).
+        let pods = self.node_pods().await;
+        let pod = match (&found.pod, &pods) {
+            (PodKey::Name { namespace, name }, Ok(pods)) => {
+                Some(pods.iter().find(|p| &p.namespace == namespace && &p.name == name).cloned().ok_or_else(
+                    || format!("pod {namespace}/{name} is not on node {}", self.config.node_name),
+                )?)
+            }
+            (PodKey::Name { namespace, name }, Err(err)) => {
+                return Err(format!("pod {namespace}/{name}: cannot resolve its UID: {err}"));
+            }
+            (PodKey::Uid(uid), Ok(pods)) => pods.iter().find(|p| &p.uid == uid).cloned(),
+            (PodKey::Uid(_), Err(_)) => None,
+        };
+        let uid = match (&found.pod, &pod) {
+            (_, Some(p)) => p.uid.clone(),
+            (PodKey::Uid(uid), None) => uid.clone(),
+            (PodKey::Name { .. }, None) => return Err("pod UID unknown".to_owned()),
+        };
+        let dir = self.config.manager_dir.join(format!("{uid}_{}", found.container));
+
+        // Consistency: what Allocate recorded for this container is what the kubelet starts it with.
+        let recorded = devices_json::read(&dir.join(devices_json::FILE_NAME)).map_err(|e| {
+            format!("container {} of pod {uid} has no allocation record: {e}", found.container)
+        })?;
+        if recorded.iter().collect::<HashSet<_>>() != ids.iter().collect::<HashSet<_>>() {
+            return Err(format!(
+                "inconsistent allocation results of container equipment: container {} of pod {uid} was \
+                 allocated {recorded:?}, kubelet starts it with {ids:?}",
+                found.container
+            ));
+        }
+
+        let config = dir.join("config").join(vgpu_config::FILE_NAME);
+        if !config.exists() {
+            let pod = pod.ok_or_else(|| {
+                format!("{} is missing and pod {uid} cannot be read to rebuild it", config.display())
+            })?;
+            let (_, real) = self.claims_of(&pod)?;
+            let claim = real.containers.iter().find(|c| c.name == found.container).ok_or_else(|| {
+                format!(
+                    "{} is missing and pod {uid} has no real-allocated claim for container {}",
+                    config.display(),
+                    found.container
+                )
+            })?;
+            make_dir(&dir.join("config"))?;
+            self.write_vgpu_config(&config, &pod, claim, &self.state.devices())?;
+        }
+        let meta = std::fs::metadata(&config).map_err(|e| format!("{}: {e}", config.display()))?;
+        if self.config.gates.enabled(CoreGate::AllocationFailureReschedule)
+            && meta.len() != vgpu_config::FILE_SIZE as u64
+        {
+            return Err(format!(
+                "{}: size {} is not {}",
+                config.display(),
+                meta.len(),
+                vgpu_config::FILE_SIZE
+            ));
+        }
+        for stale in ["config/pids.config", "vmem_node/vmem_node.config", "sm_node/sm_node.config"] {
+            remove_if_present(&dir.join(stale))?;
+        }
+
+        // Best effort: directories of pods that are gone. Only with a successful pod list: never delete on
+        // a guess.
+        if let Ok(pods) = pods {
+            let mut live: HashSet<String> = pods.into_iter().map(|p| p.uid).collect();
+            live.insert(uid);
+            for removed in locate::remove_stale_dirs(
+                &self.config.manager_dir,
+                &live,
+                self.config.stale_dir_grace,
+                std::time::SystemTime::now(),
+            ) {
+                tracing::info!(dir = %removed.display(), "removed the files of a pod that no longer exists");
+            }
+        }
+        Ok(())
     }
 
     async fn patch(&self, pod: &PodInfo, patch: PodPatch) -> Result<(), String> {
@@ -408,28 +545,6 @@ fn remove_if_present(path: &Path) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(format!("{}: remove: {e}", path.display())),
     }
-}
-
-/// The per-container directory whose `devices.json` holds exactly `ids` (as a set); the most recently
-/// modified wins when stale directories match too.
-pub fn find_container_dir(manager_dir: &Path, ids: &[String]) -> Result<Option<PathBuf>, String> {
-    let want: HashSet<&String> = ids.iter().collect();
-    let entries =
-        std::fs::read_dir(manager_dir).map_err(|e| format!("{}: read dir: {e}", manager_dir.display()))?;
-    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    for entry in entries.flatten() {
-        let dir = entry.path();
-        let file = dir.join(devices_json::FILE_NAME);
-        let Ok(found) = devices_json::read(&file) else { continue };
-        if found.len() == ids.len() && found.iter().collect::<HashSet<_>>() == want {
-            let modified =
-                std::fs::metadata(&file).and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
-            if best.as_ref().is_none_or(|(t, _)| modified > *t) {
-                best = Some((modified, dir));
-            }
-        }
-    }
-    Ok(best.map(|(_, d)| d))
 }
 
 #[tonic::async_trait]
@@ -516,37 +631,17 @@ impl PluginHandler for VgpuNumberPlugin {
         }
     }
 
-    /// Finds the container by its `devices.json`, checks its `vgpu.config` (exactly 8192 bytes with gate
-    /// `AllocationFailureReschedule`), then deletes `config/pids.config`, `vmem_node/vmem_node.config` and
-    /// `sm_node/sm_node.config` so the library starts clean.
+    /// Finds the container (pod-resources `List`, then the kubelet checkpoint), checks that its
+    /// `devices.json` holds exactly the IDs the kubelet passes, rebuilds a missing `vgpu.config` from the
+    /// pod's `real-allocated` claim, checks its size (exactly 8192 bytes with gate
+    /// `AllocationFailureReschedule`), deletes `config/pids.config`, `vmem_node/vmem_node.config` and
+    /// `sm_node/sm_node.config` so the library starts clean, and removes the directories of pods that are
+    /// gone.
     async fn pre_start_container(
         &self,
         request: PreStartContainerRequest,
     ) -> Result<PreStartContainerResponse, PluginError> {
-        let dir = find_container_dir(&self.config.manager_dir, &request.devices_ids)
-            .map_err(PluginError::PreStart)?
-            .ok_or_else(|| {
-                PluginError::PreStart(format!(
-                    "inconsistent allocation results of container equipment: no container holds {:?}",
-                    request.devices_ids
-                ))
-            })?;
-        let config = dir.join("config").join(vgpu_config::FILE_NAME);
-        let meta = std::fs::metadata(&config)
-            .map_err(|e| PluginError::PreStart(format!("{}: {e}", config.display())))?;
-        if self.config.gates.enabled(CoreGate::AllocationFailureReschedule)
-            && meta.len() != vgpu_config::FILE_SIZE as u64
-        {
-            return Err(PluginError::PreStart(format!(
-                "{}: size {} is not {}",
-                config.display(),
-                meta.len(),
-                vgpu_config::FILE_SIZE
-            )));
-        }
-        for stale in ["config/pids.config", "vmem_node/vmem_node.config", "sm_node/sm_node.config"] {
-            remove_if_present(&dir.join(stale)).map_err(PluginError::PreStart)?;
-        }
+        self.pre_start(&request.devices_ids).await.map_err(PluginError::PreStart)?;
         Ok(PreStartContainerResponse {})
     }
 }
@@ -626,5 +721,10 @@ mod tests {
             ]
         );
         assert!(specs.iter().all(|s| s.permissions == "rw"));
+        config.host_driver_root = "/run/nvidia/driver".into();
+        let specs = device_specs(&config, &[0]);
+        assert_eq!(specs[0].host_path, "/run/nvidia/driver/dev/nvidia0");
+        assert_eq!(specs[0].container_path, "/dev/nvidia0");
+        assert_eq!(specs[1].host_path, "/run/nvidia/driver/dev/nvidiactl");
     }
 }

@@ -6,8 +6,11 @@
 
 use std::path::Path;
 
-const PROTOS: &[(&str, &str)] =
-    &[("deviceplugin/v1beta1/api.proto", "v1beta1.rs"), ("podresources/v1/api.proto", "v1.rs")];
+const PROTOS: &[(&str, &str)] = &[
+    ("deviceplugin/v1beta1/api.proto", "v1beta1.rs"),
+    ("podresources/v1/api.proto", "v1.rs"),
+    ("registry/api.proto", "registry.rs"),
+];
 
 #[test]
 fn generated_code_is_up_to_date() {

@@ -132,6 +132,8 @@ async fn start_node(gates: &[&str]) -> Node {
     config.settings.device_memory_factor = 1024;
     config.gates = vgpu_deviceplugin::feature_gates().configure(gates.iter().copied()).unwrap();
     config.driver_version = "570.86.10".into();
+    // No pod-resources API here: PreStartContainer falls back to the kubelet checkpoint.
+    config.pod_resources_socket = dir.path().join("no-pod-resources.sock");
     std::fs::create_dir_all(&config.manager_dir).unwrap();
     let state =
         DeviceState::new(node_devices(&backend.devices().unwrap(), &config.settings), &config.settings);
@@ -262,6 +264,11 @@ async fn registers_every_plugin_and_serves_every_rpc() {
     assert_eq!(patched.annotations["nvidia.com/real-allocated"], "main[1_GPU-b_50_4096]");
     assert_eq!(patched.annotations["nvidia.com/predicate-time"], "9223372036854775807");
 
+    std::fs::write(
+        node.dir.path().join("kubelet_internal_checkpoint"),
+        r#"{"Data":{"PodDeviceEntries":[{"PodUID":"uid-older","ContainerName":"main","ResourceName":"nvidia.com/vgpu-number","DeviceIDs":{"1":["GPU-b::0"]}}]},"Checksum":1}"#,
+    )
+    .unwrap();
     std::fs::write(ctr_dir.join("sm_node/sm_node.config"), b"old").unwrap();
     client.pre_start_container(PreStartContainerRequest { devices_ids: ids }).await.unwrap();
     assert!(!ctr_dir.join("sm_node/sm_node.config").exists());

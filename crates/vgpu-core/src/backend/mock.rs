@@ -4,6 +4,9 @@
 //!
 //! ```yaml
 //! name: my-node                    # free text
+//! driver:                          # default: no driver versions reported
+//!   version: 570.86.10             # driver version string
+//!   cudaVersion: "12.8"            # CUDA driver API version major.minor (optional)
 //! gpus:
 //!   - uuid: GPU-0000               # unique
 //!     name: NVIDIA H100 80GB HBM3  # GpuDevice::type_name
@@ -47,9 +50,9 @@ use std::{
 use serde::Deserialize;
 
 use super::{
-    BackendError, DeviceBackend, GpuProcess, HealthEvent, HealthEventKind, HealthEventSender, HealthEvents,
-    LinkMatrix, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, MockConfigError, ProcessKind,
-    ProcessUtilizationSample, health_channel, links::parse_link,
+    BackendError, DeviceBackend, DriverVersions, GpuProcess, HealthEvent, HealthEventKind, HealthEventSender,
+    HealthEvents, LinkMatrix, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, MockConfigError,
+    ProcessKind, ProcessUtilizationSample, health_channel, links::parse_link,
 };
 use crate::{
     discovery::PciAddress,
@@ -66,6 +69,8 @@ struct Description {
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
+    driver: Option<DriverSpec>,
+    #[serde(default)]
     gpus: Vec<GpuSpec>,
     #[serde(default)]
     topology: Option<TopologySpec>,
@@ -73,6 +78,14 @@ struct Description {
     health_events: Vec<HealthSpec>,
     #[serde(default)]
     utilization: Vec<SampleSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DriverSpec {
+    version: String,
+    #[serde(default)]
+    cuda_version: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
@@ -459,8 +472,30 @@ impl Validator<'_> {
             gpu.samples.sort_by_key(|s| s.timestamp_us);
         }
 
+        let driver = match description.driver {
+            None => None,
+            Some(spec) => {
+                if spec.version.trim().is_empty() {
+                    return Err(self.invalid("driver.version", "must not be empty"));
+                }
+                let cuda_version = match &spec.cuda_version {
+                    None => None,
+                    Some(text) => Some(
+                        text.trim()
+                            .split_once('.')
+                            .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)))
+                            .ok_or_else(|| {
+                                self.invalid("driver.cudaVersion", format!("{text:?} is not major.minor"))
+                            })?,
+                    ),
+                };
+                Some(DriverVersions { driver_version: spec.version.trim().to_owned(), cuda_version })
+            }
+        };
+
         Ok(MockBackend {
             node_name: description.name,
+            driver,
             devices,
             gpus,
             topology,
@@ -540,6 +575,7 @@ struct GpuState {
 #[derive(Debug)]
 pub struct MockBackend {
     node_name: Option<String>,
+    driver: Option<DriverVersions>,
     devices: Vec<GpuDevice>,
     gpus: Vec<GpuState>,
     topology: LinkMatrix,
@@ -679,6 +715,10 @@ impl DeviceBackend for MockBackend {
     fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {
         self.gpu(index).map(|g| g.mig.clone())
     }
+
+    fn driver_versions(&self) -> Result<Option<DriverVersions>, BackendError> {
+        Ok(self.driver.clone())
+    }
 }
 
 #[cfg(test)]
@@ -748,6 +788,20 @@ utilization:
         assert_eq!(mig.instances[0].profile.to_string(), "3g.40gb");
         assert_eq!(backend.mig_layout(1).unwrap().mode, MigMode::NotSupported);
         assert_eq!(backend.inventory().unwrap().by_uuid("GPU-b").map(|d| d.index), Some(1));
+        assert_eq!(backend.driver_versions().unwrap(), None);
+    }
+
+    #[test]
+    fn driver_versions_from_description() {
+        let text = "driver: { version: 570.86.10, cudaVersion: '12.8' }\ngpus:\n  - { uuid: a, name: x, memoryMiB: 1 }\n";
+        let backend = MockBackend::from_yaml_str(text).unwrap();
+        let expected = DriverVersions { driver_version: "570.86.10".into(), cuda_version: Some((12, 8)) };
+        assert_eq!(backend.driver_versions().unwrap(), Some(expected));
+        let boxed: Box<dyn DeviceBackend> = Box::new(backend);
+        assert_eq!(boxed.driver_versions().unwrap().unwrap().cuda_version, Some((12, 8)));
+        let text = "driver: { version: '550.1' }\ngpus: []\n";
+        let versions = MockBackend::from_yaml_str(text).unwrap().driver_versions().unwrap().unwrap();
+        assert_eq!(versions.cuda_version, None);
     }
 
     #[test]
@@ -804,6 +858,8 @@ utilization:
                 "gpus:\n  - { uuid: a, name: x, memoryMiB: 1, mig: { mode: Disabled, instances: [ { uuid: m, profile: 1g.5gb, gpuInstanceId: 1, placementStart: 0, placementSize: 1, memoryMiB: 1 } ] } }\n",
                 "gpus[0].mig.instances",
             ),
+            ("driver: { version: '570', cudaVersion: twelve }\ngpus: []\n", "driver.cudaVersion"),
+            ("driver: { version: ' ' }\ngpus: []\n", "driver.version"),
         ];
         for (text, field) in cases {
             match MockBackend::from_yaml_str(text) {

@@ -35,7 +35,7 @@ pub use self::{
     health::{HealthEvent, HealthEventKind, HealthEventSender, HealthEvents, health_channel},
     links::{LinkCode, LinkMatrix},
     types::{
-        GpuProcess, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, ProcessKind,
+        DriverVersions, GpuProcess, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, ProcessKind,
         ProcessUtilizationSample,
     },
 };
@@ -82,6 +82,11 @@ pub trait DeviceBackend: Send + Sync {
         Ok(index)
     }
 
+    /// The driver and CUDA driver API versions; `None` (the default) for backends that have none to report.
+    fn driver_versions(&self) -> Result<Option<DriverVersions>, BackendError> {
+        Ok(None)
+    }
+
     /// The devices as a node inventory.
     fn inventory(&self) -> Result<NodeDeviceInventory, BackendError> {
         self.devices().map(NodeDeviceInventory::new)
@@ -119,6 +124,9 @@ impl<B: DeviceBackend + ?Sized> DeviceBackend for Box<B> {
     }
     fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {
         (**self).mig_layout(index)
+    }
+    fn driver_versions(&self) -> Result<Option<DriverVersions>, BackendError> {
+        (**self).driver_versions()
     }
 }
 

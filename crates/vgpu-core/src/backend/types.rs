@@ -141,6 +141,15 @@ pub struct MigInstance {
     pub memory_mib: u64,
 }
 
+/// The driver versions a backend reports (written to `vgpu.config` and the node labels).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct DriverVersions {
+    /// Driver version, e.g. `570.86.10`.
+    pub driver_version: String,
+    /// CUDA driver API version `(major, minor)`, e.g. `(12, 8)`, when known.
+    pub cuda_version: Option<(u32, u32)>,
+}
+
 /// The MIG state of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct MigLayout {

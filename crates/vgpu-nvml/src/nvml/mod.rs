@@ -308,6 +308,14 @@ impl DeviceBackend for NvmlBackend {
         NvmlBackend::minor_number(self, index)
     }
 
+    fn driver_versions(&self) -> Result<Option<vgpu_core::backend::DriverVersions>, BackendError> {
+        let info = self.driver_info()?;
+        Ok(Some(vgpu_core::backend::DriverVersions {
+            driver_version: info.driver_version,
+            cuda_version: info.cuda_version,
+        }))
+    }
+
     fn devices(&self) -> Result<Vec<GpuDevice>, BackendError> {
         (0..self.count()?).map(|index| self.describe(index)).collect()
     }

@@ -1,0 +1,370 @@
+//! Which container a `PreStartContainer` call is for (contract §5.2), and the cleanup of per-container
+//! directories whose pod is gone.
+//!
+//! The kubelet passes only the device IDs. They are matched, as a set, against:
+//!
+//! 1. the kubelet pod-resources API `v1` ([`list_pod_resources`] over
+//!    `/var/lib/kubelet/pod-resources/kubelet.sock`): each container's devices of our resource; the match
+//!    names the pod by namespace/name;
+//! 2. the kubelet's device-manager checkpoint ([`read_checkpoint`],
+//!    `<device-plugin-path>/kubelet_internal_checkpoint`), when the API is unavailable or has no match:
+//!    `Data.PodDeviceEntries[]` names the pod by UID. Newer kubelets store `DeviceIDs` as a map NUMA node →
+//!    IDs, older ones as a plain list; both are read. The `Checksum` is not verified (the kubelet computes
+//!    it over its Go struct encoding, which a reader cannot reproduce byte for byte), so a file with a
+//!    missing or odd checksum is still usable.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use serde::Deserialize;
+
+use crate::{
+    api::podresources::{
+        ListPodResourcesRequest, PodResources, pod_resources_lister_client::PodResourcesListerClient,
+    },
+    registration::connect_unix,
+};
+
+/// How a located pod is named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodKey {
+    /// By UID (checkpoint).
+    Uid(String),
+    /// By namespace and name (pod-resources API).
+    Name {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+}
+
+/// Where a match came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The pod-resources API.
+    PodResources,
+    /// The kubelet checkpoint file.
+    Checkpoint,
+}
+
+/// The container a set of device IDs was allocated to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocatedContainer {
+    /// The pod.
+    pub pod: PodKey,
+    /// The container name.
+    pub container: String,
+    /// Where the match came from.
+    pub source: Source,
+}
+
+/// Looking a container up failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocateError {
+    /// The pod-resources API could not be reached or answered with an error.
+    #[error("pod-resources List on {}: {message}", socket.display())]
+    PodResources {
+        /// The socket.
+        socket: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The checkpoint file could not be read.
+    #[error("{}: read kubelet checkpoint: {source}", path.display())]
+    CheckpointIo {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The checkpoint file is not the kubelet's JSON.
+    #[error(
+        "{}: not a kubelet device-manager checkpoint (expected JSON {{\"Data\":{{\"PodDeviceEntries\":[{{\"PodUID\",\"ContainerName\",\"ResourceName\",\"DeviceIDs\"}}]}},\"Checksum\":N}}): {message}",
+        path.display()
+    )]
+    CheckpointFormat {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+}
+
+/// Calls `PodResourcesLister.List` on `socket`, with `timeout` for connecting and for the call.
+pub async fn list_pod_resources(socket: &Path, timeout: Duration) -> Result<Vec<PodResources>, LocateError> {
+    let err = |message: String| LocateError::PodResources { socket: socket.to_path_buf(), message };
+    let channel = connect_unix(socket, timeout).await.map_err(|e| err(e.to_string()))?;
+    let mut client = PodResourcesListerClient::new(channel);
+    match tokio::time::timeout(timeout, client.list(ListPodResourcesRequest {})).await {
+        Ok(Ok(resp)) => Ok(resp.into_inner().pod_resources),
+        Ok(Err(status)) => Err(err(format!("{}: {}", status.code(), status.message()))),
+        Err(_) => Err(err(format!("timed out after {timeout:?}"))),
+    }
+}
+
+fn same_set(a: &[String], b: &[String]) -> bool {
+    let a: HashSet<&String> = a.iter().collect();
+    let b: HashSet<&String> = b.iter().collect();
+    a == b
+}
+
+/// The container of `pods` whose `resource` devices (all its entries for that resource together) are
+/// exactly `ids` as a set. An empty `ids` matches nothing.
+pub fn find_in_pod_resources(
+    pods: &[PodResources],
+    resource: &str,
+    ids: &[String],
+) -> Option<LocatedContainer> {
+    if ids.is_empty() {
+        return None;
+    }
+    for pod in pods {
+        for ctr in &pod.containers {
+            let held: Vec<String> = ctr
+                .devices
+                .iter()
+                .filter(|d| d.resource_name == resource)
+                .flat_map(|d| d.device_ids.iter().cloned())
+                .collect();
+            if same_set(&held, ids) {
+                return Some(LocatedContainer {
+                    pod: PodKey::Name { namespace: pod.namespace.clone(), name: pod.name.clone() },
+                    container: ctr.name.clone(),
+                    source: Source::PodResources,
+                });
+            }
+        }
+    }
+    None
+}
+
+/// One `PodDeviceEntries` item of the kubelet checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointEntry {
+    /// `PodUID`.
+    pub pod_uid: String,
+    /// `ContainerName`.
+    pub container_name: String,
+    /// `ResourceName`.
+    pub resource_name: String,
+    /// `DeviceIDs`, flattened over NUMA nodes (in NUMA-key order) when stored as a map.
+    pub device_ids: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct CheckpointFile {
+    #[serde(rename = "Data")]
+    data: CheckpointData,
+    // Read and ignored: any JSON value (or none) is accepted.
+    #[serde(rename = "Checksum", default)]
+    _checksum: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct CheckpointData {
+    #[serde(rename = "PodDeviceEntries", default)]
+    entries: Option<Vec<RawEntry>>,
+}
+
+#[derive(Deserialize)]
+struct RawEntry {
+    #[serde(rename = "PodUID")]
+    pod_uid: String,
+    #[serde(rename = "ContainerName")]
+    container_name: String,
+    #[serde(rename = "ResourceName")]
+    resource_name: String,
+    #[serde(rename = "DeviceIDs", default)]
+    device_ids: Option<DeviceIds>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum DeviceIds {
+    /// Kubelet ≥ 1.20: NUMA node → IDs.
+    ByNuma(BTreeMap<String, Option<Vec<String>>>),
+    /// Older kubelets.
+    List(Vec<String>),
+}
+
+/// Parses checkpoint JSON (`path` only names the file in errors).
+pub fn parse_checkpoint(path: &Path, text: &[u8]) -> Result<Vec<CheckpointEntry>, LocateError> {
+    let file: CheckpointFile = serde_json::from_slice(text)
+        .map_err(|e| LocateError::CheckpointFormat { path: path.to_path_buf(), message: e.to_string() })?;
+    Ok(file
+        .data
+        .entries
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| {
+            let device_ids = match e.device_ids {
+                None => Vec::new(),
+                Some(DeviceIds::List(ids)) => ids,
+                Some(DeviceIds::ByNuma(map)) => map.into_values().flatten().flatten().collect(),
+            };
+            CheckpointEntry {
+                pod_uid: e.pod_uid,
+                container_name: e.container_name,
+                resource_name: e.resource_name,
+                device_ids,
+            }
+        })
+        .collect())
+}
+
+/// Reads and parses the checkpoint file at `path`.
+pub fn read_checkpoint(path: &Path) -> Result<Vec<CheckpointEntry>, LocateError> {
+    let text = std::fs::read(path)
+        .map_err(|source| LocateError::CheckpointIo { path: path.to_path_buf(), source })?;
+    parse_checkpoint(path, &text)
+}
+
+/// The checkpoint entry of `resource` holding exactly `ids` (as a set); the last such entry wins (the
+/// kubelet appends). An empty `ids` matches nothing.
+pub fn find_in_checkpoint(
+    entries: &[CheckpointEntry],
+    resource: &str,
+    ids: &[String],
+) -> Option<LocatedContainer> {
+    if ids.is_empty() {
+        return None;
+    }
+    entries.iter().rev().find(|e| e.resource_name == resource && same_set(&e.device_ids, ids)).map(|e| {
+        LocatedContainer {
+            pod: PodKey::Uid(e.pod_uid.clone()),
+            container: e.container_name.clone(),
+            source: Source::Checkpoint,
+        }
+    })
+}
+
+/// Top-level names under the manager dir that are not per-container directories.
+pub const RESERVED_DIRS: [&str; 7] =
+    ["checkpoints", "watcher", "registry", "claims", "tools", "driver", "config"];
+
+/// The pod UID of a per-container directory name `<podUID>_<container>`, `None` for other names.
+pub fn pod_uid_of_dir(name: &str) -> Option<&str> {
+    if RESERVED_DIRS.contains(&name) || name.starts_with('.') {
+        return None;
+    }
+    let (uid, ctr) = name.split_once('_')?;
+    (!uid.is_empty() && !ctr.is_empty()).then_some(uid)
+}
+
+/// Removes the per-container directories under `manager_dir` whose pod UID is not in `live` and whose
+/// modification time is at least `grace` before `now`. Returns the removed directories; a directory that
+/// cannot be removed is logged and skipped.
+pub fn remove_stale_dirs(
+    manager_dir: &Path,
+    live: &HashSet<String>,
+    grace: Duration,
+    now: SystemTime,
+) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(manager_dir) else { return removed };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(uid) = name.to_str().and_then(pod_uid_of_dir) else { continue };
+        if live.contains(uid) {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else { continue };
+        if !meta.is_dir() {
+            continue;
+        }
+        let old_enough =
+            meta.modified().ok().and_then(|m| now.duration_since(m).ok()).is_some_and(|age| age >= grace);
+        if !old_enough {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => removed.push(path),
+            Err(err) => {
+                tracing::warn!(dir = %path.display(), %err, "could not remove stale container directory")
+            }
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::podresources::{ContainerDevices, ContainerResources};
+
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn checkpoint_map_and_list_forms_and_tolerant_checksum() {
+        let path = Path::new("/x/kubelet_internal_checkpoint");
+        let newer = br#"{"Data":{"PodDeviceEntries":[
+            {"PodUID":"u1","ContainerName":"a","ResourceName":"nvidia.com/vgpu-number",
+             "DeviceIDs":{"1":["GPU-b::0"],"0":["GPU-a::3"]},"AllocResp":"CgA="}],
+            "RegisteredDevices":{"nvidia.com/vgpu-number":["GPU-a::3"]}},"Checksum":1234567}"#;
+        let entries = parse_checkpoint(path, newer).unwrap();
+        assert_eq!(entries[0].device_ids, ids(&["GPU-a::3", "GPU-b::0"]));
+        let found = find_in_checkpoint(&entries, "nvidia.com/vgpu-number", &ids(&["GPU-b::0", "GPU-a::3"]));
+        assert_eq!(found.unwrap().pod, PodKey::Uid("u1".into()));
+        assert!(find_in_checkpoint(&entries, "nvidia.com/other", &ids(&["GPU-b::0", "GPU-a::3"])).is_none());
+        assert!(find_in_checkpoint(&entries, "nvidia.com/vgpu-number", &ids(&["GPU-b::0"])).is_none());
+
+        let older = br#"{"Data":{"PodDeviceEntries":[{"PodUID":"u2","ContainerName":"b",
+            "ResourceName":"r","DeviceIDs":["x","y"]}]},"Checksum":"not-a-number"}"#;
+        assert_eq!(parse_checkpoint(path, older).unwrap()[0].device_ids, ids(&["x", "y"]));
+        let empty = br#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":null}}"#;
+        assert!(parse_checkpoint(path, empty).unwrap().is_empty());
+        let err = parse_checkpoint(path, b"{\"Checksum\":1}").unwrap_err();
+        assert!(err.to_string().contains("kubelet_internal_checkpoint: not a kubelet"), "{err}");
+        assert!(find_in_checkpoint(&entries, "nvidia.com/vgpu-number", &[]).is_none());
+    }
+
+    #[test]
+    fn pod_resources_match_joins_a_containers_entries() {
+        let dev = |r: &str, v: &[&str]| ContainerDevices {
+            resource_name: r.into(),
+            device_ids: ids(v),
+            topology: None,
+        };
+        let pods = vec![PodResources {
+            name: "p".into(),
+            namespace: "ns".into(),
+            containers: vec![
+                ContainerResources {
+                    name: "other".into(),
+                    devices: vec![dev("r", &["a"])],
+                    ..Default::default()
+                },
+                ContainerResources {
+                    name: "main".into(),
+                    devices: vec![dev("r", &["b"]), dev("x", &["zz"]), dev("r", &["c"])],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }];
+        let found = find_in_pod_resources(&pods, "r", &ids(&["c", "b"])).unwrap();
+        assert_eq!(found.container, "main");
+        assert_eq!(found.pod, PodKey::Name { namespace: "ns".into(), name: "p".into() });
+        assert!(find_in_pod_resources(&pods, "r", &ids(&["b"])).is_none());
+    }
+
+    #[test]
+    fn dir_names() {
+        assert_eq!(pod_uid_of_dir("0b1a-22_main"), Some("0b1a-22"));
+        assert_eq!(pod_uid_of_dir("uid_ctr_with_underscores"), Some("uid"));
+        for name in
+            ["watcher", "registry", "checkpoints", "claims", "tools", "nounderscore", "_x", "x_", ".tmp_x"]
+        {
+            assert_eq!(pod_uid_of_dir(name), None, "{name}");
+        }
+    }
+}

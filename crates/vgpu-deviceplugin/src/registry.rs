@@ -1,0 +1,365 @@
+//! The device registry of client mode (contract §5.8, gate `DevicePluginClientMode`):
+//! `registry.VDeviceRegistry/RegisterContainerDevice` on `<manager-dir>/registry/socket.sock`.
+//!
+//! A process inside a vGPU container (the `device-client` the library runs) asks the plugin to record the
+//! PIDs of its container. The plugin:
+//!
+//! 1. authenticates the caller by its socket credentials (`SO_PEERCRED` PID) → `<proc>/<pid>/cgroup` → the
+//!    pod UID in that cgroup path (parsed per the node's cgroup driver: systemd
+//!    `kubepods-<qos>-pod<uid with _>.slice`, cgroupfs `pod<uid>`; auto accepts both); a caller may only
+//!    register its own pod (`caller pod "<uid>" is not authorized for this register request`);
+//! 2. checks the target container has a per-container directory (Allocate wrote it);
+//! 3. polls the caller's cgroup (`<cgroup-root>/<path>/cgroup.procs`, v1 under `memory/`) every 40 ms, for at
+//!    most 60 s, until it holds PIDs;
+//! 4. writes `<manager-dir>/<podUID>_<ctr>/config/pids.config`: the sorted PIDs, one decimal per line,
+//!    atomically (refusing a symlink in its place).
+//!
+//! Limits: requests up to 16 KiB, 64 concurrent streams per connection, 256 registrations in flight and 8
+//! per caller PID (`register concurrency budget exhausted, retry later`). The socket directory is created
+//! with mode 0711 and refused when group- or world-writable; the socket is made 0666 and removed on stop.
+//! Register UUIDs (DRA claims) are not served here.
+
+use std::{
+    collections::HashMap,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    sync::{Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use tokio::{net::UnixListener, sync::watch, task::JoinHandle};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status, transport::server::UdsConnectInfo};
+use vgpu_core::{abi::atomic::write_atomic, node_config::CgroupDriver};
+
+use crate::{
+    api::registry::{
+        ContainerDeviceRequest, ContainerDeviceResponse,
+        v_device_registry_server::{VDeviceRegistry, VDeviceRegistryServer},
+    },
+    error::ServerError,
+};
+
+/// `registry/socket.sock` under the manager dir.
+pub const SOCKET: &str = "registry/socket.sock";
+/// Largest request accepted.
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
+/// Registrations in flight, all callers.
+pub const GLOBAL_IN_FLIGHT: usize = 256;
+/// Registrations in flight per caller PID.
+pub const PER_CALLER_IN_FLIGHT: usize = 8;
+/// `pids.config` inside a container's `config/` directory.
+pub const PIDS_FILE: &str = "pids.config";
+
+/// Where the registry looks and what it waits for.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// The manager dir as this process sees it (socket and per-container directories).
+    pub manager_dir: PathBuf,
+    /// The host's `/proc` as this process sees it.
+    pub proc_root: PathBuf,
+    /// The host's cgroup mount (`/sys/fs/cgroup`).
+    pub cgroup_root: PathBuf,
+    /// The node's cgroup driver (how pod UIDs appear in cgroup paths).
+    pub cgroup_driver: CgroupDriver,
+    /// Poll period of the caller's cgroup (upstream 40 ms).
+    pub poll_interval: Duration,
+    /// Longest wait for PIDs (upstream 60 s).
+    pub poll_timeout: Duration,
+}
+
+impl RegistryConfig {
+    /// The socket path.
+    pub fn socket(&self) -> PathBuf {
+        self.manager_dir.join(SOCKET)
+    }
+}
+
+/// The pod UID in a cgroup path, per `driver` (auto tries systemd, then cgroupfs).
+pub fn pod_uid_from_cgroup_path(path: &str, driver: CgroupDriver) -> Option<String> {
+    let systemd = || {
+        path.split('/').find_map(|part| {
+            let slice = part.strip_suffix(".slice")?;
+            let (_, uid) = slice.rsplit_once("-pod")?;
+            (!uid.is_empty() && slice.starts_with("kubepods")).then(|| uid.replace('_', "-"))
+        })
+    };
+    let cgroupfs = || {
+        let mut parts = path.split('/').skip_while(|p| !p.starts_with("kubepods"));
+        parts.find_map(|part| part.strip_prefix("pod").filter(|u| !u.is_empty()).map(str::to_owned))
+    };
+    match driver {
+        CgroupDriver::Systemd => systemd(),
+        CgroupDriver::Cgroupfs => cgroupfs(),
+        CgroupDriver::Auto => systemd().or_else(cgroupfs),
+    }
+}
+
+/// The cgroup path of a process from its `/proc/<pid>/cgroup` text: the v2 entry (`0::<path>`), else the
+/// v1 `memory` controller's.
+pub fn cgroup_path_of(text: &str) -> Option<(String, bool)> {
+    let mut v1 = None;
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() {
+            return Some((path.to_owned(), true));
+        }
+        if controllers.split(',').any(|c| c == "memory") {
+            v1 = Some((path.to_owned(), false));
+        }
+    }
+    v1
+}
+
+struct Budget {
+    global: usize,
+    per_caller: HashMap<u32, usize>,
+}
+
+/// Releases one slot of the in-flight budget on drop.
+struct Slot<'a> {
+    budget: &'a Mutex<Budget>,
+    pid: u32,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut b = self.budget.lock().unwrap_or_else(PoisonError::into_inner);
+        b.global = b.global.saturating_sub(1);
+        if let Some(n) = b.per_caller.get_mut(&self.pid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                b.per_caller.remove(&self.pid);
+            }
+        }
+    }
+}
+
+/// The `VDeviceRegistry` service.
+pub struct RegistryService {
+    config: RegistryConfig,
+    budget: Mutex<Budget>,
+}
+
+impl RegistryService {
+    /// A service over `config`.
+    pub fn new(config: RegistryConfig) -> Self {
+        Self { config, budget: Mutex::new(Budget { global: 0, per_caller: HashMap::new() }) }
+    }
+
+    fn acquire(&self, pid: u32) -> Result<Slot<'_>, Status> {
+        let mut b = self.budget.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine = b.per_caller.get(&pid).copied().unwrap_or(0);
+        if b.global >= GLOBAL_IN_FLIGHT || mine >= PER_CALLER_IN_FLIGHT {
+            return Err(Status::resource_exhausted("register concurrency budget exhausted, retry later"));
+        }
+        b.global += 1;
+        b.per_caller.insert(pid, mine + 1);
+        Ok(Slot { budget: &self.budget, pid })
+    }
+
+    async fn register(&self, pid: u32, req: &ContainerDeviceRequest) -> Result<(), Status> {
+        let cfg = &self.config;
+        if !req.register_uuid.is_empty() {
+            return Err(Status::unimplemented(
+                "register_uuid (DRA claims) is not served by the device plugin; send pod_uid and container_name",
+            ));
+        }
+        if req.pod_uid.is_empty() || req.container_name.is_empty() {
+            return Err(Status::invalid_argument("pod_uid and container_name are required"));
+        }
+        if req.container_name.contains('/') || req.pod_uid.contains('/') || req.container_name.contains("..")
+        {
+            return Err(Status::invalid_argument(format!(
+                "container_name {:?} / pod_uid {:?}: expected plain names",
+                req.container_name, req.pod_uid
+            )));
+        }
+        let cgroup_file = cfg.proc_root.join(pid.to_string()).join("cgroup");
+        let text = std::fs::read_to_string(&cgroup_file).map_err(|e| {
+            Status::permission_denied(format!("caller {pid}: {}: {e}", cgroup_file.display()))
+        })?;
+        let (path, v2) = cgroup_path_of(&text).ok_or_else(|| {
+            Status::permission_denied(format!("caller {pid}: no cgroup in {}", cgroup_file.display()))
+        })?;
+        let caller = pod_uid_from_cgroup_path(&path, cfg.cgroup_driver).unwrap_or_default();
+        if caller != req.pod_uid {
+            return Err(Status::permission_denied(format!(
+                "caller pod {caller:?} is not authorized for this register request"
+            )));
+        }
+        let config_dir =
+            cfg.manager_dir.join(format!("{}_{}", req.pod_uid, req.container_name)).join("config");
+        if !config_dir.is_dir() {
+            return Err(Status::not_found(format!(
+                "container {} of pod {} was not allocated on this node ({} is missing)",
+                req.container_name,
+                req.pod_uid,
+                config_dir.display()
+            )));
+        }
+        let base = if v2 { cfg.cgroup_root.clone() } else { cfg.cgroup_root.join("memory") };
+        let procs = base.join(path.trim_start_matches('/')).join("cgroup.procs");
+        let deadline = Instant::now() + cfg.poll_timeout;
+        let pids = loop {
+            let mut pids: Vec<u32> = std::fs::read_to_string(&procs)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+            if !pids.is_empty() {
+                pids.sort_unstable();
+                pids.dedup();
+                break pids;
+            }
+            if Instant::now() >= deadline {
+                return Err(Status::deadline_exceeded(format!(
+                    "no process in {} after {:?}",
+                    procs.display(),
+                    cfg.poll_timeout
+                )));
+            }
+            tokio::time::sleep(cfg.poll_interval).await;
+        };
+        let file = config_dir.join(PIDS_FILE);
+        if std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(Status::failed_precondition(format!("{} is a symlink: refused", file.display())));
+        }
+        let body: String = pids.iter().map(|p| format!("{p}\n")).collect();
+        write_atomic(&file, body.as_bytes(), 0o644).map_err(|e| Status::internal(e.to_string()))
+    }
+}
+
+#[tonic::async_trait]
+impl VDeviceRegistry for RegistryService {
+    async fn register_container_device(
+        &self,
+        request: Request<ContainerDeviceRequest>,
+    ) -> Result<Response<ContainerDeviceResponse>, Status> {
+        let pid = request
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .and_then(|info| info.peer_cred)
+            .and_then(|cred| cred.pid())
+            .and_then(|pid| u32::try_from(pid).ok())
+            .ok_or_else(|| Status::unauthenticated("caller credentials (SO_PEERCRED) unavailable"))?;
+        let _slot = self.acquire(pid)?;
+        let req = request.into_inner();
+        match self.register(pid, &req).await {
+            Ok(()) => {
+                tracing::info!(pod = %req.pod_uid, container = %req.container_name, pid, "container PIDs registered");
+                Ok(Response::new(ContainerDeviceResponse {}))
+            }
+            Err(status) => {
+                tracing::warn!(pod = %req.pod_uid, container = %req.container_name, pid, %status, "register refused");
+                Err(status)
+            }
+        }
+    }
+}
+
+/// The registry being served; [`RunningRegistry::stop`] ends it and removes the socket.
+#[derive(Debug)]
+pub struct RunningRegistry {
+    /// The socket.
+    pub socket: PathBuf,
+    stop: watch::Sender<bool>,
+    handle: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl RunningRegistry {
+    /// Stops the server and removes the socket.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        match self.handle.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(%err, "registry server ended with an error"),
+            Err(err) => tracing::warn!(%err, "registry server task failed"),
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+fn io<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) -> ServerError + 'a {
+    move |source| ServerError::Io { path: path.to_path_buf(), action, source }
+}
+
+/// Creates the socket directory (0711; refused when group/world-writable), binds the socket (0666) and
+/// serves the registry on it.
+pub fn serve_registry(config: RegistryConfig) -> Result<RunningRegistry, ServerError> {
+    let socket = config.socket();
+    let dir = socket.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    if !dir.exists() {
+        std::fs::create_dir_all(&dir).map_err(io(&dir, "create registry directory"))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(io(&dir, "chmod 0711"))?;
+    }
+    let mode = std::fs::metadata(&dir).map_err(io(&dir, "stat registry directory"))?.permissions().mode();
+    if mode & 0o022 != 0 {
+        return Err(ServerError::Config(format!(
+            "{}: mode {:o} is group- or world-writable (expected 0711)",
+            dir.display(),
+            mode & 0o777
+        )));
+    }
+    match std::fs::remove_file(&socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(&socket, "remove stale socket")(e)),
+    }
+    let listener = UnixListener::bind(&socket).map_err(io(&socket, "bind unix socket"))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
+        .map_err(io(&socket, "chmod 0666"))?;
+    let (stop, mut stop_rx) = watch::channel(false);
+    let service =
+        VDeviceRegistryServer::new(RegistryService::new(config)).max_decoding_message_size(MAX_REQUEST_BYTES);
+    let handle = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .max_concurrent_streams(64)
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(service)
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    Ok(RunningRegistry { socket, stop, handle })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_uids_from_cgroup_paths() {
+        let systemd = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b1a_22cd_4e5f.slice/cri-containerd-abc.scope";
+        let guaranteed = "/kubepods.slice/kubepods-pod0b1a_22cd.slice/cri-containerd-abc.scope";
+        let cgroupfs = "/kubepods/besteffort/pod0b1a-22cd-4e5f/abc";
+        assert_eq!(
+            pod_uid_from_cgroup_path(systemd, CgroupDriver::Systemd).as_deref(),
+            Some("0b1a-22cd-4e5f")
+        );
+        assert_eq!(pod_uid_from_cgroup_path(guaranteed, CgroupDriver::Auto).as_deref(), Some("0b1a-22cd"));
+        assert_eq!(
+            pod_uid_from_cgroup_path(cgroupfs, CgroupDriver::Cgroupfs).as_deref(),
+            Some("0b1a-22cd-4e5f")
+        );
+        assert_eq!(pod_uid_from_cgroup_path(cgroupfs, CgroupDriver::Auto).as_deref(), Some("0b1a-22cd-4e5f"));
+        // The driver decides the form.
+        assert_eq!(pod_uid_from_cgroup_path(systemd, CgroupDriver::Cgroupfs), None);
+        assert_eq!(pod_uid_from_cgroup_path(cgroupfs, CgroupDriver::Systemd), None);
+        assert_eq!(pod_uid_from_cgroup_path("/user.slice/user-1000.slice", CgroupDriver::Auto), None);
+        assert_eq!(pod_uid_from_cgroup_path("/system.slice/podman.service", CgroupDriver::Auto), None);
+    }
+
+    #[test]
+    fn cgroup_file_v2_then_v1_memory() {
+        assert_eq!(cgroup_path_of("0::/kubepods/x\n"), Some(("/kubepods/x".to_owned(), true)));
+        let v1 = "12:cpu,cpuacct:/kubepods/a\n5:memory:/kubepods/b\n1:name=systemd:/kubepods/c\n";
+        assert_eq!(cgroup_path_of(v1), Some(("/kubepods/b".to_owned(), false)));
+        assert_eq!(cgroup_path_of("garbage"), None);
+    }
+}
