@@ -138,10 +138,11 @@ async fn device_plugin_publishes_the_node_and_admits_a_scheduled_pod() {
     .await;
     let inventory = node_devices::decode(&register).unwrap();
     assert_eq!(inventory.devices.len(), 4, "{register}");
-    assert!(
-        inventory.devices.iter().all(|d| d.split_count as usize == SPLIT && d.is_schedulable()),
-        "{register}"
-    );
+    assert!(inventory.devices.iter().all(|d| d.split_count as usize == SPLIT), "{register}");
+    // The mock description marks GPU 3 unhealthy (an ECC event): listed, but not schedulable.
+    let schedulable: Vec<u32> =
+        inventory.devices.iter().filter(|d| d.is_schedulable()).map(|d| d.index).collect();
+    assert_eq!(schedulable, [0, 1, 2], "{register}");
     let config = node_annotation(&nodes, fixtures::NODE_CONFIG_INFO).await.unwrap();
     assert!(config.contains(&format!("\"deviceSplit\":{SPLIT}")), "{config}");
 
@@ -152,8 +153,10 @@ async fn device_plugin_publishes_the_node_and_admits_a_scheduled_pod() {
     let mut stream = plugin.list_and_watch(Empty {}).await.unwrap().into_inner();
     let devices = stream.message().await.unwrap().unwrap().devices;
     assert_eq!(devices.len(), 4 * SPLIT);
-    let resources = json!({"cpu": "32", "memory": "128Gi", "pods": "110", VGPU_NUMBER: devices.len().to_string(),
-        "nvidia.com/vgpu-cores": "400", VGPU_MEMORY: (4 * 46068).to_string()});
+    let healthy = devices.iter().filter(|d| d.health == "Healthy").count();
+    assert_eq!(healthy, 3 * SPLIT, "GPU 3's devices are Unhealthy");
+    let resources = json!({"cpu": "32", "memory": "128Gi", "pods": "110", VGPU_NUMBER: healthy.to_string(),
+        "nvidia.com/vgpu-cores": "300", VGPU_MEMORY: (3 * 46068).to_string()});
     let status = json!({"status": {"capacity": resources, "allocatable": resources,
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test kubelet"}]}});
     nodes.patch_status(NODE, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
@@ -177,6 +180,7 @@ async fn device_plugin_publishes_the_node_and_admits_a_scheduled_pod() {
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let pre = annotations["nvidia.com/pre-allocated"].clone();
     let claim = pod_devices::decode_pre_allocated(&pre).unwrap();
+    assert_ne!(claim.containers[0].devices[0].index, 3, "the unhealthy GPU was pre-allocated: {pre}");
     let uuid = claim.containers[0].devices[0].uuid.clone();
     let index = claim.containers[0].devices[0].index;
 
