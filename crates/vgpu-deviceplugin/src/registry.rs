@@ -16,14 +16,15 @@
 //!
 //! Limits: requests up to 16 KiB, 64 concurrent streams per connection, 256 registrations in flight and 8
 //! per caller PID (`register concurrency budget exhausted, retry later`). The socket directory is created
-//! with mode 0711 and refused when group- or world-writable; the socket is made 0666 and removed on stop.
+//! with mode 0711 and refused when group- or world-writable; the socket is made 0666, republished by a guard
+//! when it is unlinked, and removed on stop only if it is still the one this server bound.
 //! Register UUIDs (DRA claims) are not served here.
 
 use std::{
     collections::HashMap,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -261,17 +262,19 @@ impl VDeviceRegistry for RegistryService {
     }
 }
 
-/// The registry being served; [`RunningRegistry::stop`] ends it and removes the socket.
+/// The registry being served; [`RunningRegistry::stop`] ends it and removes the socket (if it is still
+/// ours).
 #[derive(Debug)]
 pub struct RunningRegistry {
     /// The socket.
     pub socket: PathBuf,
     stop: watch::Sender<bool>,
-    handle: JoinHandle<Result<(), tonic::transport::Error>>,
+    handle: JoinHandle<Result<(), ServerError>>,
+    identity: Arc<Mutex<Option<(u64, u64)>>>,
 }
 
 impl RunningRegistry {
-    /// Stops the server and removes the socket.
+    /// Stops the server and removes the socket when it is the one this server bound last.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         match self.handle.await {
@@ -279,17 +282,49 @@ impl RunningRegistry {
             Ok(Err(err)) => tracing::warn!(%err, "registry server ended with an error"),
             Err(err) => tracing::warn!(%err, "registry server task failed"),
         }
-        let _ = std::fs::remove_file(&self.socket);
+        let ours = *self.identity.lock().unwrap_or_else(PoisonError::into_inner);
+        if ours.is_some() && identity(&self.socket) == ours {
+            let _ = std::fs::remove_file(&self.socket);
+        }
     }
+}
+
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 fn io<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) -> ServerError + 'a {
     move |source| ServerError::Io { path: path.to_path_buf(), action, source }
 }
 
+fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(socket, "remove stale socket")(e)),
+    }
+    let listener = UnixListener::bind(socket).map_err(io(socket, "bind unix socket"))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))
+        .map_err(io(socket, "chmod 0666"))?;
+    Ok(listener)
+}
+
+/// How often the guard checks that the socket is still there.
+pub const GUARD_INTERVAL: Duration = Duration::from_millis(500);
+
 /// Creates the socket directory (0711; refused when group/world-writable), binds the socket (0666) and
-/// serves the registry on it.
+/// serves the registry on it. A guard republishes the socket when it is unlinked (checked every
+/// [`GUARD_INTERVAL`]).
 pub fn serve_registry(config: RegistryConfig) -> Result<RunningRegistry, ServerError> {
+    serve_registry_with_guard(config, GUARD_INTERVAL)
+}
+
+/// [`serve_registry`] with the guard checking every `guard` period.
+pub fn serve_registry_with_guard(
+    config: RegistryConfig,
+    guard: Duration,
+) -> Result<RunningRegistry, ServerError> {
     let socket = config.socket();
     let dir = socket.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     if !dir.exists() {
@@ -305,28 +340,54 @@ pub fn serve_registry(config: RegistryConfig) -> Result<RunningRegistry, ServerE
             mode & 0o777
         )));
     }
-    match std::fs::remove_file(&socket) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(&socket, "remove stale socket")(e)),
-    }
-    let listener = UnixListener::bind(&socket).map_err(io(&socket, "bind unix socket"))?;
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
-        .map_err(io(&socket, "chmod 0666"))?;
-    let (stop, mut stop_rx) = watch::channel(false);
-    let service =
-        VDeviceRegistryServer::new(RegistryService::new(config)).max_decoding_message_size(MAX_REQUEST_BYTES);
+    let mut listener = Some(bind(&socket)?);
+    let identity_cell = Arc::new(Mutex::new(identity(&socket)));
+    let (stop, stop_rx) = watch::channel(false);
+    let service = Arc::new(RegistryService::new(config));
+    let path = socket.clone();
+    let ids = Arc::clone(&identity_cell);
     let handle = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .max_concurrent_streams(64)
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(service)
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                let _ = stop_rx.wait_for(|s| *s).await;
-            })
-            .await
+        loop {
+            let current = match listener.take() {
+                Some(l) => l,
+                None => {
+                    let l = bind(&path)?;
+                    *ids.lock().unwrap_or_else(PoisonError::into_inner) = identity(&path);
+                    tracing::warn!(socket = %path.display(), "registry socket was removed; republished");
+                    l
+                }
+            };
+            // The identity recorded right after binding (not re-read here: the file may already be gone).
+            let ours = *ids.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut stopping = stop_rx.clone();
+            let watched = path.clone();
+            let shutdown = async move {
+                loop {
+                    tokio::select! {
+                        _ = stopping.wait_for(|s| *s) => return,
+                        () = tokio::time::sleep(guard) => {}
+                    }
+                    if identity(&watched) != ours {
+                        return;
+                    }
+                }
+            };
+            tonic::transport::Server::builder()
+                .max_concurrent_streams(64)
+                .http2_keepalive_interval(Some(Duration::from_secs(30)))
+                .add_service(
+                    VDeviceRegistryServer::from_arc(Arc::clone(&service))
+                        .max_decoding_message_size(MAX_REQUEST_BYTES),
+                )
+                .serve_with_incoming_shutdown(UnixListenerStream::new(current), shutdown)
+                .await
+                .map_err(|source| ServerError::Transport { path: path.clone(), source })?;
+            if *stop_rx.borrow() {
+                return Ok(());
+            }
+        }
     });
-    Ok(RunningRegistry { socket, stop, handle })
+    Ok(RunningRegistry { socket, stop, handle, identity: identity_cell })
 }
 
 #[cfg(test)]

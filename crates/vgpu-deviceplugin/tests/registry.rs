@@ -11,7 +11,7 @@ use vgpu_core::node_config::CgroupDriver;
 use vgpu_deviceplugin::{
     api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient},
     registration::connect_unix,
-    registry::{RegistryConfig, serve_registry},
+    registry::{RegistryConfig, serve_registry, serve_registry_with_guard},
 };
 
 const UID: &str = "0b1a22cd-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
@@ -109,4 +109,33 @@ async fn a_world_writable_socket_directory_is_refused() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let err = serve_registry(config).unwrap_err().to_string();
     assert!(err.contains("group- or world-writable"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlinked_socket_is_republished_and_a_foreign_one_is_left_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let config = setup(root.path(), CgroupDriver::Auto);
+    let running = serve_registry_with_guard(config, Duration::from_millis(20)).unwrap();
+    let socket = running.socket.clone();
+    std::fs::remove_file(&socket).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !socket.exists() {
+        assert!(std::time::Instant::now() < deadline, "socket not republished");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut client = VDeviceRegistryClient::new(connect_unix(&socket, Duration::from_secs(5)).await.unwrap());
+    client.register_container_device(request(UID, "main")).await.unwrap();
+    drop(client);
+    running.stop().await;
+    assert!(!socket.exists());
+
+    // Someone else's socket at the path is not removed on stop.
+    let root = tempfile::tempdir().unwrap();
+    let config = setup(root.path(), CgroupDriver::Auto);
+    let running = serve_registry_with_guard(config, Duration::from_secs(3600)).unwrap();
+    let socket = running.socket.clone();
+    std::fs::remove_file(&socket).unwrap();
+    std::fs::write(&socket, b"someone else").unwrap();
+    running.stop().await;
+    assert_eq!(std::fs::read(&socket).unwrap(), b"someone else");
 }
