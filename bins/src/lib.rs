@@ -75,23 +75,28 @@ pub fn not_implemented(binary: &str, tracking: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// A Kubernetes client from `--kubeconfig`, or else the in-cluster config, `$KUBECONFIG` or
+/// The Kubernetes client configuration from `--kubeconfig`, or else the in-cluster config, `$KUBECONFIG` or
 /// `~/.kube/config`; errors name the file or what was tried.
-pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+pub async fn kube_config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Config> {
     use anyhow::Context;
-    let config = match kubeconfig {
+    match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
                 .await
-                .with_context(|| format!("loading --kubeconfig {}", path.display()))?
+                .with_context(|| format!("loading --kubeconfig {}", path.display()))
         }
         None => kube::Config::infer().await.context(
             "no Kubernetes configuration (not in a cluster, no --kubeconfig, no $KUBECONFIG or ~/.kube/config)",
-        )?,
-    };
-    kube::Client::try_from(config).context("building the Kubernetes client")
+        ),
+    }
+}
+
+/// A Kubernetes client from [`kube_config`].
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    use anyhow::Context;
+    kube::Client::try_from(kube_config(kubeconfig).await?).context("building the Kubernetes client")
 }
 
 /// A future that completes on the first SIGTERM or SIGINT (logged). Installing the handlers can fail.

@@ -201,34 +201,10 @@ fn plugin_config(cli: &Cli, node: String, settings: NodeSettings, domain: Resour
     config
 }
 
-async fn kube_client(kubeconfig: Option<&PathBuf>, timeout: u64) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading --kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context(
-            "no Kubernetes configuration (not in a cluster, no --kubeconfig, no $KUBECONFIG or ~/.kube/config)",
-        )?,
-    };
-    let mut config = config;
+async fn kube_client(kubeconfig: Option<&std::path::Path>, timeout: u64) -> anyhow::Result<kube::Client> {
+    let mut config = vgpu_bins::kube_config(kubeconfig).await?;
     apply_kube_timeout(&mut config, timeout);
     kube::Client::try_from(config).context("building the Kubernetes client")
-}
-
-async fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = int.recv() => tracing::info!("SIGINT received"),
-        }
-    })
 }
 
 async fn run(
@@ -244,7 +220,7 @@ async fn run(
     for w in &opened.warnings {
         tracing::warn!("{w}");
     }
-    let client = kube_client(cli.kubeconfig.as_ref(), cli.kube_timeout).await?;
+    let client = kube_client(cli.kubeconfig.as_deref(), cli.kube_timeout).await?;
     let cluster = Arc::new(KubeCluster::new(client));
 
     let mut config = plugin_config(&cli, node, settings, domain);
@@ -255,7 +231,7 @@ async fn run(
     let mut daemon = Daemon::new(config, backend, cluster.clone(), cluster)?;
     daemon.publisher.interval = Duration::from_secs(cli.node_publish_interval);
 
-    let shutdown = shutdown_signal().await?;
+    let shutdown = vgpu_bins::shutdown_signal()?;
     let (restart_tx, restart_rx) = tokio::sync::mpsc::channel(1);
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
