@@ -18,7 +18,11 @@ echo "e2e: control plane ready in $((built - start))s: $VGPU_E2E_BIN_DIR"
 
 # Our binaries under test (vgpu-scheduler-extender, vgpu-device-plugin), found by vgpu_e2e::vgpu_binary;
 # same features as `cargo test --workspace --all-features`, so CI reuses that build.
+# The e2e test targets are selected by name within the whole workspace (not `-p vgpu-e2e`), so features unify
+# as in `cargo test --workspace --all-features` and nothing is compiled a second time.
 cargo build --workspace --all-features --locked --bins
-cargo test -p vgpu-e2e --tests -- --ignored --test-threads=1 "$@"
+tests=()
+for f in e2e/tests/*.rs; do tests+=(--test "$(basename "$f" .rs)"); done
+cargo test --workspace --all-features --locked "${tests[@]}" -- --ignored --test-threads=1 "$@"
 done_at=$SECONDS
 echo "e2e: control plane $((built - start))s, tests (build + run) $((done_at - built))s, total $((done_at - start))s"

@@ -132,9 +132,6 @@ async fn extender_places_30_pods_without_over_commit_across_a_restart() {
             pods.create(&PostParams::default(), &pod).await.map(drop)
         });
     }
-    // More GPUs than any node has: the extender must reject it on every node.
-    let too_big = fixtures::vgpu_pod_with("default", "too-big", &[(VGPU_NUMBER, u64::from(GPUS) + 1)], &[]);
-    pods.create(&PostParams::default(), &too_big).await.unwrap();
     while let Some(done) = creates.join_next().await {
         done.unwrap().unwrap();
     }
@@ -207,7 +204,13 @@ async fn extender_places_30_pods_without_over_commit_across_a_restart() {
         assert!(*count <= u64::from(SPLIT), "{node} GPU {gpu}: {count} vGPUs granted");
     }
 
+    // More GPUs than any node has: the extender must reject it on every node. It is created once the restart
+    // is over, so its first scheduling attempt meets a running extender (during the restart the scheduler's
+    // event would name the refused connection instead).
+    let too_big = fixtures::vgpu_pod_with("default", "too-big", &[(VGPU_NUMBER, u64::from(GPUS) + 1)], &[]);
+    pods.create(&PostParams::default(), &too_big).await.unwrap();
     // The unfit pod stays Pending with our reason in a FailedScheduling event.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let big = pods.get("too-big").await.unwrap();
     assert_eq!(node_of(&big), None);
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
@@ -217,7 +220,9 @@ async fn extender_places_30_pods_without_over_commit_across_a_restart() {
             .list(&ListParams::default().fields("involvedObject.name=too-big,reason=FailedScheduling"))
             .await
             .unwrap();
-        if let Some(m) = list.items.iter().filter_map(|e| e.message.clone()).next() {
+        if let Some(m) =
+            list.items.iter().filter_map(|e| e.message.clone()).find(|m| m.contains("nodes are available"))
+        {
             break m;
         }
         assert!(Instant::now() < deadline, "no FailedScheduling event for too-big");
