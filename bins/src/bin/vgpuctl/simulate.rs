@@ -98,10 +98,7 @@ impl Rng {
 /// Runs the simulation; exit 0, 1 on over-commit, 2 on a setup error.
 pub fn run(args: SimulateArgs) -> ExitCode {
     match simulate(&args) {
-        Ok((text, ok)) => {
-            print!("{text}");
-            if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
-        }
+        Ok((text, ok)) => crate::output::print(&text, if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
