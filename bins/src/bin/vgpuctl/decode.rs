@@ -45,10 +45,7 @@ pub fn run(args: DecodeArgs) -> ExitCode {
     };
     match normalize(args.kind, &value) {
         Ok(v) => match serde_json::to_string_pretty(&v) {
-            Ok(text) => {
-                println!("{text}");
-                ExitCode::SUCCESS
-            }
+            Ok(text) => crate::output::print_line(&text, ExitCode::SUCCESS),
             Err(e) => {
                 eprintln!("error: cannot print the value: {e}");
                 ExitCode::FAILURE

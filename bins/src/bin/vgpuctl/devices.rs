@@ -37,10 +37,7 @@ fn parse_choice(text: &str) -> Result<BackendChoice, String> {
 /// Lists the devices; exit 0, or 2 with the message on stderr.
 pub fn run(args: DevicesArgs) -> ExitCode {
     match render(&args) {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
+        Ok(text) => crate::output::print(&text, ExitCode::SUCCESS),
         Err(message) => {
             eprintln!("error: {message}");
             ExitCode::from(2)

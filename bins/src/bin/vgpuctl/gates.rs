@@ -1,6 +1,6 @@
 //! `vgpuctl gates`: list, check and render feature gates (a CLI contract other tools rely on).
 
-use std::{collections::BTreeMap, path::PathBuf, process::ExitCode};
+use std::{collections::BTreeMap, fmt::Write as _, path::PathBuf, process::ExitCode};
 
 use vgpu_gates::{Component, FEATURE_GATES_ENV, RegistryKind, parse_values};
 
@@ -52,7 +52,7 @@ pub fn run(cmd: GatesCommand) -> ExitCode {
         GatesCommand::Render { component, values } => render(component, &values),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(text) => crate::output::print(&text, ExitCode::SUCCESS),
         Err(msg) => {
             eprintln!("{msg}");
             ExitCode::from(2)
@@ -95,17 +95,19 @@ fn rows(only: Option<Component>) -> Vec<Row> {
     rows
 }
 
-fn list(only: Option<Component>, json: bool) -> Result<(), String> {
+/// The gate table (or JSON), ready to print.
+fn list(only: Option<Component>, json: bool) -> Result<String, String> {
     let rows = rows(only);
     if json {
         let text = serde_json::to_string_pretty(&rows).map_err(|e| format!("cannot render JSON: {e}"))?;
-        println!("{text}");
-        return Ok(());
+        return Ok(text + "\n");
     }
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
-    println!("{:<width$}  {:<7}  {:<10}  {:<8}  COMPONENTS", "NAME", "DEFAULT", "STAGE", "REGISTRY");
+    let mut out =
+        format!("{:<width$}  {:<7}  {:<10}  {:<8}  COMPONENTS\n", "NAME", "DEFAULT", "STAGE", "REGISTRY");
     for r in rows {
-        println!(
+        let _ = writeln!(
+            out,
             "{:<width$}  {:<7}  {:<10}  {:<8}  {}",
             r.name,
             r.default,
@@ -114,10 +116,11 @@ fn list(only: Option<Component>, json: bool) -> Result<(), String> {
             r.components.join(",")
         );
     }
-    Ok(())
+    Ok(out)
 }
 
-fn check(component: Component, flag_values: Vec<String>, from_env: bool) -> Result<(), String> {
+/// The effective gates as one JSON line, ready to print.
+fn check(component: Component, flag_values: Vec<String>, from_env: bool) -> Result<String, String> {
     if from_env && !component.reads_env() {
         return Err(format!(
             "--from-env applies only to kubelet-plugin: {component} does not read {FEATURE_GATES_ENV}"
@@ -143,11 +146,11 @@ fn check(component: Component, flag_values: Vec<String>, from_env: bool) -> Resu
     }
     let text =
         serde_json::to_string(&configured.effective).map_err(|e| format!("cannot render JSON: {e}"))?;
-    println!("{text}");
-    Ok(())
+    Ok(text + "\n")
 }
 
-fn render(component: Component, path: &std::path::Path) -> Result<(), String> {
+/// The canonical `--feature-gates` value, ready to print.
+fn render(component: Component, path: &std::path::Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read values file {}: {e}", path.display()))?;
     let entries = parse_values(&text, component.chart_values_paths())
@@ -156,6 +159,5 @@ fn render(component: Component, path: &std::path::Path) -> Result<(), String> {
     for w in &configured.warnings {
         eprintln!("warning: {w}");
     }
-    println!("{}", configured.canonical);
-    Ok(())
+    Ok(format!("{}\n", configured.canonical))
 }

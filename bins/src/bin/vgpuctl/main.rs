@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod decode;
 mod devices;
 mod gates;
+mod output;
 mod simulate;
 mod topology;
 

@@ -98,10 +98,7 @@ impl Rng {
 /// Runs the simulation; exit 0, 1 on over-commit, 2 on a setup error.
 pub fn run(args: SimulateArgs) -> ExitCode {
     match simulate(&args) {
-        Ok((text, ok)) => {
-            print!("{text}");
-            if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
-        }
+        Ok((text, ok)) => crate::output::print(&text, if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
@@ -137,6 +134,25 @@ fn node_template(gpus: usize) -> Result<(Vec<GpuDevice>, DeviceTopology), String
         })
         .collect();
     Ok((out, DeviceTopology { gpus: gpus_links }))
+}
+
+/// Weighted GPU counts per pod: mostly single GPUs, some 2, 3 and 4, and a tenth asking for a whole node.
+/// "Whole node" means every schedulable GPU of the simulated node (7 on the DGX description, whose GPU 7 is
+/// in MIG mode), not a fixed 8 that could never fit; counts above the schedulable GPUs are left out.
+fn gpu_count_mix(schedulable: usize) -> Vec<(u32, u64)> {
+    let whole = u32::try_from(schedulable).unwrap_or(u32::MAX).min(8);
+    let mut mix: Vec<(u32, u64)> = Vec::new();
+    for (count, weight) in [(1u32, 50u64), (2, 20), (4, 15), (whole, 10), (3, 5)] {
+        if count == 0 || count > whole {
+            continue;
+        }
+        // The whole-node count may coincide with a smaller one (e.g. 4 schedulable GPUs): merge weights.
+        match mix.iter_mut().find(|(c, _)| *c == count) {
+            Some((_, w)) => *w += weight,
+            None => mix.push((count, weight)),
+        }
+    }
+    mix
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -178,7 +194,10 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
     rt.block_on(ext.sync()).map_err(|e| e.to_string())?;
 
     let mut rng = Rng(args.seed);
-    let numbers = [(1u32, 50), (2, 20), (4, 15), (8, 10), (3, 5)];
+    let numbers = gpu_count_mix(template.iter().filter(|g| g.is_schedulable()).count());
+    if numbers.is_empty() {
+        return Err("the node description has no schedulable GPU".into());
+    }
     let cores = [(0u32, 20), (10, 15), (25, 20), (50, 25), (100, 20)];
     let memory = [(0u64, 30), (4096, 20), (8192, 20), (20480, 20), (40960, 10)];
     let progress = std::io::stderr().is_terminal();
@@ -276,6 +295,7 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
         "gpus_per_node": args.gpus_per_node,
         "pods": args.pods,
         "seed": args.seed,
+        "gpu_count_mix": numbers.iter().map(|(c, w)| json!({ "gpus": c, "weight": w })).collect::<Vec<_>>(),
         "placed": placed,
         "rejected": rejected.values().sum::<usize>(),
         "rejected_by_reason": rejected,
@@ -296,6 +316,8 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
             "Simulated {} nodes x {} GPUs, {} pods (seed {})\n",
             args.nodes, args.gpus_per_node, args.pods, args.seed
         );
+        let mix: Vec<String> = numbers.iter().map(|(c, w)| format!("{c} GPU x{w}")).collect();
+        s.push_str(&format!("  pod mix:   {} (weights; whole node = schedulable GPUs)\n", mix.join(", ")));
         s.push_str(&format!("  placed:    {placed}\n  rejected:  {}\n", rejected.values().sum::<usize>()));
         for (reason, n) in &rejected {
             s.push_str(&format!("    {n:>6}  {reason}\n"));
@@ -322,4 +344,19 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
         s
     };
     Ok((text, violations == 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_count_mix;
+
+    #[test]
+    fn whole_node_requests_fit_the_schedulable_gpus() {
+        assert_eq!(gpu_count_mix(8), [(1, 50), (2, 20), (4, 15), (8, 10), (3, 5)]);
+        assert_eq!(gpu_count_mix(7), [(1, 50), (2, 20), (4, 15), (7, 10), (3, 5)]);
+        assert_eq!(gpu_count_mix(16), [(1, 50), (2, 20), (4, 15), (8, 10), (3, 5)]);
+        assert_eq!(gpu_count_mix(4), [(1, 50), (2, 20), (4, 25), (3, 5)]);
+        assert_eq!(gpu_count_mix(1), [(1, 60)]);
+        assert!(gpu_count_mix(0).is_empty());
+    }
 }

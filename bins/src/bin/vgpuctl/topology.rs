@@ -101,10 +101,7 @@ struct ScoreOutput {
 /// Runs a `topology` subcommand; exit code 2 on bad input files or lists.
 pub fn run(cmd: TopologyCommand) -> ExitCode {
     match execute(cmd) {
-        Ok(line) => {
-            println!("{line}");
-            ExitCode::SUCCESS
-        }
+        Ok(line) => crate::output::print_line(&line, ExitCode::SUCCESS),
         Err(message) => {
             eprintln!("error: {message}");
             ExitCode::from(2)

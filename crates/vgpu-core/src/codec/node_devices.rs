@@ -8,8 +8,6 @@
 //! Unknown fields are ignored (forward compatibility); every known field is required. Go's `null` (a nil
 //! slice) decodes as an empty inventory.
 
-use std::fmt::Write as _;
-
 use serde::Deserialize;
 
 use super::{CodecError, NODE_DEVICE_REGISTER, gojson};
@@ -54,55 +52,211 @@ fn field_err(position: usize, field: &'static str, expected: &'static str, got: 
 /// # Ok::<(), vgpu_core::codec::CodecError>(())
 /// ```
 pub fn decode(value: &str) -> Result<NodeDeviceInventory, CodecError> {
+    if let Some(devices) = Canonical::read(value) {
+        return Ok(NodeDeviceInventory { devices });
+    }
+    from_wire(decode_wire(value)?)
+}
+
+/// The general reader: any JSON serde accepts (whitespace, any field order, escapes, unknown fields, `null`).
+fn decode_wire(value: &str) -> Result<Vec<WireDevice>, CodecError> {
     let wire: Option<Vec<WireDevice>> = serde_json::from_str(value).map_err(|source| CodecError::Json {
         annotation: ANNOTATION,
         expected: "a JSON array of device objects {id,type,uuid,core,memory,number,numa,mig,busId,capability,healthy}",
         source,
     })?;
-    let wire = wire.unwrap_or_default();
-    let mut devices = Vec::with_capacity(wire.len());
-    for (pos, w) in wire.into_iter().enumerate() {
-        let index =
-            u32::try_from(w.id).ok().filter(|&i| usize::try_from(i).ok() == Some(pos)).ok_or_else(|| {
-                field_err(pos, "id", "the device's position (ids are 0..n-1 in order)", w.id.to_string())
-            })?;
-        let cores = u64::try_from(w.core)
-            .map_err(|_| field_err(pos, "core", "a non-negative integer", w.core.to_string()))?;
-        let memory_mib = u64::try_from(w.memory)
-            .map_err(|_| field_err(pos, "memory", "a non-negative integer (MiB)", w.memory.to_string()))?;
-        let split_count = u32::try_from(w.number)
-            .map_err(|_| field_err(pos, "number", "a non-negative 32-bit integer", w.number.to_string()))?;
-        let numa_node = match w.numa {
-            -1 => None,
-            n => Some(
-                u32::try_from(n)
-                    .map_err(|_| field_err(pos, "numa", "-1 (unknown) or a NUMA node id", n.to_string()))?,
-            ),
-        };
-        let capability = ComputeCapability::from_f32(w.capability).ok_or_else(|| {
-            field_err(
-                pos,
-                "capability",
-                "a compute capability major.minor (one minor digit)",
-                w.capability.to_string(),
-            )
-        })?;
-        devices.push(GpuDevice {
-            index,
-            uuid: w.uuid,
-            type_name: w.type_name,
-            vendor: Vendor::Nvidia,
-            memory_mib,
-            cores,
-            split_count,
-            numa_node,
-            mig_enabled: w.mig,
-            bus_id: w.bus_id,
-            capability,
-            health: DeviceHealth::from_bool(w.healthy),
-        });
+    Ok(wire.unwrap_or_default())
+}
+
+/// A fast reader for the canonical form, the one Go's `json.Marshal` (and [`encode`]) writes: fields in
+/// order, no whitespace, no escapes in strings, integers without leading zeros, capability `major` or
+/// `major.minor`. It gives up (`None`) at the first deviation or invalid device, leaving the value to
+/// [`decode_wire`] (which words the error); what it does accept, serde reads as the same values.
+struct Canonical<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl<'a> Canonical<'a> {
+    fn read(text: &'a str) -> Option<Vec<GpuDevice>> {
+        let mut r = Canonical { text, pos: 0 };
+        r.lit("[")?;
+        // A device takes at least 160 bytes of text.
+        let mut devices = Vec::with_capacity(text.len() / 160);
+        if r.lit("]").is_none() {
+            loop {
+                devices.push(from_wire_device(devices.len(), r.device()?).ok()?);
+                if r.lit(",").is_none() {
+                    r.lit("]")?;
+                    break;
+                }
+            }
+        }
+        (r.pos == text.len()).then_some(devices)
     }
+
+    fn device(&mut self) -> Option<WireDevice> {
+        self.lit("{\"id\":")?;
+        let id = self.int()?;
+        self.lit(",\"type\":")?;
+        let type_name = self.string()?;
+        self.lit(",\"uuid\":")?;
+        let uuid = self.string()?;
+        self.lit(",\"core\":")?;
+        let core = self.int()?;
+        self.lit(",\"memory\":")?;
+        let memory = self.int()?;
+        self.lit(",\"number\":")?;
+        let number = self.int()?;
+        self.lit(",\"numa\":")?;
+        let numa = self.int()?;
+        self.lit(",\"mig\":")?;
+        let mig = self.bool()?;
+        self.lit(",\"busId\":")?;
+        let bus_id = self.string()?;
+        self.lit(",\"capability\":")?;
+        let capability = self.capability()?;
+        self.lit(",\"healthy\":")?;
+        let healthy = self.bool()?;
+        self.lit("}")?;
+        Some(WireDevice {
+            id,
+            type_name: type_name.to_owned(),
+            uuid: uuid.to_owned(),
+            core,
+            memory,
+            number,
+            numa,
+            mig,
+            bus_id: bus_id.to_owned(),
+            capability,
+            healthy,
+        })
+    }
+
+    fn rest(&self) -> &'a [u8] {
+        self.text.as_bytes().get(self.pos..).unwrap_or_default()
+    }
+
+    fn lit(&mut self, lit: &str) -> Option<()> {
+        self.rest().starts_with(lit.as_bytes()).then(|| self.pos += lit.len())
+    }
+
+    fn bool(&mut self) -> Option<bool> {
+        if self.lit("true").is_some() { Some(true) } else { self.lit("false").map(|()| false) }
+    }
+
+    /// A string with no escape and no control character (serde refuses raw control characters).
+    fn string(&mut self) -> Option<&'a str> {
+        self.lit("\"")?;
+        let start = self.pos;
+        loop {
+            match self.text.as_bytes().get(self.pos)? {
+                b'"' => break,
+                &b if b == b'\\' || b < 0x20 => return None,
+                _ => self.pos += 1,
+            }
+        }
+        let s = self.text.get(start..self.pos)?;
+        self.pos += 1;
+        Some(s)
+    }
+
+    /// Digits without a leading zero (JSON forbids them) that fit an `i64`.
+    fn digits(&mut self) -> Option<i64> {
+        let start = self.pos;
+        let mut value = 0i64;
+        while let Some(&b) = self.text.as_bytes().get(self.pos) {
+            let digit = b.wrapping_sub(b'0');
+            if digit > 9 {
+                break;
+            }
+            value = value.checked_mul(10)?.checked_add(i64::from(digit))?;
+            self.pos += 1;
+        }
+        let len = self.pos - start;
+        // A leading zero is only allowed alone.
+        if len == 0 || (len > 1 && self.text.as_bytes().get(start) == Some(&b'0')) {
+            return None;
+        }
+        Some(value)
+    }
+
+    /// An integer; a negative zero is left to serde.
+    fn int(&mut self) -> Option<i64> {
+        if self.lit("-").is_some() {
+            return self.digits().filter(|&v| v != 0).map(|v| -v);
+        }
+        self.digits()
+    }
+
+    /// `major` or `major.minor` with one minor digit and a major below 100 000: the `f32` serde reads
+    /// (`major` as an integer, else the `f64` quotient `tenths / 10` rounded to `f32`) is exactly
+    /// [`ComputeCapability::as_f32`]. Anything else (`6.10`, `6e0`) is left to serde.
+    fn capability(&mut self) -> Option<f32> {
+        let major = u32::try_from(self.digits()?).ok().filter(|&m| m < 100_000)?;
+        let minor = match self.lit(".") {
+            Some(()) => {
+                let minor = match self.rest() {
+                    [d @ b'0'..=b'9', next, ..] if !next.is_ascii_digit() => u32::from(d - b'0'),
+                    _ => return None,
+                };
+                self.pos += 1;
+                minor
+            }
+            None => 0,
+        };
+        Some(ComputeCapability { major, minor }.as_f32())
+    }
+}
+
+fn from_wire(wire: Vec<WireDevice>) -> Result<NodeDeviceInventory, CodecError> {
+    let devices =
+        wire.into_iter().enumerate().map(|(pos, w)| from_wire_device(pos, w)).collect::<Result<_, _>>()?;
     Ok(NodeDeviceInventory { devices })
+}
+
+/// Checks and converts the device at `pos`.
+fn from_wire_device(pos: usize, w: WireDevice) -> Result<GpuDevice, CodecError> {
+    let index =
+        u32::try_from(w.id).ok().filter(|&i| usize::try_from(i).ok() == Some(pos)).ok_or_else(|| {
+            field_err(pos, "id", "the device's position (ids are 0..n-1 in order)", w.id.to_string())
+        })?;
+    let cores = u64::try_from(w.core)
+        .map_err(|_| field_err(pos, "core", "a non-negative integer", w.core.to_string()))?;
+    let memory_mib = u64::try_from(w.memory)
+        .map_err(|_| field_err(pos, "memory", "a non-negative integer (MiB)", w.memory.to_string()))?;
+    let split_count = u32::try_from(w.number)
+        .map_err(|_| field_err(pos, "number", "a non-negative 32-bit integer", w.number.to_string()))?;
+    let numa_node = match w.numa {
+        -1 => None,
+        n => Some(
+            u32::try_from(n)
+                .map_err(|_| field_err(pos, "numa", "-1 (unknown) or a NUMA node id", n.to_string()))?,
+        ),
+    };
+    let capability = ComputeCapability::from_f32(w.capability).ok_or_else(|| {
+        field_err(
+            pos,
+            "capability",
+            "a compute capability major.minor (one minor digit)",
+            w.capability.to_string(),
+        )
+    })?;
+    Ok(GpuDevice {
+        index,
+        uuid: w.uuid,
+        type_name: w.type_name,
+        vendor: Vendor::Nvidia,
+        memory_mib,
+        cores,
+        split_count,
+        numa_node,
+        mig_enabled: w.mig,
+        bus_id: w.bus_id,
+        capability,
+        health: DeviceHealth::from_bool(w.healthy),
+    })
 }
 
 /// Encodes an inventory exactly as Go's `json.Marshal` would. Fails when a device's index is not its position
@@ -114,7 +268,13 @@ pub fn encode(inventory: &NodeDeviceInventory) -> Result<String, CodecError> {
         field,
         problem,
     };
-    let mut out = String::with_capacity(inventory.devices.len() * 200 + 2);
+    // Fixed text plus the numbers of one device is under 200 bytes; the strings are added to that.
+    let capacity = inventory
+        .devices
+        .iter()
+        .map(|d| 200 + d.type_name.len() + d.uuid.len() + d.bus_id.len())
+        .fold(2, usize::saturating_add);
+    let mut out = String::with_capacity(capacity);
     out.push('[');
     for (pos, d) in inventory.devices.iter().enumerate() {
         if usize::try_from(d.index).ok() != Some(pos) {
@@ -124,26 +284,50 @@ pub fn encode(inventory: &NodeDeviceInventory) -> Result<String, CodecError> {
             .map_err(|_| unencodable(pos, "core", format!("{} overflows int64", d.cores)))?;
         let memory = i64::try_from(d.memory_mib)
             .map_err(|_| unencodable(pos, "memory", format!("{} overflows int64", d.memory_mib)))?;
-        let capability = gojson::format_f32(d.capability.as_f32())
-            .ok_or_else(|| unencodable(pos, "capability", "is not finite".to_owned()))?;
         if pos > 0 {
             out.push(',');
         }
-        let _ = write!(out, "{{\"id\":{},\"type\":", d.index);
+        out.push_str("{\"id\":");
+        gojson::write_u64(&mut out, u64::from(d.index));
+        out.push_str(",\"type\":");
         gojson::write_string(&mut out, &d.type_name);
         out.push_str(",\"uuid\":");
         gojson::write_string(&mut out, &d.uuid);
-        let numa = d.numa_node.map_or(-1, i64::from);
-        let _ = write!(
-            out,
-            ",\"core\":{core},\"memory\":{memory},\"number\":{},\"numa\":{numa},\"mig\":{},\"busId\":",
-            d.split_count, d.mig_enabled
-        );
+        out.push_str(",\"core\":");
+        gojson::write_i64(&mut out, core);
+        out.push_str(",\"memory\":");
+        gojson::write_i64(&mut out, memory);
+        out.push_str(",\"number\":");
+        gojson::write_u64(&mut out, u64::from(d.split_count));
+        out.push_str(",\"numa\":");
+        gojson::write_i64(&mut out, d.numa_node.map_or(-1, i64::from));
+        out.push_str(if d.mig_enabled { ",\"mig\":true,\"busId\":" } else { ",\"mig\":false,\"busId\":" });
         gojson::write_string(&mut out, &d.bus_id);
-        let _ = write!(out, ",\"capability\":{capability},\"healthy\":{}}}", d.health.is_healthy());
+        out.push_str(",\"capability\":");
+        write_capability(&mut out, d.capability)
+            .ok_or_else(|| unencodable(pos, "capability", "is not finite".to_owned()))?;
+        out.push_str(if d.health.is_healthy() { ",\"healthy\":true}" } else { ",\"healthy\":false}" });
     }
     out.push(']');
     Ok(out)
+}
+
+/// Appends Go's form of the capability's `float32` wire value; `None` if that value is not finite.
+///
+/// Below major 100 000 with a one-digit minor, the text is `major` or `major.minor`: the `f32` is then
+/// within 2^-8 of `major.minor` while any other number with at most one decimal is at least 0.1 away,
+/// so no shorter or equally short decimal reads back as the same `f32`. Other values take the general path.
+fn write_capability(out: &mut String, cap: ComputeCapability) -> Option<()> {
+    if cap.major < 100_000 && cap.minor <= 9 {
+        gojson::write_u64(out, u64::from(cap.major));
+        if cap.minor != 0 {
+            out.push('.');
+            gojson::write_u64(out, u64::from(cap.minor));
+        }
+        return Some(());
+    }
+    out.push_str(&gojson::format_f32(cap.as_f32())?);
+    Some(())
 }
 
 #[cfg(test)]
@@ -240,7 +424,72 @@ mod tests {
             )
     }
 
+    /// Replacements for one byte of a canonical value, near the edges of what the fast reader takes.
+    const EDITS: &[&str] = &[
+        "",
+        " ",
+        "0",
+        "1",
+        "-",
+        "-0",
+        ".",
+        ".0",
+        "e",
+        "E1",
+        "\"",
+        "\\",
+        "\\n",
+        "\n",
+        "\u{1}",
+        "00",
+        ",",
+        "]",
+        "}",
+        "[",
+        "null",
+        "true",
+        "false",
+        "99999999999999999999",
+        "é",
+        "\u{2028}",
+        ".10",
+        "1.5e1",
+    ];
+
+    /// When the fast reader takes a value, serde takes it too and decodes the same inventory.
+    fn readers_agree(text: &str) -> Result<(), TestCaseError> {
+        if let Some(devices) = Canonical::read(text) {
+            let slow = decode_wire(text).and_then(from_wire);
+            prop_assert!(slow.is_ok(), "serde path refuses {text:?}: {:?}", slow.err());
+            prop_assert_eq!(Some(NodeDeviceInventory { devices }), slow.ok(), "{}", text);
+        }
+        Ok(())
+    }
+
+    fn capability_text(cap: ComputeCapability) -> Option<String> {
+        let mut out = String::new();
+        write_capability(&mut out, cap).map(|()| out)
+    }
+
+    #[test]
+    fn capability_text_matches_go_float32() {
+        let small = (0..2_000u32).flat_map(|major| (0..10).map(move |minor| (major, minor)));
+        let edges = [(99_999, 9), (100_000, 0), (100_000, 1), (1_048_576, 2), (u32::MAX, 9), (6, 12)];
+        for (major, minor) in small.chain(edges) {
+            let cap = ComputeCapability { major, minor };
+            assert_eq!(capability_text(cap), gojson::format_f32(cap.as_f32()), "{major}.{minor}");
+        }
+        assert_eq!(capability_text(ComputeCapability { major: 6, minor: 1 }).unwrap(), "6.1");
+        assert_eq!(capability_text(ComputeCapability { major: 9, minor: 0 }).unwrap(), "9");
+    }
+
     proptest! {
+        #[test]
+        fn capability_text_matches_go_float32_anywhere(major in 0u32..300_000, minor in 0u32..12) {
+            let cap = ComputeCapability { major, minor };
+            prop_assert_eq!(capability_text(cap), gojson::format_f32(cap.as_f32()));
+        }
+
         #[test]
         fn never_panics(s in ".*") {
             let _ = decode(&s);
@@ -249,6 +498,37 @@ mod tests {
         #[test]
         fn never_panics_on_jsonish(s in r#"\[\{("[a-zA-Z]{1,10}":(-?[0-9]{1,20}(\.[0-9]{1,3})?|"[^"]{0,5}"|true|null),?){0,12}\}\]"#) {
             let _ = decode(&s);
+        }
+
+        #[test]
+        fn canonical_reader_takes_what_encode_writes(devs in proptest::collection::vec(arb_device(), 0..17)) {
+            // Escapes in strings are the only reason to give up (these majors are all below 100 000).
+            let plain = |s: &mut String| s.retain(|c| c >= ' ' && !"\"\\<>&\u{2028}\u{2029}".contains(c));
+            let devices = devs.into_iter().enumerate().map(|(i, mut d)| {
+                d.index = i as u32;
+                plain(&mut d.type_name);
+                plain(&mut d.uuid);
+                d
+            }).collect();
+            let text = encode(&NodeDeviceInventory { devices }).unwrap();
+            prop_assert!(Canonical::read(&text).is_some());
+            readers_agree(&text)?;
+        }
+
+        #[test]
+        fn canonical_reader_agrees_with_serde_on_edits(
+            devs in proptest::collection::vec(arb_device(), 1..4),
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), prop::sample::select(EDITS)), 1..4),
+        ) {
+            let devices = devs.into_iter().enumerate().map(|(i, mut d)| { d.index = i as u32; d }).collect();
+            let mut text = encode(&NodeDeviceInventory { devices }).unwrap().into_bytes();
+            for (at, with) in edits {
+                let at = at.index(text.len());
+                text.splice(at..at + 1, with.bytes());
+            }
+            if let Ok(text) = String::from_utf8(text) {
+                readers_agree(&text)?;
+            }
         }
 
         #[test]

@@ -65,7 +65,26 @@ impl ComputeCapability {
 
     /// The wire value (`major + minor/10` as `f32`).
     pub fn as_f32(self) -> f32 {
-        // Build the value from its decimal text so that 6.1 is exactly the f32 nearest to 6.1.
+        match self.tenths() {
+            // `tenths` and 10 are exact `f32` values, and an `f64` quotient (53 bits >= 2 * 24 + 2) rounded
+            // to `f32` is the correctly rounded `f32` quotient (no double-rounding error): the same value as
+            // parsing the decimal text, without the text.
+            Some(tenths) => (f64::from(tenths) / 10.0) as f32,
+            None => self.as_f32_from_text(),
+        }
+    }
+
+    /// `10 * major + minor` when `minor` is one digit and the result is an exact `f32` (at most 2^24).
+    fn tenths(self) -> Option<u32> {
+        if self.minor > 9 {
+            return None;
+        }
+        self.major.checked_mul(10).and_then(|t| t.checked_add(self.minor)).filter(|&t| t <= 1 << 24)
+    }
+
+    /// The reference form of [`ComputeCapability::as_f32`]: the `f32` nearest to the decimal text
+    /// `major.minor` (so that 6.1 is exactly the `f32` nearest to 6.1).
+    fn as_f32_from_text(self) -> f32 {
         format!("{}.{}", self.major, self.minor).parse::<f32>().unwrap_or(0.0)
     }
 
@@ -181,5 +200,30 @@ mod tests {
         assert_eq!(ComputeCapability::from_f32(-1.0), None);
         assert_eq!(ComputeCapability::from_f32(f32::NAN), None);
         assert_eq!(ComputeCapability::new(1, 10), None);
+    }
+
+    #[test]
+    fn as_f32_matches_the_decimal_text() {
+        // Every capability up to major 10_000, then the edges of the fast path.
+        let small = (0..10_000u32).flat_map(|major| (0..10).map(move |minor| (major, minor)));
+        let edges = [(1_677_721, 6), (1_677_721, 7), (1_677_722, 0), (u32::MAX, 9), (0, 10), (6, 12)];
+        for (major, minor) in small.chain(edges) {
+            let cap = ComputeCapability { major, minor };
+            assert_eq!(cap.as_f32().to_bits(), cap.as_f32_from_text().to_bits(), "{major}.{minor}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn as_f32_matches_the_decimal_text_anywhere(major in 0u32..2_000_000, minor in 0u32..12) {
+            let cap = ComputeCapability { major, minor };
+            proptest::prop_assert_eq!(cap.as_f32().to_bits(), cap.as_f32_from_text().to_bits());
+        }
+
+        #[test]
+        fn as_f32_matches_the_decimal_text_any_major(major in proptest::prelude::any::<u32>(), minor in 0u32..10) {
+            let cap = ComputeCapability { major, minor };
+            proptest::prop_assert_eq!(cap.as_f32().to_bits(), cap.as_f32_from_text().to_bits());
+        }
     }
 }

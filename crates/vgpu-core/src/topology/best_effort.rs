@@ -562,52 +562,14 @@ impl Solver {
         }
         let mut chosen = [0u8; 64];
         chosen[0] = first as u8;
-        let walk = Walk { mask, rest: &rest[..len], pending: self.pending(mask) };
+        let walk = Walk { rest: &rest[..len], pending: self.pending(mask) };
         let mut best = Entry { value: None, block: 0 };
-        self.extend_dense(&walk, 0, 1, 1u64 << first, 0, &mut chosen, &mut best);
+        let incumbent = &mut best;
+        // The plain dynamic programme evaluates each completion as it is enumerated.
+        self.extend(&walk, 0, 1, 1u64 << first, 0, &mut chosen, &mut move |solver, block, score, full| {
+            solver.consider(mask, block, score, full, incumbent)
+        });
         best
-    }
-
-    /// [`Self::extend`] for the plain dynamic programme: evaluates each completion as it is enumerated.
-    #[allow(clippy::too_many_arguments)]
-    fn extend_dense(
-        &mut self,
-        walk: &Walk<'_>,
-        start: usize,
-        depth: usize,
-        block: u64,
-        score: u64,
-        chosen: &mut [u8; 64],
-        best: &mut Entry,
-    ) {
-        let slots = self.size - depth;
-        if slots == 0 {
-            self.consider(walk.mask, block, score, true, best);
-            return;
-        }
-        let pad = if walk.pending { self.padding } else { 0 };
-        let len = walk.rest.len();
-        for j in start..len {
-            if len - j - 1 + pad < slots - 1 {
-                break;
-            }
-            let e = walk.rest[j] as usize;
-            let row = &self.w[e * self.n..(e + 1) * self.n];
-            let add = chosen[..depth].iter().fold(0u64, |acc, &c| acc.saturating_add(row[c as usize]));
-            chosen[depth] = e as u8;
-            self.extend_dense(
-                walk,
-                j + 1,
-                depth + 1,
-                block | (1u64 << e),
-                score.saturating_add(add),
-                chosen,
-                best,
-            );
-        }
-        if walk.pending && slots == self.padding {
-            self.consider(walk.mask, block, score, false, best);
-        }
     }
 
     /// Offers first set `block` of `mask` (if allowed) to the incumbent `best`: replaces it on a strictly
@@ -625,7 +587,7 @@ impl Solver {
     }
 
     /// Every allowed first set of `mask` (the set holding its smallest GPU), in upstream's order.
-    fn candidates(&self, mask: u64) -> Vec<Candidate> {
+    fn candidates(&mut self, mask: u64) -> Vec<Candidate> {
         let first = mask.trailing_zeros() as usize;
         let mut rest = [0u8; 64];
         let mut len = 0;
@@ -635,27 +597,33 @@ impl Solver {
         }
         let mut chosen = [0u8; 64];
         chosen[0] = first as u8;
-        let walk = Walk { mask, rest: &rest[..len], pending: self.pending(mask) };
+        let walk = Walk { rest: &rest[..len], pending: self.pending(mask) };
         let mut out = Vec::new();
-        self.extend(&walk, 0, 1, 1u64 << first, 0, &mut chosen, &mut out);
+        let sink = &mut out;
+        self.extend(&walk, 0, 1, 1u64 << first, 0, &mut chosen, &mut move |solver, block, score, full| {
+            solver.push(mask, block, score, full, sink)
+        });
         out
     }
 
-    /// Enumerates completions of the partial set `chosen[..depth]` in upstream's order.
+    /// Enumerates the completions of the partial set `chosen[..depth]` (members in `block`, pair score
+    /// `score`) in upstream's order and hands each to `sink` as `(self, block, score, full)`; `full` is false
+    /// for a short set that placeholders close. The best-first search collects them ([`Self::candidates`]),
+    /// the plain programme evaluates them on the spot ([`Self::search_dense`]).
     #[allow(clippy::too_many_arguments)]
-    fn extend(
-        &self,
+    fn extend<F: FnMut(&mut Self, u64, u64, bool)>(
+        &mut self,
         walk: &Walk<'_>,
         start: usize,
         depth: usize,
         block: u64,
         score: u64,
         chosen: &mut [u8; 64],
-        out: &mut Vec<Candidate>,
+        sink: &mut F,
     ) {
         let slots = self.size - depth;
         if slots == 0 {
-            self.push(walk.mask, block, score, true, out);
+            sink(self, block, score, true);
             return;
         }
         let pad = if walk.pending { self.padding } else { 0 };
@@ -668,11 +636,11 @@ impl Solver {
             let row = &self.w[e * self.n..(e + 1) * self.n];
             let add = chosen[..depth].iter().fold(0u64, |acc, &c| acc.saturating_add(row[c as usize]));
             chosen[depth] = e as u8;
-            self.extend(walk, j + 1, depth + 1, block | (1u64 << e), score.saturating_add(add), chosen, out);
+            self.extend(walk, j + 1, depth + 1, block | (1u64 << e), score.saturating_add(add), chosen, sink);
         }
         // Placeholders sort after every real GPU: the short set closes this prefix's completions.
         if walk.pending && slots == self.padding {
-            self.push(walk.mask, block, score, false, out);
+            sink(self, block, score, false);
         }
     }
 
@@ -729,9 +697,8 @@ impl Solver {
     }
 }
 
-/// The mask being partitioned and its members after the smallest.
+/// The members after the smallest of the mask being partitioned, and whether placeholders remain for it.
 struct Walk<'r> {
-    mask: u64,
     rest: &'r [u8],
     pending: bool,
 }
