@@ -76,37 +76,44 @@ pub(crate) fn write_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// `00`, `01`, ..., `99` back to back.
+static PAIRS: [u8; 200] = {
+    let mut table = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        // `i < 100`, so both casts are single digits.
+        table[2 * i] = b'0' + (i / 10) as u8;
+        table[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    table
+};
+
 /// Appends the decimal form of `v` (what `{v}` writes), without going through `fmt`.
-pub(crate) fn write_u64(out: &mut String, v: u64) {
+pub(crate) fn write_u64(out: &mut String, mut v: u64) {
+    if v < 10 {
+        // `v < 10`, so the cast cannot truncate.
+        out.push(char::from(b'0' + v as u8));
+        return;
+    }
+    // Two digits at a time from the right; a `u64` has at most 20 digits, so `i` never underflows.
     let mut buf = [0u8; 20];
     let mut i = buf.len();
-    // Most values fit 32 bits, where division by 10 is cheaper.
-    match u32::try_from(v) {
-        Ok(mut v) => {
-            while let Some(slot) = i.checked_sub(1).and_then(|j| buf.get_mut(j)) {
-                // `v % 10` is below 10, so the cast cannot truncate.
-                *slot = b'0' + (v % 10) as u8;
-                i -= 1;
-                v /= 10;
-                if v == 0 {
-                    break;
-                }
-            }
-        }
-        Err(_) => {
-            let mut v = v;
-            while let Some(slot) = i.checked_sub(1).and_then(|j| buf.get_mut(j)) {
-                *slot = b'0' + (v % 10) as u8;
-                i -= 1;
-                v /= 10;
-                if v == 0 {
-                    break;
-                }
-            }
-        }
+    while v >= 10 {
+        // `v % 100 < 100`, so the cast cannot truncate and the index is below 200.
+        let p = (v % 100) as usize * 2;
+        i -= 2;
+        buf[i] = PAIRS[p];
+        buf[i + 1] = PAIRS[p + 1];
+        v /= 100;
     }
-    // One `push` per digit: cheaper than a `push_str` (a `memcpy` call) for a few bytes.
-    for &d in buf.get(i..).unwrap_or_default() {
+    if v > 0 {
+        i -= 1;
+        // `v < 10` here.
+        buf[i] = b'0' + v as u8;
+    }
+    out.reserve(buf.len() - i);
+    for &d in &buf[i..] {
         out.push(char::from(d));
     }
 }
