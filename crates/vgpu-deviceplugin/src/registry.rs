@@ -298,15 +298,25 @@ fn io<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) -
     move |source| ServerError::Io { path: path.to_path_buf(), action, source }
 }
 
+/// Binds and listens on a temporary name next to `socket`, then renames it into place, so the path only ever
+/// names a socket that already accepts connections (a client never sees "connection refused" between bind and
+/// listen) and a stale socket is replaced in one step.
 fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
-    match std::fs::remove_file(socket) {
+    let name = socket.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = socket.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    match std::fs::remove_file(&tmp) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(socket, "remove stale socket")(e)),
+        Err(e) => return Err(io(&tmp, "remove stale temporary socket")(e)),
     }
-    let listener = UnixListener::bind(socket).map_err(io(socket, "bind unix socket"))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))
-        .map_err(io(socket, "chmod 0666"))?;
+    let listener = UnixListener::bind(&tmp).map_err(io(&tmp, "bind unix socket"))?;
+    let published = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o666))
+        .map_err(io(&tmp, "chmod 0666"))
+        .and_then(|()| std::fs::rename(&tmp, socket).map_err(io(socket, "publish unix socket")));
+    if let Err(e) = published {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     Ok(listener)
 }
 
