@@ -16,11 +16,11 @@ fi
 built=$SECONDS
 echo "e2e: control plane ready in $((built - start))s: $VGPU_E2E_BIN_DIR"
 
-# Our binaries under test (vgpu-scheduler-extender, vgpu-device-plugin), found by vgpu_e2e::vgpu_binary;
-# same features as `cargo test --workspace --all-features`, so CI reuses that build.
-# The e2e test targets are selected by name within the whole workspace (not `-p vgpu-e2e`), so features unify
-# as in `cargo test --workspace --all-features` and nothing is compiled a second time.
-cargo build --workspace --all-features --locked --bins
+# Our binaries under test (vgpu-scheduler-extender, vgpu-device-plugin; see vgpu_e2e::vgpu_binary) come from
+# the workspace test build (vgpu-bins has integration tests), and the e2e test targets are selected by name within the workspace (not `-p vgpu-e2e`): features unify exactly as in
+# `cargo test --workspace --all-features`, so after CI's test step nothing is compiled a second time.
+# (`cargo build --bins` would unify without dev-dependencies and rebuild kube, tokio, ... .)
+cargo test --workspace --all-features --locked --no-run
 tests=()
 for f in e2e/tests/*.rs; do tests+=(--test "$(basename "$f" .rs)"); done
 cargo test --workspace --all-features --locked "${tests[@]}" -- --ignored --test-threads=1 "$@"
