@@ -131,7 +131,7 @@ async fn pod_goes_from_filter_and_bind_to_allocate() {
         spec,
         ..Pod::default()
     });
-    let filtered = ext.filter(Some(&pod), &[NODE.to_owned()]).await;
+    let filtered = ext.filter(Some(&pod), vec![NODE.to_owned()]).await;
     assert_eq!(filtered.node_names, [NODE], "{filtered:?}");
     let bound = ext.bind("default", "trainer", &pod.uid, NODE).await;
     assert_eq!(bound.error, "");

@@ -181,7 +181,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct ClusterCache {
     domain: ResourceDomain,
     grace_ns: i64,
-    nodes: RwLock<HashMap<String, NodeSlot>>,
+    /// Node slots by name; foldhash, not SipHash: a filter looks up every candidate (thousands) per call, and
+    /// node names are not attacker-chosen keys.
+    nodes: RwLock<HashMap<String, NodeSlot, foldhash::fast::RandomState>>,
     index: Mutex<Index>,
 }
 

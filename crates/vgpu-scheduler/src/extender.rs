@@ -1,6 +1,7 @@
 //! The extender verbs over a [`Cluster`] and the [`ClusterCache`]: filter, dry-run filter, prioritize, bind,
 //! preempt (contract §3.1–§3.5). Results mirror the extender protocol so an HTTP layer only translates.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +19,7 @@ use crate::cache::{ClusterCache, NodeSlot, NodeState};
 use crate::clock::Clock;
 use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MemoryCluster, MetadataPatch, Pod};
 use crate::prealloc::{self, PREDICATE_TIME_DONE, phase};
-use crate::rank::{ResolveMemo, score_state, sort_ranked};
+use crate::rank::{Ranking, ResolveMemo, score_state};
 
 /// Default `--stuck-grace-period` (30 s).
 pub const DEFAULT_STUCK_GRACE_NS: i64 = 30_000_000_000;
@@ -123,15 +124,53 @@ pub enum ExtenderError {
     Cluster(#[from] ClusterError),
 }
 
+/// One rejected candidate node of a filter answer (an entry of `FailedNodes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedNode {
+    /// Node name.
+    pub node: String,
+    /// Why it was rejected.
+    pub code: ReasonCode,
+    /// The `FailedNodes` text: the short phrase (live filter) or the detailed form (dry-run filter).
+    pub reason: Cow<'static, str>,
+}
+
+impl FailedNode {
+    /// A rejection with the code's short phrase (the live filter's text).
+    pub fn short(node: impl Into<String>, code: ReasonCode) -> Self {
+        Self { node: node.into(), code, reason: Cow::Borrowed(code.phrase()) }
+    }
+}
+
 /// `ExtenderFilterResult`: passed node names, failed nodes (name → reason) and an error.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct FilterResult {
     /// Nodes that passed (live: at most one).
     pub node_names: Vec<String>,
-    /// Node → reason (live: short phrase; dry-run: detailed).
-    pub failed_nodes: BTreeMap<String, String>,
+    /// Rejected nodes, in input order (live: short phrases; dry-run: detailed). A live filter that picked a node
+    /// rejects every other candidate, most with [`ReasonCode::AlreadyScheduledElsewhere`].
+    pub failed_nodes: Vec<FailedNode>,
     /// Whole-call error ("" on success).
     pub error: String,
+}
+
+impl FilterResult {
+    /// The live answer from per-candidate outcomes: `None` passed, `Some(code)` rejected with its short phrase.
+    fn from_outcome(nodes: Vec<String>, outcome: &[Option<ReasonCode>]) -> Self {
+        let mut out = Self { failed_nodes: Vec::with_capacity(nodes.len()), ..Self::default() };
+        for (node, code) in nodes.into_iter().zip(outcome) {
+            match code {
+                None => out.node_names.push(node),
+                Some(c) => out.failed_nodes.push(FailedNode::short(node, *c)),
+            }
+        }
+        out
+    }
+
+    /// The `FailedNodes` text of a node, if it was rejected.
+    pub fn failure(&self, node: &str) -> Option<&str> {
+        self.failed_nodes.iter().find(|f| f.node == node).map(|f| f.reason.as_ref())
+    }
 }
 
 /// One `HostPriority`.
@@ -335,7 +374,10 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     }
 
     /// The live filter (`/scheduler/filter`): picks one node, reserves its GPUs, patches the pre-allocation.
-    pub async fn filter(&self, pod: Option<&Pod>, nodes: &[String]) -> FilterResult {
+    ///
+    /// The candidate names are moved into the answer (the chosen node and the rejected ones), so a call over
+    /// thousands of nodes copies none of them.
+    pub async fn filter(&self, pod: Option<&Pod>, nodes: Vec<String>) -> FilterResult {
         let start = Instant::now();
         let out = self.filter_inner(pod, nodes).await;
         self.stats.filter_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -371,10 +413,14 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         Ok((pod.clone(), request))
     }
 
-    async fn filter_inner(&self, pod: Option<&Pod>, nodes: &[String]) -> Result<FilterResult, ExtenderError> {
+    async fn filter_inner(
+        &self,
+        pod: Option<&Pod>,
+        nodes: Vec<String>,
+    ) -> Result<FilterResult, ExtenderError> {
         let (pod, request) = self.checked_request(pod).await?;
         if request.is_empty() {
-            return Ok(FilterResult { node_names: nodes.to_vec(), ..FilterResult::default() });
+            return Ok(FilterResult { node_names: nodes, ..FilterResult::default() });
         }
         if nodes.is_empty() {
             return Err(ExtenderError::NoNodes);
@@ -385,17 +431,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             && prealloc::planned_claim(&pod, d).is_some()
             && prealloc::should_count(&pod, d, self.config.stuck_grace_ns).at(now)
         {
-            if !nodes.iter().any(|n| n == target) {
+            let Some(at) = nodes.iter().position(|n| n == target) else {
                 return Err(ExtenderError::AlreadyPredicated(pod.uid.clone()));
-            }
-            let phrase = ReasonCode::AlreadyScheduledElsewhere.phrase();
-            let failed =
-                nodes.iter().filter(|n| *n != target).map(|n| (n.clone(), phrase.to_owned())).collect();
-            return Ok(FilterResult {
-                node_names: vec![target.to_owned()],
-                failed_nodes: failed,
-                error: String::new(),
-            });
+            };
+            let mut outcome = vec![Some(ReasonCode::AlreadyScheduledElsewhere); nodes.len()];
+            outcome[at] = None;
+            return Ok(FilterResult::from_outcome(nodes, &outcome));
         }
         let t_stage = Instant::now();
         let _serial = if self.config.serialize_filter { Some(self.filter_lock.lock().await) } else { None };
@@ -405,35 +446,31 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let t_stage = Instant::now();
         self.cache.sweep(now);
         let slots = self.cache.nodes(nodes.iter().map(String::as_str));
-        let mut failed: Vec<(usize, NodeFailure)> = Vec::new();
+        // Per input position: why the node was rejected (`None`: ranked and not tried yet, or chosen).
+        let mut outcome: Vec<Option<ReasonCode>> = vec![None; nodes.len()];
         let mut memo = ResolveMemo::default();
         let mut ranked = Vec::with_capacity(nodes.len());
         for (pos, (name, slot)) in nodes.iter().zip(&slots).enumerate() {
-            match slot {
-                None => failed.push((pos, NodeFailure::new(ReasonCode::NodeCacheMiss))),
-                Some(slot) => {
-                    let s = lock(slot);
-                    match &s.decoded {
-                        Err(f) => failed.push((pos, f.clone())),
-                        Ok(_) => {
-                            if let Some(sc) = score_state(&request, &s, &mut memo, d) {
-                                ranked.push((pos, name.as_str(), sc));
-                            }
-                        }
-                    }
-                }
+            let Some(slot) = slot else {
+                outcome[pos] = Some(ReasonCode::NodeCacheMiss);
+                continue;
+            };
+            let s = lock(slot);
+            match &s.decoded {
+                Err(f) => outcome[pos] = Some(f.code),
+                Ok(_) => match score_state(&request, &s, &mut memo, d) {
+                    Some(sc) => ranked.push((pos, name.as_str(), sc)),
+                    None => outcome[pos] = Some(ReasonCode::NodeInfoBuildFailed),
+                },
             }
         }
-        sort_ranked(request.node_policy, &mut ranked);
+        // Only as much of the order as is tried gets sorted (usually the first node fits).
+        let mut ranking = Ranking::new(request.node_policy, ranked);
         self.observe(FilterStage::Node, t_stage);
         let t_stage = Instant::now();
         let mut chosen: Option<(usize, PodAllocation)> = None;
         let expires = now.saturating_add(self.config.reservation_ttl_ns);
-        for &(pos, _, _) in &ranked {
-            if chosen.is_some() {
-                failed.push((pos, NodeFailure::new(ReasonCode::AlreadyScheduledElsewhere)));
-                continue;
-            }
+        for (pos, _, _) in ranking.by_ref() {
             let Some(Some(slot)) = slots.get(pos) else { continue };
             let mut s = lock(slot);
             match try_place(&request, &mut memo, &s, &pod.uid) {
@@ -441,18 +478,24 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                     let fp = prealloc::footprint(&pod, &alloc.claim);
                     self.cache.reserve_locked(&mut s, &pod.uid, fp, expires);
                     chosen = Some((pos, alloc));
+                    break;
                 }
-                Err(f) => failed.push((pos, f)),
+                Err(f) => outcome[pos] = Some(f.code),
             }
         }
+        for &(pos, _, _) in ranking.rest() {
+            outcome[pos] = Some(ReasonCode::AlreadyScheduledElsewhere);
+        }
+        drop(ranking);
+        drop(slots);
         self.observe(FilterStage::Device, t_stage);
         let Some((pos, alloc)) = chosen else {
-            let text =
-                render_unavailable(nodes.len(), failed.iter().map(|(p, f)| (nodes[*p].as_str(), f.code)));
+            let text = render_unavailable(
+                nodes.len(),
+                nodes.iter().zip(&outcome).filter_map(|(n, c)| c.map(|c| (n.as_str(), c))),
+            );
             self.event(&pod, EventType::Warning, "FilteringFailed", text).await;
-            let failed_nodes =
-                failed.into_iter().map(|(p, f)| (nodes[p].clone(), f.short().to_owned())).collect();
-            return Ok(FilterResult { failed_nodes, ..FilterResult::default() });
+            return Ok(FilterResult::from_outcome(nodes, &outcome));
         };
         let node = nodes[pos].clone();
         self.cache.track_reservation(&node, &pod.uid, expires);
@@ -487,14 +530,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             format!("Successfully matched node \"{node}\""),
         )
         .await;
-        let failed_nodes =
-            failed.into_iter().map(|(p, f)| (nodes[p].clone(), f.short().to_owned())).collect();
-        Ok(FilterResult { node_names: vec![node], failed_nodes, error: String::new() })
+        Ok(FilterResult::from_outcome(nodes, &outcome))
     }
 
     /// The side-effect-free filter (`/scheduler/filter-dryrun`): every node evaluated, every feasible node
     /// returned in input order, detailed reasons, no lock, no reservation, no patch, no event.
-    pub fn filter_dry_run(&self, pod: Option<&Pod>, nodes: &[String]) -> FilterResult {
+    pub fn filter_dry_run(&self, pod: Option<&Pod>, nodes: Vec<String>) -> FilterResult {
         let run = || -> Result<FilterResult, ExtenderError> {
             let pod = pod.ok_or(ExtenderError::NoPod)?;
             if let Some(n) = pod.node_name.as_deref().filter(|n| !n.is_empty()) {
@@ -502,23 +543,26 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             }
             let request = self.request(pod)?;
             if request.is_empty() {
-                return Ok(FilterResult { node_names: nodes.to_vec(), ..FilterResult::default() });
+                return Ok(FilterResult { node_names: nodes, ..FilterResult::default() });
             }
             if nodes.is_empty() {
                 return Err(ExtenderError::NoNodes);
             }
             let mut memo = ResolveMemo::default();
             let mut out = FilterResult::default();
-            for (name, slot) in nodes.iter().zip(self.cache.nodes(nodes.iter().map(String::as_str))) {
+            let slots = self.cache.nodes(nodes.iter().map(String::as_str));
+            for (name, slot) in nodes.into_iter().zip(slots) {
                 let r = match slot {
                     None => Err(NodeFailure::new(ReasonCode::NodeCacheMiss)),
                     Some(slot) => try_place(&request, &mut memo, &lock(&slot), &pod.uid).map(|_| ()),
                 };
                 match r {
-                    Ok(()) => out.node_names.push(name.clone()),
-                    Err(f) => {
-                        out.failed_nodes.insert(name.clone(), f.detailed());
-                    }
+                    Ok(()) => out.node_names.push(name),
+                    Err(f) => out.failed_nodes.push(FailedNode {
+                        node: name,
+                        code: f.code,
+                        reason: Cow::Owned(f.detailed()),
+                    }),
                 }
             }
             Ok(out)

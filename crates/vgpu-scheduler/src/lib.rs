@@ -57,7 +57,7 @@
 //!     spec: PodSpec::new().container(PodContainer::app("main").limit(d.vgpu_number(), 1).limit(d.vgpu_memory(), 4096)),
 //!     ..Pod::default()
 //! });
-//! let filtered = rt.block_on(ext.filter(Some(&pod), &["n1".to_string()]));
+//! let filtered = rt.block_on(ext.filter(Some(&pod), vec!["n1".to_string()]));
 //! assert_eq!(filtered.node_names, ["n1"]);
 //! assert_eq!(cluster.pod("default", "p1").unwrap().annotations[&d.pre_allocated()], "main[0_GPU-0_0_4096]");
 //! let bound = rt.block_on(ext.bind("default", "p1", "u1", "n1"));
@@ -121,8 +121,8 @@ pub use cache::ClusterCache;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{Cluster, ClusterError, MemoryCluster, MetadataPatch, Node, Pod, PodPhase, WatchEvent};
 pub use extender::{
-    BindResult, Extender, ExtenderConfig, ExtenderError, ExtenderObserver, FilterResult, FilterStage,
-    HostPriority, PreemptResult,
+    BindResult, Extender, ExtenderConfig, ExtenderError, ExtenderObserver, FailedNode, FilterResult,
+    FilterStage, HostPriority, PreemptResult,
 };
 pub use kube_cluster::KubeCluster;
 pub use leader::{LeaderConfig, LeaderConfigError, LeaderMode, LeaseTimings};

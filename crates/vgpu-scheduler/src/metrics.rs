@@ -504,24 +504,22 @@ impl Metrics {
     }
 
     /// Node rejections of a filter or dry-run answer: one `node_reject_total{verb,code}` per `FailedNodes`
-    /// entry (`code="Unknown"` for a text with no known phrase), and `topology_strict_reject_total{mode}` per
-    /// node rejected for topology when the pod's mode is strict.
+    /// entry, and `topology_strict_reject_total{mode}` per node rejected for topology when the pod's mode is
+    /// strict. Counts are summed per code first (a live filter rejects every candidate but one).
     pub fn filter_rejects(&self, verb: Verb, result: &FilterResult, topology_mode: &'static str) {
-        for text in result.failed_nodes.values() {
-            let code = reason_code_of(text);
-            self.node_reject
-                .get_or_create(&VerbCode {
-                    verb: verb.as_str(),
-                    code: code.map_or("Unknown", ReasonCode::as_str),
-                })
-                .inc();
+        let mut per_code: Vec<(ReasonCode, u64)> = Vec::new();
+        for f in &result.failed_nodes {
+            match per_code.iter_mut().find(|(c, _)| *c == f.code) {
+                Some((_, n)) => *n += 1,
+                None => per_code.push((f.code, 1)),
+            }
+        }
+        for (code, n) in per_code {
+            self.node_reject.get_or_create(&VerbCode { verb: verb.as_str(), code: code.as_str() }).inc_by(n);
             if verb == Verb::Filter
-                && matches!(
-                    code,
-                    Some(ReasonCode::LinkTopologyUnsatisfied | ReasonCode::NumaTopologyUnsatisfied)
-                )
+                && matches!(code, ReasonCode::LinkTopologyUnsatisfied | ReasonCode::NumaTopologyUnsatisfied)
             {
-                self.topology_strict_reject.get_or_create(&ModeLabel { mode: topology_mode }).inc();
+                self.topology_strict_reject.get_or_create(&ModeLabel { mode: topology_mode }).inc_by(n);
             }
         }
     }
@@ -569,7 +567,7 @@ impl ExtenderObserver for Metrics {
 mod tests {
     use super::*;
     use crate::cluster::ClusterError;
-    use crate::extender::ExtenderError;
+    use crate::extender::{ExtenderError, FailedNode};
 
     #[test]
     fn every_family_is_exposed_with_contract_names() {
@@ -583,7 +581,7 @@ mod tests {
         m.filter_rejects(
             Verb::Filter,
             &FilterResult {
-                failed_nodes: [("n".into(), "GPU unhealthy".into())].into(),
+                failed_nodes: vec![FailedNode::short("n", ReasonCode::DeviceUnhealthy)],
                 ..Default::default()
             },
             "none",
@@ -615,12 +613,11 @@ mod tests {
         m.verb(Verb::Filter, "fit", Duration::from_micros(150));
         m.filter_stage(FilterStage::LockWait, Duration::from_millis(2));
         let r = FilterResult {
-            failed_nodes: [
-                ("a".to_owned(), "Insufficient vGPU slots".to_owned()),
-                ("b".to_owned(), "GPU link topology unsatisfied".to_owned()),
-                ("c".to_owned(), "something else".to_owned()),
-            ]
-            .into(),
+            failed_nodes: vec![
+                FailedNode::short("a", ReasonCode::InsufficientVgpuSlot),
+                FailedNode::short("b", ReasonCode::LinkTopologyUnsatisfied),
+                FailedNode::short("c", ReasonCode::InsufficientVgpuSlot),
+            ],
             ..FilterResult::default()
         };
         m.filter_rejects(Verb::Filter, &r, "link-strict");
@@ -644,9 +641,8 @@ mod tests {
         assert!(text.contains(r#"vgpu_scheduler_verb_total{verb="bind",result="prealloc_expired"} 0"#));
         assert!(text.contains(r#"vgpu_scheduler_crosspod_alignment_total{result="rail"} 0"#));
         assert!(
-            text.contains(r#"vgpu_scheduler_node_reject_total{verb="filter",code="InsufficientVGPUSlot"} 1"#)
+            text.contains(r#"vgpu_scheduler_node_reject_total{verb="filter",code="InsufficientVGPUSlot"} 2"#)
         );
-        assert!(text.contains(r#"vgpu_scheduler_node_reject_total{verb="filter",code="Unknown"} 1"#));
         assert!(text.contains(r#"vgpu_scheduler_topology_strict_reject_total{mode="link-strict"} 1"#));
         assert!(text.contains(r#"vgpu_scheduler_preempt_victims_added_bucket{le="3.0"} 1"#), "{text}");
     }

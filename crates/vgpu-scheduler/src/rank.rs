@@ -62,17 +62,135 @@ pub fn score_state(
     Some(NodeScore { fitness, score })
 }
 
+/// A ranked candidate: input position, node name, rank inputs.
+pub type Ranked<'a> = (usize, &'a str, NodeScore);
+
+fn rank_cmp(policy: SchedulingPolicy, a: &Ranked<'_>, b: &Ranked<'_>) -> Ordering {
+    let fit = b.2.fitness.cmp(&a.2.fitness);
+    if fit != Ordering::Equal {
+        return fit;
+    }
+    match policy {
+        SchedulingPolicy::None => a.0.cmp(&b.0),
+        _ => b.2.score.total_cmp(&a.2.score).then(a.1.cmp(b.1)).then(a.0.cmp(&b.0)),
+    }
+}
+
 /// Sorts `(position, name, score)` entries like `order_nodes`: `[fitness desc] → score desc → name asc` for
 /// binpack/spread, `[fitness desc] → input position` for none.
-pub fn sort_ranked(policy: SchedulingPolicy, entries: &mut [(usize, &str, NodeScore)]) {
-    entries.sort_unstable_by(|a, b| {
-        let fit = b.2.fitness.cmp(&a.2.fitness);
-        if fit != Ordering::Equal {
-            return fit;
+pub fn sort_ranked(policy: SchedulingPolicy, entries: &mut [Ranked<'_>]) {
+    entries.sort_unstable_by(|a, b| rank_cmp(policy, a, b));
+}
+
+/// First chunk ordered by [`Ranking`] (later chunks double).
+const FIRST_CHUNK: usize = 8;
+
+/// The entries of [`sort_ranked`] handed out best first, ordering only as far as they are consumed: a live
+/// filter usually stops at the first node, so ranking 5,000 nodes costs one selection (linear) instead of a full
+/// sort. Chunks double in size, so draining everything costs at most about twice a full sort.
+#[derive(Debug)]
+pub struct Ranking<'a> {
+    entries: Vec<Ranked<'a>>,
+    policy: SchedulingPolicy,
+    next: usize,
+    ordered: usize,
+}
+
+impl<'a> Ranking<'a> {
+    /// A ranking of `entries` under a node policy.
+    pub fn new(policy: SchedulingPolicy, entries: Vec<Ranked<'a>>) -> Self {
+        Self { entries, policy, next: 0, ordered: 0 }
+    }
+
+    /// How many entries have not been handed out yet.
+    pub fn remaining(&self) -> usize {
+        self.entries.len() - self.next
+    }
+
+    /// The entries not handed out yet, in no particular order.
+    pub fn rest(&self) -> &[Ranked<'a>] {
+        &self.entries[self.next..]
+    }
+}
+
+impl<'a> Iterator for Ranking<'a> {
+    type Item = Ranked<'a>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ordered == 0 && !self.entries.is_empty() {
+            // The first pick, usually the only one: one linear scan for the best entry.
+            let policy = self.policy;
+            let best = (1..self.entries.len()).fold(0, |best, i| {
+                if rank_cmp(policy, &self.entries[i], &self.entries[best]) == Ordering::Less {
+                    i
+                } else {
+                    best
+                }
+            });
+            self.entries.swap(0, best);
+            self.ordered = 1;
+        } else if self.next == self.ordered && self.ordered < self.entries.len() {
+            let policy = self.policy;
+            let rest = &mut self.entries[self.ordered..];
+            let chunk = self.ordered.max(FIRST_CHUNK).min(rest.len());
+            if chunk < rest.len() {
+                rest.select_nth_unstable_by(chunk - 1, |a, b| rank_cmp(policy, a, b));
+            }
+            rest[..chunk].sort_unstable_by(|a, b| rank_cmp(policy, a, b));
+            self.ordered += chunk;
         }
-        match policy {
-            SchedulingPolicy::None => a.0.cmp(&b.0),
-            _ => b.2.score.total_cmp(&a.2.score).then(a.1.cmp(b.1)).then(a.0.cmp(&b.0)),
+        let item = self.entries.get(self.next).copied()?;
+        self.next += 1;
+        Some(item)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining(), Some(self.remaining()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn entries<'a>(raw: &[(u8, u8, u8)], names: &'a [String]) -> Vec<Ranked<'a>> {
+        raw.iter()
+            .enumerate()
+            .map(|(pos, &(fit, score, name))| {
+                let name = names[name as usize % names.len()].as_str();
+                let fitness = (fit % 3 > 0).then_some(fit % 6);
+                (pos, name, NodeScore { fitness, score: f64::from(score % 5) })
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// Draining a ranking, in full or in part, yields exactly the prefix of the fully sorted order.
+        #[test]
+        fn ranking_matches_full_sort(
+            raw in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<u8>()), 0..120),
+            take in 0usize..130,
+            policy in prop_oneof![
+                Just(SchedulingPolicy::Binpack),
+                Just(SchedulingPolicy::Spread),
+                Just(SchedulingPolicy::None),
+            ],
+        ) {
+            let names: Vec<String> = (0..7).map(|i| format!("node-{i}")).collect();
+            let e = entries(&raw, &names);
+            let mut sorted = e.clone();
+            sort_ranked(policy, &mut sorted);
+            let mut ranking = Ranking::new(policy, e);
+            let head: Vec<usize> = ranking.by_ref().take(take).map(|r| r.0).collect();
+            let want: Vec<usize> = sorted.iter().take(take).map(|r| r.0).collect();
+            prop_assert_eq!(&head, &want);
+            let mut rest: Vec<usize> = ranking.rest().iter().map(|r| r.0).collect();
+            rest.sort_unstable();
+            let mut want_rest: Vec<usize> = sorted.iter().skip(take).map(|r| r.0).collect();
+            want_rest.sort_unstable();
+            prop_assert_eq!(rest, want_rest);
         }
-    });
+    }
 }

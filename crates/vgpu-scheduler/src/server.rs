@@ -384,8 +384,8 @@ async fn filter_verb<C: Cluster, K: Clock + 'static>(
     let start = Instant::now();
     let prepared = async {
         s.ensure_synced()?;
-        let args: ExtenderArgs = s.decode(&headers, body, "ExtenderArgs").await?;
-        let names = args.candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
+        let mut args: ExtenderArgs = s.decode(&headers, body, "ExtenderArgs").await?;
+        let names = args.take_candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
         Ok::<_, RequestError>((args, names))
     };
     let (out, label) = match prepared.await {
@@ -393,9 +393,9 @@ async fn filter_verb<C: Cluster, K: Clock + 'static>(
         Ok((args, names)) => {
             let pod = args.pod.as_ref().map(pod_from_k8s);
             let result = if verb == Verb::Filter {
-                s.extender.filter(pod.as_ref(), &names).await
+                s.extender.filter(pod.as_ref(), names).await
             } else {
-                s.extender.filter_dry_run(pod.as_ref(), &names)
+                s.extender.filter_dry_run(pod.as_ref(), names)
             };
             let label = filter_result_label(&result);
             let domain = &s.extender.config().domain;

@@ -11,11 +11,15 @@
 //! back; otherwise it sends `Nodes` (a full `NodeList`) and reads `Nodes`, filtered the same way
 //! ([`ExtenderFilterResult::from_result`]).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::extender::{BindResult, FilterResult, PreemptResult};
 
@@ -93,6 +97,15 @@ pub struct ExtenderArgs {
 }
 
 impl ExtenderArgs {
+    /// [`candidate_names`](Self::candidate_names) without copying `NodeNames`: the list is moved out and an empty
+    /// one left in its place, so the answer's form ([`ExtenderFilterResult::from_result`]) is unchanged.
+    pub fn take_candidate_names(&mut self) -> Result<Vec<String>, WireError> {
+        match &mut self.node_names {
+            Some(names) => Ok(std::mem::take(names)),
+            None => self.candidate_names(),
+        }
+    }
+
     /// The candidate node names: `NodeNames` when sent, else the names of `Nodes.items`, else none.
     pub fn candidate_names(&self) -> Result<Vec<String>, WireError> {
         if let Some(names) = &self.node_names {
@@ -109,6 +122,94 @@ impl ExtenderArgs {
     }
 }
 
+/// A Go `map[string]string` of node name → reason (`FailedNodes`), kept as a list in the order the entries were
+/// produced: it is written as a JSON object without building a map, which matters for a live filter answer that
+/// rejects thousands of nodes. Reading accepts an object or `null`; a repeated key keeps its last value, as Go's
+/// decoder does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeReasons(pub Vec<(String, Cow<'static, str>)>);
+
+impl NodeReasons {
+    /// The reason of a node, if listed.
+    pub fn get(&self, node: &str) -> Option<&str> {
+        self.0.iter().find(|(n, _)| n == node).map(|(_, r)| r.as_ref())
+    }
+
+    /// Number of nodes listed.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no node is listed.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `(node, reason)` pairs in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(n, r)| (n.as_str(), r.as_ref()))
+    }
+}
+
+impl<N: Into<String>, R: Into<Cow<'static, str>>> FromIterator<(N, R)> for NodeReasons {
+    fn from_iter<I: IntoIterator<Item = (N, R)>>(iter: I) -> Self {
+        Self(iter.into_iter().map(|(n, r)| (n.into(), r.into())).collect())
+    }
+}
+
+impl Serialize for NodeReasons {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (node, reason) in &self.0 {
+            map.serialize_entry(node, reason.as_ref())?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeReasons {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ReasonsVisitor;
+        impl<'de> Visitor<'de> for ReasonsVisitor {
+            type Value = NodeReasons;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object of node name to reason string, or null")
+            }
+
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(NodeReasons::default())
+            }
+
+            fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(NodeReasons::default())
+            }
+
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_map(self)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+                let mut out: Vec<(String, Cow<'static, str>)> =
+                    Vec::with_capacity(access.size_hint().unwrap_or(0));
+                let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+                while let Some((node, reason)) = access.next_entry::<String, Option<String>>()? {
+                    let reason = Cow::Owned(reason.unwrap_or_default());
+                    match seen.get(&node) {
+                        Some(&i) => out[i].1 = reason,
+                        None => {
+                            seen.insert(node.clone(), out.len());
+                            out.push((node, reason));
+                        }
+                    }
+                }
+                Ok(NodeReasons(out))
+            }
+        }
+        deserializer.deserialize_option(ReasonsVisitor)
+    }
+}
+
 /// `ExtenderFilterResult`: the answer of filter and filter-dryrun.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExtenderFilterResult {
@@ -119,8 +220,8 @@ pub struct ExtenderFilterResult {
     #[serde(rename = "NodeNames", alias = "nodenames", default)]
     pub node_names: Option<Vec<String>>,
     /// `FailedNodes`: node → reason.
-    #[serde(rename = "FailedNodes", alias = "failednodes", default, deserialize_with = "null_default")]
-    pub failed_nodes: BTreeMap<String, String>,
+    #[serde(rename = "FailedNodes", alias = "failednodes", default)]
+    pub failed_nodes: NodeReasons,
     /// `FailedAndUnresolvableNodes`: node → reason, where preemption would not help (never set by vgpu).
     #[serde(rename = "FailedAndUnresolvableNodes", alias = "failedandunresolvablenodes", default)]
     pub failed_and_unresolvable_nodes: Option<BTreeMap<String, String>>,
@@ -141,7 +242,8 @@ impl ExtenderFilterResult {
         if !result.error.is_empty() {
             return Self::error(result.error);
         }
-        let mut out = Self { failed_nodes: result.failed_nodes, ..Self::default() };
+        let failed_nodes = NodeReasons(result.failed_nodes.into_iter().map(|f| (f.node, f.reason)).collect());
+        let mut out = Self { failed_nodes, ..Self::default() };
         match (&args.node_names, &args.nodes) {
             (None, Some(list)) => {
                 let passed: BTreeSet<&str> = result.node_names.iter().map(String::as_str).collect();
@@ -342,7 +444,9 @@ impl ExtenderPreemptionResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::extender::FailedNode;
     use serde_json::json;
+    use vgpu_core::alloc::ReasonCode;
 
     fn node(name: &str) -> Node {
         let mut n = Node::default();
@@ -362,7 +466,7 @@ mod tests {
         assert_eq!(args.candidate_names().unwrap(), ["n1", "n2"]);
         let r = FilterResult {
             node_names: vec!["n2".into()],
-            failed_nodes: [("n1".to_owned(), "Insufficient vGPU slots".to_owned())].into(),
+            failed_nodes: vec![FailedNode::short("n1", ReasonCode::InsufficientVgpuSlot)],
             error: String::new(),
         };
         let out = serde_json::to_value(ExtenderFilterResult::from_result(&args, r)).unwrap();
@@ -424,6 +528,31 @@ mod tests {
     }
 
     #[test]
+    fn node_reasons_null_duplicates_and_order() {
+        let r: ExtenderFilterResult = serde_json::from_str(r#"{"FailedNodes":null}"#).unwrap();
+        assert!(r.failed_nodes.is_empty());
+        let r: ExtenderFilterResult =
+            serde_json::from_str(r#"{"FailedNodes":{"b":"x","a":null,"b":"y"}}"#).unwrap();
+        assert_eq!(r.failed_nodes.iter().collect::<Vec<_>>(), [("b", "y"), ("a", "")]);
+        let err = serde_json::from_str::<ExtenderFilterResult>(r#"{"FailedNodes":["a"]}"#).unwrap_err();
+        assert!(err.to_string().contains("an object of node name to reason string"), "{err}");
+        let written = serde_json::to_string(&NodeReasons::from_iter([("z", "r1"), ("a", "r2")])).unwrap();
+        assert_eq!(written, r#"{"z":"r1","a":"r2"}"#);
+    }
+
+    proptest::proptest! {
+        /// Any list of distinct nodes round-trips through JSON in order.
+        #[test]
+        fn node_reasons_round_trip(entries in proptest::collection::btree_map("[a-z0-9.-]{1,12}", ".{0,20}", 0..20)) {
+            let mut v: Vec<(String, String)> = entries.into_iter().collect();
+            v.reverse();
+            let reasons: NodeReasons = v.iter().cloned().collect();
+            let back: NodeReasons = serde_json::from_str(&serde_json::to_string(&reasons).unwrap()).unwrap();
+            proptest::prop_assert_eq!(back, reasons);
+        }
+    }
+
+    #[test]
     fn upstream_types_test_fixtures_decode() {
         // The JSON samples of k8s.io/kube-scheduler/extender/v1 types_test.go.
         let f: ExtenderFilterResult = serde_json::from_str(
@@ -431,7 +560,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.node_names.as_deref(), Some(&["node1".to_owned()][..]));
-        assert_eq!(f.failed_nodes["foo"], "bar");
+        assert_eq!(f.failed_nodes.get("foo"), Some("bar"));
         assert_eq!(f.failed_and_unresolvable_nodes.as_ref().unwrap()["baz"], "qux");
         assert_eq!(f.error, "myerror");
         let b: ExtenderBindingArgs = serde_json::from_str(

@@ -61,7 +61,7 @@ impl Env {
         self.cluster.upsert_pod(vgpu_pod(uid, n, cores, mem, ann, &self.d))
     }
     fn filter(&self, pod: &Pod) -> vgpu_scheduler::FilterResult {
-        self.rt.block_on(self.ext.filter(Some(pod), &self.names))
+        self.rt.block_on(self.ext.filter(Some(pod), self.names.clone()))
     }
     fn bind(&self, pod: &Pod, node: &str) -> String {
         self.rt.block_on(self.ext.bind(&pod.namespace, &pod.name, &pod.uid, node)).error
@@ -84,7 +84,7 @@ fn filter_patches_pre_allocation_and_bind_marks_allocating() {
     assert_eq!(r.error, "");
     assert_eq!(r.node_names, ["n0"], "binpack ties break by name");
     assert_eq!(r.failed_nodes.len(), 2);
-    assert!(r.failed_nodes.values().all(|v| v == "pod already scheduled to another node"));
+    assert!(r.failed_nodes.iter().all(|f| f.reason == "pod already scheduled to another node"));
     let p = e.cluster.pod("default", "pod-u1").unwrap();
     assert_eq!(p.annotations[&e.d.pre_allocated()], "main[0_GPU-0_50_4096]");
     assert_eq!(p.annotations[&e.d.predicate_node()], "n0");
@@ -121,17 +121,17 @@ fn no_fit_reports_reasons_and_event_text() {
     let pod = e.pod("big", 2, 0, 0, &[]);
     let r = e.filter(&pod);
     assert!(r.node_names.is_empty() && r.error.is_empty());
-    assert_eq!(r.failed_nodes["n0"], "Insufficient GPU cards");
+    assert_eq!(r.failure("n0").unwrap(), "Insufficient GPU cards");
     let ev = e.cluster.events().pop().unwrap();
     assert_eq!(ev.reason, "FilteringFailed");
     assert_eq!(ev.message, "0/2 nodes are available: Insufficient GPU cards (n0, n1).");
     let bad = e.pod("bad", 17, 0, 0, &[]);
     assert!(e.filter(&bad).error.contains("exceeding limit"), "{}", e.filter(&bad).error);
-    assert_eq!(e.rt.block_on(e.ext.filter(None, &e.names)).error, "extenderArgs.Pod cannot be empty");
+    assert_eq!(e.rt.block_on(e.ext.filter(None, e.names.clone())).error, "extenderArgs.Pod cannot be empty");
     let p = e.pod("x", 1, 0, 0, &[]);
-    assert_eq!(e.rt.block_on(e.ext.filter(Some(&p), &[])).error, "No schedulable nodes");
-    let r = e.rt.block_on(e.ext.filter(Some(&p), &["ghost".to_string()]));
-    assert_eq!(r.failed_nodes["ghost"], "node missing from cache");
+    assert_eq!(e.rt.block_on(e.ext.filter(Some(&p), Vec::new())).error, "No schedulable nodes");
+    let r = e.rt.block_on(e.ext.filter(Some(&p), vec!["ghost".to_string()]));
+    assert_eq!(r.failure("ghost").unwrap(), "node missing from cache");
 }
 
 #[test]
@@ -231,9 +231,9 @@ fn dry_run_has_no_side_effects_and_lists_every_feasible_node() {
     let a = e.pod("a", 1, 100, 0, &[]);
     e.filter(&a);
     let b = e.pod("b", 1, 100, 0, &[]);
-    let r = e.ext.filter_dry_run(Some(&b), &e.names);
+    let r = e.ext.filter_dry_run(Some(&b), e.names.clone());
     assert_eq!(r.node_names.len(), 2);
-    let failed = r.failed_nodes.values().next().unwrap();
+    let failed = &r.failed_nodes.first().unwrap().reason;
     assert!(failed.starts_with("Insufficient vGPU cores"), "{failed}");
     assert!(!e.cluster.pod("default", "pod-b").unwrap().annotations.contains_key(&e.d.pre_allocated()));
     assert_eq!(e.ext.cache().reservation_count(), 0);
@@ -245,7 +245,7 @@ fn prioritize_and_rank_match_order_nodes() {
     for (i, cores) in [(0, 30), (1, 80), (2, 10), (3, 50)] {
         let p = e.pod(&format!("p{i}"), 1, cores, 1000 * (i + 1), &[]);
         let node = &e.names[i as usize];
-        e.rt.block_on(e.ext.filter(Some(&p), std::slice::from_ref(node)));
+        e.rt.block_on(e.ext.filter(Some(&p), vec![node.clone()]));
     }
     for policy in ["binpack", "spread", "none"] {
         let ann = vec![(e.d.node_scheduler_policy(), policy.to_string())];
@@ -289,7 +289,7 @@ fn preempt_picks_unprotected_lower_priority_victims() {
     low.priority = 1;
     low.created_ns = 1;
     let low = e.cluster.upsert_pod(low);
-    assert_eq!(e.rt.block_on(e.ext.filter(Some(&low), &e.names[..1])).node_names, ["n0"]);
+    assert_eq!(e.rt.block_on(e.ext.filter(Some(&low), e.names[..1].to_vec())).node_names, ["n0"]);
     let low = e.cluster.pod("default", "pod-low").unwrap();
     assert_eq!(e.bind(&low, "n0"), "");
     let mut ds = vgpu_pod("ds", 1, 0, 0, &[], &e.d);

@@ -220,8 +220,10 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
             &d,
         );
         let pod = cluster.upsert_pod(pod);
+        // The server gets the candidates as an owned list from the request body; copying them is not filter time.
+        let candidates = names.clone();
         let t = Instant::now();
-        let r = rt.block_on(ext.filter(Some(&pod), &names));
+        let r = rt.block_on(ext.filter(Some(&pod), candidates));
         latencies.push(t.elapsed().as_nanos() as u64);
         clock.advance(1_000_000);
         if let Some(node) = r.node_names.first() {
@@ -235,8 +237,8 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
             *rejected.entry(r.error).or_default() += 1;
         } else {
             let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-            for v in r.failed_nodes.values() {
-                *counts.entry(v.as_str()).or_default() += 1;
+            for f in &r.failed_nodes {
+                *counts.entry(f.reason.as_ref()).or_default() += 1;
             }
             let top =
                 counts.into_iter().max_by_key(|(_, c)| *c).map(|(k, _)| k.to_owned()).unwrap_or_default();
