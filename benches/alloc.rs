@@ -9,26 +9,15 @@ use vgpu_core::{
     alloc::{NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest, PodSpec, allocate},
     codec::pod_devices,
     domain::ResourceDomain,
-    model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig},
+    model::{NodeDeviceInventory, NodeVgpuConfig},
 };
 
 const DGX1_VOLTA: &str = include_str!("../crates/vgpu-core/tests/fixtures/topology/dgx1-volta.json");
 
 fn node() -> (NodeDeviceInventory, NodeVgpuConfig, NodeLinks, NodeUsage) {
-    let inventory = NodeDeviceInventory::new(
-        (0..8u32)
-            .map(|i| GpuDevice {
-                index: i,
-                uuid: format!("GPU-{i:08}"),
-                type_name: "Tesla V100-SXM2-32GB".to_owned(),
-                memory_mib: 32768,
-                cores: 100,
-                split_count: 10,
-                numa_node: Some(i / 4),
-                ..Default::default()
-            })
-            .collect(),
-    );
+    let inventory = NodeDeviceInventory::uniform(8, 32768, 10)
+        .with_type_name("Tesla V100-SXM2-32GB")
+        .with_uuids(|i| format!("GPU-{i:08}"));
     let links = NodeLinks::decode(DGX1_VOLTA).unwrap_or_else(|e| panic!("fixture: {e}"));
     let mut usage = NodeUsage::new();
     let busy = pod_devices::decode_pre_allocated(

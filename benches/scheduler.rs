@@ -18,7 +18,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use vgpu_core::alloc::{NodeLinks, NodeUsage, NodeView, PodFootprint, PodRequest, allocate, order_nodes};
 use vgpu_core::codec::{node_devices, pod_devices};
 use vgpu_core::domain::ResourceDomain;
-use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::{DeviceTopology, GpuLinks, P2PLinkType};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::wire::{ExtenderArgs, ExtenderFilterResult};
@@ -28,20 +28,9 @@ const NODES: usize = 5000;
 const PODS: usize = 20_000;
 
 fn inventory(n: usize) -> NodeDeviceInventory {
-    NodeDeviceInventory::new(
-        (0..8u32)
-            .map(|i| GpuDevice {
-                index: i,
-                uuid: format!("GPU-{n:05}-{i}"),
-                type_name: "NVIDIA H100 80GB HBM3".into(),
-                memory_mib: 81559,
-                cores: 100,
-                split_count: 10,
-                numa_node: Some(i / 4),
-                ..Default::default()
-            })
-            .collect(),
-    )
+    NodeDeviceInventory::uniform(8, 81559, 10)
+        .with_type_name("NVIDIA H100 80GB HBM3")
+        .with_uuids(|i| format!("GPU-{n:05}-{i}"))
 }
 
 fn nvswitch() -> DeviceTopology {

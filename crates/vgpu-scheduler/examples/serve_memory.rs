@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vgpu_core::domain::ResourceDomain;
-use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, ServerConfig};
 use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, Readiness, SystemClock};
@@ -40,20 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let d = ResourceDomain::default();
     let cluster = MemoryCluster::new();
-    let inventory = NodeDeviceInventory::new(
-        (0..4)
-            .map(|i| GpuDevice {
-                index: i,
-                uuid: format!("GPU-{i}"),
-                type_name: "A100".into(),
-                memory_mib: 40960,
-                cores: 100,
-                split_count: 4,
-                numa_node: Some(i / 2),
-                ..Default::default()
-            })
-            .collect(),
-    );
+    let inventory = NodeDeviceInventory::uniform(4, 40960, 4).with_type_name("A100");
     for n in 0..4 {
         cluster.upsert_node(vgpu_node(&format!("n{n}"), &inventory, &NodeVgpuConfig::default(), None, &d)?);
     }

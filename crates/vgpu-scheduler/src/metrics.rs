@@ -685,24 +685,10 @@ mod tests {
 
     #[test]
     fn placement_results_from_claims_and_topology() {
-        use vgpu_core::model::{
-            ContainerDeviceClaim, DeviceClaim, GpuDevice, NodeDeviceInventory, NodeVgpuConfig,
-        };
+        use vgpu_core::model::{ContainerDeviceClaim, DeviceClaim, NodeDeviceInventory, NodeVgpuConfig};
         use vgpu_core::topology::{DeviceTopology, GpuLinks, P2PLinkType};
         let d = ResourceDomain::default();
-        let inv = NodeDeviceInventory::new(
-            (0..4u32)
-                .map(|i| GpuDevice {
-                    index: i,
-                    uuid: format!("GPU-{i}"),
-                    memory_mib: 1024,
-                    cores: 100,
-                    split_count: 2,
-                    numa_node: Some(i / 2),
-                    ..Default::default()
-                })
-                .collect(),
-        );
+        let inv = NodeDeviceInventory::uniform(4, 1024, 2);
         // 0-1 and 2-3 joined by one NVLink (code 7), everything else through the host bridge (PHB, 3).
         let code = |a: usize, b: usize| if a / 2 == b / 2 { 7 } else { 3 };
         let topo = DeviceTopology {

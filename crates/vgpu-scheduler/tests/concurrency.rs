@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use vgpu_core::domain::ResourceDomain;
-use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster};
 
@@ -17,19 +17,7 @@ const NODES: usize = 50;
 fn run(serialize: bool) {
     let d = ResourceDomain::default();
     let cluster = MemoryCluster::new().without_event_log();
-    let inv = NodeDeviceInventory::new(
-        (0..4u32)
-            .map(|i| GpuDevice {
-                index: i,
-                uuid: format!("GPU-{i}"),
-                memory_mib: 24576,
-                cores: 100,
-                split_count: 3,
-                numa_node: Some(i / 2),
-                ..Default::default()
-            })
-            .collect(),
-    );
+    let inv = NodeDeviceInventory::uniform(4, 24576, 3);
     let names: Arc<Vec<String>> = Arc::new((0..NODES).map(|i| format!("n{i}")).collect());
     for n in names.iter() {
         cluster.upsert_node(vgpu_node(n, &inv, &NodeVgpuConfig::default(), None, &d).unwrap());

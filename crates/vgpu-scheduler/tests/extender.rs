@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use vgpu_core::alloc::{NodeUsage, NodeView, PodRequest, order_nodes};
 use vgpu_core::domain::ResourceDomain;
-use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::rank::{ResolveMemo, score_state, sort_ranked};
 use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, PodPhase};
@@ -14,20 +14,7 @@ use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, 
 const T0: i64 = 1_700_000_000_000_000_000;
 
 fn inventory(gpus: u32, mem: u64) -> NodeDeviceInventory {
-    NodeDeviceInventory::new(
-        (0..gpus)
-            .map(|i| GpuDevice {
-                index: i,
-                uuid: format!("GPU-{i}"),
-                type_name: "A100".into(),
-                memory_mib: mem,
-                cores: 100,
-                split_count: 4,
-                numa_node: Some(i / 2),
-                ..Default::default()
-            })
-            .collect(),
-    )
+    NodeDeviceInventory::uniform(gpus, mem, 4).with_type_name("A100")
 }
 
 struct Env {

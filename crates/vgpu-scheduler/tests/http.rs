@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use vgpu_core::domain::ResourceDomain;
-use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, ServerConfig, router, serve};
 use vgpu_scheduler::tls::CertReloader;
@@ -27,20 +27,12 @@ use vgpu_scheduler::{
 const T0: i64 = 1_700_000_000_000_000_000;
 
 fn inventory(gpus: u32, split: u32) -> NodeDeviceInventory {
-    NodeDeviceInventory::new(
-        (0..gpus)
-            .map(|i| GpuDevice {
-                index: i,
-                uuid: format!("GPU-{i}"),
-                type_name: "A100".into(),
-                memory_mib: 16384,
-                cores: 100,
-                split_count: split,
-                numa_node: Some(i / 2),
-                ..Default::default()
-            })
-            .collect(),
-    )
+    let mut inv = NodeDeviceInventory::uniform(gpus, 16384, split).with_type_name("A100");
+    // Two GPUs per NUMA node (the NUMA-mode placement below relies on it).
+    for d in &mut inv.devices {
+        d.numa_node = Some(d.index / 2);
+    }
+    inv
 }
 
 struct Opts {

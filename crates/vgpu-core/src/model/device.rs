@@ -160,6 +160,50 @@ impl NodeDeviceInventory {
         Self { devices }
     }
 
+    /// `count` identical healthy GPUs on a two-socket node, for tests, examples, benches and simulations: GPU `i`
+    /// has UUID `GPU-<i>`, 100 cores, `memory_mib` MiB and `split_count` vGPU slots, and sits on NUMA node 0 in
+    /// the first half and 1 in the second. Adjust with [`with_type_name`](Self::with_type_name) and
+    /// [`with_uuids`](Self::with_uuids), or edit `devices`.
+    ///
+    /// ```
+    /// use vgpu_core::model::NodeDeviceInventory;
+    /// let inv = NodeDeviceInventory::uniform(4, 40960, 10).with_type_name("A100");
+    /// assert_eq!(inv.schedulable().count(), 4);
+    /// assert_eq!(inv.devices[3].uuid, "GPU-3");
+    /// assert_eq!(inv.devices.iter().map(|d| d.numa_node).collect::<Vec<_>>(), [Some(0), Some(0), Some(1), Some(1)]);
+    /// ```
+    pub fn uniform(count: u32, memory_mib: u64, split_count: u32) -> Self {
+        let devices = (0..count)
+            .map(|i| GpuDevice {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                memory_mib,
+                cores: 100,
+                split_count,
+                numa_node: Some(u32::from(i >= count.div_ceil(2))),
+                health: DeviceHealth::Healthy,
+                ..GpuDevice::default()
+            })
+            .collect();
+        Self { devices }
+    }
+
+    /// Sets every GPU's type name.
+    pub fn with_type_name(mut self, type_name: &str) -> Self {
+        for d in &mut self.devices {
+            d.type_name = type_name.to_owned();
+        }
+        self
+    }
+
+    /// Sets every GPU's UUID from its index.
+    pub fn with_uuids(mut self, uuid: impl Fn(u32) -> String) -> Self {
+        for d in &mut self.devices {
+            d.uuid = uuid(d.index);
+        }
+        self
+    }
+
     /// Number of devices.
     pub fn len(&self) -> usize {
         self.devices.len()
