@@ -110,6 +110,7 @@ pub mod kube_cluster;
 pub mod leader;
 pub mod metrics;
 pub mod prealloc;
+pub mod process_metrics;
 pub mod rank;
 pub mod readiness;
 pub mod server;

@@ -1,5 +1,6 @@
 //! Scheduler metrics (contract §3.6): the `vgpu_scheduler_*` families in a prometheus-client registry,
-//! exposed by the server's `GET /metrics` in the OpenMetrics text format.
+//! exposed by the server's `GET /metrics` in the OpenMetrics text format, followed by the standard `process_*` families
+//! ([`process_metrics`](crate::process_metrics)).
 //!
 //! | family | labels | filled by |
 //! |---|---|---|
@@ -361,6 +362,8 @@ fn link_search_histogram() -> Histogram {
 /// `&self`.
 pub struct Metrics {
     registry: Registry,
+    /// The `process_*` families (no prefix).
+    process: Registry,
     verb_total: Family<VerbResult, Counter>,
     verb_duration: Family<VerbStage, Histogram, fn() -> Histogram>,
     node_reject: Family<VerbCode, Counter>,
@@ -462,8 +465,11 @@ impl Metrics {
         for result in ["rail", "component", "none"] {
             let _ = crosspod_alignment.get_or_create(&ResultLabel { result });
         }
+        let mut process = Registry::default();
+        process.register_collector(Box::new(crate::process_metrics::ProcessCollector));
         Self {
             registry,
+            process,
             verb_total,
             verb_duration,
             node_reject,
@@ -483,10 +489,14 @@ impl Metrics {
         &self.registry
     }
 
-    /// The OpenMetrics text exposition (served with [`CONTENT_TYPE`]).
+    /// The OpenMetrics text exposition (served with [`CONTENT_TYPE`]): the `vgpu_scheduler_*` families, then
+    /// the `process_*` ones ([`process_metrics`](crate::process_metrics)).
     pub fn encode(&self) -> Result<String, fmt::Error> {
+        use prometheus_client::encoding::text;
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        text::encode_registry(&mut out, &self.registry)?;
+        text::encode_registry(&mut out, &self.process)?;
+        text::encode_eof(&mut out)?;
         Ok(out)
     }
 

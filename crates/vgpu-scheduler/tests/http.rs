@@ -666,6 +666,8 @@ async fn metrics_and_version() {
         "# TYPE vgpu_scheduler_link_search_candidates histogram",
         "# TYPE vgpu_scheduler_crosspod_alignment counter",
         "# TYPE vgpu_scheduler_topology_strict_reject counter",
+        "# TYPE process_cpu_seconds counter",
+        "# TYPE process_resident_memory_bytes gauge",
         "# EOF",
     ] {
         assert!(text.contains(line), "{line} missing in\n{text}");
