@@ -5,10 +5,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use vgpu_core::alloc::{
-    ContainerRole, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest, PodSpec, allocate,
+    Alignment, AlignmentWindow, ContainerRole, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint,
+    PodRequest, PodSpec, allocate, place, place_aligned,
 };
 use vgpu_core::domain::ResourceDomain;
-use vgpu_core::model::{DeviceHealth, GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_core::model::{
+    ContainerDeviceClaim, DeviceClaim, DeviceHealth, GpuDevice, NodeDeviceInventory, NodeVgpuConfig,
+    PodDeviceClaim,
+};
 
 fn device() -> impl Strategy<Value = (u32, u64, u64, Option<u32>, bool, bool)> {
     (
@@ -111,6 +115,103 @@ proptest! {
                 prop_assert!(u.number <= dev.split_count, "slots {} > {} on {}", u.number, dev.split_count, dev.index);
                 prop_assert!(u.cores <= dev.cores, "cores {} > {} on {}", u.cores, dev.cores, dev.index);
                 prop_assert!(u.memory_mib <= dev.memory_mib, "memory {} > {} on {}", u.memory_mib, dev.memory_mib, dev.index);
+            }
+        }
+    }
+}
+
+const FIXTURES: [&str; 3] = [
+    include_str!("fixtures/topology/dgx1-volta.json"),
+    include_str!("fixtures/topology/hgx-nvswitch-8x.json"),
+    include_str!("fixtures/topology/two-islands-16x.json"),
+];
+
+fn subset(n: usize) -> impl Strategy<Value = Option<Vec<u32>>> {
+    prop::option::of(prop::collection::btree_set(0..n as u32, 0..=n).prop_map(|s| s.into_iter().collect()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Cross-pod windows on fixture topologies with random usage: no window or whole-node windows change
+    /// nothing; a non-strict request is never rejected because of alignment; a windowed placement stays inside
+    /// its window; a strict request with an anchor stays inside the windows.
+    #[test]
+    fn alignment_windows(
+        fixture in 0usize..FIXTURES.len(),
+        used in prop::collection::vec((0u32..=4, 0u64..=100), 16),
+        need in 1u64..=6,
+        cores in prop::sample::select(vec![0u64, 10, 30, 60]),
+        strict in any::<bool>(),
+        policy in prop::sample::select(vec!["none", "binpack", "spread"]),
+        raw_rail in subset(16),
+        raw_anchor in subset(16),
+    ) {
+        let d = ResourceDomain::default();
+        let links = NodeLinks::decode(FIXTURES[fixture]).unwrap();
+        let n = links.len();
+        let inv = NodeDeviceInventory::new((0..n as u32).map(|i| GpuDevice {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            type_name: "T".into(),
+            memory_mib: 16384,
+            cores: 100,
+            split_count: 4,
+            numa_node: Some(i * 2 / n as u32),
+            ..Default::default()
+        }).collect());
+        let mut usage = NodeUsage::new();
+        for (i, &(slots, c)) in used.iter().take(n).enumerate() {
+            let devices: Vec<DeviceClaim> = (0..slots).map(|_| DeviceClaim {
+                index: i as u32, uuid: format!("GPU-{i}"), cores: c / 4, memory_mib: 1024,
+            }).collect();
+            let claim = PodDeviceClaim { containers: vec![ContainerDeviceClaim { name: "c".into(), devices }] };
+            usage.insert_pod(format!("busy{i}"), PodFootprint::from_claim(&claim));
+        }
+        let cfg = NodeVgpuConfig::default();
+        let spec = PodSpec::new()
+            .annotation(d.device_scheduler_policy(), policy)
+            .annotation(d.device_topology_mode(), if strict { "link-strict" } else { "link" })
+            .container(PodContainer::app("m").limit(d.vgpu_number(), need).limit(d.vgpu_cores(), cores)
+                .limit(d.vgpu_memory(), 1024));
+        let req = PodRequest::from_pod(&spec, &d).unwrap();
+        let view = NodeView { name: "n", inventory: &inv, config: &cfg, links: Some(&links), usage: &usage };
+        let resolved = req.resolve(&inv, &cfg);
+        let plain = place(&req, &resolved, &view);
+        let strip = |r: &Result<vgpu_core::alloc::PodAllocation, vgpu_core::alloc::NodeFailure>| {
+            r.clone().map(|a| (a.claim, a.notices))
+        };
+
+        // No window, and windows covering the whole node: the placement of `place`.
+        let all: Vec<u32> = (0..n as u32).collect();
+        for a in [
+            Alignment::default(),
+            Alignment { rail_gpus: Some(all.clone()), anchor_gpus: None },
+            Alignment { rail_gpus: None, anchor_gpus: Some(all.clone()) },
+            Alignment { rail_gpus: Some(all.clone()), anchor_gpus: Some(all.clone()) },
+        ] {
+            let got = place_aligned(&req, &resolved, &view, Some(&a));
+            prop_assert_eq!(strip(&got), strip(&plain), "{:?}", a);
+        }
+
+        // Random windows.
+        let clip = |w: Option<Vec<u32>>| w.map(|v| v.into_iter().filter(|&i| (i as usize) < n).collect::<Vec<u32>>());
+        let a = Alignment { rail_gpus: clip(raw_rail), anchor_gpus: clip(raw_anchor) };
+        let got = place_aligned(&req, &resolved, &view, Some(&a));
+        if !strict {
+            prop_assert_eq!(got.is_ok(), plain.is_ok(), "alignment never rejects a non-strict request");
+        }
+        if let Ok(got) = &got {
+            let picked: Vec<u32> = got.claim.devices().map(|x| x.index).collect();
+            let inside = |w: &Option<Vec<u32>>| w.as_ref().is_some_and(|w| picked.iter().all(|i| w.contains(i)));
+            match got.alignment {
+                Some(AlignmentWindow::Rail) => prop_assert!(inside(&a.rail_gpus)),
+                Some(AlignmentWindow::Component) => prop_assert!(inside(&a.anchor_gpus)),
+                Some(AlignmentWindow::None) => {}
+                None => prop_assert!(false, "alignment given but not reported"),
+            }
+            if strict && a.anchor_gpus.is_some() {
+                prop_assert!(inside(&a.rail_gpus) || inside(&a.anchor_gpus), "strict + anchor left the windows");
             }
         }
     }

@@ -12,11 +12,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use vgpu_core::alloc::{
-    NodeFailure, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest, PodSpec, ReasonCode,
-    decode_node, topology_fitness,
+    NodeDomains, NodeFailure, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest,
+    PodSpec, ReasonCode, decode_node, topology_fitness,
 };
+use vgpu_core::codec::node_gpu_domain;
 use vgpu_core::domain::ResourceDomain;
-use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig, TopologyMode};
+use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig, PodDeviceClaim, TopologyMode};
 
 use crate::cluster::{Node, Pod, WatchEvent};
 use crate::prealloc::{self, Counting};
@@ -37,12 +38,20 @@ pub struct DecodedNode {
     pub uniform_memory: Option<u64>,
     /// Slots, cores, memory over schedulable GPUs.
     pub totals: [u64; 3],
+    /// NVLink components, domain signatures and rail keys for cross-pod alignment (from the links and the
+    /// optional `node-gpu-domain` rail map; a rail map that does not decode is ignored).
+    pub domains: NodeDomains,
     fitness_link: OnceLock<[u8; MAX_NEED + 1]>,
     fitness_numa: OnceLock<[u8; MAX_NEED + 1]>,
 }
 
 impl DecodedNode {
-    fn new(inventory: NodeDeviceInventory, config: NodeVgpuConfig, links: Option<NodeLinks>) -> Self {
+    fn new(
+        inventory: NodeDeviceInventory,
+        config: NodeVgpuConfig,
+        links: Option<NodeLinks>,
+        rails: Option<&str>,
+    ) -> Self {
         let uniform_memory = {
             let mut sizes = inventory.schedulable().map(|d| d.memory_mib);
             sizes.next().filter(|f| sizes.all(|s| s == *f))
@@ -53,12 +62,15 @@ impl DecodedNode {
             totals[1] += d.cores;
             totals[2] += d.memory_mib;
         }
+        let rails = rails.and_then(|r| node_gpu_domain::decode(r).ok());
+        let domains = NodeDomains::new(&inventory, links.as_ref(), rails.as_ref());
         Self {
             inventory,
             config,
             links,
             uniform_memory,
             totals,
+            domains,
             fitness_link: OnceLock::new(),
             fitness_numa: OnceLock::new(),
         }
@@ -102,7 +114,7 @@ pub struct NodeState {
     pub name: String,
     /// Decoded annotations, or why the node cannot take vGPU pods.
     pub decoded: Result<Arc<DecodedNode>, NodeFailure>,
-    raw: [Option<String>; 3],
+    raw: [Option<String>; 4],
     enabled: bool,
     /// GPU usage by counted pods and reservations (keyed by pod UID).
     pub usage: NodeUsage,
@@ -159,6 +171,36 @@ pub type NodeSlot = Arc<Mutex<NodeState>>;
 struct PodRecord {
     pod: Arc<Pod>,
     counted: Option<(String, PodFootprint)>,
+    /// Distinct GPU UUIDs of the planned claim, kept only for counted pods in a sibling group.
+    uuids: Vec<String>,
+}
+
+/// A sibling group for cross-pod alignment: a gang, or the pods of one controller.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Group {
+    Gang(String),
+    Owner(String),
+}
+
+/// The groups a pod is indexed under (its gang and its controller, when set).
+fn groups_of(pod: &Pod) -> Vec<Group> {
+    let mut g = Vec::new();
+    if let Some(gang) = &pod.gang {
+        g.push(Group::Gang(gang.clone()));
+    }
+    if let Some(owner) = &pod.owner_uid {
+        g.push(Group::Owner(owner.clone()));
+    }
+    g
+}
+
+/// The group whose members are a pod's siblings: its gang, else its controller.
+fn sibling_group(pod: &Pod) -> Option<Group> {
+    match (&pod.gang, &pod.owner_uid) {
+        (Some(gang), _) => Some(Group::Gang(gang.clone())),
+        (None, Some(owner)) => Some(Group::Owner(owner.clone())),
+        (None, None) => None,
+    }
 }
 
 #[derive(Debug, Default)]
@@ -170,6 +212,29 @@ struct Index {
     deadlines: BTreeSet<(i64, String, bool)>,
     /// pods whose planned node is not (yet) in the cache.
     orphans: HashMap<String, BTreeSet<String>>,
+    /// sibling group → member UIDs.
+    groups: HashMap<Group, BTreeSet<String>>,
+}
+
+impl Index {
+    fn ungroup(&mut self, group: &Group, uid: &str) {
+        if let Some(members) = self.groups.get_mut(group) {
+            members.remove(uid);
+            if members.is_empty() {
+                self.groups.remove(group);
+            }
+        }
+    }
+}
+
+fn distinct_uuids(claim: &PodDeviceClaim) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for d in claim.devices() {
+        if !out.contains(&d.uuid) {
+            out.push(d.uuid.clone());
+        }
+    }
+    out
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -232,6 +297,25 @@ impl ClusterCache {
         lock(&self.index).pods.get(uid).and_then(|r| r.counted.as_ref().map(|c| c.0.clone()))
     }
 
+    /// The placements of a pod's gang siblings — pods of the same gang, or, for a pod without a gang, of the same
+    /// controller — other than the pod itself, while counted: (planned node, distinct GPU UUIDs of the planned
+    /// claim). Served from an index kept on pod events (no scan); empty for a pod with neither gang nor
+    /// controller.
+    pub fn sibling_placements(&self, pod: &Pod) -> Vec<(String, Vec<String>)> {
+        let Some(group) = sibling_group(pod) else { return Vec::new() };
+        let idx = lock(&self.index);
+        let Some(members) = idx.groups.get(&group) else { return Vec::new() };
+        members
+            .iter()
+            .filter(|u| **u != pod.uid)
+            .filter_map(|u| idx.pods.get(u))
+            .filter_map(|r| {
+                let (node, _) = r.counted.as_ref()?;
+                (!r.uuids.is_empty()).then(|| (node.clone(), r.uuids.clone()))
+            })
+            .collect()
+    }
+
     /// Pods counted on a node.
     pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
         let uids: Vec<String> = match self.node(node) {
@@ -262,12 +346,13 @@ impl ClusterCache {
         }
     }
 
-    fn decode(&self, node: &Node) -> ([Option<String>; 3], bool, Result<Arc<DecodedNode>, NodeFailure>) {
+    fn decode(&self, node: &Node) -> ([Option<String>; 4], bool, Result<Arc<DecodedNode>, NodeFailure>) {
         let d = &self.domain;
         let raw = [
             node.annotations.get(&d.node_device_register()).cloned(),
             node.annotations.get(&d.node_config_info()).cloned(),
             node.annotations.get(&d.node_device_topology()).cloned(),
+            node.annotations.get(&d.node_gpu_domain()).cloned(),
         ];
         let enabled = node.allocatable.get(&d.vgpu_number()).is_some_and(|&n| n > 0);
         let decoded = if !enabled {
@@ -275,7 +360,7 @@ impl ClusterCache {
         } else {
             decode_node(raw[0].as_deref(), raw[1].as_deref()).map(|(inv, cfg)| {
                 let links = raw[2].as_deref().and_then(|t| NodeLinks::decode(t).ok());
-                Arc::new(DecodedNode::new(inv, cfg, links))
+                Arc::new(DecodedNode::new(inv, cfg, links, raw[3].as_deref()))
             })
         };
         (raw, enabled, decoded)
@@ -290,7 +375,8 @@ impl ClusterCache {
             let same = s.enabled == enabled
                 && s.raw[0].as_deref() == node.annotations.get(&d.node_device_register()).map(String::as_str)
                 && s.raw[1].as_deref() == node.annotations.get(&d.node_config_info()).map(String::as_str)
-                && s.raw[2].as_deref() == node.annotations.get(&d.node_device_topology()).map(String::as_str);
+                && s.raw[2].as_deref() == node.annotations.get(&d.node_device_topology()).map(String::as_str)
+                && s.raw[3].as_deref() == node.annotations.get(&d.node_gpu_domain()).map(String::as_str);
             if !same {
                 let (raw, enabled, decoded) = self.decode(node);
                 s.raw = raw;
@@ -361,6 +447,13 @@ impl ClusterCache {
     /// and always applies).
     pub fn upsert_pod(&self, pod: Pod, now_ns: i64) {
         let (counted, until) = self.counting_of(&pod, now_ns);
+        let groups = groups_of(&pod);
+        let uuids = match (&counted, groups.is_empty()) {
+            (Some(_), false) => {
+                prealloc::planned_claim(&pod, &self.domain).map(|c| distinct_uuids(&c)).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
         let mut idx = lock(&self.index);
         let old = idx.pods.get(&pod.uid);
         if let Some(old) = old
@@ -370,7 +463,14 @@ impl ClusterCache {
             return;
         }
         let old_counted = old.and_then(|r| r.counted.clone());
+        let old_groups = old.map(|r| groups_of(&r.pod)).unwrap_or_default();
         let uid = pod.uid.clone();
+        for g in old_groups.iter().filter(|g| !groups.contains(g)) {
+            idx.ungroup(g, &uid);
+        }
+        for g in groups {
+            idx.groups.entry(g).or_default().insert(uid.clone());
+        }
         // Take away the old counting where it moved or vanished.
         if let Some((old_node, _)) = &old_counted
             && counted.as_ref().is_none_or(|(n, _)| n != old_node)
@@ -400,7 +500,7 @@ impl ClusterCache {
                 idx.deadlines.insert((t, uid.clone(), false));
             }
         }
-        idx.pods.insert(uid, PodRecord { pod: Arc::new(pod), counted });
+        idx.pods.insert(uid, PodRecord { pod: Arc::new(pod), counted, uuids });
     }
 
     fn uncount(&self, idx: &mut Index, node: &str, uid: &str) {
@@ -419,10 +519,13 @@ impl ClusterCache {
     /// Removes a pod and everything it held.
     pub fn delete_pod(&self, uid: &str) {
         let mut idx = lock(&self.index);
-        if let Some(rec) = idx.pods.remove(uid)
-            && let Some((node, _)) = rec.counted
-        {
-            self.uncount(&mut idx, &node, uid);
+        if let Some(rec) = idx.pods.remove(uid) {
+            for g in groups_of(&rec.pod) {
+                idx.ungroup(&g, uid);
+            }
+            if let Some((node, _)) = rec.counted {
+                self.uncount(&mut idx, &node, uid);
+            }
         }
         self.drop_reservation(&mut idx, uid, None);
     }
@@ -542,5 +645,119 @@ impl ClusterCache {
                 (s.name.clone(), s.usage.pod_count())
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vgpu_core::codec::node_gpu_domain::{self, GpuRails};
+    use vgpu_core::model::GpuDevice;
+    use vgpu_core::topology::DeviceTopology;
+
+    use super::*;
+    use crate::fixture::{vgpu_node, vgpu_pod};
+
+    fn node(rails: Option<&str>) -> Node {
+        let d = ResourceDomain::default();
+        let inv = NodeDeviceInventory::new(
+            (0..4)
+                .map(|i| GpuDevice {
+                    index: i,
+                    uuid: format!("G{i}"),
+                    memory_mib: 1024,
+                    cores: 100,
+                    split_count: 2,
+                    ..Default::default()
+                })
+                .collect(),
+        );
+        // NVLink inside 0-1 and inside 2-3.
+        let topo = DeviceTopology::decode(
+            r#"[{"index":0,"links":{"1":[7]}},{"index":1,"links":{"0":[7]}},
+                {"index":2,"links":{"3":[7]}},{"index":3,"links":{"2":[7]}}]"#,
+        )
+        .unwrap();
+        let mut n = vgpu_node("n", &inv, &NodeVgpuConfig::default(), Some(&topo), &d).unwrap();
+        if let Some(r) = rails {
+            n.annotations.insert(d.node_gpu_domain(), r.to_owned());
+        }
+        n
+    }
+
+    fn domains(cache: &ClusterCache) -> NodeDomains {
+        let slot = cache.node("n").unwrap();
+        let s = lock(&slot);
+        s.decoded.as_ref().unwrap().domains.clone()
+    }
+
+    #[test]
+    fn node_gpu_domain_is_decoded_per_node_change_and_bad_json_ignored() {
+        let cache = ClusterCache::new(ResourceDomain::default(), 0);
+        cache.upsert_node(&node(None));
+        let plain = domains(&cache);
+        assert_eq!(plain.components(), [vec![0, 1], vec![2, 3]]);
+        assert_eq!((plain.signature(1), plain.rail_key(2)), (Some("ord:1"), Some("idx:2")));
+        // Bad JSON: treated as absent.
+        cache.upsert_node(&node(Some("{not json")));
+        assert_eq!(domains(&cache), plain);
+        // A complete map is used; the node is re-decoded when only this annotation changes.
+        let rails: GpuRails = (0..4).map(|i| (format!("G{i}"), format!("r{}", 3 - i))).collect();
+        cache.upsert_node(&node(Some(&node_gpu_domain::encode(&rails))));
+        let railed = domains(&cache);
+        assert_eq!((railed.signature(1), railed.rail_key(2)), (Some("rail:r0,r1"), Some("rail:r1")));
+        // A map missing a GPU is not trusted.
+        let partial: GpuRails = rails.into_iter().take(3).collect();
+        cache.upsert_node(&node(Some(&node_gpu_domain::encode(&partial))));
+        assert_eq!(domains(&cache), plain);
+    }
+
+    fn placed(uid: &str, gang: Option<&str>, owner: Option<&str>, claim: Option<&str>) -> Pod {
+        let d = ResourceDomain::default();
+        let mut p = vgpu_pod(uid, 1, 0, 0, &[], &d);
+        p.gang = gang.map(str::to_owned);
+        p.owner_uid = owner.map(str::to_owned);
+        if let Some(c) = claim {
+            p.annotations.insert(d.pre_allocated(), c.to_owned());
+            p.annotations.insert(d.predicate_node(), "n".to_owned());
+        }
+        p
+    }
+
+    #[test]
+    fn sibling_index_follows_pod_events() {
+        let cache = ClusterCache::new(ResourceDomain::default(), 0);
+        cache.upsert_node(&node(None));
+        let me = placed("me", Some("ns/g"), Some("rs"), None);
+        cache.upsert_pod(placed("a", Some("ns/g"), None, Some("main[0_G0_0_1024,1_G1_0_1024]")), 0);
+        cache.upsert_pod(placed("b", Some("ns/g"), Some("rs"), Some("main[1_G1_0_1024];x[1_G1_0_1024]")), 0);
+        cache.upsert_pod(placed("c", None, Some("rs"), Some("main[2_G2_0_1024]")), 0);
+        cache.upsert_pod(placed("d", Some("ns/g"), None, None), 0);
+        cache.upsert_pod(me.clone(), 0);
+        let mut got = cache.sibling_placements(&me);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("n".to_owned(), vec!["G0".to_owned(), "G1".to_owned()]),
+                ("n".to_owned(), vec!["G1".to_owned()])
+            ],
+            "gang members only, placed ones only, self excluded, UUIDs distinct"
+        );
+        // Without a gang, the controller's pods are the siblings.
+        let orphan = placed("o", None, Some("rs"), None);
+        let mut got: Vec<Vec<String>> = cache.sibling_placements(&orphan).into_iter().map(|p| p.1).collect();
+        got.sort();
+        assert_eq!(got, [vec!["G1".to_owned()], vec!["G2".to_owned()]]);
+        assert!(cache.sibling_placements(&placed("z", None, None, None)).is_empty());
+        // Leaving the gang, losing the placement, and deletion all update the index.
+        cache.upsert_pod(placed("a", Some("ns/other"), None, Some("main[0_G0_0_1024]")), 0);
+        cache.upsert_pod(placed("b", Some("ns/g"), Some("rs"), None), 0);
+        assert!(cache.sibling_placements(&me).is_empty());
+        assert_eq!(cache.sibling_placements(&placed("q", Some("ns/other"), None, None)).len(), 1);
+        cache.delete_pod("a");
+        cache.delete_pod("c");
+        assert!(cache.sibling_placements(&placed("q", Some("ns/other"), None, None)).is_empty());
+        assert!(cache.sibling_placements(&orphan).is_empty());
+        assert!(lock(&cache.index).groups.keys().all(|g| *g != Group::Gang("ns/other".into())));
     }
 }

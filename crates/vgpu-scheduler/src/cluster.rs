@@ -75,6 +75,9 @@ pub struct Pod {
     pub unschedulable_since_ns: Option<i64>,
     /// Kind of the controlling owner reference (`DaemonSet`, `ReplicaSet`, …).
     pub owner_kind: Option<String>,
+    /// UID of the controlling owner reference: without a gang, pods of the same controller are gang siblings
+    /// for cross-pod alignment.
+    pub owner_uid: Option<String>,
     /// Gang identity (`<namespace>/<group>`), if any.
     pub gang: Option<String>,
     /// `metadata.resourceVersion` as a counter: the cache ignores events older than what it holds.

@@ -154,6 +154,7 @@ pub fn pod_from_k8s(pod: &corev1::Pod) -> Pod {
         })
         .and_then(|c| c.last_transition_time.as_ref())
         .map(time_ns);
+    let controller = meta.owner_references.iter().flatten().find(|o| o.controller == Some(true));
     Pod {
         uid: meta.uid.clone().unwrap_or_default(),
         namespace: meta.namespace.clone().unwrap_or_default(),
@@ -167,12 +168,8 @@ pub fn pod_from_k8s(pod: &corev1::Pod) -> Pod {
         priority: spec.and_then(|s| s.priority).unwrap_or(0),
         created_ns: meta.creation_timestamp.as_ref().map(time_ns).unwrap_or(0),
         unschedulable_since_ns,
-        owner_kind: meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.kind.clone()),
+        owner_kind: controller.map(|o| o.kind.clone()),
+        owner_uid: controller.map(|o| o.uid.clone()).filter(|u| !u.is_empty()),
         gang: gang_of(pod),
         resource_version: resource_version(meta),
     }
@@ -241,6 +238,7 @@ mod tests {
         assert_eq!(p.created_ns, 1_767_323_045_000_000_000);
         assert_eq!(p.unschedulable_since_ns, Some(1_767_323_046_000_000_000));
         assert_eq!(p.owner_kind.as_deref(), Some("ReplicaSet"));
+        assert_eq!(p.owner_uid.as_deref(), Some("r"));
         assert_eq!(p.gang.as_deref(), Some("ns/g1"));
         assert_eq!(p.spec.containers.len(), 3);
         assert_eq!(p.spec.containers[0], PodContainer::init("init").limit("nvidia.com/vgpu-number", "1"));
@@ -288,6 +286,7 @@ mod tests {
         }));
         assert_eq!(gang_of(&grouped), Some("ns/sg".into()));
         assert_eq!(pod_from_k8s(&owned).owner_kind, None);
+        assert_eq!(pod_from_k8s(&owned).owner_uid, None, "not a controller reference");
     }
 
     #[test]

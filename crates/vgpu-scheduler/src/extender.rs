@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use vgpu_core::alloc::{
-    NodeFailure, NodeUsage, NodeView, PodAllocation, PodRequest, ReasonCode, RequestBuildError, place,
-    precheck, render_unavailable,
+    AlignmentWindow, NodeFailure, NodeUsage, NodeView, PodAllocation, PodRequest, ReasonCode,
+    RequestBuildError, place, place_aligned, precheck, render_unavailable,
 };
 use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
@@ -18,6 +18,7 @@ use vgpu_gates::{CoreGate, FeatureGates};
 use crate::cache::{ClusterCache, NodeSlot, NodeState};
 use crate::clock::Clock;
 use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MemoryCluster, MetadataPatch, Pod};
+use crate::gang::GangPlacement;
 use crate::prealloc::{self, PREDICATE_TIME_DONE, phase};
 use crate::rank::{Ranking, ResolveMemo, score_state};
 
@@ -235,6 +236,12 @@ pub trait ExtenderObserver: Send + Sync {
     fn filter_stage(&self, stage: FilterStage, elapsed: std::time::Duration) {
         let _ = (stage, elapsed);
     }
+
+    /// A live filter placed a pod whose gang siblings were already placed, from this cross-pod window
+    /// (reported once per placed pod, after its pre-allocation patch).
+    fn crosspod_window(&self, window: AlignmentWindow) {
+        let _ = window;
+    }
 }
 
 const BIND_STRIPES: usize = 64;
@@ -265,12 +272,14 @@ fn fnv32a(s: &str) -> u32 {
     s.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
-/// Allocates the pod on a locked node, excluding the pod's own earlier counting there.
+/// Allocates the pod on a locked node, excluding the pod's own earlier counting there; with the pod's gang
+/// placement, link placement tries its cross-pod windows on this node.
 fn try_place(
     request: &PodRequest,
     memo: &mut ResolveMemo,
     state: &NodeState,
     uid: &str,
+    gang: Option<&GangPlacement>,
 ) -> Result<PodAllocation, NodeFailure> {
     let d = state.decoded.as_ref().map_err(Clone::clone)?;
     let own;
@@ -292,7 +301,10 @@ fn try_place(
     view.check(request)?;
     let resolved = memo.get(request, d);
     precheck(request, resolved, &view)?;
-    place(request, resolved, &view)
+    match gang {
+        None => place(request, resolved, &view),
+        Some(g) => place_aligned(request, resolved, &view, Some(&g.alignment(&state.name, &d.domains))),
+    }
 }
 
 impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
@@ -315,6 +327,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     pub fn with_observer(mut self, observer: Arc<dyn ExtenderObserver>) -> Self {
         self.observer = Some(observer);
         self
+    }
+
+    /// The pod's gang placement when cross-pod alignment applies to it (one index lookup for a gang or
+    /// controller pod; nothing otherwise).
+    fn gang_of(&self, pod: &Pod, request: &PodRequest) -> Option<GangPlacement> {
+        if GangPlacement::applies(request) { GangPlacement::resolve(&self.cache, pod) } else { None }
     }
 
     fn observe(&self, stage: FilterStage, since: Instant) {
@@ -470,10 +488,11 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let t_stage = Instant::now();
         let mut chosen: Option<(usize, PodAllocation)> = None;
         let expires = now.saturating_add(self.config.reservation_ttl_ns);
+        let gang = self.gang_of(&pod, &request);
         for (pos, _, _) in ranking.by_ref() {
             let Some(Some(slot)) = slots.get(pos) else { continue };
             let mut s = lock(slot);
-            match try_place(&request, &mut memo, &s, &pod.uid) {
+            match try_place(&request, &mut memo, &s, &pod.uid, gang.as_ref()) {
                 Ok(alloc) => {
                     let fp = prealloc::footprint(&pod, &alloc.claim);
                     self.cache.reserve_locked(&mut s, &pod.uid, fp, expires);
@@ -520,6 +539,9 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 return Err(e);
             }
         }
+        if let (Some(o), Some(w)) = (&self.observer, alloc.alignment) {
+            o.crosspod_window(w);
+        }
         for n in &alloc.notices {
             self.event(&pod, EventType::Warning, "TopologyFallback", n.message.clone()).await;
         }
@@ -550,11 +572,14 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             }
             let mut memo = ResolveMemo::default();
             let mut out = FilterResult::default();
+            let gang = self.gang_of(pod, &request);
             let slots = self.cache.nodes(nodes.iter().map(String::as_str));
             for (name, slot) in nodes.into_iter().zip(slots) {
                 let r = match slot {
                     None => Err(NodeFailure::new(ReasonCode::NodeCacheMiss)),
-                    Some(slot) => try_place(&request, &mut memo, &lock(&slot), &pod.uid).map(|_| ()),
+                    Some(slot) => {
+                        try_place(&request, &mut memo, &lock(&slot), &pod.uid, gang.as_ref()).map(|_| ())
+                    }
                 };
                 match r {
                     Ok(()) => out.node_names.push(name),

@@ -12,6 +12,7 @@
 //! | [`cluster`] | light [`Node`]/[`Pod`] types, [`Cluster`] (snapshot, patch, bind, events), [`MemoryCluster`] with failure injection |
 //! | [`cache`] | [`ClusterCache`]: decoded nodes, per-node usage kept from pod events, in-flight reservations |
 //! | [`prealloc`] | reading `pre-allocated`/`predicate-*` back, `ShouldCountPodDeviceAllocation`, stuck grace period |
+//! | [`gang`] | [`gang::GangPlacement`]: gang siblings' placements → cross-pod alignment windows per node |
 //! | [`rank`] | node ordering over cached aggregates (same keys as `vgpu_core::alloc::order_nodes`) |
 //! | [`extender`] | [`Extender`]: the verbs and their protocol-shaped results |
 //! | [`fixture`] | nodes and pods as the device plugin and users publish them (tests, simulator, benches) |
@@ -106,6 +107,7 @@ pub mod cluster;
 pub mod convert;
 pub mod extender;
 pub mod fixture;
+pub mod gang;
 pub mod kube_cluster;
 pub mod leader;
 pub mod metrics;

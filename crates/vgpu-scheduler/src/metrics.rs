@@ -14,7 +14,7 @@
 //! | `vgpu_scheduler_preempt_protected_total` | `reason` | every victim the scheduler proposed that preempt keeps (protected) |
 //! | `vgpu_scheduler_link_search_total` | `algo` | registered, always zero: the allocator does not report its subset search |
 //! | `vgpu_scheduler_link_search_candidates` | `algo` | registered, always zero (same reason) |
-//! | `vgpu_scheduler_crosspod_alignment_total` | `result` | registered, always zero: cross-pod (gang) alignment is not implemented in the engine |
+//! | `vgpu_scheduler_crosspod_alignment_total` | `result` | every live filter placing a `link` + `cross-pod-topology` pod whose gang siblings were already placed: the window the placement came from (`rail`, `component`, `none`; the loosest over its containers), through [`ExtenderObserver`] |
 //!
 //! Series whose labels are known in advance (every verb/result pair, strict modes, search algorithms,
 //! protection reasons, alignment results) are created at zero, so they are exposed before the first event;
@@ -33,7 +33,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use vgpu_core::alloc::{LinkTier, ReasonCode};
+use vgpu_core::alloc::{AlignmentWindow, LinkTier, ReasonCode};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{PodDeviceClaim, SchedulingPolicy, TopologyMode};
 
@@ -561,7 +561,7 @@ impl Metrics {
         self.link_search_candidates.get_or_create(&AlgoLabel { algo }).observe(candidates as f64);
     }
 
-    /// One cross-pod alignment outcome (not implemented in the engine yet).
+    /// One cross-pod alignment outcome: `crosspod_alignment_total{result}` (`rail`, `component`, `none`).
     pub fn crosspod_alignment(&self, result: &'static str) {
         self.crosspod_alignment.get_or_create(&ResultLabel { result }).inc();
     }
@@ -570,6 +570,10 @@ impl Metrics {
 impl ExtenderObserver for Metrics {
     fn filter_stage(&self, stage: FilterStage, elapsed: Duration) {
         self.stage(Verb::Filter, stage.into(), elapsed);
+    }
+
+    fn crosspod_window(&self, window: AlignmentWindow) {
+        self.crosspod_alignment(window.as_str());
     }
 }
 

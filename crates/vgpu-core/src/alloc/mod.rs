@@ -7,6 +7,7 @@
 //! | request model | [`PodRequest`] → per node [`ResolvedRequest`] (needs, `Total`, `Max`), [`RequestProfile`] |
 //! | node state | [`NodeView`] (inventory, config, [`NodeLinks`], [`NodeUsage`] kept from [`PodFootprint`]s), [`decode_node`] |
 //! | place | [`allocate`] → [`PodAllocation`] (a [`PodDeviceClaim`](crate::model::PodDeviceClaim) + notices) or [`NodeFailure`] |
+//! | gang alignment | [`NodeDomains`] per node, [`GangVotes`] → [`GangKeys`], [`Alignment`] windows for [`place_aligned`], [`AlignmentWindow`] |
 //! | explain | [`ReasonCode`], [`NodeFailure`], [`render_unavailable`] |
 //! | order nodes | [`order_nodes`], [`score_node`], [`topology_fitness`], [`NodeScore::host_priority`] |
 //!
@@ -45,6 +46,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod align;
 mod filter;
 mod link;
 mod node;
@@ -59,9 +61,10 @@ mod usage;
 #[cfg(test)]
 mod tests;
 
+pub use align::{Alignment, AlignmentWindow, GangKeys, GangVotes, NodeDomains};
 pub use link::{MAX_COMBINATIONS, MAX_OPTIMIZER_POOL};
 pub use node::{LinkTier, NodeLinks, NodeView, decode_node};
-pub use place::{Notice, NoticeKind, PodAllocation, allocate, place, precheck};
+pub use place::{Notice, NoticeKind, PodAllocation, allocate, place, place_aligned, precheck};
 pub use pod::{PodContainer, PodSpec, parse_quantity};
 pub use reason::{MAX_NODES_PER_REASON, NodeFailure, ReasonCode, ReasonCounts, render_unavailable};
 pub use request::{

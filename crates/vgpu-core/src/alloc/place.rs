@@ -4,9 +4,10 @@ use std::collections::BTreeSet;
 
 use crate::model::{ContainerDeviceClaim, DeviceClaim, PodDeviceClaim, TopologyMode};
 
+use super::align::{Alignment, AlignmentWindow};
 use super::filter::{Candidate, filter_devices, sort_candidates};
-use super::link;
-use super::node::{LinkTier, NodeView};
+use super::link::{self, LinkPlan};
+use super::node::{LinkTier, NodeLinks, NodeView};
 use super::numa;
 use super::reason::{NodeFailure, ReasonCode};
 use super::request::{ContainerNeed, ContainerRole, PodRequest, ResolvedRequest};
@@ -37,6 +38,9 @@ pub struct PodAllocation {
     pub claim: PodDeviceClaim,
     /// Topology fallbacks and similar warnings.
     pub notices: Vec<Notice>,
+    /// With an [`Alignment`] ([`place_aligned`]), the loosest window any link-placed container came from;
+    /// `None` without alignment or when no container went through link placement.
+    pub alignment: Option<AlignmentWindow>,
 }
 
 /// Allocates a pod's vGPUs on one node, or says why it cannot.
@@ -154,6 +158,24 @@ pub fn place(
     resolved: &ResolvedRequest,
     node: &NodeView<'_>,
 ) -> Result<PodAllocation, NodeFailure> {
+    place_aligned(request, resolved, node, None)
+}
+
+/// [`place`] with cross-pod windows for link placement (contract §4.3 "cross-pod windows").
+///
+/// For each container placed in link mode on a node with links, the attempts are: the rail window (when it
+/// holds at least the container's need), the anchor window (same condition), and no window — the last left
+/// out when the mode is strict and an anchor is given. A strict request whose anchor component is smaller
+/// than the need is rejected with `LinkTopologyUnsatisfied`. The first attempt whose plan satisfies the mode
+/// (any plan; strict: one NVLink component) wins; [`PodAllocation::alignment`] reports which. Other modes
+/// ignore `alignment`. With `None` this is exactly [`place`].
+pub fn place_aligned(
+    request: &PodRequest,
+    resolved: &ResolvedRequest,
+    node: &NodeView<'_>,
+    alignment: Option<&Alignment>,
+) -> Result<PodAllocation, NodeFailure> {
+    let mut window_used: Option<AlignmentWindow> = None;
     let mut work: Vec<DeviceUsage> =
         node.inventory.devices.iter().map(|d| node.usage.device(d.index)).collect();
     let mut notices = Vec::new();
@@ -164,9 +186,10 @@ pub fn place(
      -> Result<(), NodeFailure> {
         let need =
             resolved.containers.get(i).ok_or_else(|| NodeFailure::new(ReasonCode::AllocatorInternalError))?;
-        let (claims, notice) = allocate_one(request, node, work, need, None)?;
+        let (claims, notice, used) = allocate_one(request, node, work, need, None, alignment)?;
         apply(node, work, &claims);
         notices.extend(notice);
+        window_used = window_used.max(used);
         if let Some(slot) = out.get_mut(i) {
             *slot = Some(claims);
         }
@@ -193,15 +216,16 @@ pub fn place(
             }
             let mut scratch = snapshot.clone();
             let windowed = if pod_gpus.len() >= need.number as usize {
-                allocate_one(request, node, &mut scratch, need, Some(&pod_gpus)).ok()
+                allocate_one(request, node, &mut scratch, need, Some(&pod_gpus), alignment).ok()
             } else {
                 None
             };
-            let (claims, notice) = match windowed {
+            let (claims, notice, used) = match windowed {
                 Some(r) => r,
-                None => allocate_one(request, node, &mut scratch, need, None)?,
+                None => allocate_one(request, node, &mut scratch, need, None, alignment)?,
             };
             notices.extend(notice);
+            window_used = window_used.max(used);
             if let Some(slot) = out.get_mut(i) {
                 *slot = Some(claims);
             }
@@ -215,7 +239,7 @@ pub fn place(
         })?;
         containers.push(ContainerDeviceClaim { name: need.name.clone(), devices });
     }
-    Ok(PodAllocation { claim: PodDeviceClaim { containers }, notices })
+    Ok(PodAllocation { claim: PodDeviceClaim { containers }, notices, alignment: window_used })
 }
 
 fn apply(node: &NodeView<'_>, work: &mut [DeviceUsage], claims: &[DeviceClaim]) {
@@ -228,6 +252,9 @@ fn apply(node: &NodeView<'_>, work: &mut [DeviceUsage], claims: &[DeviceClaim]) 
     }
 }
 
+/// One container's claims, its notice, and the cross-pod window its link placement came from.
+type Placed = (Vec<DeviceClaim>, Option<Notice>, Option<AlignmentWindow>);
+
 /// `allocateOne`: filter, order, topology dispatch, claims sorted by GPU index.
 fn allocate_one(
     request: &PodRequest,
@@ -235,7 +262,8 @@ fn allocate_one(
     work: &mut [DeviceUsage],
     need: &ContainerNeed,
     window: Option<&[u32]>,
-) -> Result<(Vec<DeviceClaim>, Option<Notice>), NodeFailure> {
+    alignment: Option<&Alignment>,
+) -> Result<Placed, NodeFailure> {
     let number = need.number as usize;
     let schedulable = node.inventory.schedulable().count();
     if number > schedulable {
@@ -251,7 +279,7 @@ fn allocate_one(
             .with_detail(format!("container {}: {fit} of {number} requested GPUs fit", need.name)));
     }
     sort_candidates(&mut cands, request.device_policy);
-    let (picks, notice) = dispatch(request, node, &cands, need)?;
+    let (picks, notice, used) = dispatch(request, node, &cands, need, alignment)?;
     let mut claims: Vec<DeviceClaim> = picks
         .iter()
         .filter_map(|&p| cands.get(p))
@@ -271,10 +299,10 @@ fn allocate_one(
         )));
     }
     claims.sort_by_key(|c| c.index);
-    Ok((claims, notice))
+    Ok((claims, notice, used))
 }
 
-type Picks = (Vec<usize>, Option<Notice>);
+type Picks = (Vec<usize>, Option<Notice>, Option<AlignmentWindow>);
 
 fn first_n(n: usize) -> Vec<usize> {
     (0..n).collect()
@@ -285,6 +313,7 @@ fn dispatch(
     node: &NodeView<'_>,
     cands: &[Candidate],
     need: &ContainerNeed,
+    alignment: Option<&Alignment>,
 ) -> Result<Picks, NodeFailure> {
     let n = need.number as usize;
     let strict = request.topology.is_strict();
@@ -295,7 +324,7 @@ fn dispatch(
     };
     match request.topology.base() {
         TopologyMode::Numa => match numa::pick(cands, n, request.device_policy) {
-            Ok(p) => Ok((p, None)),
+            Ok(p) => Ok((p, None, None)),
             Err(max) => {
                 let has_numa = node.inventory.devices.iter().any(|d| d.numa_node.is_some());
                 let detail = if has_numa {
@@ -310,16 +339,25 @@ fn dispatch(
                         "NUMA topology unsatisfiable on node {:?}: {detail}; falling back to cross-NUMA allocation",
                         node.name
                     );
-                    Ok((first_n(n), Some(notice(msg))))
+                    Ok((first_n(n), Some(notice(msg)), None))
                 }
             }
         },
         TopologyMode::Link => {
             let links = node.links.filter(|l| l.has_links());
-            let plan = links.and_then(|l| link::plan(l, cands, n, request.device_policy));
+            let (plan, used) = match (links, alignment) {
+                (Some(l), Some(a)) => {
+                    let (plan, used) = plan_aligned(l, cands, n, request, a)?;
+                    (plan, Some(used))
+                }
+                (l, a) => {
+                    let plan = l.and_then(|l| link::plan(l, cands, n, request.device_policy));
+                    (plan, a.map(|_| AlignmentWindow::None))
+                }
+            };
             let nvlink = plan.as_ref().is_some_and(|p| p.tier == LinkTier::NvLink && !p.spanned);
             if nvlink {
-                return Ok((plan.map(|p| p.picks).unwrap_or_default(), None));
+                return Ok((plan.map(|p| p.picks).unwrap_or_default(), None, used));
             }
             let detail = match links {
                 None => "node has no GPU link topology".to_owned(),
@@ -339,11 +377,74 @@ fn dispatch(
                          use link-strict to require NVLink",
                         node.name
                     );
-                    Ok((p.picks, Some(notice(msg))))
+                    Ok((p.picks, Some(notice(msg)), used))
                 }
-                None => Ok((first_n(n), Some(notice(format!("{detail}; falling back to policy order"))))),
+                None => Ok((
+                    first_n(n),
+                    Some(notice(format!("{detail}; falling back to policy order"))),
+                    used.map(|_| AlignmentWindow::None),
+                )),
             }
         }
-        _ => Ok((first_n(n), None)),
+        _ => Ok((first_n(n), None, None)),
     }
+}
+
+/// `allocateLink` with cross-pod windows: the attempts (rail, anchor, unwindowed) in order until a plan
+/// satisfies the mode. Returns the accepted plan (for a strict request, the first plan found when none
+/// satisfies it, so the caller rejects) and its window.
+fn plan_aligned(
+    links: &NodeLinks,
+    cands: &[Candidate],
+    n: usize,
+    request: &PodRequest,
+    alignment: &Alignment,
+) -> Result<(Option<LinkPlan>, AlignmentWindow), NodeFailure> {
+    let strict = request.topology.is_strict();
+    let rail = alignment.rail_gpus.as_deref().filter(|w| w.len() >= n);
+    let anchor = match alignment.anchor_gpus.as_deref() {
+        Some(w) if w.len() >= n => Some(w),
+        Some(w) if strict => {
+            return Err(NodeFailure::new(ReasonCode::LinkTopologyUnsatisfied)
+                .with_detail(format!("gang anchor NVLink component has {} GPUs, {n} requested", w.len())));
+        }
+        _ => None,
+    };
+    let mut attempts: Vec<(AlignmentWindow, Option<&[u32]>)> = Vec::with_capacity(3);
+    if let Some(w) = rail {
+        attempts.push((AlignmentWindow::Rail, Some(w)));
+    }
+    if let Some(w) = anchor {
+        attempts.push((AlignmentWindow::Component, Some(w)));
+    }
+    if !(strict && alignment.anchor_gpus.is_some()) {
+        attempts.push((AlignmentWindow::None, None));
+    }
+    let mut first: Option<(LinkPlan, AlignmentWindow)> = None;
+    for (by, window) in attempts {
+        let got = match window {
+            None => link::plan(links, cands, n, request.device_policy),
+            Some(w) => {
+                let inside: Vec<usize> = (0..cands.len())
+                    .filter(|&p| cands.get(p).is_some_and(|c| w.contains(&c.index)))
+                    .collect();
+                let sub: Vec<Candidate> = inside.iter().filter_map(|&p| cands.get(p).cloned()).collect();
+                link::plan(links, &sub, n, request.device_policy).map(|mut p| {
+                    p.picks = p.picks.iter().filter_map(|&i| inside.get(i).copied()).collect();
+                    p
+                })
+            }
+        };
+        let Some(plan) = got else { continue };
+        if !strict || (plan.tier == LinkTier::NvLink && !plan.spanned) {
+            return Ok((Some(plan), by));
+        }
+        if first.is_none() {
+            first = Some((plan, by));
+        }
+    }
+    Ok(match first {
+        Some((p, by)) => (Some(p), by),
+        None => (None, AlignmentWindow::None),
+    })
 }

@@ -601,3 +601,110 @@ fn optimizer_replaces_a_weaker_walk_set() {
     let got = allocate(&link_req("link-strict", "binpack", 2), &f.view()).unwrap();
     assert_eq!(indices(&got), [1, 2]);
 }
+
+// === cross-pod windows (§4.3, §4.5) ===
+
+/// Eight GPUs, NVLink (NV6) inside 0-3 and inside 4-7, same-CPU PCIe across.
+fn two_islands() -> Fix {
+    let mut gpus = Vec::new();
+    for i in 0..8 {
+        let peers: Vec<String> = (0..8)
+            .filter(|&j| j != i)
+            .map(|j| format!("\"{j}\":[{}]", if i / 4 == j / 4 { 12 } else { 2 }))
+            .collect();
+        gpus.push(format!("{{\"index\":{i},\"links\":{{{}}}}}", peers.join(",")));
+    }
+    let mut f = Fix::uniform(8);
+    f.links = Some(topo(&format!("[{}]", gpus.join(","))));
+    f
+}
+
+fn aligned(r: &PodRequest, f: &Fix, a: &Alignment) -> Result<PodAllocation, NodeFailure> {
+    let view = f.view();
+    let resolved = r.resolve(view.inventory, view.config);
+    place_aligned(r, &resolved, &view, Some(a))
+}
+
+fn windows(rail: Option<&[u32]>, anchor: Option<&[u32]>) -> Alignment {
+    Alignment { rail_gpus: rail.map(<[u32]>::to_vec), anchor_gpus: anchor.map(<[u32]>::to_vec) }
+}
+
+#[test]
+fn aligned_windows_are_tried_rail_then_anchor_then_none() {
+    let mut f = two_islands();
+    let r = link_req("link", "none", 2);
+    // L1: the rail window holds enough GPUs.
+    let got = aligned(&r, &f, &windows(Some(&[5, 6]), Some(&[0, 1, 2, 3]))).unwrap();
+    assert_eq!((indices(&got), got.alignment), (vec![5, 6], Some(AlignmentWindow::Rail)));
+    // Rail window smaller than the need: skipped, L2 anchor component.
+    let got = aligned(&r, &f, &windows(Some(&[5]), Some(&[4, 5, 6, 7]))).unwrap();
+    assert_eq!((indices(&got), got.alignment), (vec![4, 5], Some(AlignmentWindow::Component)));
+    // Rail GPUs full: the rail plan fails, the anchor wins.
+    f.busy("x", "a[5_GPU-5_100_1024,6_GPU-6_100_1024]");
+    let got = aligned(&r, &f, &windows(Some(&[5, 6]), Some(&[4, 5, 6, 7]))).unwrap();
+    assert_eq!((indices(&got), got.alignment), (vec![4, 7], Some(AlignmentWindow::Component)));
+    // Anchor full too: L3 on the whole node.
+    f.busy("y", "a[4_GPU-4_100_1024,7_GPU-7_100_1024]");
+    let got = aligned(&r, &f, &windows(Some(&[5, 6]), Some(&[4, 5, 6, 7]))).unwrap();
+    assert_eq!((indices(&got), got.alignment), (vec![0, 1], Some(AlignmentWindow::None)));
+    // No window at all: same as place, reported as none.
+    let plain = allocate(&r, &f.view()).unwrap();
+    let got = aligned(&r, &f, &Alignment::default()).unwrap();
+    assert_eq!((&got.claim, &got.notices), (&plain.claim, &plain.notices));
+    assert_eq!((plain.alignment, got.alignment), (None, Some(AlignmentWindow::None)));
+    // Other modes ignore the alignment.
+    let got = aligned(&link_req("none", "none", 2), &f, &windows(Some(&[2, 3]), None)).unwrap();
+    assert_eq!((indices(&got), got.alignment), (vec![0, 1], None));
+}
+
+#[test]
+fn aligned_strict_keeps_trying_until_nvlink() {
+    let f = two_islands();
+    // The rail window straddles the islands: non-strict accepts the looser plan (with a downgrade notice) ...
+    let a = windows(Some(&[2, 6]), Some(&[4, 5, 6, 7]));
+    let got = aligned(&link_req("link", "none", 2), &f, &a).unwrap();
+    assert_eq!((indices(&got), got.alignment), (vec![2, 6], Some(AlignmentWindow::Rail)));
+    assert_eq!(got.notices.len(), 1);
+    // ... strict goes on to the anchor component.
+    let got = aligned(&link_req("link-strict", "none", 2), &f, &a).unwrap();
+    assert_eq!((indices(&got), got.alignment), (vec![4, 5], Some(AlignmentWindow::Component)));
+    assert!(got.notices.is_empty());
+    // Strict without an anchor still has the unwindowed attempt.
+    let got = aligned(&link_req("link-strict", "none", 2), &f, &windows(Some(&[2, 6]), None)).unwrap();
+    assert_eq!((indices(&got), got.alignment), (vec![0, 1], Some(AlignmentWindow::None)));
+}
+
+#[test]
+fn aligned_strict_anchor_too_small_or_full_rejects() {
+    let mut f = two_islands();
+    let small = windows(None, Some(&[0, 1]));
+    let e = aligned(&link_req("link-strict", "none", 4), &f, &small).unwrap_err();
+    assert_eq!(e.code, ReasonCode::LinkTopologyUnsatisfied);
+    assert_eq!(e.detail.as_deref(), Some("gang anchor NVLink component has 2 GPUs, 4 requested"));
+    // Non-strict ignores the too-small anchor.
+    let got = aligned(&link_req("link", "none", 4), &f, &small).unwrap();
+    assert_eq!((indices(&got), got.alignment), (vec![0, 1, 2, 3], Some(AlignmentWindow::None)));
+    // Strict with the anchor full: no unwindowed attempt, so the node is rejected although 4-7 are free.
+    f.busy("x", "a[0_GPU-0_100_1024,1_GPU-1_100_1024]");
+    let anchor = windows(None, Some(&[0, 1, 2, 3]));
+    let e = aligned(&link_req("link-strict", "none", 4), &f, &anchor).unwrap_err();
+    assert_eq!(e.code, ReasonCode::LinkTopologyUnsatisfied);
+    assert_eq!(indices(&allocate(&link_req("link-strict", "none", 4), &f.view()).unwrap()), [4, 5, 6, 7]);
+    let got = aligned(&link_req("link", "none", 4), &f, &anchor).unwrap();
+    assert_eq!((indices(&got), got.alignment), (vec![4, 5, 6, 7], Some(AlignmentWindow::None)));
+}
+
+#[test]
+fn aligned_reports_the_loosest_container() {
+    let f = two_islands();
+    let r = req(
+        &[("device-topology-mode", "link")],
+        vec![ctr(PodContainer::app("a"), 2, 10, 1024), ctr(PodContainer::app("b"), 4, 10, 1024)],
+    );
+    // "a" fits the rail window {4, 5}; "b" needs 4 GPUs: the rail window is too small, the anchor is used.
+    let got = aligned(&r, &f, &windows(Some(&[4, 5]), Some(&[4, 5, 6, 7]))).unwrap();
+    let per: Vec<Vec<u32>> =
+        got.claim.containers.iter().map(|c| c.devices.iter().map(|d| d.index).collect()).collect();
+    assert_eq!(per, [vec![4, 5], vec![4, 5, 6, 7]]);
+    assert_eq!(got.alignment, Some(AlignmentWindow::Component));
+}

@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `node-device-register` | [`node_devices`] | [`NodeDeviceInventory`](crate::model::NodeDeviceInventory) |
 //! | `node-config-info` | [`node_config_info`] | [`NodeVgpuConfig`](crate::model::NodeVgpuConfig) |
+//! | `node-gpu-domain` | [`node_gpu_domain`] | [`GpuRails`](node_gpu_domain::GpuRails) (GPU UUID → rail) |
 //! | `pre-allocated`, `real-allocated` | [`pod_devices`] | [`PodDeviceClaim`](crate::model::PodDeviceClaim) |
 //! | `include-gpu-type`, `exclude-gpu-type`, `include-gpu-uuid`, `exclude-gpu-uuid` | [`device_filter`] | [`DeviceFilter`](device_filter::DeviceFilter) |
 //!
@@ -13,12 +14,15 @@ pub mod device_filter;
 mod gojson;
 pub mod node_config_info;
 pub mod node_devices;
+pub mod node_gpu_domain;
 pub mod pod_devices;
 
 /// Name (without domain) of the node annotation holding the device inventory.
 pub const NODE_DEVICE_REGISTER: &str = "node-device-register";
 /// Name (without domain) of the node annotation holding the node vGPU config.
 pub const NODE_CONFIG_INFO: &str = "node-config-info";
+/// Name (without domain) of the optional node annotation mapping GPU UUIDs to rails.
+pub const NODE_GPU_DOMAIN: &str = "node-gpu-domain";
 /// Name (without domain) of the pod annotation with the scheduler's claim.
 pub const PRE_ALLOCATED: &str = "pre-allocated";
 /// Name (without domain) of the pod annotation with the device plugin's claim.
