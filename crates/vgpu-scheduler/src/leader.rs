@@ -5,8 +5,10 @@
 //! * **[`LeaderMode::Elect`]** (`--leader-elect`): replicas compete for the Lease `<lease_namespace>/<lease_name>`
 //!   with client-go's algorithm. Every `retry_period` an [`Elector`] reads the Lease and
 //!   - creates it when absent (holder = us, `leaseTransitions` 0);
-//!   - takes it over when it is expired (`renewTime + leaseDurationSeconds < now`) or released (no holder),
-//!     incrementing `leaseTransitions` and setting `acquireTime`;
+//!   - takes it over when it is expired or released (no holder), incrementing `leaseTransitions` and setting
+//!     `acquireTime`. Expiry is judged as client-go does ([`LeaseObservation`]): `leaseDurationSeconds` after
+//!     *we first saw* the current record, by our own clock, never from the holder's `renewTime`, which another
+//!     machine's clock wrote (a skewed clock must not make a live leader look expired, or a dead one live);
 //!   - renews it (new `renewTime`) when we hold it;
 //!   - otherwise follows.
 //!
@@ -18,7 +20,7 @@
 //!   without waiting for expiry.
 //! * **[`LeaderMode::WatchLease`]** (`--watch-lease`): the co-located kube-scheduler runs its own election;
 //!   this replica follows the Lease it holds (read every `retry_period`) and is the leader while
-//!   `holderIdentity` starts with our identity prefix and the Lease has not expired.
+//!   `holderIdentity` starts with our identity prefix and the Lease has not expired (judged the same way).
 //!
 //! Both modes set [`Readiness::set_role`] (so `/readyz` fails on followers) and merge-patch our own pod's
 //! label `vgpu-manager.io/scheduler-role` = `leader`/`follower` (on `POD_NAMESPACE`/`POD_NAME`; skipped
@@ -503,20 +505,38 @@ fn micro_time(ns: i64) -> MicroTime {
     MicroTime(Timestamp::from_microsecond(us).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
-fn time_ns(t: &MicroTime) -> i64 {
-    i64::try_from(t.0.as_nanosecond()).unwrap_or(i64::MAX)
+/// Lease expiry as client-go's leader election judges it: a holder's term runs `leaseDurationSeconds` from the
+/// local time at which this observer first saw the current record (holder, times, transitions), so only our own
+/// clock is compared with itself. A record that keeps changing (a leader renewing) never expires; one that stops
+/// changing expires one lease duration after it was first seen, even when its `renewTime` is older.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseObservation {
+    record: Option<LeaseSpec>,
+    observed_ns: i64,
 }
 
-/// Whether the Lease has a holder whose term has not run out at `now_ns` (`renewTime + leaseDurationSeconds
-/// ≥ now`; no renew time counts as expired).
-pub fn lease_held(lease: &Lease, now_ns: i64) -> bool {
-    let Some(spec) = lease.spec.as_ref() else { return false };
-    if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
-        return false;
+impl LeaseObservation {
+    /// Notes the Lease's current record at `now_ns` (our clock) and says whether it is held: it has a holder
+    /// and `observed + leaseDurationSeconds ≥ now`.
+    pub fn held(&mut self, lease: &Lease, now_ns: i64) -> bool {
+        let spec = lease.spec.clone().unwrap_or_default();
+        if self.record.as_ref() != Some(&spec) {
+            self.record = Some(spec);
+            self.observed_ns = now_ns;
+        }
+        let Some(spec) = self.record.as_ref() else { return false };
+        if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
+            return false;
+        }
+        let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0)).saturating_mul(NS_PER_S);
+        self.observed_ns.saturating_add(duration) >= now_ns
     }
-    let Some(renew) = spec.renew_time.as_ref() else { return false };
-    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0)).saturating_mul(NS_PER_S);
-    time_ns(renew).saturating_add(duration) >= now_ns
+
+    /// Records a record we just wrote ourselves at `now_ns`.
+    pub fn wrote(&mut self, spec: LeaseSpec, now_ns: i64) {
+        self.record = Some(spec);
+        self.observed_ns = now_ns;
+    }
 }
 
 /// Whether `holder` is an identity made from `prefix`: it starts with the prefix and the prefix ends at a
@@ -541,6 +561,7 @@ pub struct Elector<A> {
     clock: Arc<dyn Clock>,
     leading: bool,
     last_renew_ns: i64,
+    observed: LeaseObservation,
 }
 
 impl<A> std::fmt::Debug for Elector<A> {
@@ -565,6 +586,7 @@ impl<A: LeaseApi> Elector<A> {
             clock,
             leading: false,
             last_renew_ns: 0,
+            observed: LeaseObservation::default(),
         }
     }
 
@@ -639,12 +661,15 @@ impl<A: LeaseApi> Elector<A> {
                 spec: Some(self.spec(now, micro_time(now), 0, None)),
             };
             self.api.create(&lease).await?;
+            self.observed.wrote(lease.spec.unwrap_or_default(), now);
             return Ok(true);
         };
         let spec = current.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.as_deref().unwrap_or_default();
         let ours = holder == self.identity;
-        if !ours && lease_held(&current, now) {
+        // Observe on every read, so the expiry clock restarts whenever the record changes.
+        let held = self.observed.held(&current, now);
+        if !ours && held {
             return Ok(false);
         }
         let (acquire, transitions) = if ours {
@@ -660,6 +685,7 @@ impl<A: LeaseApi> Elector<A> {
             spec: Some(self.spec(now, acquire, transitions, Some(&spec))),
         };
         self.api.replace(&lease).await?;
+        self.observed.wrote(lease.spec.unwrap_or_default(), now);
         Ok(true)
     }
 
@@ -708,6 +734,7 @@ pub struct LeaseWatcher<A> {
     prefix: String,
     clock: Arc<dyn Clock>,
     role: Role,
+    observed: LeaseObservation,
 }
 
 impl<A> std::fmt::Debug for LeaseWatcher<A> {
@@ -722,7 +749,13 @@ impl<A> std::fmt::Debug for LeaseWatcher<A> {
 impl<A: LeaseApi> LeaseWatcher<A> {
     /// Follows the Lease behind `api`; leader while its holder has `prefix` (see [`holder_has_prefix`]).
     pub fn new(api: A, prefix: impl Into<String>, clock: Arc<dyn Clock>) -> Self {
-        Self { api, prefix: prefix.into(), clock, role: Role::Follower }
+        Self {
+            api,
+            prefix: prefix.into(),
+            clock,
+            role: Role::Follower,
+            observed: LeaseObservation::default(),
+        }
     }
 
     /// Reads the Lease once; returns the role (unchanged when the read fails).
@@ -731,7 +764,7 @@ impl<A: LeaseApi> LeaseWatcher<A> {
             Ok(lease) => {
                 let now = self.clock.now_ns();
                 let leading = lease.as_ref().is_some_and(|l| {
-                    lease_held(l, now)
+                    self.observed.held(l, now)
                         && l.spec
                             .as_ref()
                             .and_then(|s| s.holder_identity.as_deref())

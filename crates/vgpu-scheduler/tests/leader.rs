@@ -93,19 +93,20 @@ async fn a_silent_leader_is_replaced_after_expiry() {
     let leases = MemoryLeases::new("kube-system", "vgpu-scheduler");
     let (mut a, mut b) = (elector(&leases, "a", &clock), elector(&leases, "b", &clock));
     assert_eq!(a.tick().await, Role::Leader);
-    // A stops renewing (e.g. it hangs). B waits out the whole lease duration.
-    for _ in 0..7 {
+    // A stops renewing (e.g. it hangs). B first sees A's record at 2 s and waits out the whole lease duration
+    // from there (client-go: expiry runs from the local observation, not from A's renewTime).
+    for _ in 0..8 {
         clock.advance(2 * S);
         assert_eq!(b.tick().await, Role::Follower);
     }
-    clock.set(T0 + 15 * S);
-    assert_eq!(b.tick().await, Role::Follower, "renewTime + 15 s is not yet past");
-    clock.set(T0 + 15 * S + 1_000);
+    clock.set(T0 + 17 * S);
+    assert_eq!(b.tick().await, Role::Follower, "first seen at 2 s + 15 s is not yet past");
+    clock.set(T0 + 17 * S + 1_000);
     assert_eq!(b.tick().await, Role::Leader);
     let s = spec(&leases);
     assert_eq!(s.holder_identity.as_deref(), Some("b"));
     assert_eq!(s.lease_transitions, Some(1));
-    assert_eq!(s.acquire_time, Some(micro(T0 + 15 * S + 1_000)));
+    assert_eq!(s.acquire_time, Some(micro(T0 + 17 * S + 1_000)));
     // A wakes up: it sees B's live lease and steps down at once.
     assert!(a.is_leader());
     assert_eq!(a.tick().await, Role::Follower);
@@ -118,6 +119,11 @@ async fn racing_takeover_of_an_expired_lease_has_one_winner() {
     let leases = MemoryLeases::new("kube-system", "vgpu-scheduler");
     leases.put(held_by("gone", T0 - 60 * S));
     let mut electors: Vec<_> = ["a", "b", "c"].iter().map(|id| elector(&leases, id, &clock)).collect();
+    // However old its renewTime, a record is held for one lease duration after it is first seen.
+    for e in &mut electors {
+        assert_eq!(e.tick().await, Role::Follower);
+    }
+    clock.advance(15 * S + 1_000);
     for round in 0..5 {
         let [x, y, z] = &mut electors[..] else { unreachable!() };
         let roles = tokio::join!(x.tick(), y.tick(), z.tick());
@@ -145,12 +151,39 @@ async fn a_leader_that_cannot_renew_steps_down_before_the_lease_expires() {
     clock.set(T0 + 11 * S);
     assert_eq!(a.tick().await, Role::Follower);
     leases.set_down(false);
-    // Nobody leads between A's step-down (11 s) and the lease's expiry (15 s).
+    // Nobody leads between A's step-down (11 s) and the lease's expiry for B, 15 s after B first saw A's last
+    // record (12 s).
     clock.set(T0 + 12 * S);
     assert_eq!(b.tick().await, Role::Follower);
-    clock.set(T0 + 16 * S);
+    clock.set(T0 + 27 * S);
+    assert_eq!(b.tick().await, Role::Follower);
+    clock.set(T0 + 27 * S + 1_000);
     assert_eq!(b.tick().await, Role::Leader);
     assert_eq!(a.tick().await, Role::Follower);
+}
+
+#[tokio::test]
+async fn expiry_is_judged_by_our_clock_not_the_holders() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let leases = MemoryLeases::new("kube-system", "vgpu-scheduler");
+    let mut b = elector(&leases, "b", &clock);
+    // The holder's clock is an hour behind ours, but it renews every 2 s: the record keeps changing, so it is
+    // alive (comparing its renewTime with our clock would take the lease from a live leader).
+    for i in 0..20 {
+        leases.put(held_by("skewed-behind", T0 - 3_600 * S + i * 2 * S));
+        assert_eq!(b.tick().await, Role::Follower, "renewal {i}");
+        clock.advance(2 * S);
+    }
+    // A holder whose clock is an hour ahead stops renewing: it expires 15 s after we first saw its last record
+    // (comparing its renewTime would keep a dead leader for an hour).
+    let seen = clock.now_ns();
+    leases.put(held_by("skewed-ahead", seen + 3_600 * S));
+    assert_eq!(b.tick().await, Role::Follower);
+    clock.set(seen + 15 * S);
+    assert_eq!(b.tick().await, Role::Follower);
+    clock.set(seen + 15 * S + 1_000);
+    assert_eq!(b.tick().await, Role::Leader);
+    assert_eq!(spec(&leases).holder_identity.as_deref(), Some("b"));
 }
 
 #[tokio::test]
