@@ -22,6 +22,10 @@ use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig, PodDeviceClaim, Topo
 use crate::cluster::{Node, Pod, WatchEvent};
 use crate::prealloc::{self, Counting};
 
+/// What resolving a request on a node depends on: memory factor and uniform GPU memory
+/// ([`DecodedNode::resolve_key`]).
+pub type ResolveKey = (u32, Option<u64>);
+
 /// Largest per-container vGPU number (fitness tables are indexed by it).
 const MAX_NEED: usize = 16;
 
@@ -76,6 +80,11 @@ impl DecodedNode {
         }
     }
 
+    /// What a request's resolution on this node depends on: the memory factor and the uniform GPU memory.
+    pub fn resolve_key(&self) -> ResolveKey {
+        (self.config.memory_factor.max(1), self.uniform_memory)
+    }
+
     /// Topology fitness (`topology_fitness`) for a base mode and a need, cached per node.
     pub fn fitness(&self, name: &str, mode: TopologyMode, need: u32, domain: &ResourceDomain) -> Option<u8> {
         let cell = match mode {
@@ -120,6 +129,9 @@ pub struct NodeState {
     pub usage: NodeUsage,
     /// Free slots, cores, memory over schedulable GPUs.
     pub avail: [u64; 3],
+    /// Copies of the decoded node's ranking inputs ([`DecodedNode::totals`] and the [`ResolveKey`]), so ranking
+    /// thousands of nodes reads this state only, not a second allocation per node.
+    pub rank_inputs: Option<([u64; 3], ResolveKey)>,
     /// In-flight reservations: pod UID → expiry (Unix ns).
     pub reserved: HashMap<String, i64>,
     /// Pods counted here (UIDs), reservations excluded.
@@ -129,6 +141,7 @@ pub struct NodeState {
 impl NodeState {
     fn recompute(&mut self) {
         let mut avail = [0u64; 3];
+        self.rank_inputs = self.decoded.as_ref().ok().map(|d| (d.totals, d.resolve_key()));
         if let Ok(d) = &self.decoded {
             for g in d.inventory.schedulable() {
                 let u = self.usage.device(g.index);
@@ -394,6 +407,7 @@ impl ClusterCache {
             enabled,
             usage: NodeUsage::new(),
             avail: [0; 3],
+            rank_inputs: None,
             reserved: HashMap::new(),
             pods: BTreeSet::new(),
         };

@@ -8,18 +8,22 @@ use vgpu_core::alloc::{NodeScore, PodRequest, ResolvedRequest};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::SchedulingPolicy;
 
-use crate::cache::{DecodedNode, NodeState};
+use crate::cache::{DecodedNode, NodeState, ResolveKey};
 
 /// Resolved requests memoized by what `resolve` depends on (memory factor, uniform GPU memory).
 #[derive(Debug, Default)]
 pub struct ResolveMemo {
-    entries: Vec<((u32, Option<u64>), ResolvedRequest)>,
+    entries: Vec<(ResolveKey, ResolvedRequest)>,
 }
 
 impl ResolveMemo {
     /// The resolved request on a node.
     pub fn get(&mut self, request: &PodRequest, node: &DecodedNode) -> &ResolvedRequest {
-        let key = (node.config.memory_factor.max(1), node.uniform_memory);
+        self.get_keyed(node.resolve_key(), request, node)
+    }
+
+    /// [`get`](Self::get) with the node's key already known (the node is only read on a miss).
+    pub fn get_keyed(&mut self, key: ResolveKey, request: &PodRequest, node: &DecodedNode) -> &ResolvedRequest {
         let pos = match self.entries.iter().position(|(k, _)| *k == key) {
             Some(p) => p,
             None => {
@@ -38,12 +42,15 @@ pub fn score_state(
     memo: &mut ResolveMemo,
     domain: &ResourceDomain,
 ) -> Option<NodeScore> {
+    // Only the state's own copies are read here (`rank_inputs`); the decoded node behind its pointer is read
+    // for topology fitness (link/numa modes) and on a memo miss, not once per node.
     let d = state.decoded.as_ref().ok()?;
+    let (total, key) = state.rank_inputs?;
     let need = request.containers.iter().map(|c| c.request.number).max().unwrap_or(0);
     let fitness = d.fitness(&state.name, request.topology.base(), need, domain);
-    let r = memo.get(request, d).total;
+    let r = memo.get_keyed(key, request, d).total;
     let req = [r.number, r.cores, r.memory_mib];
-    let (total, avail) = (d.totals, state.avail);
+    let avail = state.avail;
     let w = [request.profile.number, request.profile.cores, request.profile.memory];
     let fits = (0..3).all(|i| req[i] <= avail[i]) && total.iter().all(|&t| t > 0);
     let score = if !fits {
