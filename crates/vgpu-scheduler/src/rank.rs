@@ -23,7 +23,12 @@ impl ResolveMemo {
     }
 
     /// [`get`](Self::get) with the node's key already known (the node is only read on a miss).
-    pub fn get_keyed(&mut self, key: ResolveKey, request: &PodRequest, node: &DecodedNode) -> &ResolvedRequest {
+    pub fn get_keyed(
+        &mut self,
+        key: ResolveKey,
+        request: &PodRequest,
+        node: &DecodedNode,
+    ) -> &ResolvedRequest {
         let pos = match self.entries.iter().position(|(k, _)| *k == key) {
             Some(p) => p,
             None => {

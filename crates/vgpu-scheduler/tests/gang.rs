@@ -8,7 +8,7 @@ use std::sync::Arc;
 use vgpu_core::codec::node_gpu_domain::{self, GpuRails};
 use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
-use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::DeviceTopology;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::{Extender, ExtenderConfig, FilterResult, ManualClock, MemoryCluster, Metrics, Pod};
@@ -16,20 +16,13 @@ use vgpu_scheduler::{Extender, ExtenderConfig, FilterResult, ManualClock, Memory
 const T0: i64 = 1_700_000_000_000_000_000;
 
 fn inventory(node: &str) -> NodeDeviceInventory {
-    NodeDeviceInventory::new(
-        (0..8)
-            .map(|i| GpuDevice {
-                index: i,
-                uuid: format!("GPU-{node}-{i}"),
-                type_name: "H100".into(),
-                memory_mib: 16384,
-                cores: 100,
-                split_count: 4,
-                numa_node: Some(0),
-                ..Default::default()
-            })
-            .collect(),
-    )
+    let mut inv = NodeDeviceInventory::uniform(8, 16384, 4)
+        .with_type_name("H100")
+        .with_uuids(|i| format!("GPU-{node}-{i}"));
+    for d in &mut inv.devices {
+        d.numa_node = Some(0);
+    }
+    inv
 }
 
 /// Eight GPUs with NVLink (NV12) only inside 0-3 and inside 4-7; same-CPU PCIe across the islands.
