@@ -278,12 +278,14 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
         }
     }
 
+    /// A verb's request body as `what`, once the caches are synced (every verb refuses to answer before).
     async fn decode<T: DeserializeOwned>(
         &self,
         headers: &HeaderMap,
         body: Body,
         what: &'static str,
     ) -> Result<T, RequestError> {
+        self.ensure_synced()?;
         let bytes = self.read_body(headers, body).await?;
         decode_json(&bytes, what)
     }
@@ -383,7 +385,6 @@ async fn filter_verb<C: Cluster, K: Clock + 'static>(
 ) -> Response {
     let start = Instant::now();
     let prepared = async {
-        s.ensure_synced()?;
         let mut args: ExtenderArgs = s.decode(&headers, body, "ExtenderArgs").await?;
         let names = args.take_candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
         Ok::<_, RequestError>((args, names))
@@ -425,9 +426,8 @@ async fn prioritize<C: Cluster, K: Clock + 'static>(
 ) -> Response {
     let start = Instant::now();
     let run = async {
-        s.ensure_synced()?;
-        let args: ExtenderArgs = s.decode(&headers, body, "ExtenderArgs").await?;
-        let names = args.candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
+        let mut args: ExtenderArgs = s.decode(&headers, body, "ExtenderArgs").await?;
+        let names = args.take_candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
         let pod = args
             .pod
             .as_ref()
@@ -451,11 +451,7 @@ async fn bind<C: Cluster, K: Clock + 'static>(
     body: Body,
 ) -> Response {
     let start = Instant::now();
-    let prepared = async {
-        s.ensure_synced()?;
-        s.decode::<ExtenderBindingArgs>(&headers, body, "ExtenderBindingArgs").await
-    };
-    let (out, label) = match prepared.await {
+    let (out, label) = match s.decode::<ExtenderBindingArgs>(&headers, body, "ExtenderBindingArgs").await {
         Err(e) => (ExtenderBindingResult { error: e.to_string() }, "error"),
         Ok(a) => {
             let r = s.extender.bind(&a.pod_namespace, &a.pod_name, &a.pod_uid, &a.node).await;
@@ -473,11 +469,7 @@ async fn preempt<C: Cluster, K: Clock + 'static>(
     body: Body,
 ) -> Response {
     let start = Instant::now();
-    let prepared = async {
-        s.ensure_synced()?;
-        s.decode::<ExtenderPreemptionArgs>(&headers, body, "ExtenderPreemptionArgs").await
-    };
-    let args = match prepared.await {
+    let args = match s.decode::<ExtenderPreemptionArgs>(&headers, body, "ExtenderPreemptionArgs").await {
         Ok(a) => a,
         Err(e) => {
             s.metrics.verb(Verb::Preempt, "error", start.elapsed());
