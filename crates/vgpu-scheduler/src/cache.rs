@@ -9,6 +9,7 @@
 //! by the pod's own counting once the patched pod is applied. Lock order: index, then node.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use vgpu_core::alloc::{
@@ -262,13 +263,48 @@ pub struct ClusterCache {
     /// Node slots by name; foldhash, not SipHash: a filter looks up every candidate (thousands) per call, and
     /// node names are not attacker-chosen keys.
     nodes: RwLock<HashMap<String, NodeSlot, foldhash::fast::RandomState>>,
+    /// Bumped, under the `nodes` write lock, whenever a slot is added or removed.
+    generation: AtomicU64,
+    /// The slots of the last candidate list ([`candidate_slots`](Self::candidate_slots)).
+    last_candidates: Mutex<Option<CandidateMemo>>,
     index: Mutex<Index>,
+}
+
+/// A candidate list and its slots, valid while the node set's generation is unchanged.
+#[derive(Debug)]
+struct CandidateMemo {
+    generation: u64,
+    /// The names back to back, and where each ends: compared sequentially, no pointer per name.
+    arena: String,
+    ends: Vec<usize>,
+    slots: Arc<[Option<NodeSlot>]>,
+}
+
+impl CandidateMemo {
+    fn matches(&self, generation: u64, names: &[String]) -> bool {
+        if self.generation != generation || self.ends.len() != names.len() {
+            return false;
+        }
+        let mut start = 0;
+        names.iter().zip(&self.ends).all(|(n, &end)| {
+            let same = self.arena.get(start..end) == Some(n.as_str());
+            start = end;
+            same
+        })
+    }
 }
 
 impl ClusterCache {
     /// An empty cache for a domain and a default stuck grace period.
     pub fn new(domain: ResourceDomain, stuck_grace_ns: i64) -> Self {
-        Self { domain, grace_ns: stuck_grace_ns, nodes: RwLock::default(), index: Mutex::default() }
+        Self {
+            domain,
+            grace_ns: stuck_grace_ns,
+            nodes: RwLock::default(),
+            generation: AtomicU64::new(0),
+            last_candidates: Mutex::new(None),
+            index: Mutex::default(),
+        }
     }
 
     /// The annotation domain.
@@ -290,6 +326,34 @@ impl ClusterCache {
     pub fn nodes<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> Vec<Option<NodeSlot>> {
         let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         names.into_iter().map(|n| map.get(n).cloned()).collect()
+    }
+
+    /// [`nodes`](Self::nodes) for a filter's candidate list, remembered for the next call: kube-scheduler sends
+    /// the same list call after call, and resolving it again costs a hash lookup and a string compare in a
+    /// separate allocation per name (thousands of cache misses). The remembered list is reused while no node was
+    /// added or removed and the names are equal, compared against one contiguous copy.
+    pub fn candidate_slots(&self, names: &[String]) -> Arc<[Option<NodeSlot>]> {
+        let generation = self.generation.load(Ordering::Acquire);
+        if let Some(m) = lock(&self.last_candidates).as_ref()
+            && m.matches(generation, names)
+        {
+            return m.slots.clone();
+        }
+        let (generation, slots) = {
+            let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let slots: Arc<[Option<NodeSlot>]> = names.iter().map(|n| map.get(n.as_str()).cloned()).collect();
+            (self.generation.load(Ordering::Acquire), slots)
+        };
+        let mut arena = String::with_capacity(names.iter().map(String::len).sum());
+        let ends = names
+            .iter()
+            .map(|n| {
+                arena.push_str(n);
+                arena.len()
+            })
+            .collect();
+        *lock(&self.last_candidates) = Some(CandidateMemo { generation, arena, ends, slots: slots.clone() });
+        slots
     }
 
     /// Every node name, sorted.
@@ -423,15 +487,21 @@ impl ClusterCache {
             }
         }
         state.recompute();
-        self.nodes
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(node.name.clone(), Arc::new(Mutex::new(state)));
+        let mut map = self.nodes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.insert(node.name.clone(), Arc::new(Mutex::new(state)));
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Removes a node; its pods stay indexed and are re-attached if it comes back.
     pub fn delete_node(&self, name: &str) {
-        let removed = self.nodes.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
+        let removed = {
+            let mut map = self.nodes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let removed = map.remove(name);
+            if removed.is_some() {
+                self.generation.fetch_add(1, Ordering::AcqRel);
+            }
+            removed
+        };
         if let Some(slot) = removed {
             let mut idx = lock(&self.index);
             let s = lock(&slot);
@@ -670,6 +740,39 @@ mod tests {
 
     use super::*;
     use crate::fixture::{vgpu_node, vgpu_pod};
+
+    #[test]
+    fn candidate_slots_are_remembered_until_the_node_set_changes() {
+        let cache = ClusterCache::new(ResourceDomain::default(), 0);
+        let named = |name: &str| Node { name: name.to_owned(), ..node(None) };
+        for n in ["a", "b"] {
+            cache.upsert_node(&named(n));
+        }
+        let list = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+        let first = cache.candidate_slots(&list(&["a", "b", "x"]));
+        assert!(first[0].is_some() && first[1].is_some() && first[2].is_none());
+        // The same list again: the very same slots, no lookup.
+        assert!(Arc::ptr_eq(&first, &cache.candidate_slots(&list(&["a", "b", "x"]))));
+        // Same concatenation, other names: not confused.
+        let split = cache.candidate_slots(&list(&["ab", "x"]));
+        assert!(split.iter().all(Option::is_none));
+        // A node update keeps its slot; adding or removing a node invalidates the memo.
+        let again = cache.candidate_slots(&list(&["a", "b", "x"]));
+        cache.upsert_node(&named("a"));
+        assert!(Arc::ptr_eq(&again, &cache.candidate_slots(&list(&["a", "b", "x"]))));
+        cache.upsert_node(&named("x"));
+        let with_x = cache.candidate_slots(&list(&["a", "b", "x"]));
+        assert!(with_x[2].is_some());
+        cache.delete_node("b");
+        let without_b = cache.candidate_slots(&list(&["a", "b", "x"]));
+        assert!(without_b[1].is_none());
+        // Deleted and re-added: a new slot, never the old one.
+        cache.upsert_node(&named("b"));
+        let readded = cache.candidate_slots(&list(&["a", "b", "x"]));
+        let (old, new) = (with_x[1].as_ref().unwrap(), readded[1].as_ref().unwrap());
+        assert!(!Arc::ptr_eq(old, new));
+        assert!(Arc::ptr_eq(new, &cache.node("b").unwrap()));
+    }
 
     fn node(rails: Option<&str>) -> Node {
         let d = ResourceDomain::default();

@@ -463,12 +463,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         }
         let t_stage = Instant::now();
         self.cache.sweep(now);
-        let slots = self.cache.nodes(nodes.iter().map(String::as_str));
+        let slots = self.cache.candidate_slots(&nodes);
         // Per input position: why the node was rejected (`None`: ranked and not tried yet, or chosen).
         let mut outcome: Vec<Option<ReasonCode>> = vec![None; nodes.len()];
         let mut memo = ResolveMemo::default();
         let mut ranked = Vec::with_capacity(nodes.len());
-        for (pos, (name, slot)) in nodes.iter().zip(&slots).enumerate() {
+        for (pos, (name, slot)) in nodes.iter().zip(slots.iter()).enumerate() {
             let Some(slot) = slot else {
                 outcome[pos] = Some(ReasonCode::NodeCacheMiss);
                 continue;
