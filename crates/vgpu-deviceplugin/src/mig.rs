@@ -25,8 +25,7 @@ use vgpu_core::{
 use crate::{
     api::v1beta1::{
         AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse, Device, DevicePluginOptions,
-        DeviceSpec, Mount, PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-        PreferredAllocationResponse,
+        DeviceSpec, Mount, PreferredAllocationRequest, PreferredAllocationResponse,
     },
     cdi,
     config::PluginConfig,
@@ -273,13 +272,6 @@ impl PluginHandler for MigPlugin {
             .collect::<Result<_, _>>()
             .map_err(PluginError::Allocate)?;
         Ok(AllocateResponse { container_responses })
-    }
-
-    async fn pre_start_container(
-        &self,
-        _request: PreStartContainerRequest,
-    ) -> Result<PreStartContainerResponse, PluginError> {
-        Ok(PreStartContainerResponse {})
     }
 }
 

@@ -36,11 +36,15 @@ pub trait PluginHandler: Send + Sync + 'static {
     ) -> Result<PreferredAllocationResponse, PluginError>;
     /// `Allocate`.
     async fn allocate(&self, request: AllocateRequest) -> Result<AllocateResponse, PluginError>;
-    /// `PreStartContainer`.
+    /// `PreStartContainer`; the kubelet calls it only when [`options`](Self::options) asks for it, so the
+    /// default answers with an empty response.
     async fn pre_start_container(
         &self,
         request: PreStartContainerRequest,
-    ) -> Result<PreStartContainerResponse, PluginError>;
+    ) -> Result<PreStartContainerResponse, PluginError> {
+        let _ = request;
+        Ok(PreStartContainerResponse {})
+    }
 }
 
 /// `Device.health` text.
@@ -173,13 +177,6 @@ impl PluginHandler for ResourcePlugin {
         Ok(AllocateResponse {
             container_responses: vec![ContainerAllocateResponse::default(); request.container_requests.len()],
         })
-    }
-
-    async fn pre_start_container(
-        &self,
-        _request: PreStartContainerRequest,
-    ) -> Result<PreStartContainerResponse, PluginError> {
-        Ok(PreStartContainerResponse {})
     }
 }
 
