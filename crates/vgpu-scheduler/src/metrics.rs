@@ -224,18 +224,6 @@ impl PolicyLabels {
     }
 }
 
-/// The reason code of a `FailedNodes` value: a short phrase (live filter) or `phrase (counts) [detail]`
-/// (dry-run); `None` when the text starts with no known phrase.
-pub fn reason_code_of(text: &str) -> Option<ReasonCode> {
-    ReasonCode::ALL
-        .iter()
-        .copied()
-        .filter(|c| {
-            text.strip_prefix(c.phrase()).is_some_and(|rest| rest.is_empty() || rest.starts_with(' '))
-        })
-        .max_by_key(|c| c.phrase().len())
-}
-
 /// The `result` label of a filter or dry-run answer: `error`, `fit` or `no_fit`.
 pub fn filter_result_label(result: &FilterResult) -> &'static str {
     if !result.error.is_empty() {
@@ -659,21 +647,6 @@ mod tests {
         );
         assert!(text.contains(r#"vgpu_scheduler_topology_strict_reject_total{mode="link-strict"} 1"#));
         assert!(text.contains(r#"vgpu_scheduler_preempt_victims_added_bucket{le="3.0"} 1"#), "{text}");
-    }
-
-    #[test]
-    fn reason_codes_from_short_and_detailed_text() {
-        for c in ReasonCode::ALL {
-            assert_eq!(reason_code_of(c.phrase()), Some(*c));
-            let detailed = vgpu_core::alloc::NodeFailure::new(*c).with_detail("x").detailed();
-            assert_eq!(reason_code_of(&detailed), Some(*c), "{detailed}");
-        }
-        assert_eq!(
-            reason_code_of("Insufficient vGPU cores (InsufficientVGPUCore=2)"),
-            Some(ReasonCode::InsufficientVgpuCore)
-        );
-        assert_eq!(reason_code_of("Insufficient vGPU slotsX"), None);
-        assert_eq!(reason_code_of(""), None);
     }
 
     #[test]
