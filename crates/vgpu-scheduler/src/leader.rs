@@ -519,9 +519,10 @@ impl LeaseObservation {
     /// Notes the Lease's current record at `now_ns` (our clock) and says whether it is held: it has a holder
     /// and `observed + leaseDurationSeconds ≥ now`.
     pub fn held(&mut self, lease: &Lease, now_ns: i64) -> bool {
-        let spec = lease.spec.clone().unwrap_or_default();
-        if self.record.as_ref() != Some(&spec) {
-            self.record = Some(spec);
+        let default = LeaseSpec::default();
+        let spec = lease.spec.as_ref().unwrap_or(&default);
+        if self.record.as_ref() != Some(spec) {
+            self.record = Some(spec.clone());
             self.observed_ns = now_ns;
         }
         let Some(spec) = self.record.as_ref() else { return false };
