@@ -5,6 +5,9 @@
 //! - `cache/<policy>`: `Extender::filter` end to end: rank, allocate, reserve, patch (in-memory cluster), cache
 //!   update, and the answer with 4,999 `FailedNodes` entries. Each iteration starts from the same cache: the
 //!   setup (not timed) forgets the previous iteration's placement.
+//! - `shuffled/<policy>`: the same call with the candidate list in a different random order each time, as
+//!   kube-scheduler sends it (its parallel node filter appends feasible nodes as they finish, from a rotating
+//!   start): no call can reuse the previous call's name resolution.
 //! - `json/<policy>`: the same call as the HTTP handler runs it, from the request body (`ExtenderArgs` with 5,000
 //!   `NodeNames`) to the serialized `ExtenderFilterResult`.
 //! - `rebuild_per_call/<policy>`: the Go approach's node usage rebuild, ordering and allocation (no patch, no
@@ -132,6 +135,23 @@ fn baseline(s: &Setup, pod: &Pod, d: &ResourceDomain) -> Option<String> {
         .map(|i| views[i].name.to_owned())
 }
 
+/// `count` random permutations of the names (xorshift Fisher-Yates, fixed seed).
+fn shuffled_orders(names: &[String], count: usize) -> Vec<Vec<String>> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..count)
+        .map(|_| {
+            let mut v = names.to_vec();
+            for i in (1..v.len()).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                v.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            v
+        })
+        .collect()
+}
+
 fn bench(c: &mut Criterion) {
     let s = setup();
     let d = ResourceDomain::default();
@@ -156,6 +176,17 @@ fn bench(c: &mut Criterion) {
         assert_eq!(first.node_names.len(), 1, "{label}: {first:?}");
         assert_eq!(first.failed_nodes.len(), NODES - 1);
         // The candidate list is owned by the call (the server deserializes it); the copy is setup, not timed.
+        let mut orders = shuffled_orders(&s.names, 16).into_iter().cycle();
+        group.bench_function(format!("shuffled/{label}"), |b| {
+            b.iter_batched(
+                || {
+                    reset();
+                    orders.next().unwrap_or_default()
+                },
+                |names| black_box(rt.block_on(s.ext.filter(Some(&pod), names))),
+                BatchSize::PerIteration,
+            )
+        });
         group.bench_function(format!("cache/{label}"), |b| {
             b.iter_batched(
                 || {

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use vgpu_core::alloc::{
     NodeDomains, NodeFailure, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest,
@@ -22,13 +22,11 @@ use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig, PodDeviceClaim, Topo
 
 use crate::cluster::{Node, Pod, WatchEvent};
 use crate::prealloc::{self, Counting};
+use crate::rank_table::{FITNESS_LEN, NO_ROW, RankTable, RowReader, RowRef};
 
 /// What resolving a request on a node depends on: memory factor and uniform GPU memory
 /// ([`DecodedNode::resolve_key`]).
 pub type ResolveKey = (u32, Option<u64>);
-
-/// Largest per-container vGPU number (fitness tables are indexed by it).
-const MAX_NEED: usize = 16;
 
 /// A node's decoded annotations and the static numbers the filter ranks by.
 #[derive(Debug)]
@@ -46,8 +44,6 @@ pub struct DecodedNode {
     /// NVLink components, domain signatures and rail keys for cross-pod alignment (from the links and the
     /// optional `node-gpu-domain` rail map; a rail map that does not decode is ignored).
     pub domains: NodeDomains,
-    fitness_link: OnceLock<[u8; MAX_NEED + 1]>,
-    fitness_numa: OnceLock<[u8; MAX_NEED + 1]>,
 }
 
 impl DecodedNode {
@@ -69,16 +65,7 @@ impl DecodedNode {
         }
         let rails = rails.and_then(|r| node_gpu_domain::decode(r).ok());
         let domains = NodeDomains::new(&inventory, links.as_ref(), rails.as_ref());
-        Self {
-            inventory,
-            config,
-            links,
-            uniform_memory,
-            totals,
-            domains,
-            fitness_link: OnceLock::new(),
-            fitness_numa: OnceLock::new(),
-        }
+        Self { inventory, config, links, uniform_memory, totals, domains }
     }
 
     /// What a request's resolution on this node depends on: the memory factor and the uniform GPU memory.
@@ -86,34 +73,36 @@ impl DecodedNode {
         (self.config.memory_factor.max(1), self.uniform_memory)
     }
 
-    /// Topology fitness (`topology_fitness`) for a base mode and a need, cached per node.
-    pub fn fitness(&self, name: &str, mode: TopologyMode, need: u32, domain: &ResourceDomain) -> Option<u8> {
-        let cell = match mode {
-            TopologyMode::Link => &self.fitness_link,
-            TopologyMode::Numa => &self.fitness_numa,
-            _ => return None,
+    /// Topology fitness (`topology_fitness`) of the empty node for a base mode, per need `0..FITNESS_LEN`
+    /// (`None` for modes without fitness). The rank table keeps it per node, so it is computed once per
+    /// decoded node and mode.
+    pub fn fitness_table(
+        &self,
+        name: &str,
+        mode: TopologyMode,
+        domain: &ResourceDomain,
+    ) -> Option<[u8; FITNESS_LEN]> {
+        if !matches!(mode, TopologyMode::Link | TopologyMode::Numa) {
+            return None;
+        }
+        let usage = NodeUsage::new();
+        let view = NodeView {
+            name,
+            inventory: &self.inventory,
+            config: &self.config,
+            links: self.links.as_ref(),
+            usage: &usage,
         };
-        let table = cell.get_or_init(|| {
-            let usage = NodeUsage::new();
-            let view = NodeView {
-                name,
-                inventory: &self.inventory,
-                config: &self.config,
-                links: self.links.as_ref(),
-                usage: &usage,
-            };
-            let mut t = [0u8; MAX_NEED + 1];
-            for (n, slot) in t.iter_mut().enumerate() {
-                let pod = PodSpec::new()
-                    .container(PodContainer::app("p").limit(domain.vgpu_number(), n.max(1)))
-                    .annotation(domain.device_topology_mode(), mode.as_str());
-                if let Ok(req) = PodRequest::from_pod(&pod, domain) {
-                    *slot = topology_fitness(&req, &view).unwrap_or(0);
-                }
+        let mut t = [0u8; FITNESS_LEN];
+        for (n, slot) in t.iter_mut().enumerate() {
+            let pod = PodSpec::new()
+                .container(PodContainer::app("p").limit(domain.vgpu_number(), n.max(1)))
+                .annotation(domain.device_topology_mode(), mode.as_str());
+            if let Ok(req) = PodRequest::from_pod(&pod, domain) {
+                *slot = topology_fitness(&req, &view).unwrap_or(0);
             }
-            t
-        });
-        table.get((need as usize).min(MAX_NEED)).copied()
+        }
+        Some(t)
     }
 }
 
@@ -130,9 +119,8 @@ pub struct NodeState {
     pub usage: NodeUsage,
     /// Free slots, cores, memory over schedulable GPUs.
     pub avail: [u64; 3],
-    /// Copies of the decoded node's ranking inputs ([`DecodedNode::totals`] and the [`ResolveKey`]), so ranking
-    /// thousands of nodes reads this state only, not a second allocation per node.
-    pub rank_inputs: Option<([u64; 3], ResolveKey)>,
+    /// This node's row of the cache's rank table, republished on every change of usage or annotations.
+    row: RowRef,
     /// In-flight reservations: pod UID → expiry (Unix ns).
     pub reserved: HashMap<String, i64>,
     /// Pods counted here (UIDs), reservations excluded.
@@ -142,7 +130,6 @@ pub struct NodeState {
 impl NodeState {
     fn recompute(&mut self) {
         let mut avail = [0u64; 3];
-        self.rank_inputs = self.decoded.as_ref().ok().map(|d| (d.totals, d.resolve_key()));
         if let Ok(d) = &self.decoded {
             for g in d.inventory.schedulable() {
                 let u = self.usage.device(g.index);
@@ -152,6 +139,20 @@ impl NodeState {
             }
         }
         self.avail = avail;
+        self.row.publish(&self.decoded, avail);
+    }
+
+    /// This node's row id in the rank table.
+    pub fn row_id(&self) -> u32 {
+        self.row.id()
+    }
+
+    /// Computes this node's fitness table for a mode into its row; the entry for `need`.
+    fn fill_fitness(&self, mode: TopologyMode, need: u32, domain: &ResourceDomain) -> Option<u8> {
+        let d = self.decoded.as_ref().ok()?;
+        let table = d.fitness_table(&self.name, mode, domain)?;
+        self.row.fill_fitness(mode, &table);
+        table.get((need as usize).min(FITNESS_LEN - 1)).copied()
     }
 
     /// The allocator's view of this node, when it decoded.
@@ -262,22 +263,41 @@ pub struct ClusterCache {
     grace_ns: i64,
     /// Node slots by name; foldhash, not SipHash: a filter looks up every candidate (thousands) per call, and
     /// node names are not attacker-chosen keys.
-    nodes: RwLock<HashMap<String, NodeSlot, foldhash::fast::RandomState>>,
+    nodes: RwLock<HashMap<String, NodeEntry, foldhash::fast::RandomState>>,
+    /// Every node state's ranking inputs, one dense row each ([`crate::rank_table`]).
+    rows: RankTable,
     /// Bumped, under the `nodes` write lock, whenever a slot is added or removed.
     generation: AtomicU64,
-    /// The slots of the last candidate list ([`candidate_slots`](Self::candidate_slots)).
+    /// The last candidate list ([`candidates`](Self::candidates)).
     last_candidates: Mutex<Option<CandidateMemo>>,
     index: Mutex<Index>,
 }
 
-/// A candidate list and its slots, valid while the node set's generation is unchanged.
+/// A node of the name index: its slot and its rank-table row.
+#[derive(Debug)]
+struct NodeEntry {
+    slot: NodeSlot,
+    row: u32,
+}
+
+/// A candidate list resolved against the cache, per input position: the node's rank-table row id
+/// ([`NO_ROW`] for a name the cache does not hold) and its slot.
+#[derive(Debug, Default)]
+pub struct Candidates {
+    /// Row ids (read in order while ranking).
+    pub rows: Vec<u32>,
+    /// Slots (locked only for the nodes an allocation is tried on).
+    pub slots: Vec<Option<NodeSlot>>,
+}
+
+/// A candidate list and its resolution, valid while the node set's generation is unchanged.
 #[derive(Debug)]
 struct CandidateMemo {
     generation: u64,
     /// The names back to back, and where each ends: compared sequentially, no pointer per name.
     arena: String,
     ends: Vec<usize>,
-    slots: Arc<[Option<NodeSlot>]>,
+    resolved: Arc<Candidates>,
 }
 
 impl CandidateMemo {
@@ -301,6 +321,7 @@ impl ClusterCache {
             domain,
             grace_ns: stuck_grace_ns,
             nodes: RwLock::default(),
+            rows: RankTable::new(),
             generation: AtomicU64::new(0),
             last_candidates: Mutex::new(None),
             index: Mutex::default(),
@@ -319,30 +340,48 @@ impl ClusterCache {
 
     /// One node's slot.
     pub fn node(&self, name: &str) -> Option<NodeSlot> {
-        self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(name).cloned()
+        self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(name).map(|e| e.slot.clone())
     }
 
     /// Slots of the named nodes (`None` for a name the cache does not hold), in input order.
     pub fn nodes<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> Vec<Option<NodeSlot>> {
         let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        names.into_iter().map(|n| map.get(n).cloned()).collect()
+        names.into_iter().map(|n| map.get(n).map(|e| e.slot.clone())).collect()
     }
 
-    /// [`nodes`](Self::nodes) for a filter's candidate list, remembered for the next call: kube-scheduler sends
-    /// the same list call after call, and resolving it again costs a hash lookup and a string compare in a
-    /// separate allocation per name (thousands of cache misses). The remembered list is reused while no node was
-    /// added or removed and the names are equal, compared against one contiguous copy.
-    pub fn candidate_slots(&self, names: &[String]) -> Arc<[Option<NodeSlot>]> {
+    /// A reader of the rank table (rows by [`Candidates::rows`] id).
+    pub fn rank_rows(&self) -> RowReader {
+        self.rows.reader()
+    }
+
+    /// The rank-table rows and slots of a candidate list, remembered for the next call: when kube-scheduler
+    /// sends the same list again, resolving it costs one sequential compare against a contiguous copy instead
+    /// of a hash lookup and a key compare in a separate allocation per name. The remembered list is reused
+    /// while no node was added or removed and the names are equal.
+    pub fn candidates(&self, names: &[String]) -> Arc<Candidates> {
         let generation = self.generation.load(Ordering::Acquire);
         if let Some(m) = lock(&self.last_candidates).as_ref()
             && m.matches(generation, names)
         {
-            return m.slots.clone();
+            return m.resolved.clone();
         }
-        let (generation, slots) = {
+        let (generation, resolved) = {
             let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let slots: Arc<[Option<NodeSlot>]> = names.iter().map(|n| map.get(n.as_str()).cloned()).collect();
-            (self.generation.load(Ordering::Acquire), slots)
+            let mut c =
+                Candidates { rows: Vec::with_capacity(names.len()), slots: Vec::with_capacity(names.len()) };
+            for n in names {
+                match map.get(n.as_str()) {
+                    Some(e) => {
+                        c.rows.push(e.row);
+                        c.slots.push(Some(e.slot.clone()));
+                    }
+                    None => {
+                        c.rows.push(NO_ROW);
+                        c.slots.push(None);
+                    }
+                }
+            }
+            (self.generation.load(Ordering::Acquire), Arc::new(c))
         };
         let mut arena = String::with_capacity(names.iter().map(String::len).sum());
         let ends = names
@@ -352,8 +391,15 @@ impl ClusterCache {
                 arena.len()
             })
             .collect();
-        *lock(&self.last_candidates) = Some(CandidateMemo { generation, arena, ends, slots: slots.clone() });
-        slots
+        *lock(&self.last_candidates) =
+            Some(CandidateMemo { generation, arena, ends, resolved: resolved.clone() });
+        resolved
+    }
+
+    /// Fills a node's fitness table for a mode into its row (on the locked node, so a concurrent re-decode
+    /// cannot leave a stale table behind); the entry for `need`.
+    pub fn fill_fitness(&self, slot: &NodeSlot, mode: TopologyMode, need: u32) -> Option<u8> {
+        lock(slot).fill_fitness(mode, need, &self.domain)
     }
 
     /// Every node name, sorted.
@@ -459,6 +505,7 @@ impl ClusterCache {
                 s.raw = raw;
                 s.enabled = enabled;
                 s.decoded = decoded;
+                s.row.reset_fitness();
                 s.recompute();
             }
             return;
@@ -471,7 +518,7 @@ impl ClusterCache {
             enabled,
             usage: NodeUsage::new(),
             avail: [0; 3],
-            rank_inputs: None,
+            row: self.rows.alloc(),
             reserved: HashMap::new(),
             pods: BTreeSet::new(),
         };
@@ -487,8 +534,9 @@ impl ClusterCache {
             }
         }
         state.recompute();
+        let row = state.row.id();
         let mut map = self.nodes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.insert(node.name.clone(), Arc::new(Mutex::new(state)));
+        map.insert(node.name.clone(), NodeEntry { slot: Arc::new(Mutex::new(state)), row });
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -502,7 +550,7 @@ impl ClusterCache {
             }
             removed
         };
-        if let Some(slot) = removed {
+        if let Some(NodeEntry { slot, .. }) = removed {
             let mut idx = lock(&self.index);
             let s = lock(&slot);
             let pods: Vec<String> = s.pods.iter().cloned().collect();
@@ -705,8 +753,13 @@ impl ClusterCache {
 
     /// Every node's usage snapshot: (name, decoded node, usage).
     pub fn usage_snapshot(&self) -> Vec<(String, Option<Arc<DecodedNode>>, NodeUsage)> {
-        let slots: Vec<NodeSlot> =
-            self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect();
+        let slots: Vec<NodeSlot> = self
+            .nodes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .map(|e| e.slot.clone())
+            .collect();
         let mut out: Vec<_> = slots
             .iter()
             .map(|s| {
@@ -720,8 +773,13 @@ impl ClusterCache {
 
     /// Keys (UIDs) counted per node: pods and reservations.
     pub fn counted(&self) -> BTreeMap<String, usize> {
-        let slots: Vec<NodeSlot> =
-            self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect();
+        let slots: Vec<NodeSlot> = self
+            .nodes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .map(|e| e.slot.clone())
+            .collect();
         slots
             .iter()
             .map(|s| {
@@ -738,40 +796,49 @@ mod tests {
     use vgpu_core::model::GpuDevice;
     use vgpu_core::topology::DeviceTopology;
 
+    use vgpu_core::codec::pod_devices;
+
     use super::*;
     use crate::fixture::{vgpu_node, vgpu_pod};
+    use crate::rank_table::{RankInputs, RowFitness, RowStatus};
 
     #[test]
-    fn candidate_slots_are_remembered_until_the_node_set_changes() {
+    fn candidates_are_remembered_until_the_node_set_changes() {
         let cache = ClusterCache::new(ResourceDomain::default(), 0);
         let named = |name: &str| Node { name: name.to_owned(), ..node(None) };
         for n in ["a", "b"] {
             cache.upsert_node(&named(n));
         }
         let list = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
-        let first = cache.candidate_slots(&list(&["a", "b", "x"]));
-        assert!(first[0].is_some() && first[1].is_some() && first[2].is_none());
-        // The same list again: the very same slots, no lookup.
-        assert!(Arc::ptr_eq(&first, &cache.candidate_slots(&list(&["a", "b", "x"]))));
+        let first = cache.candidates(&list(&["a", "b", "x"]));
+        assert!(first.slots[0].is_some() && first.slots[1].is_some() && first.slots[2].is_none());
+        assert_eq!(first.rows, [0, 1, NO_ROW]);
+        // The same list again: the very same resolution, no lookup.
+        assert!(Arc::ptr_eq(&first, &cache.candidates(&list(&["a", "b", "x"]))));
         // Same concatenation, other names: not confused.
-        let split = cache.candidate_slots(&list(&["ab", "x"]));
-        assert!(split.iter().all(Option::is_none));
+        let split = cache.candidates(&list(&["ab", "x"]));
+        assert!(split.slots.iter().all(Option::is_none));
+        assert_eq!(split.rows, [NO_ROW, NO_ROW]);
         // A node update keeps its slot; adding or removing a node invalidates the memo.
-        let again = cache.candidate_slots(&list(&["a", "b", "x"]));
+        let again = cache.candidates(&list(&["a", "b", "x"]));
         cache.upsert_node(&named("a"));
-        assert!(Arc::ptr_eq(&again, &cache.candidate_slots(&list(&["a", "b", "x"]))));
+        assert!(Arc::ptr_eq(&again, &cache.candidates(&list(&["a", "b", "x"]))));
         cache.upsert_node(&named("x"));
-        let with_x = cache.candidate_slots(&list(&["a", "b", "x"]));
-        assert!(with_x[2].is_some());
+        let with_x = cache.candidates(&list(&["a", "b", "x"]));
+        assert!(with_x.slots[2].is_some());
         cache.delete_node("b");
-        let without_b = cache.candidate_slots(&list(&["a", "b", "x"]));
-        assert!(without_b[1].is_none());
-        // Deleted and re-added: a new slot, never the old one.
+        let without_b = cache.candidates(&list(&["a", "b", "x"]));
+        assert!(without_b.slots[1].is_none());
+        assert_eq!(without_b.rows[1], NO_ROW);
+        // Deleted and re-added: a new slot and row, never the old ones (the old row is still owned by the
+        // old slot, which the remembered lists hold).
         cache.upsert_node(&named("b"));
-        let readded = cache.candidate_slots(&list(&["a", "b", "x"]));
-        let (old, new) = (with_x[1].as_ref().unwrap(), readded[1].as_ref().unwrap());
+        let readded = cache.candidates(&list(&["a", "b", "x"]));
+        let (old, new) = (with_x.slots[1].as_ref().unwrap(), readded.slots[1].as_ref().unwrap());
         assert!(!Arc::ptr_eq(old, new));
         assert!(Arc::ptr_eq(new, &cache.node("b").unwrap()));
+        assert_ne!(with_x.rows[1], readded.rows[1]);
+        assert_eq!(lock(new).row_id(), readded.rows[1]);
     }
 
     fn node(rails: Option<&str>) -> Node {
@@ -876,5 +943,140 @@ mod tests {
         assert!(cache.sibling_placements(&placed("q", Some("ns/other"), None, None)).is_empty());
         assert!(cache.sibling_placements(&orphan).is_empty());
         assert!(lock(&cache.index).groups.keys().all(|g| *g != Group::Gang("ns/other".into())));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Node(usize, u8),
+        DeleteNode(usize),
+        Pod(usize, usize, u32, u32),
+        DeletePod(usize),
+        Reserve(usize, usize, u32),
+        Release(usize, usize),
+        Sweep(i64),
+        Fitness(usize, bool, u32),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..3usize, 0..4u8).prop_map(|(n, v)| Op::Node(n, v)),
+            (0..3usize).prop_map(Op::DeleteNode),
+            (0..6usize, 0..3usize, 0..4u32, 0..2u32).prop_map(|(p, n, g, k)| Op::Pod(p, n, g, k)),
+            (0..6usize).prop_map(Op::DeletePod),
+            (0..6usize, 0..3usize, 0..4u32).prop_map(|(p, n, g)| Op::Reserve(p, n, g)),
+            (0..6usize, 0..3usize).prop_map(|(p, n)| Op::Release(p, n)),
+            (0..40i64).prop_map(Op::Sweep),
+            (0..3usize, any::<bool>(), 0..20u32).prop_map(|(n, l, need)| Op::Fitness(n, l, need)),
+        ]
+    }
+
+    /// Node variants: 0 and 1 differ in annotations only (rails), 2 in size and memory, 3 is not vGPU-enabled.
+    fn variant(name: &str, v: u8) -> Node {
+        let d = ResourceDomain::default();
+        let mut n = match v {
+            0 => node(None),
+            1 => node(Some(r#"{"G0":"r0","G1":"r0","G2":"r1","G3":"r1"}"#)),
+            _ => vgpu_node(
+                "n",
+                &NodeDeviceInventory::uniform(6, 2048, 3),
+                &NodeVgpuConfig::default(),
+                None,
+                &d,
+            )
+            .expect("fixture node encodes"),
+        };
+        if v == 3 {
+            n.allocatable.remove(&d.vgpu_number());
+        }
+        Node { name: name.to_owned(), ..n }
+    }
+
+    fn pod_on(uid: &str, node: &str, gpu: u32, cores: u32) -> Pod {
+        let d = ResourceDomain::default();
+        let mut p = vgpu_pod(uid, 1, 0, 0, &[], &d);
+        let uuid = if gpu < 4 { format!("G{gpu}") } else { format!("GPU-{gpu}") };
+        p.annotations.insert(d.pre_allocated(), format!("main[{gpu}_{uuid}_{}_256]", cores * 25));
+        p.annotations.insert(d.predicate_node(), node.to_owned());
+        p.node_name = Some(node.to_owned());
+        p
+    }
+
+    /// Every live node's row says what its locked state says, and no two nodes share a row.
+    fn check_rows(cache: &ClusterCache) -> Result<(), String> {
+        let reader = cache.rank_rows();
+        let map = cache.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut ids = BTreeSet::new();
+        for (name, e) in map.iter() {
+            let s = lock(&e.slot);
+            if s.row_id() != e.row || !ids.insert(e.row) {
+                return Err(format!("{name}: row {} in the index, {} in the state", e.row, s.row_id()));
+            }
+            let row = reader.get(e.row).ok_or(format!("{name}: row {} not readable", e.row))?;
+            match (&s.decoded, row.status()) {
+                (Ok(d), RowStatus::Ready) => {
+                    let want = RankInputs { avail: s.avail, totals: d.totals, key: d.resolve_key() };
+                    if row.inputs() != want {
+                        return Err(format!("{name}: row {:?}, state {want:?}", row.inputs()));
+                    }
+                    for mode in [TopologyMode::Link, TopologyMode::Numa] {
+                        let table = d.fitness_table(&s.name, mode, &cache.domain).ok_or("no table")?;
+                        for need in 0..FITNESS_LEN as u32 + 2 {
+                            let want = table[(need as usize).min(FITNESS_LEN - 1)];
+                            match row.fitness(mode, need) {
+                                RowFitness::Unknown => {}
+                                RowFitness::Known(f) if f == want => {}
+                                other => {
+                                    return Err(format!(
+                                        "{name}: fitness {mode:?}/{need} {other:?}, want {want}"
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
+                (Err(f), RowStatus::Failed(c)) if f.code == c => {}
+                (state, row) => return Err(format!("{name}: state {state:?}, row {row:?}")),
+            }
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        /// Under any sequence of node, pod, reservation and sweep events, the rank table mirrors the node states.
+        #[test]
+        fn rank_rows_follow_node_states(ops in proptest::collection::vec(op(), 1..60)) {
+            let cache = ClusterCache::new(ResourceDomain::default(), 10);
+            let names = ["n0", "n1", "n2"];
+            for (i, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Node(n, v) => cache.upsert_node(&variant(names[n], v)),
+                    Op::DeleteNode(n) => cache.delete_node(names[n]),
+                    Op::Pod(p, n, g, k) => cache.upsert_pod(pod_on(&format!("p{p}"), names[n], g, k), i as i64),
+                    Op::DeletePod(p) => cache.delete_pod(&format!("p{p}")),
+                    Op::Reserve(p, n, g) => {
+                        if let Some(slot) = cache.node(names[n]) {
+                            let uid = format!("p{p}");
+                            let claim = pod_devices::decode_pre_allocated(&format!("main[{g}_G{g}_25_256]"))
+                                .expect("claim decodes");
+                            let fp = PodFootprint::from_claim(&claim);
+                            cache.reserve_locked(&mut lock(&slot), &uid, fp, i as i64 + 5);
+                            cache.track_reservation(names[n], &uid, i as i64 + 5);
+                        }
+                    }
+                    Op::Release(p, n) => cache.release(names[n], &format!("p{p}")),
+                    Op::Sweep(t) => cache.sweep(t),
+                    Op::Fitness(n, link, need) => {
+                        if let Some(slot) = cache.node(names[n]) {
+                            let mode = if link { TopologyMode::Link } else { TopologyMode::Numa };
+                            cache.fill_fitness(&slot, mode, need);
+                        }
+                    }
+                }
+                if let Err(e) = check_rows(&cache) {
+                    return Err(proptest::test_runner::TestCaseError::fail(format!("after op {i}: {e}")));
+                }
+            }
+        }
     }
 }

@@ -20,7 +20,7 @@ use crate::clock::Clock;
 use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MemoryCluster, MetadataPatch, Pod};
 use crate::gang::GangPlacement;
 use crate::prealloc::{self, PREDICATE_TIME_DONE, phase};
-use crate::rank::{Ranking, ResolveMemo, score_state};
+use crate::rank::{Ranking, ResolveMemo, rank_candidates};
 
 /// Default `--stuck-grace-period` (30 s).
 pub const DEFAULT_STUCK_GRACE_NS: i64 = 30_000_000_000;
@@ -463,25 +463,13 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         }
         let t_stage = Instant::now();
         self.cache.sweep(now);
-        let slots = self.cache.candidate_slots(&nodes);
+        let candidates = self.cache.candidates(&nodes);
         // Per input position: why the node was rejected (`None`: ranked and not tried yet, or chosen).
         let mut outcome: Vec<Option<ReasonCode>> = vec![None; nodes.len()];
         let mut memo = ResolveMemo::default();
-        let mut ranked = Vec::with_capacity(nodes.len());
-        for (pos, (name, slot)) in nodes.iter().zip(slots.iter()).enumerate() {
-            let Some(slot) = slot else {
-                outcome[pos] = Some(ReasonCode::NodeCacheMiss);
-                continue;
-            };
-            let s = lock(slot);
-            match &s.decoded {
-                Err(f) => outcome[pos] = Some(f.code),
-                Ok(_) => match score_state(&request, &s, &mut memo, d) {
-                    Some(sc) => ranked.push((pos, name.as_str(), sc)),
-                    None => outcome[pos] = Some(ReasonCode::NodeInfoBuildFailed),
-                },
-            }
-        }
+        let ranked = rank_candidates(&self.cache, &request, &nodes, &candidates, &mut memo, |pos, code| {
+            outcome[pos] = Some(code)
+        });
         // Only as much of the order as is tried gets sorted (usually the first node fits).
         let mut ranking = Ranking::new(request.node_policy, ranked);
         self.observe(FilterStage::Node, t_stage);
@@ -490,7 +478,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let expires = now.saturating_add(self.config.reservation_ttl_ns);
         let gang = self.gang_of(&pod, &request);
         for (pos, _, _) in ranking.by_ref() {
-            let Some(Some(slot)) = slots.get(pos) else { continue };
+            let Some(Some(slot)) = candidates.slots.get(pos) else { continue };
             let mut s = lock(slot);
             match try_place(&request, &mut memo, &s, &pod.uid, gang.as_ref()) {
                 Ok(alloc) => {
@@ -506,7 +494,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             outcome[pos] = Some(ReasonCode::AlreadyScheduledElsewhere);
         }
         drop(ranking);
-        drop(slots);
+        drop(candidates);
         self.observe(FilterStage::Device, t_stage);
         let Some((pos, alloc)) = chosen else {
             let text = render_unavailable(
@@ -598,20 +586,17 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     /// Prioritize: host priorities 0..=10 from the node-policy score (0 for nodes that cannot fit, are
     /// unknown, or for pods without vGPUs).
     pub fn prioritize(&self, pod: &Pod, nodes: &[String]) -> Vec<HostPriority> {
-        let request = self.request(pod).ok().filter(|r| !r.is_empty());
-        let mut memo = ResolveMemo::default();
-        nodes
-            .iter()
-            .zip(self.cache.nodes(nodes.iter().map(String::as_str)))
-            .map(|(name, slot)| {
-                let score = match (&request, slot) {
-                    (Some(r), Some(slot)) => score_state(r, &lock(&slot), &mut memo, &self.config.domain)
-                        .map_or(0, |s| s.host_priority()),
-                    _ => 0,
-                };
-                HostPriority { host: name.clone(), score }
-            })
-            .collect()
+        let mut scores = vec![0; nodes.len()];
+        if let Some(request) = self.request(pod).ok().filter(|r| !r.is_empty()) {
+            let candidates = self.cache.candidates(nodes);
+            let mut memo = ResolveMemo::default();
+            for (pos, _, score) in
+                rank_candidates(&self.cache, &request, nodes, &candidates, &mut memo, |_, _| ())
+            {
+                scores[pos] = score.host_priority();
+            }
+        }
+        nodes.iter().zip(scores).map(|(name, score)| HostPriority { host: name.clone(), score }).collect()
     }
 
     async fn mark_failed(&self, pod: &Pod, message: &str) {

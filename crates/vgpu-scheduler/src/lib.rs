@@ -114,6 +114,7 @@ pub mod metrics;
 pub mod prealloc;
 pub mod process_metrics;
 pub mod rank;
+pub mod rank_table;
 pub mod readiness;
 pub mod server;
 pub mod tls;

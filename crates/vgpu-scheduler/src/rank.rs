@@ -1,14 +1,14 @@
-//! Node ordering over the cache (contract §3.2) without per-node allocation: the same keys as
-//! [`vgpu_core::alloc::order_nodes`], from per-node aggregates kept by the cache and a per-call memo of the
-//! resolved request.
+//! Node ordering over the cache (contract §3.2) without per-node allocation or lock: the same keys as
+//! [`vgpu_core::alloc::order_nodes`], from the cache's rank table ([`crate::rank_table`]) and a per-call memo of
+//! the resolved request.
 
 use std::cmp::Ordering;
 
-use vgpu_core::alloc::{NodeScore, PodRequest, ResolvedRequest};
-use vgpu_core::domain::ResourceDomain;
+use vgpu_core::alloc::{Footprint, NodeScore, PodRequest, ReasonCode, ResolvedRequest};
 use vgpu_core::model::SchedulingPolicy;
 
-use crate::cache::{DecodedNode, NodeState, ResolveKey};
+use crate::cache::{Candidates, ClusterCache, DecodedNode, ResolveKey};
+use crate::rank_table::{RankInputs, RowFitness, RowStatus};
 
 /// Resolved requests memoized by what `resolve` depends on (memory factor, uniform GPU memory).
 #[derive(Debug, Default)]
@@ -22,13 +22,7 @@ impl ResolveMemo {
         self.get_keyed(node.resolve_key(), request, node)
     }
 
-    /// [`get`](Self::get) with the node's key already known (the node is only read on a miss).
-    pub fn get_keyed(
-        &mut self,
-        key: ResolveKey,
-        request: &PodRequest,
-        node: &DecodedNode,
-    ) -> &ResolvedRequest {
+    fn get_keyed(&mut self, key: ResolveKey, request: &PodRequest, node: &DecodedNode) -> &ResolvedRequest {
         let pos = match self.entries.iter().position(|(k, _)| *k == key) {
             Some(p) => p,
             None => {
@@ -38,24 +32,24 @@ impl ResolveMemo {
         };
         &self.entries[pos].1
     }
+
+    /// The request resolved under a key, if it was resolved before.
+    pub fn lookup(&self, key: ResolveKey) -> Option<&ResolvedRequest> {
+        self.entries.iter().find(|(k, _)| *k == key).map(|(_, r)| r)
+    }
 }
 
-/// The rank inputs of one node (`score_node`), from its locked state.
-pub fn score_state(
+/// The rank inputs of one node (`score_node`) from its rank-table numbers, its topology fitness and the
+/// request's total resolved on it.
+pub fn score_inputs(
     request: &PodRequest,
-    state: &NodeState,
-    memo: &mut ResolveMemo,
-    domain: &ResourceDomain,
-) -> Option<NodeScore> {
-    // Only the state's own copies are read here (`rank_inputs`); the decoded node behind its pointer is read
-    // for topology fitness (link/numa modes) and on a memo miss, not once per node.
-    let d = state.decoded.as_ref().ok()?;
-    let (total, key) = state.rank_inputs?;
-    let need = request.containers.iter().map(|c| c.request.number).max().unwrap_or(0);
-    let fitness = d.fitness(&state.name, request.topology.base(), need, domain);
-    let r = memo.get_keyed(key, request, d).total;
+    inputs: &RankInputs,
+    fitness: Option<u8>,
+    resolved_total: Footprint,
+) -> NodeScore {
+    let r = resolved_total;
     let req = [r.number, r.cores, r.memory_mib];
-    let avail = state.avail;
+    let (avail, total) = (inputs.avail, inputs.totals);
     let w = [request.profile.number, request.profile.cores, request.profile.memory];
     let fits = (0..3).all(|i| req[i] <= avail[i]) && total.iter().all(|&t| t > 0);
     let score = if !fits {
@@ -71,7 +65,64 @@ pub fn score_state(
         };
         100.0 * (0..3).map(|i| w[i] * part(i)).sum::<f64>()
     };
-    Some(NodeScore { fitness, score })
+    NodeScore { fitness, score }
+}
+
+/// Ranks a candidate list from the cache's rank table (one dense row per node, no node lock): the scored
+/// entries, and `reject(position, reason)` for every candidate the cache does not hold or that cannot take
+/// vGPU pods. A node's lock is taken only the first time its fitness table or a new resolve key is needed.
+pub fn rank_candidates<'a>(
+    cache: &ClusterCache,
+    request: &PodRequest,
+    names: &'a [String],
+    candidates: &Candidates,
+    memo: &mut ResolveMemo,
+    mut reject: impl FnMut(usize, ReasonCode),
+) -> Vec<Ranked<'a>> {
+    let rows = cache.rank_rows();
+    let mode = request.topology.base();
+    let need = request.containers.iter().map(|c| c.request.number).max().unwrap_or(0);
+    let mut ranked = Vec::with_capacity(names.len());
+    for (pos, (name, &id)) in names.iter().zip(&candidates.rows).enumerate() {
+        let Some(row) = rows.get(id) else {
+            reject(pos, ReasonCode::NodeCacheMiss);
+            continue;
+        };
+        match row.status() {
+            RowStatus::Ready => {}
+            RowStatus::Vacant => {
+                reject(pos, ReasonCode::NodeCacheMiss);
+                continue;
+            }
+            RowStatus::Failed(code) => {
+                reject(pos, code);
+                continue;
+            }
+        }
+        let slot = candidates.slots.get(pos).and_then(Option::as_ref);
+        let inputs = row.inputs();
+        let fitness = match row.fitness(mode, need) {
+            RowFitness::NotRanked => None,
+            RowFitness::Known(f) => Some(f),
+            RowFitness::Unknown => slot.and_then(|s| cache.fill_fitness(s, mode, need)),
+        };
+        let total = match memo.lookup(inputs.key) {
+            Some(r) => r.total,
+            None => {
+                // Resolved under the decoded node's own key (never the row's, which may be a moment older).
+                let decoded = slot.and_then(|s| {
+                    s.lock().unwrap_or_else(std::sync::PoisonError::into_inner).decoded.as_ref().ok().cloned()
+                });
+                let Some(d) = decoded else {
+                    reject(pos, ReasonCode::NodeInfoBuildFailed);
+                    continue;
+                };
+                memo.get(request, &d).total
+            }
+        };
+        ranked.push((pos, name.as_str(), score_inputs(request, &inputs, fitness, total)));
+    }
+    ranked
 }
 
 /// A ranked candidate: input position, node name, rank inputs.

@@ -8,7 +8,7 @@ use vgpu_core::alloc::{NodeUsage, NodeView, PodRequest, order_nodes};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
-use vgpu_scheduler::rank::{ResolveMemo, score_state, sort_ranked};
+use vgpu_scheduler::rank::{ResolveMemo, rank_candidates, sort_ranked};
 use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, PodPhase};
 
 const T0: i64 = 1_700_000_000_000_000_000;
@@ -253,14 +253,11 @@ fn prioritize_and_rank_match_order_nodes() {
             .collect();
         let expected: Vec<&str> = order_nodes(&req, &views).into_iter().map(|i| views[i].name).collect();
         let mut memo = ResolveMemo::default();
-        let slots: Vec<_> = owned.iter().map(|(n, _, _)| e.ext.cache().node(n).unwrap()).collect();
-        let mut ranked: Vec<_> = slots
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                (i, owned[i].0.as_str(), score_state(&req, &s.lock().unwrap(), &mut memo, &e.d).unwrap())
-            })
-            .collect();
+        let names: Vec<String> = owned.iter().map(|(n, _, _)| n.clone()).collect();
+        let candidates = e.ext.cache().candidates(&names);
+        let mut ranked = rank_candidates(e.ext.cache(), &req, &names, &candidates, &mut memo, |pos, code| {
+            panic!("{} rejected: {code:?}", names[pos])
+        });
         sort_ranked(req.node_policy, &mut ranked);
         let got: Vec<&str> = ranked.iter().map(|r| r.1).collect();
         assert_eq!(got, expected, "{policy}");

@@ -1,0 +1,322 @@
+//! The rank table: every node's ranking inputs (free and total slots/cores/memory, what resolving a request
+//! depends on, topology fitness) in one contiguous array of fixed-size rows, read without locks.
+//!
+//! A filter ranks thousands of candidates per call and usually allocates on one. Reading each candidate's
+//! inputs from its own locked [`NodeState`](crate::cache::NodeState) costs a mutex round trip and a few cold
+//! cache lines in separate heap objects per node; here a candidate costs one 128-byte row in a dense table.
+//!
+//! Rows are written only by the holder of their node's lock (every change of a node's usage or decoded
+//! annotations republishes its row), and read with relaxed atomics. A reader racing a writer may see a mix of
+//! old and new values: that only perturbs the order in which nodes are tried, never a placement, because the
+//! allocation itself runs on the locked node state. A row belongs to one node state for that state's whole
+//! life ([`RowRef`]) and is recycled only after the state is dropped, so a slot still held by an in-flight call
+//! after its node was deleted never writes into another node's row.
+
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+
+use vgpu_core::alloc::{NodeFailure, ReasonCode};
+use vgpu_core::model::TopologyMode;
+
+use crate::cache::{DecodedNode, ResolveKey};
+
+/// Rows per chunk; chunks never move, so a row's address is stable while its table lives.
+const CHUNK: usize = 1024;
+/// Entries of a fitness table: needs `0..=FITNESS_LEN - 1` (larger needs read the last entry).
+pub const FITNESS_LEN: usize = 17;
+/// A fitness entry not computed yet (fitness values are `0..=5`).
+const UNKNOWN: u8 = u8::MAX;
+/// `uniform_memory` of a node whose GPUs differ in memory.
+const NOT_UNIFORM: u64 = u64::MAX;
+
+const VACANT: u32 = 0;
+const READY: u32 = 1;
+const FAILED: u32 = 2;
+
+/// Row id of a name the cache does not hold.
+pub const NO_ROW: u32 = u32::MAX;
+
+/// One node's ranking inputs (two cache lines).
+#[derive(Debug)]
+#[repr(align(64))]
+pub struct RankRow {
+    /// `VACANT`, `READY`, or `FAILED + i` for `ReasonCode::ALL[i]`.
+    status: AtomicU32,
+    /// Memory factor (≥ 1).
+    factor: AtomicU32,
+    /// Uniform GPU memory, or `NOT_UNIFORM`.
+    uniform_memory: AtomicU64,
+    avail: [AtomicU64; 3],
+    totals: [AtomicU64; 3],
+    /// Link, then NUMA fitness per need; `UNKNOWN` until first asked for.
+    fitness: [[AtomicU8; FITNESS_LEN]; 2],
+}
+
+/// What a row says about its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowStatus {
+    /// No node (deleted, or never written).
+    Vacant,
+    /// The node decoded; its inputs are valid.
+    Ready,
+    /// The node cannot take vGPU pods, for this reason.
+    Failed(ReasonCode),
+}
+
+/// A copy of a row's numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankInputs {
+    /// Free slots, cores, memory over schedulable GPUs.
+    pub avail: [u64; 3],
+    /// Total slots, cores, memory over schedulable GPUs.
+    pub totals: [u64; 3],
+    /// What resolving a request on the node depends on.
+    pub key: ResolveKey,
+}
+
+/// A row's fitness entry for a mode and need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowFitness {
+    /// The mode has no fitness (anything but link and NUMA).
+    NotRanked,
+    /// Not computed yet: compute it on the locked node ([`RowRef::fill_fitness`]).
+    Unknown,
+    /// The fitness.
+    Known(u8),
+}
+
+fn fitness_lane(mode: TopologyMode) -> Option<usize> {
+    match mode {
+        TopologyMode::Link => Some(0),
+        TopologyMode::Numa => Some(1),
+        _ => None,
+    }
+}
+
+impl RankRow {
+    fn vacant() -> Self {
+        Self {
+            status: AtomicU32::new(VACANT),
+            factor: AtomicU32::new(1),
+            uniform_memory: AtomicU64::new(NOT_UNIFORM),
+            avail: std::array::from_fn(|_| AtomicU64::new(0)),
+            totals: std::array::from_fn(|_| AtomicU64::new(0)),
+            fitness: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU8::new(UNKNOWN))),
+        }
+    }
+
+    /// The node's status.
+    pub fn status(&self) -> RowStatus {
+        match self.status.load(Relaxed) {
+            READY => RowStatus::Ready,
+            VACANT => RowStatus::Vacant,
+            s => ReasonCode::ALL
+                .get((s - FAILED) as usize)
+                .map_or(RowStatus::Vacant, |c| RowStatus::Failed(*c)),
+        }
+    }
+
+    /// The row's numbers (meaningful when the status is [`RowStatus::Ready`]).
+    pub fn inputs(&self) -> RankInputs {
+        let load = |a: &[AtomicU64; 3]| [a[0].load(Relaxed), a[1].load(Relaxed), a[2].load(Relaxed)];
+        let uniform = self.uniform_memory.load(Relaxed);
+        RankInputs {
+            avail: load(&self.avail),
+            totals: load(&self.totals),
+            key: (self.factor.load(Relaxed), (uniform != NOT_UNIFORM).then_some(uniform)),
+        }
+    }
+
+    /// The topology fitness of a need under a base mode.
+    pub fn fitness(&self, mode: TopologyMode, need: u32) -> RowFitness {
+        let Some(lane) = fitness_lane(mode) else { return RowFitness::NotRanked };
+        match self.fitness[lane][(need as usize).min(FITNESS_LEN - 1)].load(Relaxed) {
+            UNKNOWN => RowFitness::Unknown,
+            f => RowFitness::Known(f),
+        }
+    }
+
+    fn reset(&self) {
+        self.status.store(VACANT, Relaxed);
+        self.reset_fitness();
+    }
+
+    fn reset_fitness(&self) {
+        for lane in &self.fitness {
+            for f in lane {
+                f.store(UNKNOWN, Relaxed);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Allocation {
+    /// Ids handed back by dropped rows.
+    free: Vec<u32>,
+    /// Ids `0..next` have been handed out at least once.
+    next: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The table: chunks of rows, and the ids free for reuse.
+#[derive(Debug, Default)]
+pub struct RankTable {
+    chunks: RwLock<Vec<Arc<[RankRow]>>>,
+    ids: Arc<Mutex<Allocation>>,
+}
+
+impl RankTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A row for a new node state, vacant until its owner publishes it.
+    pub fn alloc(&self) -> RowRef {
+        let id = {
+            let mut ids = lock(&self.ids);
+            match ids.free.pop() {
+                Some(id) => id,
+                None => {
+                    ids.next += 1;
+                    ids.next - 1
+                }
+            }
+        };
+        let index = id as usize;
+        let chunk = {
+            let mut chunks = self.chunks.write().unwrap_or_else(PoisonError::into_inner);
+            while chunks.len() <= index / CHUNK {
+                chunks.push((0..CHUNK).map(|_| RankRow::vacant()).collect());
+            }
+            chunks[index / CHUNK].clone()
+        };
+        chunk[index % CHUNK].reset();
+        RowRef { chunk, id, ids: Arc::downgrade(&self.ids) }
+    }
+
+    /// A reader over the rows as they are now (new chunks added later are not seen; rows are).
+    pub fn reader(&self) -> RowReader {
+        RowReader { chunks: self.chunks.read().unwrap_or_else(PoisonError::into_inner).clone() }
+    }
+}
+
+/// Lock-free access to rows by id.
+#[derive(Debug, Clone)]
+pub struct RowReader {
+    chunks: Vec<Arc<[RankRow]>>,
+}
+
+impl RowReader {
+    /// The row of an id ([`NO_ROW`] and unknown ids: `None`).
+    pub fn get(&self, id: u32) -> Option<&RankRow> {
+        let index = id as usize;
+        self.chunks.get(index / CHUNK)?.get(index % CHUNK)
+    }
+}
+
+/// A node state's own row: the only way to write it. Dropping it vacates the row and frees its id.
+#[derive(Debug)]
+pub struct RowRef {
+    chunk: Arc<[RankRow]>,
+    id: u32,
+    ids: Weak<Mutex<Allocation>>,
+}
+
+impl RowRef {
+    /// The row's id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    fn row(&self) -> &RankRow {
+        &self.chunk[self.id as usize % CHUNK]
+    }
+
+    /// Publishes a node's decoded state and free capacity.
+    pub fn publish(&self, decoded: &Result<Arc<DecodedNode>, NodeFailure>, avail: [u64; 3]) {
+        let row = self.row();
+        match decoded {
+            Ok(d) => {
+                let (factor, uniform) = d.resolve_key();
+                row.factor.store(factor, Relaxed);
+                row.uniform_memory.store(uniform.unwrap_or(NOT_UNIFORM), Relaxed);
+                for (cell, v) in row.totals.iter().zip(d.totals) {
+                    cell.store(v, Relaxed);
+                }
+                for (cell, v) in row.avail.iter().zip(avail) {
+                    cell.store(v, Relaxed);
+                }
+                row.status.store(READY, Relaxed);
+            }
+            Err(f) => {
+                let i = ReasonCode::ALL.iter().position(|c| *c == f.code).unwrap_or(0);
+                row.status.store(FAILED + i as u32, Relaxed);
+            }
+        }
+    }
+
+    /// Forgets the fitness entries (the node's topology changed).
+    pub fn reset_fitness(&self) {
+        self.row().reset_fitness();
+    }
+
+    /// Stores a node's fitness table for a mode (computed from its decoded annotations).
+    pub fn fill_fitness(&self, mode: TopologyMode, table: &[u8; FITNESS_LEN]) {
+        if let Some(lane) = fitness_lane(mode) {
+            for (cell, &f) in self.row().fitness[lane].iter().zip(table) {
+                cell.store(f.min(UNKNOWN - 1), Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for RowRef {
+    fn drop(&mut self) {
+        self.row().reset();
+        if let Some(ids) = self.ids.upgrade() {
+            lock(&ids).free.push(self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_recycled_only_after_their_owner_is_dropped() {
+        let table = RankTable::new();
+        let a = table.alloc();
+        let b = table.alloc();
+        assert_eq!((a.id(), b.id()), (0, 1));
+        a.publish(&Err(NodeFailure::new(ReasonCode::NodeBadVgpuConfig)), [0; 3]);
+        let reader = table.reader();
+        assert_eq!(
+            reader.get(0).map(RankRow::status),
+            Some(RowStatus::Failed(ReasonCode::NodeBadVgpuConfig))
+        );
+        assert_eq!(reader.get(1).map(RankRow::status), Some(RowStatus::Vacant));
+        assert!(reader.get(NO_ROW).is_none());
+        a.fill_fitness(TopologyMode::Link, &[5; FITNESS_LEN]);
+        assert_eq!(reader.get(0).map(|r| r.fitness(TopologyMode::Link, 40)), Some(RowFitness::Known(5)));
+        assert_eq!(reader.get(0).map(|r| r.fitness(TopologyMode::Numa, 1)), Some(RowFitness::Unknown));
+        assert_eq!(reader.get(0).map(|r| r.fitness(TopologyMode::None, 1)), Some(RowFitness::NotRanked));
+        drop(a);
+        assert_eq!(reader.get(0).map(RankRow::status), Some(RowStatus::Vacant));
+        let c = table.alloc();
+        assert_eq!(c.id(), 0, "the freed id is reused");
+        assert_eq!(reader.get(0).map(|r| r.fitness(TopologyMode::Link, 1)), Some(RowFitness::Unknown));
+        // Growing past a chunk: earlier readers keep their rows, new readers see the new chunk.
+        let more: Vec<RowRef> = (0..CHUNK).map(|_| table.alloc()).collect();
+        assert!(more.iter().any(|r| r.id() as usize >= CHUNK));
+        assert!(reader.get(CHUNK as u32).is_none());
+        assert!(table.reader().get(CHUNK as u32).is_some());
+        drop(b);
+        drop(c);
+    }
+}
