@@ -280,16 +280,6 @@ struct NodeEntry {
     row: u32,
 }
 
-/// A candidate list resolved against the cache, per input position: the node's rank-table row id
-/// ([`NO_ROW`] for a name the cache does not hold) and its slot.
-#[derive(Debug, Default)]
-pub struct Candidates {
-    /// Row ids (read in order while ranking).
-    pub rows: Vec<u32>,
-    /// Slots (locked only for the nodes an allocation is tried on).
-    pub slots: Vec<Option<NodeSlot>>,
-}
-
 /// A candidate list and its resolution, valid while the node set's generation is unchanged.
 #[derive(Debug)]
 struct CandidateMemo {
@@ -297,7 +287,7 @@ struct CandidateMemo {
     /// The names back to back, and where each ends: compared sequentially, no pointer per name.
     arena: String,
     ends: Vec<usize>,
-    resolved: Arc<Candidates>,
+    rows: Arc<[u32]>,
 }
 
 impl CandidateMemo {
@@ -349,39 +339,29 @@ impl ClusterCache {
         names.into_iter().map(|n| map.get(n).map(|e| e.slot.clone())).collect()
     }
 
-    /// A reader of the rank table (rows by [`Candidates::rows`] id).
+    /// A reader of the rank table (rows by the ids of [`candidate_rows`](Self::candidate_rows)).
     pub fn rank_rows(&self) -> RowReader {
         self.rows.reader()
     }
 
-    /// The rank-table rows and slots of a candidate list, remembered for the next call: when kube-scheduler
-    /// sends the same list again, resolving it costs one sequential compare against a contiguous copy instead
-    /// of a hash lookup and a key compare in a separate allocation per name. The remembered list is reused
-    /// while no node was added or removed and the names are equal.
-    pub fn candidates(&self, names: &[String]) -> Arc<Candidates> {
+    /// The rank-table row ids of a candidate list, per input position ([`NO_ROW`] for a name the cache does not
+    /// hold), remembered for the next call: when kube-scheduler sends the same list again, resolving it costs
+    /// one sequential compare against a contiguous copy instead of a hash lookup and a key compare in a
+    /// separate allocation per name. The remembered list is reused while no node was added or removed and the
+    /// names are equal. Ids only, no slot references: ranking reads rows, and a filter looks up the slots of
+    /// the few nodes it tries.
+    pub fn candidate_rows(&self, names: &[String]) -> Arc<[u32]> {
         let generation = self.generation.load(Ordering::Acquire);
         if let Some(m) = lock(&self.last_candidates).as_ref()
             && m.matches(generation, names)
         {
-            return m.resolved.clone();
+            return m.rows.clone();
         }
-        let (generation, resolved) = {
+        let (generation, rows) = {
             let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let mut c =
-                Candidates { rows: Vec::with_capacity(names.len()), slots: Vec::with_capacity(names.len()) };
-            for n in names {
-                match map.get(n.as_str()) {
-                    Some(e) => {
-                        c.rows.push(e.row);
-                        c.slots.push(Some(e.slot.clone()));
-                    }
-                    None => {
-                        c.rows.push(NO_ROW);
-                        c.slots.push(None);
-                    }
-                }
-            }
-            (self.generation.load(Ordering::Acquire), Arc::new(c))
+            let rows: Arc<[u32]> =
+                names.iter().map(|n| map.get(n.as_str()).map_or(NO_ROW, |e| e.row)).collect();
+            (self.generation.load(Ordering::Acquire), rows)
         };
         let mut arena = String::with_capacity(names.iter().map(String::len).sum());
         let ends = names
@@ -391,9 +371,8 @@ impl ClusterCache {
                 arena.len()
             })
             .collect();
-        *lock(&self.last_candidates) =
-            Some(CandidateMemo { generation, arena, ends, resolved: resolved.clone() });
-        resolved
+        *lock(&self.last_candidates) = Some(CandidateMemo { generation, arena, ends, rows: rows.clone() });
+        rows
     }
 
     /// Fills a node's fitness table for a mode into its row (on the locked node, so a concurrent re-decode
@@ -803,42 +782,40 @@ mod tests {
     use crate::rank_table::{RankInputs, RowFitness, RowStatus};
 
     #[test]
-    fn candidates_are_remembered_until_the_node_set_changes() {
+    fn candidate_rows_are_remembered_until_the_node_set_changes() {
         let cache = ClusterCache::new(ResourceDomain::default(), 0);
         let named = |name: &str| Node { name: name.to_owned(), ..node(None) };
         for n in ["a", "b"] {
             cache.upsert_node(&named(n));
         }
+        let row_of = |n: &str| lock(&cache.node(n).unwrap()).row_id();
         let list = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
-        let first = cache.candidates(&list(&["a", "b", "x"]));
-        assert!(first.slots[0].is_some() && first.slots[1].is_some() && first.slots[2].is_none());
-        assert_eq!(first.rows, [0, 1, NO_ROW]);
+        let first = cache.candidate_rows(&list(&["a", "b", "x"]));
+        assert_eq!(*first, [row_of("a"), row_of("b"), NO_ROW]);
         // The same list again: the very same resolution, no lookup.
-        assert!(Arc::ptr_eq(&first, &cache.candidates(&list(&["a", "b", "x"]))));
+        assert!(Arc::ptr_eq(&first, &cache.candidate_rows(&list(&["a", "b", "x"]))));
         // Same concatenation, other names: not confused.
-        let split = cache.candidates(&list(&["ab", "x"]));
-        assert!(split.slots.iter().all(Option::is_none));
-        assert_eq!(split.rows, [NO_ROW, NO_ROW]);
-        // A node update keeps its slot; adding or removing a node invalidates the memo.
-        let again = cache.candidates(&list(&["a", "b", "x"]));
+        assert_eq!(*cache.candidate_rows(&list(&["ab", "x"])), [NO_ROW, NO_ROW]);
+        // A node update keeps its row; adding or removing a node invalidates the memo.
+        let again = cache.candidate_rows(&list(&["a", "b", "x"]));
         cache.upsert_node(&named("a"));
-        assert!(Arc::ptr_eq(&again, &cache.candidates(&list(&["a", "b", "x"]))));
+        assert!(Arc::ptr_eq(&again, &cache.candidate_rows(&list(&["a", "b", "x"]))));
         cache.upsert_node(&named("x"));
-        let with_x = cache.candidates(&list(&["a", "b", "x"]));
-        assert!(with_x.slots[2].is_some());
+        let with_x = cache.candidate_rows(&list(&["a", "b", "x"]));
+        assert_eq!(with_x[2], row_of("x"));
+        let old_b = cache.node("b").unwrap();
         cache.delete_node("b");
-        let without_b = cache.candidates(&list(&["a", "b", "x"]));
-        assert!(without_b.slots[1].is_none());
-        assert_eq!(without_b.rows[1], NO_ROW);
-        // Deleted and re-added: a new slot and row, never the old ones (the old row is still owned by the
-        // old slot, which the remembered lists hold).
+        assert_eq!(cache.candidate_rows(&list(&["a", "b", "x"]))[1], NO_ROW);
+        // Deleted and re-added while the old state is still held (an in-flight call): a new row, never the old one.
         cache.upsert_node(&named("b"));
-        let readded = cache.candidates(&list(&["a", "b", "x"]));
-        let (old, new) = (with_x.slots[1].as_ref().unwrap(), readded.slots[1].as_ref().unwrap());
-        assert!(!Arc::ptr_eq(old, new));
-        assert!(Arc::ptr_eq(new, &cache.node("b").unwrap()));
-        assert_ne!(with_x.rows[1], readded.rows[1]);
-        assert_eq!(lock(new).row_id(), readded.rows[1]);
+        let readded = cache.candidate_rows(&list(&["a", "b", "x"]));
+        assert_ne!(readded[1], lock(&old_b).row_id());
+        assert_eq!(readded[1], row_of("b"));
+        // Once the old state is gone, its row is reused by the next new node.
+        let freed = lock(&old_b).row_id();
+        drop(old_b);
+        cache.upsert_node(&named("c"));
+        assert_eq!(row_of("c"), freed);
     }
 
     fn node(rails: Option<&str>) -> Node {

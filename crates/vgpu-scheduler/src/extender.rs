@@ -463,11 +463,11 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         }
         let t_stage = Instant::now();
         self.cache.sweep(now);
-        let candidates = self.cache.candidates(&nodes);
+        let rows = self.cache.candidate_rows(&nodes);
         // Per input position: why the node was rejected (`None`: ranked and not tried yet, or chosen).
         let mut outcome: Vec<Option<ReasonCode>> = vec![None; nodes.len()];
         let mut memo = ResolveMemo::default();
-        let ranked = rank_candidates(&self.cache, &request, &nodes, &candidates, &mut memo, |pos, code| {
+        let ranked = rank_candidates(&self.cache, &request, &nodes, &rows, &mut memo, |pos, code| {
             outcome[pos] = Some(code)
         });
         // Only as much of the order as is tried gets sorted (usually the first node fits).
@@ -477,9 +477,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let mut chosen: Option<(usize, PodAllocation)> = None;
         let expires = now.saturating_add(self.config.reservation_ttl_ns);
         let gang = self.gang_of(&pod, &request);
-        for (pos, _, _) in ranking.by_ref() {
-            let Some(Some(slot)) = candidates.slots.get(pos) else { continue };
-            let mut s = lock(slot);
+        for (pos, name, _) in ranking.by_ref() {
+            let Some(slot) = self.cache.node(name) else {
+                outcome[pos] = Some(ReasonCode::NodeCacheMiss);
+                continue;
+            };
+            let mut s = lock(&slot);
             match try_place(&request, &mut memo, &s, &pod.uid, gang.as_ref()) {
                 Ok(alloc) => {
                     let fp = prealloc::footprint(&pod, &alloc.claim);
@@ -494,7 +497,6 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             outcome[pos] = Some(ReasonCode::AlreadyScheduledElsewhere);
         }
         drop(ranking);
-        drop(candidates);
         self.observe(FilterStage::Device, t_stage);
         let Some((pos, alloc)) = chosen else {
             let text = render_unavailable(
@@ -588,10 +590,9 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     pub fn prioritize(&self, pod: &Pod, nodes: &[String]) -> Vec<HostPriority> {
         let mut scores = vec![0; nodes.len()];
         if let Some(request) = self.request(pod).ok().filter(|r| !r.is_empty()) {
-            let candidates = self.cache.candidates(nodes);
+            let rows = self.cache.candidate_rows(nodes);
             let mut memo = ResolveMemo::default();
-            for (pos, _, score) in
-                rank_candidates(&self.cache, &request, nodes, &candidates, &mut memo, |_, _| ())
+            for (pos, _, score) in rank_candidates(&self.cache, &request, nodes, &rows, &mut memo, |_, _| ())
             {
                 scores[pos] = score.host_priority();
             }

@@ -7,7 +7,7 @@ use std::cmp::Ordering;
 use vgpu_core::alloc::{Footprint, NodeScore, PodRequest, ReasonCode, ResolvedRequest};
 use vgpu_core::model::SchedulingPolicy;
 
-use crate::cache::{Candidates, ClusterCache, DecodedNode, ResolveKey};
+use crate::cache::{ClusterCache, DecodedNode, ResolveKey};
 use crate::rank_table::{RankInputs, RowFitness, RowStatus};
 
 /// Resolved requests memoized by what `resolve` depends on (memory factor, uniform GPU memory).
@@ -68,23 +68,24 @@ pub fn score_inputs(
     NodeScore { fitness, score }
 }
 
-/// Ranks a candidate list from the cache's rank table (one dense row per node, no node lock): the scored
-/// entries, and `reject(position, reason)` for every candidate the cache does not hold or that cannot take
-/// vGPU pods. A node's lock is taken only the first time its fitness table or a new resolve key is needed.
+/// Ranks a candidate list from the cache's rank table (one dense row per node, no node lock), given the
+/// names' row ids ([`ClusterCache::candidate_rows`]): the scored entries, and `reject(position, reason)` for
+/// every candidate the cache does not hold or that cannot take vGPU pods. A node's lock is taken only the
+/// first time its fitness table or a new resolve key is needed.
 pub fn rank_candidates<'a>(
     cache: &ClusterCache,
     request: &PodRequest,
     names: &'a [String],
-    candidates: &Candidates,
+    rows: &[u32],
     memo: &mut ResolveMemo,
     mut reject: impl FnMut(usize, ReasonCode),
 ) -> Vec<Ranked<'a>> {
-    let rows = cache.rank_rows();
+    let table = cache.rank_rows();
     let mode = request.topology.base();
     let need = request.containers.iter().map(|c| c.request.number).max().unwrap_or(0);
     let mut ranked = Vec::with_capacity(names.len());
-    for (pos, (name, &id)) in names.iter().zip(&candidates.rows).enumerate() {
-        let Some(row) = rows.get(id) else {
+    for (pos, (name, &id)) in names.iter().zip(rows).enumerate() {
+        let Some(row) = table.get(id) else {
             reject(pos, ReasonCode::NodeCacheMiss);
             continue;
         };
@@ -99,18 +100,17 @@ pub fn rank_candidates<'a>(
                 continue;
             }
         }
-        let slot = candidates.slots.get(pos).and_then(Option::as_ref);
         let inputs = row.inputs();
         let fitness = match row.fitness(mode, need) {
             RowFitness::NotRanked => None,
             RowFitness::Known(f) => Some(f),
-            RowFitness::Unknown => slot.and_then(|s| cache.fill_fitness(s, mode, need)),
+            RowFitness::Unknown => cache.node(name).and_then(|s| cache.fill_fitness(&s, mode, need)),
         };
         let total = match memo.lookup(inputs.key) {
             Some(r) => r.total,
             None => {
                 // Resolved under the decoded node's own key (never the row's, which may be a moment older).
-                let decoded = slot.and_then(|s| {
+                let decoded = cache.node(name).and_then(|s| {
                     s.lock().unwrap_or_else(std::sync::PoisonError::into_inner).decoded.as_ref().ok().cloned()
                 });
                 let Some(d) = decoded else {

@@ -254,8 +254,8 @@ fn prioritize_and_rank_match_order_nodes() {
         let expected: Vec<&str> = order_nodes(&req, &views).into_iter().map(|i| views[i].name).collect();
         let mut memo = ResolveMemo::default();
         let names: Vec<String> = owned.iter().map(|(n, _, _)| n.clone()).collect();
-        let candidates = e.ext.cache().candidates(&names);
-        let mut ranked = rank_candidates(e.ext.cache(), &req, &names, &candidates, &mut memo, |pos, code| {
+        let rows = e.ext.cache().candidate_rows(&names);
+        let mut ranked = rank_candidates(e.ext.cache(), &req, &names, &rows, &mut memo, |pos, code| {
             panic!("{} rejected: {code:?}", names[pos])
         });
         sort_ranked(req.node_policy, &mut ranked);
