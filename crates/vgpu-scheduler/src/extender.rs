@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use vgpu_core::alloc::{
-    AlignmentWindow, NodeFailure, NodeUsage, NodeView, PodAllocation, PodRequest, ReasonCode,
-    RequestBuildError, place, place_aligned, precheck, render_unavailable,
+    AlignmentWindow, LinkSearch, NodeFailure, NodeUsage, NodeView, PodAllocation, PodRequest, ReasonCode,
+    RequestBuildError, place, place_aligned, precheck, record_link_searches, render_unavailable,
 };
 use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
@@ -241,6 +241,12 @@ pub trait ExtenderObserver: Send + Sync {
     /// (reported once per placed pod, after its pre-allocation patch).
     fn crosspod_window(&self, window: AlignmentWindow) {
         let _ = window;
+    }
+
+    /// Link placement searched a GPU subset while a live filter tried a node (once per search, on every node
+    /// tried, placed or not).
+    fn link_subset_search(&self, search: LinkSearch) {
+        let _ = search;
     }
 }
 
@@ -483,7 +489,14 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 continue;
             };
             let mut s = lock(&slot);
-            match try_place(&request, &mut memo, &s, &pod.uid, gang.as_ref()) {
+            let (placed, searches) =
+                record_link_searches(|| try_place(&request, &mut memo, &s, &pod.uid, gang.as_ref()));
+            if let Some(o) = &self.observer {
+                for search in searches {
+                    o.link_subset_search(search);
+                }
+            }
+            match placed {
                 Ok(alloc) => {
                     let fp = prealloc::footprint(&pod, &alloc.claim);
                     self.cache.reserve_locked(&mut s, &pod.uid, fp, expires);

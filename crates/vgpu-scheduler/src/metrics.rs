@@ -12,8 +12,8 @@
 //! | `vgpu_scheduler_topology_placement_total` | `mode`, `result` | every successful live filter of a `link`/`numa` pod, from the chosen GPUs and the node's topology |
 //! | `vgpu_scheduler_preempt_victims_added` | – | per node answered by a preempt call: victims added beyond the scheduler's |
 //! | `vgpu_scheduler_preempt_protected_total` | `reason` | every victim the scheduler proposed that preempt keeps (protected) |
-//! | `vgpu_scheduler_link_search_total` | `algo` | registered, always zero: the allocator does not report its subset search |
-//! | `vgpu_scheduler_link_search_candidates` | `algo` | registered, always zero (same reason) |
+//! | `vgpu_scheduler_link_search_total` | `algo` | every GPU subset search of link placement while a live filter tries a node (`exhaustive` up to `MAX_COMBINATIONS` subsets, `greedy` above), through [`ExtenderObserver`] |
+//! | `vgpu_scheduler_link_search_candidates` | `algo` | the same searches: GPUs searched among (the policy run that overflowed the need) |
 //! | `vgpu_scheduler_crosspod_alignment_total` | `result` | every live filter placing a `link` + `cross-pod-topology` pod whose gang siblings were already placed: the window the placement came from (`rail`, `component`, `none`; the loosest over its containers), through [`ExtenderObserver`] |
 //!
 //! Series whose labels are known in advance (every verb/result pair, strict modes, search algorithms,
@@ -33,7 +33,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use vgpu_core::alloc::{AlignmentWindow, LinkTier, ReasonCode};
+use vgpu_core::alloc::{AlignmentWindow, LinkSearch, LinkSearchAlgo, LinkTier, ReasonCode};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{PodDeviceClaim, SchedulingPolicy, TopologyMode};
 
@@ -443,7 +443,7 @@ impl Metrics {
         for mode in ["link-strict", "numa-strict"] {
             let _ = topology_strict_reject.get_or_create(&ModeLabel { mode });
         }
-        for algo in ["exhaustive", "greedy"] {
+        for algo in LinkSearchAlgo::ALL.map(LinkSearchAlgo::as_str) {
             let _ = link_search.get_or_create(&AlgoLabel { algo });
             let _ = link_search_candidates.get_or_create(&AlgoLabel { algo });
         }
@@ -543,7 +543,8 @@ impl Metrics {
         self.preempt_protected.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// One link-topology subset search (not reported by the allocator yet).
+    /// One link-topology subset search: `link_search_total{algo}` and `link_search_candidates{algo}` (GPUs
+    /// searched among).
     pub fn link_search(&self, algo: &'static str, candidates: usize) {
         self.link_search.get_or_create(&AlgoLabel { algo }).inc();
         self.link_search_candidates.get_or_create(&AlgoLabel { algo }).observe(candidates as f64);
@@ -562,6 +563,10 @@ impl ExtenderObserver for Metrics {
 
     fn crosspod_window(&self, window: AlignmentWindow) {
         self.crosspod_alignment(window.as_str());
+    }
+
+    fn link_subset_search(&self, search: LinkSearch) {
+        self.link_search(search.algo.as_str(), search.candidates);
     }
 }
 

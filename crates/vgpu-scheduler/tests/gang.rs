@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Cross-pod / cross-node gang alignment through the live filter (contract §4.5): siblings' NVLink island on
 //! the same node, siblings' rails on another node, controller siblings, strict anchors, and the
-//! `crosspod_alignment_total` counter.
+//! `crosspod_alignment_total` counter; link subset searches reaching `link_search_*`.
 
 use std::sync::Arc;
 
@@ -130,8 +130,13 @@ impl Env {
     }
 
     fn alignment_count(&self, result: &str) -> u64 {
+        self.sample(&format!("vgpu_scheduler_crosspod_alignment_total{{result=\"{result}\"}}")) as u64
+    }
+
+    /// The value of one exposed sample (`name{labels}`).
+    fn sample(&self, series: &str) -> f64 {
         let text = self.metrics.encode().unwrap();
-        let key = format!("vgpu_scheduler_crosspod_alignment_total{{result=\"{result}\"}} ");
+        let key = format!("{series} ");
         let line = text.lines().find(|l| l.starts_with(&key)).unwrap_or_else(|| panic!("{key} in {text}"));
         line[key.len()..].parse().unwrap()
     }
@@ -234,4 +239,21 @@ fn without_rails_the_device_index_is_the_rail() {
     let second = e.pod("g2", 1, "link", Sibling::Gang("ddp"), true, &[]);
     assert_eq!(e.place(&second, &["n1"]), ("n1".to_owned(), vec![5]));
     assert_eq!(e.alignment_count("rail"), 1);
+}
+
+#[test]
+fn link_subset_searches_reach_the_metrics() {
+    let e = env(&[("n0", nvswitch(), None)]);
+    let searches = |algo: &str| e.sample(&format!("vgpu_scheduler_link_search_total{{algo=\"{algo}\"}}"));
+    let searched =
+        |algo: &str| e.sample(&format!("vgpu_scheduler_link_search_candidates_sum{{algo=\"{algo}\"}}"));
+    assert_eq!((searches("exhaustive"), searches("greedy")), (0.0, 0.0), "pre-created at zero");
+    // 3 of 8 equal NVLink GPUs: one exhaustive search over the 8.
+    let p = e.pod("s1", 3, "link", Sibling::Alone, false, &[]);
+    assert_eq!(e.place(&p, &["n0"]).1, [0, 1, 2]);
+    assert_eq!((searches("exhaustive"), searched("exhaustive")), (1.0, 8.0));
+    // All 8 GPUs (each still has free slots): nothing to search.
+    let p = e.pod("s2", 8, "link", Sibling::Alone, false, &[]);
+    assert_eq!(e.place(&p, &["n0"]).1, [0, 1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!((searches("exhaustive"), searches("greedy")), (1.0, 0.0));
 }

@@ -15,6 +15,7 @@ use crate::model::SchedulingPolicy;
 use crate::topology::BestEffortPolicy;
 
 use super::filter::{Candidate, group_score};
+use super::link_search::{LinkSearch, LinkSearchAlgo, note};
 use super::node::{LinkTier, NodeLinks};
 
 /// Largest `C(run, need)` searched exhaustively (`maxCombinationSearch`).
@@ -217,7 +218,10 @@ fn best_subset(
     if k >= n {
         return run.to_vec();
     }
-    if combinations(n, k) <= MAX_COMBINATIONS {
+    let exhaustive = combinations(n, k) <= MAX_COMBINATIONS;
+    let algo = if exhaustive { LinkSearchAlgo::Exhaustive } else { LinkSearchAlgo::Greedy };
+    note(LinkSearch { algo, candidates: n });
+    if exhaustive {
         let base: Vec<u64> = run.iter().map(|&r| gain(links, cands, r, fixed)).collect();
         let mut idx: Vec<usize> = (0..k).collect();
         let mut best: Option<(u64, Vec<usize>)> = None;

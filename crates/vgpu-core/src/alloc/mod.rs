@@ -49,6 +49,7 @@
 mod align;
 mod filter;
 mod link;
+mod link_search;
 mod node;
 mod numa;
 mod place;
@@ -63,6 +64,7 @@ mod tests;
 
 pub use align::{Alignment, AlignmentWindow, GangKeys, GangVotes, NodeDomains};
 pub use link::{MAX_COMBINATIONS, MAX_OPTIMIZER_POOL};
+pub use link_search::{LinkSearch, LinkSearchAlgo, record_link_searches};
 pub use node::{LinkTier, NodeLinks, NodeView, decode_node};
 pub use place::{Notice, NoticeKind, PodAllocation, allocate, place, place_aligned, precheck};
 pub use pod::{PodContainer, PodSpec, parse_quantity};

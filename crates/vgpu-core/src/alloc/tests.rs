@@ -422,6 +422,36 @@ fn link_dgx1_volta_and_no_topology() {
     }
 }
 
+/// A fabric where every pair of `n` GPUs has one NVLink (`NV1`, code 7).
+fn full_nvlink(n: u32) -> NodeLinks {
+    let gpus: Vec<String> = (0..n)
+        .map(|i| {
+            let links: Vec<String> = (0..n).filter(|&j| j != i).map(|j| format!(r#""{j}":[7]"#)).collect();
+            format!(r#"{{"index":{i},"links":{{{}}}}}"#, links.join(","))
+        })
+        .collect();
+    topo(&format!("[{}]", gpus.join(",")))
+}
+
+#[test]
+fn link_subset_searches_are_recorded_with_their_algorithm() {
+    // One run of 8 equal GPUs, need 3: C(8,3) = 56 subsets, searched exhaustively.
+    let mut f = Fix::uniform(8);
+    f.links = Some(full_nvlink(8));
+    let (got, searches) = record_link_searches(|| allocate(&link_req("link", "none", 3), &f.view()));
+    assert_eq!(indices(&got.unwrap()), [0, 1, 2]);
+    assert_eq!(searches, [LinkSearch { algo: LinkSearchAlgo::Exhaustive, candidates: 8 }]);
+    // 32 GPUs, need 16: C(32,16) is far above MAX_COMBINATIONS, so greedy.
+    let mut big = Fix::uniform(32);
+    big.links = Some(full_nvlink(32));
+    let (got, searches) = record_link_searches(|| allocate(&link_req("link", "none", 16), &big.view()));
+    assert_eq!(indices(&got.unwrap()).len(), 16);
+    assert_eq!(searches, [LinkSearch { algo: LinkSearchAlgo::Greedy, candidates: 32 }]);
+    // Needing the whole run is no search; neither is a placement outside a recorder.
+    let (_, searches) = record_link_searches(|| allocate(&link_req("link", "none", 8), &f.view()));
+    assert!(searches.is_empty());
+}
+
 #[test]
 fn link_single_gpu_needs_nvlink_peer() {
     let mut f = Fix::uniform(3);
