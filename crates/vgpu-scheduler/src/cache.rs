@@ -21,8 +21,9 @@ use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig, PodDeviceClaim, TopologyMode};
 
 use crate::cluster::{Node, Pod, WatchEvent};
+use crate::node_index::{NodeEntry, NodeIndex};
 use crate::prealloc::{self, Counting};
-use crate::rank_table::{FITNESS_LEN, NO_ROW, RankTable, RowReader, RowRef};
+use crate::rank_table::{FITNESS_LEN, RankTable, RowReader, RowRef};
 
 /// What resolving a request on a node depends on: memory factor and uniform GPU memory
 /// ([`DecodedNode::resolve_key`]).
@@ -261,9 +262,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct ClusterCache {
     domain: ResourceDomain,
     grace_ns: i64,
-    /// Node slots by name; foldhash, not SipHash: a filter looks up every candidate (thousands) per call, and
-    /// node names are not attacker-chosen keys.
-    nodes: RwLock<HashMap<String, NodeEntry, foldhash::fast::RandomState>>,
+    /// Node slots by name, rank-table rows by name fingerprint ([`crate::node_index`]).
+    nodes: RwLock<NodeIndex>,
     /// Every node state's ranking inputs, one dense row each ([`crate::rank_table`]).
     rows: RankTable,
     /// Bumped, under the `nodes` write lock, whenever a slot is added or removed.
@@ -271,13 +271,6 @@ pub struct ClusterCache {
     /// The last candidate list ([`candidates`](Self::candidates)).
     last_candidates: Mutex<Option<CandidateMemo>>,
     index: Mutex<Index>,
-}
-
-/// A node of the name index: its slot and its rank-table row.
-#[derive(Debug)]
-struct NodeEntry {
-    slot: NodeSlot,
-    row: u32,
 }
 
 /// A candidate list and its resolution, valid while the node set's generation is unchanged.
@@ -359,8 +352,7 @@ impl ClusterCache {
         }
         let (generation, rows) = {
             let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let rows: Arc<[u32]> =
-                names.iter().map(|n| map.get(n.as_str()).map_or(NO_ROW, |e| e.row)).collect();
+            let rows: Arc<[u32]> = names.iter().map(|n| map.row_of(n)).collect();
             (self.generation.load(Ordering::Acquire), rows)
         };
         let mut arena = String::with_capacity(names.iter().map(String::len).sum());
@@ -381,10 +373,20 @@ impl ClusterCache {
         lock(slot).fill_fitness(mode, need, &self.domain)
     }
 
+    fn all_slots(&self) -> Vec<NodeSlot> {
+        let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.iter().map(|(_, e)| e.slot.clone()).collect()
+    }
+
     /// Every node name, sorted.
     pub fn node_names(&self) -> Vec<String> {
-        let mut v: Vec<String> =
-            self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).keys().cloned().collect();
+        let mut v: Vec<String> = self
+            .nodes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect();
         v.sort_unstable();
         v
     }
@@ -732,13 +734,7 @@ impl ClusterCache {
 
     /// Every node's usage snapshot: (name, decoded node, usage).
     pub fn usage_snapshot(&self) -> Vec<(String, Option<Arc<DecodedNode>>, NodeUsage)> {
-        let slots: Vec<NodeSlot> = self
-            .nodes
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .values()
-            .map(|e| e.slot.clone())
-            .collect();
+        let slots = self.all_slots();
         let mut out: Vec<_> = slots
             .iter()
             .map(|s| {
@@ -752,13 +748,7 @@ impl ClusterCache {
 
     /// Keys (UIDs) counted per node: pods and reservations.
     pub fn counted(&self) -> BTreeMap<String, usize> {
-        let slots: Vec<NodeSlot> = self
-            .nodes
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .values()
-            .map(|e| e.slot.clone())
-            .collect();
+        let slots = self.all_slots();
         slots
             .iter()
             .map(|s| {
@@ -779,7 +769,7 @@ mod tests {
 
     use super::*;
     use crate::fixture::{vgpu_node, vgpu_pod};
-    use crate::rank_table::{RankInputs, RowFitness, RowStatus};
+    use crate::rank_table::{NO_ROW, RankInputs, RowFitness, RowStatus};
 
     #[test]
     fn candidate_rows_are_remembered_until_the_node_set_changes() {

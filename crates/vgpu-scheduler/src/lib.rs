@@ -111,6 +111,7 @@ pub mod gang;
 pub mod kube_cluster;
 pub mod leader;
 pub mod metrics;
+mod node_index;
 pub mod prealloc;
 pub mod process_metrics;
 pub mod rank;
