@@ -3,11 +3,12 @@
 //! link), next to the Go approach: rebuild every node's usage from the full pod list on each call.
 //!
 //! - `cache/<policy>`: `Extender::filter` end to end: rank, allocate, reserve, patch (in-memory cluster), cache
-//!   update, and the answer with 4,999 `FailedNodes` entries. Each iteration starts from the same cache: the
-//!   setup (not timed) forgets the previous iteration's placement.
+//!   update, and the answer with 4,999 `FailedNodes` entries, the candidates in node creation order (the rank
+//!   table's rows are read sequentially). Each iteration starts from the same cache: the setup (not timed)
+//!   forgets the previous iteration's placement.
 //! - `shuffled/<policy>`: the same call with the candidate list in a different random order each time, as
 //!   kube-scheduler sends it (its parallel node filter appends feasible nodes as they finish, from a rotating
-//!   start): no call can reuse the previous call's name resolution.
+//!   start): rows are read in random order.
 //! - `json/<policy>`: the same call as the HTTP handler runs it, from the request body (`ExtenderArgs` with 5,000
 //!   `NodeNames`) to the serialized `ExtenderFilterResult`.
 //! - `rebuild_per_call/<policy>`: the Go approach's node usage rebuild, ordering and allocation (no patch, no

@@ -9,7 +9,6 @@
 //! by the pod's own counting once the patched pod is applied. Lock order: index, then node.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use vgpu_core::alloc::{
@@ -266,35 +265,7 @@ pub struct ClusterCache {
     nodes: RwLock<NodeIndex>,
     /// Every node state's ranking inputs, one dense row each ([`crate::rank_table`]).
     rows: RankTable,
-    /// Bumped, under the `nodes` write lock, whenever a slot is added or removed.
-    generation: AtomicU64,
-    /// The last candidate list ([`candidates`](Self::candidates)).
-    last_candidates: Mutex<Option<CandidateMemo>>,
     index: Mutex<Index>,
-}
-
-/// A candidate list and its resolution, valid while the node set's generation is unchanged.
-#[derive(Debug)]
-struct CandidateMemo {
-    generation: u64,
-    /// The names back to back, and where each ends: compared sequentially, no pointer per name.
-    arena: String,
-    ends: Vec<usize>,
-    rows: Arc<[u32]>,
-}
-
-impl CandidateMemo {
-    fn matches(&self, generation: u64, names: &[String]) -> bool {
-        if self.generation != generation || self.ends.len() != names.len() {
-            return false;
-        }
-        let mut start = 0;
-        names.iter().zip(&self.ends).all(|(n, &end)| {
-            let same = self.arena.get(start..end) == Some(n.as_str());
-            start = end;
-            same
-        })
-    }
 }
 
 impl ClusterCache {
@@ -305,8 +276,6 @@ impl ClusterCache {
             grace_ns: stuck_grace_ns,
             nodes: RwLock::default(),
             rows: RankTable::new(),
-            generation: AtomicU64::new(0),
-            last_candidates: Mutex::new(None),
             index: Mutex::default(),
         }
     }
@@ -338,33 +307,11 @@ impl ClusterCache {
     }
 
     /// The rank-table row ids of a candidate list, per input position ([`NO_ROW`] for a name the cache does not
-    /// hold), remembered for the next call: when kube-scheduler sends the same list again, resolving it costs
-    /// one sequential compare against a contiguous copy instead of a hash lookup and a key compare in a
-    /// separate allocation per name. The remembered list is reused while no node was added or removed and the
-    /// names are equal. Ids only, no slot references: ranking reads rows, and a filter looks up the slots of
-    /// the few nodes it tries.
-    pub fn candidate_rows(&self, names: &[String]) -> Arc<[u32]> {
-        let generation = self.generation.load(Ordering::Acquire);
-        if let Some(m) = lock(&self.last_candidates).as_ref()
-            && m.matches(generation, names)
-        {
-            return m.rows.clone();
-        }
-        let (generation, rows) = {
-            let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let rows: Arc<[u32]> = names.iter().map(|n| map.row_of(n)).collect();
-            (self.generation.load(Ordering::Acquire), rows)
-        };
-        let mut arena = String::with_capacity(names.iter().map(String::len).sum());
-        let ends = names
-            .iter()
-            .map(|n| {
-                arena.push_str(n);
-                arena.len()
-            })
-            .collect();
-        *lock(&self.last_candidates) = Some(CandidateMemo { generation, arena, ends, rows: rows.clone() });
-        rows
+    /// hold): one fingerprint lookup per name ([`crate::node_index`]). Ids only, no slot references: ranking
+    /// reads rows, and a filter looks up the slots of the few nodes it tries.
+    pub fn candidate_rows(&self, names: &[String]) -> Vec<u32> {
+        let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        names.iter().map(|n| map.row_of(n)).collect()
     }
 
     /// Fills a node's fitness table for a mode into its row (on the locked node, so a concurrent re-decode
@@ -518,18 +465,13 @@ impl ClusterCache {
         let row = state.row.id();
         let mut map = self.nodes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         map.insert(node.name.clone(), NodeEntry { slot: Arc::new(Mutex::new(state)), row });
-        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Removes a node; its pods stay indexed and are re-attached if it comes back.
     pub fn delete_node(&self, name: &str) {
         let removed = {
             let mut map = self.nodes.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let removed = map.remove(name);
-            if removed.is_some() {
-                self.generation.fetch_add(1, Ordering::AcqRel);
-            }
-            removed
+            map.remove(name)
         };
         if let Some(NodeEntry { slot, .. }) = removed {
             let mut idx = lock(&self.index);
@@ -772,7 +714,7 @@ mod tests {
     use crate::rank_table::{NO_ROW, RankInputs, RowFitness, RowStatus};
 
     #[test]
-    fn candidate_rows_are_remembered_until_the_node_set_changes() {
+    fn candidate_rows_follow_node_adds_and_deletes() {
         let cache = ClusterCache::new(ResourceDomain::default(), 0);
         let named = |name: &str| Node { name: name.to_owned(), ..node(None) };
         for n in ["a", "b"] {
@@ -780,27 +722,22 @@ mod tests {
         }
         let row_of = |n: &str| lock(&cache.node(n).unwrap()).row_id();
         let list = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
-        let first = cache.candidate_rows(&list(&["a", "b", "x"]));
-        assert_eq!(*first, [row_of("a"), row_of("b"), NO_ROW]);
-        // The same list again: the very same resolution, no lookup.
-        assert!(Arc::ptr_eq(&first, &cache.candidate_rows(&list(&["a", "b", "x"]))));
-        // Same concatenation, other names: not confused.
-        assert_eq!(*cache.candidate_rows(&list(&["ab", "x"])), [NO_ROW, NO_ROW]);
-        // A node update keeps its row; adding or removing a node invalidates the memo.
-        let again = cache.candidate_rows(&list(&["a", "b", "x"]));
+        assert_eq!(cache.candidate_rows(&list(&["a", "b", "x"])), [row_of("a"), row_of("b"), NO_ROW]);
+        assert_eq!(cache.candidate_rows(&list(&["ab", "x", "b"])), [NO_ROW, NO_ROW, row_of("b")]);
+        // A node update keeps its row.
+        let a = row_of("a");
         cache.upsert_node(&named("a"));
-        assert!(Arc::ptr_eq(&again, &cache.candidate_rows(&list(&["a", "b", "x"]))));
+        assert_eq!(row_of("a"), a);
         cache.upsert_node(&named("x"));
-        let with_x = cache.candidate_rows(&list(&["a", "b", "x"]));
-        assert_eq!(with_x[2], row_of("x"));
+        assert_eq!(cache.candidate_rows(&list(&["x"])), [row_of("x")]);
         let old_b = cache.node("b").unwrap();
         cache.delete_node("b");
-        assert_eq!(cache.candidate_rows(&list(&["a", "b", "x"]))[1], NO_ROW);
+        assert_eq!(cache.candidate_rows(&list(&["a", "b"])), [a, NO_ROW]);
         // Deleted and re-added while the old state is still held (an in-flight call): a new row, never the old one.
         cache.upsert_node(&named("b"));
-        let readded = cache.candidate_rows(&list(&["a", "b", "x"]));
-        assert_ne!(readded[1], lock(&old_b).row_id());
-        assert_eq!(readded[1], row_of("b"));
+        let readded = cache.candidate_rows(&list(&["b"]))[0];
+        assert_ne!(readded, lock(&old_b).row_id());
+        assert_eq!(readded, row_of("b"));
         // Once the old state is gone, its row is reused by the next new node.
         let freed = lock(&old_b).row_id();
         drop(old_b);
