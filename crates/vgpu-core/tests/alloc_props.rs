@@ -6,12 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use vgpu_core::alloc::{
     Alignment, AlignmentWindow, ContainerRole, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint,
-    PodRequest, PodSpec, allocate, place, place_aligned,
+    PodRequest, PodSpec, allocate, place, place_aligned, topology_fitness, topology_fitness_table,
 };
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{
     ContainerDeviceClaim, DeviceClaim, DeviceHealth, GpuDevice, NodeDeviceInventory, NodeVgpuConfig,
-    PodDeviceClaim,
+    PodDeviceClaim, TopologyMode,
 };
 
 fn device() -> impl Strategy<Value = (u32, u64, u64, Option<u32>, bool, bool)> {
@@ -115,6 +115,49 @@ proptest! {
                 prop_assert!(u.number <= dev.split_count, "slots {} > {} on {}", u.number, dev.split_count, dev.index);
                 prop_assert!(u.cores <= dev.cores, "cores {} > {} on {}", u.cores, dev.cores, dev.index);
                 prop_assert!(u.memory_mib <= dev.memory_mib, "memory {} > {} on {}", u.memory_mib, dev.memory_mib, dev.index);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The per-need table equals `topology_fitness` of a pod of each need, for every mode.
+    #[test]
+    fn fitness_table_matches_per_pod_fitness(
+        devices in prop::collection::vec(device(), 1..=8),
+        codes in prop::collection::vec(prop::sample::select(vec![0u8, 1, 2, 4, 5, 7, 8, 12]), 1..10),
+        with_links in any::<bool>(),
+    ) {
+        let d = ResourceDomain::default();
+        let inv = NodeDeviceInventory::new(
+            devices.iter().enumerate().map(|(i, &(split, cores, gib, numa, healthy, mig))| GpuDevice {
+                index: i as u32,
+                uuid: format!("GPU-{i}"),
+                memory_mib: gib * 1024,
+                cores,
+                split_count: split,
+                numa_node: numa,
+                mig_enabled: mig,
+                health: DeviceHealth::from_bool(healthy),
+                ..Default::default()
+            }).collect(),
+        );
+        let cfg = NodeVgpuConfig::default();
+        let links = NodeLinks::decode(&links_json(inv.len(), &codes)).unwrap();
+        let usage = NodeUsage::new();
+        let view = NodeView {
+            name: "n", inventory: &inv, config: &cfg, links: with_links.then_some(&links), usage: &usage,
+        };
+        for (mode, name) in [(TopologyMode::Link, "link"), (TopologyMode::Numa, "numa"), (TopologyMode::None, "none")] {
+            let table = topology_fitness_table::<12>(mode, &view);
+            for n in 0..12usize {
+                let spec = PodSpec::new()
+                    .annotation(d.device_topology_mode(), name)
+                    .container(PodContainer::app("m").limit(d.vgpu_number(), n.max(1)));
+                let req = PodRequest::from_pod(&spec, &d).unwrap();
+                prop_assert_eq!(table.map(|t| t[n]), topology_fitness(&req, &view), "{} need {}", name, n);
             }
         }
     }

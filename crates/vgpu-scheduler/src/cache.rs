@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use vgpu_core::alloc::{
-    NodeDomains, NodeFailure, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest,
-    PodSpec, ReasonCode, decode_node, topology_fitness,
+    NodeDomains, NodeFailure, NodeLinks, NodeUsage, NodeView, PodFootprint, ReasonCode, decode_node,
+    topology_fitness_table,
 };
 use vgpu_core::codec::node_gpu_domain;
 use vgpu_core::domain::ResourceDomain;
@@ -76,15 +76,7 @@ impl DecodedNode {
     /// Topology fitness (`topology_fitness`) of the empty node for a base mode, per need `0..FITNESS_LEN`
     /// (`None` for modes without fitness). The rank table keeps it per node, so it is computed once per
     /// decoded node and mode.
-    pub fn fitness_table(
-        &self,
-        name: &str,
-        mode: TopologyMode,
-        domain: &ResourceDomain,
-    ) -> Option<[u8; FITNESS_LEN]> {
-        if !matches!(mode, TopologyMode::Link | TopologyMode::Numa) {
-            return None;
-        }
+    pub fn fitness_table(&self, name: &str, mode: TopologyMode) -> Option<[u8; FITNESS_LEN]> {
         let usage = NodeUsage::new();
         let view = NodeView {
             name,
@@ -93,16 +85,7 @@ impl DecodedNode {
             links: self.links.as_ref(),
             usage: &usage,
         };
-        let mut t = [0u8; FITNESS_LEN];
-        for (n, slot) in t.iter_mut().enumerate() {
-            let pod = PodSpec::new()
-                .container(PodContainer::app("p").limit(domain.vgpu_number(), n.max(1)))
-                .annotation(domain.device_topology_mode(), mode.as_str());
-            if let Ok(req) = PodRequest::from_pod(&pod, domain) {
-                *slot = topology_fitness(&req, &view).unwrap_or(0);
-            }
-        }
-        Some(t)
+        topology_fitness_table(mode, &view)
     }
 }
 
@@ -148,9 +131,9 @@ impl NodeState {
     }
 
     /// Computes this node's fitness table for a mode into its row; the entry for `need`.
-    fn fill_fitness(&self, mode: TopologyMode, need: u32, domain: &ResourceDomain) -> Option<u8> {
+    fn fill_fitness(&self, mode: TopologyMode, need: u32) -> Option<u8> {
         let d = self.decoded.as_ref().ok()?;
-        let table = d.fitness_table(&self.name, mode, domain)?;
+        let table = d.fitness_table(&self.name, mode)?;
         self.row.fill_fitness(mode, &table);
         table.get((need as usize).min(FITNESS_LEN - 1)).copied()
     }
@@ -317,7 +300,7 @@ impl ClusterCache {
     /// Fills a node's fitness table for a mode into its row (on the locked node, so a concurrent re-decode
     /// cannot leave a stale table behind); the entry for `need`.
     pub fn fill_fitness(&self, slot: &NodeSlot, mode: TopologyMode, need: u32) -> Option<u8> {
-        lock(slot).fill_fitness(mode, need, &self.domain)
+        lock(slot).fill_fitness(mode, need)
     }
 
     fn all_slots(&self) -> Vec<NodeSlot> {
@@ -924,7 +907,7 @@ mod tests {
                         return Err(format!("{name}: row {:?}, state {want:?}", row.inputs()));
                     }
                     for mode in [TopologyMode::Link, TopologyMode::Numa] {
-                        let table = d.fitness_table(&s.name, mode, &cache.domain).ok_or("no table")?;
+                        let table = d.fitness_table(&s.name, mode).ok_or("no table")?;
                         for need in 0..FITNESS_LEN as u32 + 2 {
                             let want = table[(need as usize).min(FITNESS_LEN - 1)];
                             match row.fitness(mode, need) {

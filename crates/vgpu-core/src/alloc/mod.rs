@@ -9,7 +9,7 @@
 //! | place | [`allocate`] → [`PodAllocation`] (a [`PodDeviceClaim`](crate::model::PodDeviceClaim) + notices) or [`NodeFailure`] |
 //! | gang alignment | [`NodeDomains`] per node, [`GangVotes`] → [`GangKeys`], [`Alignment`] windows for [`place_aligned`], [`AlignmentWindow`] |
 //! | explain | [`ReasonCode`], [`NodeFailure`], [`render_unavailable`] |
-//! | order nodes | [`order_nodes`], [`score_node`], [`topology_fitness`], [`NodeScore::host_priority`] |
+//! | order nodes | [`order_nodes`], [`score_node`], [`topology_fitness`], [`topology_fitness_table`], [`NodeScore::host_priority`] |
 //!
 //! Link placement runs the contract's tiered walk and hands the chosen component to the exact
 //! [`BestEffortPolicy`](crate::topology::BestEffortPolicy); the better-scoring set wins.
@@ -72,5 +72,5 @@ pub use reason::{MAX_NODES_PER_REASON, NodeFailure, ReasonCode, ReasonCounts, re
 pub use request::{
     ContainerNeed, ContainerRole, Footprint, PodRequest, RequestBuildError, RequestProfile, ResolvedRequest,
 };
-pub use score::{NodeScore, order_nodes, score_node, topology_fitness};
+pub use score::{NodeScore, order_nodes, score_node, topology_fitness, topology_fitness_table};
 pub use usage::{DeviceUsage, NodeUsage, PodFootprint};

@@ -32,34 +32,57 @@ impl NodeScore {
 /// component must have a peer at that tier.
 pub fn topology_fitness(request: &PodRequest, node: &NodeView<'_>) -> Option<u8> {
     let need = request.containers.iter().map(|c| c.request.number as usize).max().unwrap_or(0);
-    match request.topology.base() {
+    fitness_of_needs(request.topology.base(), node, [need]).map(|[f]| f)
+}
+
+/// [`topology_fitness`] for every need at once: entry `n` is the fitness of a pod of a base `mode` whose largest
+/// container asks for `max(n, 1)` GPUs (`None` for modes without fitness). Each link tier's components are
+/// computed once for all needs, so a cache can keep a node's whole table for the cost of one call.
+pub fn topology_fitness_table<const N: usize>(mode: TopologyMode, node: &NodeView<'_>) -> Option<[u8; N]> {
+    fitness_of_needs(mode, node, std::array::from_fn(|n| n.max(1)))
+}
+
+fn fitness_of_needs<const N: usize>(
+    mode: TopologyMode,
+    node: &NodeView<'_>,
+    needs: [usize; N],
+) -> Option<[u8; N]> {
+    match mode {
         TopologyMode::Link => {
-            let Some(links) = node.links.filter(|l| l.has_links()) else { return Some(0) };
+            let Some(links) = node.links.filter(|l| l.has_links()) else { return Some([0; N]) };
             let gpus: Vec<u32> = node.inventory.schedulable().map(|d| d.index).collect();
+            let mut out = [1u8; N];
+            let mut open: Vec<usize> = (0..N).collect();
             for (tier, fit) in LinkTier::LADDER.into_iter().zip([5u8, 4, 3, 2]) {
-                let ok = links.components(&gpus, tier).iter().any(|c| {
-                    c.len() > need
-                        || (c.len() == need
-                            && (need > 1 || c.first().is_some_and(|&i| links.has_peer_at(gpus[i], tier))))
-                });
-                if ok {
-                    return Some(fit);
+                if open.is_empty() {
+                    break;
                 }
+                let components = links.components(&gpus, tier);
+                open.retain(|&i| {
+                    let need = needs[i];
+                    let ok = components.iter().any(|c| {
+                        c.len() > need
+                            || (c.len() == need
+                                && (need > 1 || c.first().is_some_and(|&g| links.has_peer_at(gpus[g], tier))))
+                    });
+                    if ok {
+                        out[i] = fit;
+                    }
+                    !ok
+                });
             }
-            Some(1)
+            Some(out)
         }
         TopologyMode::Numa => {
             let mut per = BTreeMap::<u32, usize>::new();
-            let mut has = false;
-            for d in node.inventory.devices.iter() {
-                has |= d.numa_node.is_some();
-            }
+            let has = node.inventory.devices.iter().any(|d| d.numa_node.is_some());
             for d in node.inventory.schedulable() {
                 if let Some(n) = d.numa_node {
                     *per.entry(n).or_default() += 1;
                 }
             }
-            Some(if per.values().any(|&c| c >= need) { 2 } else { u8::from(has) })
+            let largest = per.values().copied().max().unwrap_or(0);
+            Some(needs.map(|need| if largest >= need { 2 } else { u8::from(has) }))
         }
         _ => None,
     }
