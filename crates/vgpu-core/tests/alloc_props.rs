@@ -25,6 +25,28 @@ fn device() -> impl Strategy<Value = (u32, u64, u64, Option<u32>, bool, bool)> {
     )
 }
 
+/// An inventory from [`device`] tuples (split, cores, GiB, NUMA node, healthy, MIG).
+fn inventory(devices: &[(u32, u64, u64, Option<u32>, bool, bool)]) -> NodeDeviceInventory {
+    NodeDeviceInventory::new(
+        devices
+            .iter()
+            .enumerate()
+            .map(|(i, &(split, cores, gib, numa, healthy, mig))| GpuDevice {
+                index: i as u32,
+                uuid: format!("GPU-{i}"),
+                type_name: "T".into(),
+                memory_mib: gib * 1024,
+                cores,
+                split_count: split,
+                numa_node: numa,
+                mig_enabled: mig,
+                health: DeviceHealth::from_bool(healthy),
+                ..Default::default()
+            })
+            .collect(),
+    )
+}
+
 fn container() -> impl Strategy<Value = (u8, u64, u64, u64)> {
     (0u8..3, 0u64..=3, 0u64..=100, prop::sample::select(vec![0u64, 512, 2048, 4096, 8192]))
 }
@@ -64,20 +86,7 @@ proptest! {
         pods in prop::collection::vec(pod(), 1..=6),
     ) {
         let d = ResourceDomain::default();
-        let inv = NodeDeviceInventory::new(
-            devices.iter().enumerate().map(|(i, &(split, cores, gib, numa, healthy, mig))| GpuDevice {
-                index: i as u32,
-                uuid: format!("GPU-{i}"),
-                type_name: "T".into(),
-                memory_mib: gib * 1024,
-                cores,
-                split_count: split,
-                numa_node: numa,
-                mig_enabled: mig,
-                health: DeviceHealth::from_bool(healthy),
-                ..Default::default()
-            }).collect(),
-        );
+        let inv = inventory(&devices);
         let cfg = NodeVgpuConfig::default();
         let links = NodeLinks::decode(&links_json(inv.len(), &codes)).unwrap();
         let mut usage = NodeUsage::new();
@@ -131,19 +140,7 @@ proptest! {
         with_links in any::<bool>(),
     ) {
         let d = ResourceDomain::default();
-        let inv = NodeDeviceInventory::new(
-            devices.iter().enumerate().map(|(i, &(split, cores, gib, numa, healthy, mig))| GpuDevice {
-                index: i as u32,
-                uuid: format!("GPU-{i}"),
-                memory_mib: gib * 1024,
-                cores,
-                split_count: split,
-                numa_node: numa,
-                mig_enabled: mig,
-                health: DeviceHealth::from_bool(healthy),
-                ..Default::default()
-            }).collect(),
-        );
+        let inv = inventory(&devices);
         let cfg = NodeVgpuConfig::default();
         let links = NodeLinks::decode(&links_json(inv.len(), &codes)).unwrap();
         let usage = NodeUsage::new();
