@@ -14,7 +14,10 @@ use vgpu_core::model::{
     PodDeviceClaim, TopologyMode,
 };
 
-fn device() -> impl Strategy<Value = (u32, u64, u64, Option<u32>, bool, bool)> {
+/// A GPU: split, cores, GiB, NUMA node, healthy, MIG.
+type DeviceCase = (u32, u64, u64, Option<u32>, bool, bool);
+
+fn device() -> impl Strategy<Value = DeviceCase> {
     (
         1u32..=4,
         prop::sample::select(vec![100u64, 200]),
@@ -26,7 +29,7 @@ fn device() -> impl Strategy<Value = (u32, u64, u64, Option<u32>, bool, bool)> {
 }
 
 /// An inventory from [`device`] tuples (split, cores, GiB, NUMA node, healthy, MIG).
-fn inventory(devices: &[(u32, u64, u64, Option<u32>, bool, bool)]) -> NodeDeviceInventory {
+fn inventory(devices: &[DeviceCase]) -> NodeDeviceInventory {
     NodeDeviceInventory::new(
         devices
             .iter()
