@@ -289,8 +289,8 @@ impl ClusterCache {
         self.rows.reader()
     }
 
-    /// The rank-table row ids of a candidate list, per input position ([`NO_ROW`] for a name the cache does not
-    /// hold): one fingerprint lookup per name ([`crate::node_index`]). Ids only, no slot references: ranking
+    /// The rank-table row ids of a candidate list, per input position ([`NO_ROW`](crate::rank_table::NO_ROW) for a name the cache does not
+    /// hold): one fingerprint lookup per name (module `node_index`). Ids only, no slot references: ranking
     /// reads rows, and a filter looks up the slots of the few nodes it tries.
     pub fn candidate_rows(&self, names: &[String]) -> Vec<u32> {
         let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);

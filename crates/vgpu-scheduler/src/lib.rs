@@ -13,7 +13,8 @@
 //! | [`cache`] | [`ClusterCache`]: decoded nodes, per-node usage kept from pod events, in-flight reservations |
 //! | [`prealloc`] | reading `pre-allocated`/`predicate-*` back, `ShouldCountPodDeviceAllocation`, stuck grace period |
 //! | [`gang`] | [`gang::GangPlacement`]: gang siblings' placements → cross-pod alignment windows per node |
-//! | [`rank`] | node ordering over cached aggregates (same keys as `vgpu_core::alloc::order_nodes`) |
+//! | [`rank`] | node ordering over the rank table (same keys as `vgpu_core::alloc::order_nodes`) |
+//! | [`rank_table`] | every node's ranking inputs in one dense row, read without node locks |
 //! | [`extender`] | [`Extender`]: the verbs and their protocol-shaped results |
 //! | [`fixture`] | nodes and pods as the device plugin and users publish them (tests, simulator, benches) |
 //! | [`convert`] | Kubernetes `Pod`/`Node` (k8s-openapi) → [`Pod`]/[`Node`], gang identity |

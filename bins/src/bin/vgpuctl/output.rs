@@ -26,7 +26,7 @@ pub fn print(text: &str, code: ExitCode) -> ExitCode {
     }
 }
 
-/// [`print`] with a newline after `text`.
+/// [`print()`] with a newline after `text`.
 pub fn print_line(text: &str, code: ExitCode) -> ExitCode {
     let mut line = String::with_capacity(text.len() + 1);
     line.push_str(text);

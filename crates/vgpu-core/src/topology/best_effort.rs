@@ -116,7 +116,7 @@ impl<'a> BestEffortPolicy<'a> {
     }
 
     /// Returns the set of `size` GPUs from `available` (including all of `required`) that upstream's best-effort
-    /// policy returns, with the padding fix described in the [module docs](self).
+    /// policy returns, with its padding bug fixed: the set returned never holds a placeholder.
     ///
     /// Empty when `size == 0`, fewer than `size` GPUs are available, more than `size` are required, or a
     /// required GPU is not available. Errors only for GPU indices outside the topology or more than

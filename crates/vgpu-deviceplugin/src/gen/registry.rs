@@ -21,7 +21,7 @@ pub mod v_device_registry_client {
     )]
     use tonic::codegen::*;
     use tonic::codegen::http::Uri;
-    /// Served by the device plugin on <manager-dir>/registry/socket.sock; called from inside a container.
+    /// Served by the device plugin on `<manager-dir>/registry/socket.sock`; called from inside a container.
     #[derive(Debug, Clone)]
     pub struct VDeviceRegistryClient<T> {
         inner: tonic::client::Grpc<T>,
@@ -154,7 +154,7 @@ pub mod v_device_registry_server {
             tonic::Status,
         >;
     }
-    /// Served by the device plugin on <manager-dir>/registry/socket.sock; called from inside a container.
+    /// Served by the device plugin on `<manager-dir>/registry/socket.sock`; called from inside a container.
     #[derive(Debug)]
     pub struct VDeviceRegistryServer<T> {
         inner: Arc<T>,
