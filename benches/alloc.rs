@@ -1,15 +1,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Per-node allocation of a 4-container pod (2 vGPUs each) on an 8-GPU DGX-1 (Volta) node with half the cards
-//! busy, in each placement mode.
+//! busy, in each placement mode; and a node's topology fitness for needs 0..=16, which the scheduler cache
+//! computes once per node and mode (`table/<mode>`), next to one `topology_fitness` call per need
+//! (`per_need/<mode>`, requests prebuilt: what the cache did before, less building the 17 requests).
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use vgpu_core::{
-    alloc::{NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest, PodSpec, allocate},
+    alloc::{
+        NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint, PodRequest, PodSpec, allocate,
+        topology_fitness, topology_fitness_table,
+    },
     codec::pod_devices,
     domain::ResourceDomain,
-    model::{NodeDeviceInventory, NodeVgpuConfig},
+    model::{NodeDeviceInventory, NodeVgpuConfig, TopologyMode},
 };
 
 const DGX1_VOLTA: &str = include_str!("../crates/vgpu-core/tests/fixtures/topology/dgx1-volta.json");
@@ -61,6 +66,33 @@ fn bench(c: &mut Criterion) {
             panic!("{name}: {e}");
         }
         group.bench_function(name, |b| b.iter(|| allocate(black_box(&req), black_box(&view))));
+    }
+    group.finish();
+
+    let empty = NodeUsage::new();
+    let view = NodeView { usage: &empty, ..view };
+    let d = ResourceDomain::default();
+    let mut group = c.benchmark_group("fitness_needs_0_to_16_on_8gpu");
+    for (name, mode) in [("link", TopologyMode::Link), ("numa", TopologyMode::Numa)] {
+        let requests: Vec<PodRequest> = (0..17usize)
+            .map(|n| {
+                let pod = PodSpec::new()
+                    .annotation(d.device_topology_mode(), mode.as_str())
+                    .container(PodContainer::app("m").limit(d.vgpu_number(), n.max(1)));
+                PodRequest::from_pod(&pod, &d).unwrap_or_else(|e| panic!("request: {e}"))
+            })
+            .collect();
+        let table = topology_fitness_table::<17>(mode, &view);
+        let per_need: Vec<Option<u8>> = requests.iter().map(|r| topology_fitness(r, &view)).collect();
+        assert_eq!(table.map(|t| t.map(Some).to_vec()), Some(per_need), "{name}");
+        group.bench_function(format!("table/{name}"), |b| {
+            b.iter(|| topology_fitness_table::<17>(black_box(mode), black_box(&view)))
+        });
+        group.bench_function(format!("per_need/{name}"), |b| {
+            b.iter(|| {
+                requests.iter().map(|r| topology_fitness(black_box(r), black_box(&view))).collect::<Vec<_>>()
+            })
+        });
     }
     group.finish();
 }
