@@ -297,10 +297,17 @@ impl ClusterCache {
         names.iter().map(|n| map.row_of(n)).collect()
     }
 
+    /// A node's decoded annotations, when it is cached and decoded.
+    pub fn decoded(&self, name: &str) -> Option<Arc<DecodedNode>> {
+        let slot = self.node(name)?;
+        lock(&slot).decoded.as_ref().ok().cloned()
+    }
+
     /// Fills a node's fitness table for a mode into its row (on the locked node, so a concurrent re-decode
     /// cannot leave a stale table behind); the entry for `need`.
-    pub fn fill_fitness(&self, slot: &NodeSlot, mode: TopologyMode, need: u32) -> Option<u8> {
-        lock(slot).fill_fitness(mode, need)
+    pub fn fill_fitness(&self, name: &str, mode: TopologyMode, need: u32) -> Option<u8> {
+        let slot = self.node(name)?;
+        lock(&slot).fill_fitness(mode, need)
     }
 
     fn all_slots(&self) -> Vec<NodeSlot> {
@@ -380,15 +387,19 @@ impl ClusterCache {
         }
     }
 
-    fn decode(&self, node: &Node) -> ([Option<String>; 4], bool, Result<Arc<DecodedNode>, NodeFailure>) {
+    /// What a node's decoded state depends on: the annotations the cache reads (device register, config,
+    /// topology, GPU domain) and whether the node advertises vGPUs.
+    fn decode_inputs<'n>(&self, node: &'n Node) -> ([Option<&'n String>; 4], bool) {
         let d = &self.domain;
-        let raw = [
-            node.annotations.get(&d.node_device_register()).cloned(),
-            node.annotations.get(&d.node_config_info()).cloned(),
-            node.annotations.get(&d.node_device_topology()).cloned(),
-            node.annotations.get(&d.node_gpu_domain()).cloned(),
-        ];
-        let enabled = node.allocatable.get(&d.vgpu_number()).is_some_and(|&n| n > 0);
+        let raw =
+            [d.node_device_register(), d.node_config_info(), d.node_device_topology(), d.node_gpu_domain()]
+                .map(|key| node.annotations.get(&key));
+        (raw, node.allocatable.get(&d.vgpu_number()).is_some_and(|&n| n > 0))
+    }
+
+    fn decode(&self, node: &Node) -> ([Option<String>; 4], bool, Result<Arc<DecodedNode>, NodeFailure>) {
+        let (raw, enabled) = self.decode_inputs(node);
+        let raw = raw.map(Option::<&String>::cloned);
         let decoded = if !enabled {
             Err(NodeFailure::new(ReasonCode::NodeNotVgpuEnabled))
         } else {
@@ -404,13 +415,8 @@ impl ClusterCache {
     pub fn upsert_node(&self, node: &Node) {
         if let Some(slot) = self.node(&node.name) {
             let mut s = lock(&slot);
-            let enabled = node.allocatable.get(&self.domain.vgpu_number()).is_some_and(|&n| n > 0);
-            let d = &self.domain;
-            let same = s.enabled == enabled
-                && s.raw[0].as_deref() == node.annotations.get(&d.node_device_register()).map(String::as_str)
-                && s.raw[1].as_deref() == node.annotations.get(&d.node_config_info()).map(String::as_str)
-                && s.raw[2].as_deref() == node.annotations.get(&d.node_device_topology()).map(String::as_str)
-                && s.raw[3].as_deref() == node.annotations.get(&d.node_gpu_domain()).map(String::as_str);
+            let (raw, enabled) = self.decode_inputs(node);
+            let same = s.enabled == enabled && s.raw.iter().map(Option::as_ref).eq(raw);
             if !same {
                 let (raw, enabled, decoded) = self.decode(node);
                 s.raw = raw;
@@ -954,10 +960,8 @@ mod tests {
                     Op::Release(p, n) => cache.release(names[n], &format!("p{p}")),
                     Op::Sweep(t) => cache.sweep(t),
                     Op::Fitness(n, link, need) => {
-                        if let Some(slot) = cache.node(names[n]) {
-                            let mode = if link { TopologyMode::Link } else { TopologyMode::Numa };
-                            cache.fill_fitness(&slot, mode, need);
-                        }
+                        let mode = if link { TopologyMode::Link } else { TopologyMode::Numa };
+                        cache.fill_fitness(names[n], mode, need);
                     }
                 }
                 if let Err(e) = check_rows(&cache) {

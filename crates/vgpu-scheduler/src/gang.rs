@@ -39,9 +39,6 @@ impl GangPlacement {
     /// no sibling is placed. Takes the cache index lock, then each sibling node's lock in turn (never two at
     /// once), so call it without holding a node lock.
     pub fn resolve(cache: &ClusterCache, pod: &Pod) -> Option<Self> {
-        if pod.gang.is_none() && pod.owner_uid.is_none() {
-            return None;
-        }
         let siblings = cache.sibling_placements(pod);
         if siblings.is_empty() {
             return None;
@@ -50,11 +47,7 @@ impl GangPlacement {
         let mut votes = GangVotes::new();
         let mut on_node: HashMap<String, Vec<String>> = HashMap::new();
         for (node, uuids) in siblings {
-            let d = decoded.entry(node.clone()).or_insert_with(|| {
-                let slot = cache.node(&node)?;
-                let s = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                s.decoded.as_ref().ok().cloned()
-            });
+            let d = decoded.entry(node.clone()).or_insert_with(|| cache.decoded(&node));
             if let Some(d) = d {
                 votes.add(&d.domains, uuids.iter().map(String::as_str));
             }

@@ -104,16 +104,13 @@ pub fn rank_candidates<'a>(
         let fitness = match row.fitness(mode, need) {
             RowFitness::NotRanked => None,
             RowFitness::Known(f) => Some(f),
-            RowFitness::Unknown => cache.node(name).and_then(|s| cache.fill_fitness(&s, mode, need)),
+            RowFitness::Unknown => cache.fill_fitness(name, mode, need),
         };
         let total = match memo.lookup(inputs.key) {
             Some(r) => r.total,
             None => {
                 // Resolved under the decoded node's own key (never the row's, which may be a moment older).
-                let decoded = cache.node(name).and_then(|s| {
-                    s.lock().unwrap_or_else(std::sync::PoisonError::into_inner).decoded.as_ref().ok().cloned()
-                });
-                let Some(d) = decoded else {
+                let Some(d) = cache.decoded(name) else {
                     reject(pos, ReasonCode::NodeInfoBuildFailed);
                     continue;
                 };
