@@ -25,27 +25,26 @@ fn inventory(node: &str) -> NodeDeviceInventory {
     inv
 }
 
+/// Eight GPUs where every pair is joined by one link of `code(i, j)`.
+fn fabric(code: impl Fn(usize, usize) -> u8) -> DeviceTopology {
+    let gpus: Vec<String> = (0..8)
+        .map(|i| {
+            let peers: Vec<String> =
+                (0..8).filter(|&j| j != i).map(|j| format!("\"{j}\":[{}]", code(i, j))).collect();
+            format!("{{\"index\":{i},\"links\":{{{}}}}}", peers.join(","))
+        })
+        .collect();
+    DeviceTopology::decode(&format!("[{}]", gpus.join(","))).unwrap()
+}
+
 /// Eight GPUs with NVLink (NV12) only inside 0-3 and inside 4-7; same-CPU PCIe across the islands.
 fn two_islands() -> DeviceTopology {
-    let mut gpus = Vec::new();
-    for i in 0..8 {
-        let peers: Vec<String> = (0..8)
-            .filter(|&j| j != i)
-            .map(|j| format!("\"{j}\":[{}]", if i / 4 == j / 4 { 18 } else { 2 }))
-            .collect();
-        gpus.push(format!("{{\"index\":{i},\"links\":{{{}}}}}", peers.join(",")));
-    }
-    DeviceTopology::decode(&format!("[{}]", gpus.join(","))).unwrap()
+    fabric(|i, j| if i / 4 == j / 4 { 18 } else { 2 })
 }
 
 /// Eight GPUs, all pairs NVLink (one component).
 fn nvswitch() -> DeviceTopology {
-    let mut gpus = Vec::new();
-    for i in 0..8 {
-        let peers: Vec<String> = (0..8).filter(|&j| j != i).map(|j| format!("\"{j}\":[24]")).collect();
-        gpus.push(format!("{{\"index\":{i},\"links\":{{{}}}}}", peers.join(",")));
-    }
-    DeviceTopology::decode(&format!("[{}]", gpus.join(","))).unwrap()
+    fabric(|_, _| 24)
 }
 
 struct Env {

@@ -422,15 +422,21 @@ fn link_dgx1_volta_and_no_topology() {
     }
 }
 
-/// A fabric where every pair of `n` GPUs has one NVLink (`NV1`, code 7).
-fn full_nvlink(n: u32) -> NodeLinks {
+/// A fabric of `n` GPUs where every pair is joined by one link of `code(i, j)`.
+fn fabric(n: u32, code: impl Fn(u32, u32) -> u8) -> NodeLinks {
     let gpus: Vec<String> = (0..n)
         .map(|i| {
-            let links: Vec<String> = (0..n).filter(|&j| j != i).map(|j| format!(r#""{j}":[7]"#)).collect();
+            let links: Vec<String> =
+                (0..n).filter(|&j| j != i).map(|j| format!(r#""{j}":[{}]"#, code(i, j))).collect();
             format!(r#"{{"index":{i},"links":{{{}}}}}"#, links.join(","))
         })
         .collect();
     topo(&format!("[{}]", gpus.join(",")))
+}
+
+/// A fabric where every pair of `n` GPUs has one NVLink (`NV1`, code 7).
+fn full_nvlink(n: u32) -> NodeLinks {
+    fabric(n, |_, _| 7)
 }
 
 #[test]
@@ -636,16 +642,8 @@ fn optimizer_replaces_a_weaker_walk_set() {
 
 /// Eight GPUs, NVLink (NV6) inside 0-3 and inside 4-7, same-CPU PCIe across.
 fn two_islands() -> Fix {
-    let mut gpus = Vec::new();
-    for i in 0..8 {
-        let peers: Vec<String> = (0..8)
-            .filter(|&j| j != i)
-            .map(|j| format!("\"{j}\":[{}]", if i / 4 == j / 4 { 12 } else { 2 }))
-            .collect();
-        gpus.push(format!("{{\"index\":{i},\"links\":{{{}}}}}", peers.join(",")));
-    }
     let mut f = Fix::uniform(8);
-    f.links = Some(topo(&format!("[{}]", gpus.join(","))));
+    f.links = Some(fabric(8, |i, j| if i / 4 == j / 4 { 12 } else { 2 }));
     f
 }
 
