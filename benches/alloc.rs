@@ -17,7 +17,7 @@ use vgpu_core::{
     model::{NodeDeviceInventory, NodeVgpuConfig, TopologyMode},
 };
 
-const DGX1_VOLTA: &str = include_str!("../crates/vgpu-core/tests/fixtures/topology/dgx1-volta.json");
+const DGX1_VOLTA: &str = include_str!("../vgpu-core/tests/fixtures/topology/dgx1-volta.json");
 
 fn node() -> (NodeDeviceInventory, NodeVgpuConfig, NodeLinks, NodeUsage) {
     let inventory = NodeDeviceInventory::uniform(8, 32768, 10)

@@ -13,11 +13,11 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use vgpu_core::topology::{BestEffortPolicy, Topology};
 
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-#[path = "../crates/vgpu-core/tests/support/oracle.rs"]
+#[path = "../vgpu-core/tests/support/oracle.rs"]
 mod oracle;
 
-const DGX1_VOLTA: &str = include_str!("../crates/vgpu-core/tests/fixtures/topology/dgx1-volta.json");
-const TWO_ISLANDS: &str = include_str!("../crates/vgpu-core/tests/fixtures/topology/two-islands-16x.json");
+const DGX1_VOLTA: &str = include_str!("../vgpu-core/tests/fixtures/topology/dgx1-volta.json");
+const TWO_ISLANDS: &str = include_str!("../vgpu-core/tests/fixtures/topology/two-islands-16x.json");
 
 fn decode(name: &str, text: &str) -> Option<Topology> {
     match Topology::decode(text) {

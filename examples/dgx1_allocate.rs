@@ -5,7 +5,7 @@
 
 use vgpu_core::topology::{Allocator, BestEffortPolicy, Topology};
 
-const DGX1_VOLTA: &str = include_str!("../crates/vgpu-core/tests/fixtures/topology/dgx1-volta.json");
+const DGX1_VOLTA: &str = include_str!("../vgpu-core/tests/fixtures/topology/dgx1-volta.json");
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let topology = Topology::decode(DGX1_VOLTA)?;

@@ -5,7 +5,7 @@ use assert_cmd::Command;
 use predicates::prelude::*;
 
 fn fixture(name: &str) -> String {
-    format!("{}/../crates/vgpu-core/tests/fixtures/topology/{name}.json", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/../vgpu-core/tests/fixtures/topology/{name}.json", env!("CARGO_MANIFEST_DIR"))
 }
 
 fn vgpuctl() -> Command {

@@ -13,7 +13,7 @@ use vgpu_core::{
 };
 
 fn example(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/mock").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/mock").join(name)
 }
 
 fn load(name: &str) -> Box<dyn DeviceBackend> {

@@ -146,7 +146,7 @@ pub fn open_backend(choice: BackendChoice, options: &SelectOptions) -> Result<Op
 /// ```
 /// use vgpu_nvml::select::{BackendChoice, SelectOptions, select_backend};
 ///
-/// let options = SelectOptions::default().with_mock_config(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/mock/dgx-h100-8gpu.yaml"));
+/// let options = SelectOptions::default().with_mock_config(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/mock/dgx-h100-8gpu.yaml"));
 /// let backend = select_backend("mock".parse()?, &options)?;
 /// assert_eq!(backend.devices()?.len(), 8);
 ///

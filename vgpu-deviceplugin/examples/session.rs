@@ -44,7 +44,7 @@ async fn main() {
             .serve_with_incoming(UnixListenerStream::new(listener)),
     );
 
-    let mock = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/mock/dgx-h100-8gpu.yaml");
+    let mock = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/mock/dgx-h100-8gpu.yaml");
     let backend = Arc::new(MockBackend::from_path(std::path::Path::new(mock)).unwrap());
     let cluster = Arc::new(InMemoryCluster::default());
     let mut stale = NodeInfo::default();

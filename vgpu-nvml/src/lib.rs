@@ -22,7 +22,7 @@
 //! use vgpu_nvml::{select::{SelectOptions, open_backend}, topology::render_topo};
 //! use vgpu_nvml::{METAX_LIBRARY_DIRS, NVML_LIBRARY};
 //!
-//! let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/mock/dgx-h100-8gpu.yaml");
+//! let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/mock/dgx-h100-8gpu.yaml");
 //! let opened = open_backend("mock".parse()?, &SelectOptions::default().with_mock_config(file))?;
 //! let devices = opened.backend.devices()?;
 //! assert_eq!(devices.len(), 8);
