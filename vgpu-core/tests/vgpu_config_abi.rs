@@ -182,8 +182,58 @@ fn build_skips_high_indices_and_rejects_unknown_gpus() {
     let devices = [gpu(16, "GPU-x", 100, 100)];
     let c = VgpuConfig::build(&id, &o, &[claim(16, "GPU-x", 10, 10)], &devices).unwrap();
     assert!(c.devices.iter().all(|d| d.activate == 0));
+    // The device id decides, not the claim's index: a claim saying 0 for a device with id 16 is skipped.
+    let c = VgpuConfig::build(&id, &o, &[claim(0, "GPU-x", 10, 10)], &devices).unwrap();
+    assert!(c.devices.iter().all(|d| d.activate == 0));
     let err = VgpuConfig::build(&id, &o, &[claim(0, "GPU-nope", 10, 10)], &devices).unwrap_err();
-    assert_eq!(err.to_string(), "claimed GPU GPU-nope (index 0) is not on this node");
+    assert_eq!(err.to_string(), "claimed GPU GPU-nope (index 0 in the claim) is not on this node");
+}
+
+/// Upstream places a claim at the node device id found through the claim's UUID; the claim's index is
+/// ignored (a stale or hand-edited index cannot move the slot).
+#[test]
+fn build_places_claims_by_the_uuid_device_id() {
+    let id = ContainerIdentity::default();
+    let o = BuildOptions::default();
+    let devices = [gpu(0, "GPU-a", 8192, 100), gpu(3, "GPU-d", 8192, 100), gpu(15, "GPU-p", 8192, 100)];
+    let claims = [claim(7, "GPU-d", 50, 1024), claim(0, "GPU-p", 20, 2048), claim(15, "GPU-a", 100, 8192)];
+    let c = VgpuConfig::build(&id, &o, &claims, &devices).unwrap();
+    let placed: Vec<(usize, &str, i32)> = c
+        .devices
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.activate == 1)
+        .map(|(i, d)| (i, d.uuid.as_str(), d.hard_core))
+        .collect();
+    assert_eq!(placed, [(0, "GPU-a", 100), (3, "GPU-d", 50), (15, "GPU-p", 20)]);
+    // The slot's memory rule compares with the device found by UUID (whole card on GPU-a: no limit).
+    assert_eq!(c.devices[0].memory_limit, 0);
+}
+
+proptest! {
+    /// Whatever index a claim carries, its slot is the device id of its UUID (or none when that id is ≥ 16).
+    #[test]
+    fn build_slot_is_the_device_id_of_the_uuid(
+        ids in proptest::sample::subsequence((0u32..20).collect::<Vec<_>>(), 1..8),
+        claim_indices in proptest::collection::vec(any::<u32>(), 8),
+        pick in proptest::sample::subsequence((0usize..8).collect::<Vec<_>>(), 0..8),
+    ) {
+        let devices: Vec<GpuDevice> = ids.iter().map(|&i| gpu(i, &format!("GPU-{i}"), 4096, 100)).collect();
+        let claims: Vec<DeviceClaim> = pick
+            .iter()
+            .filter_map(|&p| devices.get(p))
+            .zip(&claim_indices)
+            .map(|(d, &index)| claim(index, &d.uuid, 10, 100))
+            .collect();
+        let c = VgpuConfig::build(&ContainerIdentity::default(), &BuildOptions::default(), &claims, &devices).unwrap();
+        for (slot, entry) in c.devices.iter().enumerate() {
+            let want = claims.iter().find(|cl| cl.uuid == format!("GPU-{slot}"));
+            prop_assert_eq!(entry.activate == 1, want.is_some(), "slot {}", slot);
+            if let Some(cl) = want {
+                prop_assert_eq!(&entry.uuid, &cl.uuid);
+            }
+        }
+    }
 }
 
 #[test]

@@ -21,7 +21,7 @@
 //! | 420 | 4 | `i32 sm_watcher` |
 //! | 424 | 4 | `i32 vmem_node` |
 //! | 428 | 84 | padding to 512 |
-//! | 512 | 16 × 128 | `device_t devices[16]`, indexed by **host** GPU index |
+//! | 512 | 16 × 128 | `device_t devices[16]`, indexed by **host** GPU index (the node device id found by the claim's UUID) |
 //!
 //! `device_t` (128 bytes, cache-line aligned): `u32 seq`@0, `u32 pad`@4, `char uuid[48]`@8,
 //! `u64 total_memory`@56 (bytes), `u64 real_memory`@64, `i32 hard_core`@72, `i32 soft_core`@76,
@@ -46,7 +46,7 @@ pub const LAYOUT_VERSION: u32 = 1;
 pub const FILE_SIZE: usize = 8192;
 /// `sizeof(resource_data_t)`.
 pub const REGION_SIZE: usize = 2560;
-/// `MAX_DEVICE_COUNT`: device slots; claims whose host index is ≥ this are skipped.
+/// `MAX_DEVICE_COUNT`: device slots; claims on a device whose host index is ≥ this are skipped.
 pub const MAX_DEVICE_COUNT: usize = 16;
 /// UUID buffers (`pod_uid`, `reg_uuid`, device `uuid`).
 pub const UUID_BUFFER_SIZE: usize = 48;
@@ -242,13 +242,13 @@ pub struct ContainerIdentity {
     pub register_uuid: String,
 }
 
-/// [`VgpuConfig::build`] was given a claim for a GPU it does not know.
+/// [`VgpuConfig::build`] was given a claim whose UUID is not among the node's devices.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("claimed GPU {uuid} (index {index}) is not on this node")]
+#[error("claimed GPU {uuid} (index {index} in the claim) is not on this node")]
 pub struct UnknownDevice {
     /// Claimed UUID.
     pub uuid: String,
-    /// Claimed index.
+    /// The index the claim carries (not used to place the slot; see [`VgpuConfig::build`]).
     pub index: u32,
 }
 
@@ -300,8 +300,15 @@ impl DeviceConfig {
 }
 
 impl VgpuConfig {
-    /// Builds the file content for one container: identity, options and one slot per claim at the claim's
-    /// host index (claims with index ≥ 16 are skipped, as upstream). `devices` resolves claim UUIDs.
+    /// Builds the file content for one container: identity, options and one slot per claim.
+    ///
+    /// The slot follows upstream's rule (`NewResourceDataT`): the claim's UUID is looked up among the
+    /// node's `devices` and the slot is that device's host index ([`GpuDevice::index`], the `id` of
+    /// `node-device-register`); the claim's own `index` field is not used. A claim whose UUID is not on the
+    /// node is an [`UnknownDevice`] error (upstream would silently write slot 0 with a zero device); a
+    /// device whose index is ≥ [`MAX_DEVICE_COUNT`] has no slot and its claim is skipped (upstream's map
+    /// holds only the first 16 devices and would likewise misplace it in slot 0). When several devices
+    /// share the UUID, the first wins.
     pub fn build(
         identity: &ContainerIdentity,
         options: &BuildOptions,
@@ -326,7 +333,8 @@ impl VgpuConfig {
                 .iter()
                 .find(|d| d.uuid == claim.uuid)
                 .ok_or_else(|| UnknownDevice { uuid: claim.uuid.clone(), index: claim.index })?;
-            let Some(slot) = usize::try_from(claim.index).ok().and_then(|i| config.devices.get_mut(i)) else {
+            let Some(slot) = usize::try_from(device.index).ok().and_then(|i| config.devices.get_mut(i))
+            else {
                 continue;
             };
             *slot = DeviceConfig::for_claim(claim, device, options);
