@@ -249,10 +249,13 @@ pub struct ClusterCache {
     /// Every node state's ranking inputs, one dense row each ([`crate::rank_table`]).
     rows: RankTable,
     index: Mutex<Index>,
+    /// Whether `node-device-topology` is read (gate `TopologyAwareGPUAllocation`).
+    link_topology: bool,
 }
 
 impl ClusterCache {
-    /// An empty cache for a domain and a default stuck grace period.
+    /// An empty cache for a domain and a default stuck grace period; it reads `node-device-topology`
+    /// (see [`with_link_topology`](Self::with_link_topology)).
     pub fn new(domain: ResourceDomain, stuck_grace_ns: i64) -> Self {
         Self {
             domain,
@@ -260,7 +263,22 @@ impl ClusterCache {
             nodes: RwLock::default(),
             rows: RankTable::new(),
             index: Mutex::default(),
+            link_topology: true,
         }
+    }
+
+    /// Whether nodes' `node-device-topology` is read (gate `TopologyAwareGPUAllocation`; set before any node
+    /// is added). Off, the annotation is never decoded and its changes never re-decode a node: every node
+    /// looks as if it published no link topology, so link fitness is 0 in every rank-table row, link-mode
+    /// placement takes its no-topology path and cross-pod alignment finds no NVLink component.
+    pub fn with_link_topology(mut self, on: bool) -> Self {
+        self.link_topology = on;
+        self
+    }
+
+    /// Whether nodes' `node-device-topology` is read.
+    pub fn link_topology(&self) -> bool {
+        self.link_topology
     }
 
     /// The annotation domain.
@@ -388,12 +406,15 @@ impl ClusterCache {
     }
 
     /// What a node's decoded state depends on: the annotations the cache reads (device register, config,
-    /// topology, GPU domain) and whether the node advertises vGPUs.
+    /// topology unless link topology is off, GPU domain) and whether the node advertises vGPUs.
     fn decode_inputs<'n>(&self, node: &'n Node) -> ([Option<&'n String>; 4], bool) {
         let d = &self.domain;
-        let raw =
+        let mut raw =
             [d.node_device_register(), d.node_config_info(), d.node_device_topology(), d.node_gpu_domain()]
                 .map(|key| node.annotations.get(&key));
+        if !self.link_topology {
+            raw[2] = None;
+        }
         (raw, node.allocatable.get(&d.vgpu_number()).is_some_and(|&n| n > 0))
     }
 
@@ -786,6 +807,33 @@ mod tests {
         let partial: GpuRails = rails.into_iter().take(3).collect();
         cache.upsert_node(&node(Some(&node_gpu_domain::encode(&partial))));
         assert_eq!(domains(&cache), plain);
+    }
+
+    #[test]
+    fn link_topology_off_never_decodes_the_topology() {
+        let cache = ClusterCache::new(ResourceDomain::default(), 0).with_link_topology(false);
+        assert!(!cache.link_topology());
+        cache.upsert_node(&node(None));
+        let first = cache.decoded("n").unwrap();
+        assert!(first.links.is_none());
+        assert!(first.domains.components().is_empty());
+        assert_eq!(cache.fill_fitness("n", TopologyMode::Link, 2), Some(0), "no topology: fitness 0");
+        let row = cache
+            .rank_rows()
+            .get(lock(&cache.node("n").unwrap()).row_id())
+            .unwrap()
+            .fitness(TopologyMode::Link, 2);
+        assert_eq!(row, RowFitness::Known(0));
+        // A change of the topology annotation alone does not re-decode the node.
+        let mut changed = node(None);
+        changed.annotations.insert(ResourceDomain::default().node_device_topology(), "[]".to_owned());
+        cache.upsert_node(&changed);
+        assert!(Arc::ptr_eq(&first, &cache.decoded("n").unwrap()));
+        // The same node with the gate on has its links and a higher fitness.
+        let on = ClusterCache::new(ResourceDomain::default(), 0);
+        on.upsert_node(&node(None));
+        assert!(on.decoded("n").unwrap().links.is_some());
+        assert_eq!(on.fill_fitness("n", TopologyMode::Link, 2), Some(5));
     }
 
     fn placed(uid: &str, gang: Option<&str>, owner: Option<&str>, claim: Option<&str>) -> Pod {

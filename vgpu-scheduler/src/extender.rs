@@ -46,6 +46,13 @@ pub struct ExtenderConfig {
     pub patch_attempts: u32,
     /// Send events to the cluster.
     pub emit_events: bool,
+    /// Gate `TopologyAwareGPUAllocation`: read the nodes' `node-device-topology`. Off, link-mode pods are
+    /// placed as if no node published a topology (contract §3.2, §4.2): `link-strict` is rejected with
+    /// `LinkTopologyUnsatisfied` ("node has no GPU link topology"), `link` falls back to the first GPUs in
+    /// device-policy order with a `TopologyFallback` event, link fitness is 0 in node ordering, and cross-pod
+    /// alignment has no NVLink component to align to. [`Default`] turns it on (the library places by topology
+    /// wherever it is published); [`from_gates`](Self::from_gates) follows the gate, which is off by default.
+    pub link_topology: bool,
 }
 
 impl Default for ExtenderConfig {
@@ -59,16 +66,18 @@ impl Default for ExtenderConfig {
             reservation_ttl_ns: DEFAULT_RESERVATION_TTL_NS,
             patch_attempts: 3,
             emit_events: true,
+            link_topology: true,
         }
     }
 }
 
 impl ExtenderConfig {
-    /// Defaults with the serialization gates taken from a configured gate set.
+    /// Defaults with the serialization and topology gates taken from a configured gate set.
     pub fn from_gates(gates: &FeatureGates<'_, CoreGate>) -> Self {
         Self {
             serialize_filter: gates.enabled(CoreGate::SerializedNodeFilter),
             serialize_bind: gates.enabled(CoreGate::SerializedNodeBind),
+            link_topology: gates.enabled(CoreGate::TopologyAwareGPUAllocation),
             ..Self::default()
         }
     }
@@ -316,7 +325,10 @@ fn try_place(
 impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     /// A new extender with an empty cache (fill it with [`sync`](Self::sync) and watch events).
     pub fn new(cluster: C, clock: Arc<K>, config: ExtenderConfig) -> Self {
-        let cache = Arc::new(ClusterCache::new(config.domain.clone(), config.stuck_grace_ns));
+        let cache = Arc::new(
+            ClusterCache::new(config.domain.clone(), config.stuck_grace_ns)
+                .with_link_topology(config.link_topology),
+        );
         Self {
             cluster,
             clock,
