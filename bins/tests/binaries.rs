@@ -72,6 +72,18 @@ fn device_plugin_good_gates_then_a_clear_configuration_error() {
 }
 
 #[test]
+fn device_plugin_refuses_a_gate_whose_behaviour_is_not_built() {
+    // Refused before any other check (no node name given), with the gate and the reason named.
+    bin("vgpu-device-plugin")
+        .args(["--feature-gates", "VirtualMemoryTracking=true,SharedSMUtilizationWatcher=true"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("SharedSMUtilizationWatcher=true is not supported"))
+        .stderr(predicate::str::contains("sm_util.config"))
+        .stderr(predicate::str::contains("--node-name").not());
+}
+
+#[test]
 fn device_plugin_bad_flag_values_exit_2_naming_the_flag() {
     for (args, flag) in [
         (&["--device-cores-scaling", "-1"][..], "--device-cores-scaling"),

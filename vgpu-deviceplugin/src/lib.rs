@@ -11,6 +11,7 @@
 //! | [`service`] | the generated `DevicePlugin` trait over a handler: translation and the `ListAndWatch` stream |
 //! | [`server`] | serving one handler on a unix socket |
 //! | [`registry`] | client mode (gate `DevicePluginClientMode`): `VDeviceRegistry` on `registry/socket.sock`, caller PIDs → `pids.config` |
+//! | [`device_client`] | the client of that registry (`vgpu-device-client`): one `RegisterContainerDevice` call, bounded by a timeout |
 //! | [`registration`] | unix-socket gRPC clients: probe our socket, `Register` with the kubelet |
 //! | [`manager`] | [`PluginManager`](manager::PluginManager): serve + register every plugin, re-register when `kubelet.sock` is re-created, bounded crash restarts |
 //! | [`inventory`] | the advertised GPUs (settings applied) and their health from the backend's event stream |
@@ -21,6 +22,7 @@
 //! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): both traits over a `kube::Client` |
 //! | [`publisher`] | [`NodePublisher`](publisher::NodePublisher): node annotations, driver labels, stale resource removal |
 //! | [`daemon`] | [`Daemon`](daemon::Daemon): backend + clients + plugins + publisher, run until shutdown (the binary's body) |
+//! | [`gates`] | which enabled gates this build cannot honour: the daemon refuses to start on them |
 //! | [`config`] | [`PluginConfig`](config::PluginConfig), the resolved configuration |
 //! | [`error`] | [`PluginError`](error::PluginError) (per RPC) and [`ServerError`](error::ServerError) |
 //!
@@ -70,7 +72,9 @@ pub mod cdi;
 pub mod cluster;
 pub mod config;
 pub mod daemon;
+pub mod device_client;
 pub mod error;
+pub mod gates;
 pub mod ids;
 pub mod inventory;
 pub mod kube_cluster;

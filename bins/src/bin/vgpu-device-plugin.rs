@@ -252,6 +252,11 @@ fn main() -> ExitCode {
         Ok(g) => g,
         Err(code) => return code,
     };
+    // A gate whose behaviour is not built is refused, never accepted and ignored.
+    if let Err(e) = vgpu_deviceplugin::gates::check_gates(&gates) {
+        eprintln!("vgpu-device-plugin: {e}");
+        return ExitCode::from(2);
+    }
     let mut settings = match settings(&cli) {
         Ok(s) => s,
         Err(code) => return code,
