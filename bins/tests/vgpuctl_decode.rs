@@ -51,9 +51,9 @@ fn node_config_ok_and_malformed() {
     ]));
     assert_eq!(v["deviceSplit"], 10);
     assert_eq!(v["memoryScaling"], 1.5);
-    vgpuctl().args(["decode", "node-config", r#"{"deviceSplit":10}"#]).assert().code(2).stderr(
+    vgpuctl().args(["decode", "node-config", r#"{"deviceSplit":-1}"#]).assert().code(2).stderr(
         predicate::str::contains("invalid node-config-info value")
-            .and(predicate::str::contains("missing field `coresScaling`")),
+            .and(predicate::str::contains("field \"deviceSplit\" is -1")),
     );
 }
 

@@ -9,9 +9,18 @@
 //! | `include-gpu-type`, `exclude-gpu-type`, `include-gpu-uuid`, `exclude-gpu-uuid` | [`device_filter`] | [`DeviceFilter`](device_filter::DeviceFilter) |
 //!
 //! Every decoder returns a [`CodecError`] naming the annotation and what was expected; none panics.
+//!
+//! The JSON decoders accept what vgpu-manager's Go components accept (`encoding/json`) wherever the meaning
+//! is unambiguous, so an operator's hand edit or an older writer does not make ours fail: object keys in
+//! any letter case (an exact match preferred), duplicate keys (the last wins), missing fields (Go's zero
+//! value), unknown fields (skipped), `null` member values (a scalar keeps its value, a map or list is
+//! emptied). Where Go's acceptance is itself a defect (negative counts, ids out of range, unknown link
+//! codes) they reject the value with an error naming the annotation and what was expected. Each module
+//! lists its choices. The encoders write exactly what Go's `json.Marshal` writes.
 
 pub mod device_filter;
 mod gojson;
+mod goread;
 pub mod node_config_info;
 pub mod node_devices;
 pub mod node_gpu_domain;

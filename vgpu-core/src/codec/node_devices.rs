@@ -3,22 +3,35 @@
 //! Wire form (field order as Go writes it):
 //! `[{"id":0,"type":"…","uuid":"GPU-…","core":100,"memory":8192,"number":10,"numa":0,"mig":false,"busId":"0000:01:00.0","capability":6.1,"healthy":true}]`
 //!
-//! Decoding checks what the Go scheduler silently assumes: ids are `0..n-1` in order (they are used as slice
-//! indices), numbers are non-negative, `numa` is `-1` (unknown) or a node id, `capability` is `major.minor`.
-//! Unknown fields are ignored (forward compatibility); every known field is required. Go's `null` (a nil
-//! slice) decodes as an empty inventory.
+//! Decoding reads what upstream's `ParseNodeDeviceInfo` (`json.Unmarshal`, then a sort by id) reads, where
+//! the meaning is unambiguous:
+//!
+//! * device entries in any order: they are sorted by `id` (upstream sorts too), so the inventory is in id
+//!   order whatever the text order;
+//! * keys in any letter case (`ID`, `busid`, `BusId`; an exact match wins), duplicate keys (the last wins),
+//!   unknown fields ignored (forward compatibility);
+//! * a missing field, or a `null` one, is Go's zero value: `0`, `""`, `false` (so a missing `healthy`
+//!   reads as unhealthy and a missing `numa` as node 0, as upstream reads them);
+//! * Go's `null` for the whole value (a nil slice) is an empty inventory.
+//!
+//! It refuses what the Go scheduler accepts but then mishandles (it indexes a slice by `id`): ids that are
+//! not `0..n-1` each exactly once, negative numbers, a `numa` other than `-1` (unknown) or a node id, a
+//! `capability` that is not `major.minor` with one minor digit, and a `null` in place of a whole device
+//! (Go would make it an all-zero device 0). Integers must be JSON integers (`100.0` is an error, as in Go).
+//! Errors name the device by its position in the text.
 
-use serde::Deserialize;
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
+use super::goread::{FieldKey, GoInt, set};
 use super::{CodecError, NODE_DEVICE_REGISTER, gojson};
 use crate::model::{ComputeCapability, DeviceHealth, GpuDevice, NodeDeviceInventory, Vendor};
 
 const ANNOTATION: &str = NODE_DEVICE_REGISTER;
 
-#[derive(Deserialize)]
+/// The Go struct `DeviceInfo`, with Go's zero values for what is absent.
+#[derive(Debug, Default)]
 struct WireDevice {
     id: i64,
-    #[serde(rename = "type")]
     type_name: String,
     uuid: String,
     core: i64,
@@ -26,10 +39,53 @@ struct WireDevice {
     number: i64,
     numa: i64,
     mig: bool,
-    #[serde(rename = "busId")]
     bus_id: String,
     capability: f32,
     healthy: bool,
+}
+
+/// Field names on the wire, in [`WireDevice`] order.
+const FIELDS: &[&str] =
+    &["id", "type", "uuid", "core", "memory", "number", "numa", "mig", "busId", "capability", "healthy"];
+
+impl<'de> Deserialize<'de> for WireDevice {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(DeviceVisitor)
+    }
+}
+
+struct DeviceVisitor;
+
+impl<'de> Visitor<'de> for DeviceVisitor {
+    type Value = WireDevice;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a device object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WireDevice, A::Error> {
+        let mut w = WireDevice::default();
+        let int = |v: Option<GoInt>| v.map(|v| v.0);
+        while let Some(field) = map.next_key_seed(FieldKey(FIELDS))? {
+            match field {
+                Some(0) => set(&mut w.id, int(map.next_value()?)),
+                Some(1) => set(&mut w.type_name, map.next_value()?),
+                Some(2) => set(&mut w.uuid, map.next_value()?),
+                Some(3) => set(&mut w.core, int(map.next_value()?)),
+                Some(4) => set(&mut w.memory, int(map.next_value()?)),
+                Some(5) => set(&mut w.number, int(map.next_value()?)),
+                Some(6) => set(&mut w.numa, int(map.next_value()?)),
+                Some(7) => set(&mut w.mig, map.next_value()?),
+                Some(8) => set(&mut w.bus_id, map.next_value()?),
+                Some(9) => set(&mut w.capability, map.next_value()?),
+                Some(10) => set(&mut w.healthy, map.next_value()?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(w)
+    }
 }
 
 fn field_err(position: usize, field: &'static str, expected: &'static str, got: String) -> CodecError {
@@ -58,7 +114,8 @@ pub fn decode(value: &str) -> Result<NodeDeviceInventory, CodecError> {
     from_wire(decode_wire(value)?)
 }
 
-/// The general reader: any JSON serde accepts (whitespace, any field order, escapes, unknown fields, `null`).
+/// The general reader: any JSON Go reads (whitespace, any field order and letter case, escapes, duplicate,
+/// missing and unknown fields, `null`).
 fn decode_wire(value: &str) -> Result<Vec<WireDevice>, CodecError> {
     let wire: Option<Vec<WireDevice>> = serde_json::from_str(value).map_err(|source| CodecError::Json {
         annotation: ANNOTATION,
@@ -85,7 +142,13 @@ impl<'a> Canonical<'a> {
         let mut devices = Vec::with_capacity(text.len() / 160);
         if r.lit("]").is_none() {
             loop {
-                devices.push(from_wire_device(devices.len(), r.device()?).ok()?);
+                let pos = devices.len();
+                // Ids out of order are left to the general reader, which sorts.
+                devices.push(
+                    from_wire_device(pos, r.device()?)
+                        .ok()
+                        .filter(|d| usize::try_from(d.index).ok() == Some(pos))?,
+                );
                 if r.lit(",").is_none() {
                     r.lit("]")?;
                     break;
@@ -210,18 +273,37 @@ impl<'a> Canonical<'a> {
     }
 }
 
+/// Checks and converts every device, then sorts them by id (as upstream does) and requires ids `0..n-1`.
 fn from_wire(wire: Vec<WireDevice>) -> Result<NodeDeviceInventory, CodecError> {
-    let devices =
-        wire.into_iter().enumerate().map(|(pos, w)| from_wire_device(pos, w)).collect::<Result<_, _>>()?;
-    Ok(NodeDeviceInventory { devices })
+    let n = wire.len();
+    let mut devices = wire
+        .into_iter()
+        .enumerate()
+        .map(|(pos, w)| from_wire_device(pos, w).map(|d| (pos, d)))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Canonical values are already in order; sorting them is one pass.
+    devices.sort_by_key(|(_, d)| d.index);
+    if let Some((pos, d)) = devices
+        .iter()
+        .enumerate()
+        .find(|(i, (_, d))| usize::try_from(d.index).ok() != Some(*i))
+        .map(|(_, x)| x)
+    {
+        return Err(field_err(*pos, "id", ids_expected(n), d.index.to_string()));
+    }
+    Ok(NodeDeviceInventory { devices: devices.into_iter().map(|(_, d)| d).collect() })
 }
 
-/// Checks and converts the device at `pos`.
+/// What the ids must be, for an error message.
+fn ids_expected(n: usize) -> &'static str {
+    if n == 1 { "0 (the only device)" } else { "each of 0..n-1 exactly once, n being the number of devices" }
+}
+
+/// Checks and converts the device at `pos` in the text; its `id` only has to be a possible index here.
 fn from_wire_device(pos: usize, w: WireDevice) -> Result<GpuDevice, CodecError> {
-    let index =
-        u32::try_from(w.id).ok().filter(|&i| usize::try_from(i).ok() == Some(pos)).ok_or_else(|| {
-            field_err(pos, "id", "the device's position (ids are 0..n-1 in order)", w.id.to_string())
-        })?;
+    let index = u32::try_from(w.id).map_err(|_| {
+        field_err(pos, "id", "a device index 0..n-1 (ids are 0..n-1 in any order)", w.id.to_string())
+    })?;
     let cores = u64::try_from(w.core)
         .map_err(|_| field_err(pos, "core", "a non-negative integer", w.core.to_string()))?;
     let memory_mib = u64::try_from(w.memory)
@@ -372,23 +454,81 @@ mod tests {
         let bad_id = EXAMPLE.replace("\"id\":0", "\"id\":3");
         assert_eq!(
             decode(&bad_id).unwrap_err().to_string(),
-            "invalid node-device-register value: device at position 0: field \"id\" is 3, expected the device's position (ids are 0..n-1 in order)"
+            "invalid node-device-register value: device at position 0: field \"id\" is 3, expected 0 (the only device)"
         );
+        let e = decode(&format!("[{},{}]", &EXAMPLE[1..EXAMPLE.len() - 1], &EXAMPLE[1..EXAMPLE.len() - 1]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("device at position 1: field \"id\" is 0, expected each of 0..n-1 exactly once, n being the number of devices"),
+            "{e}"
+        );
+        let e = decode(&EXAMPLE.replace("\"id\":0", "\"id\":-1")).unwrap_err().to_string();
+        assert!(e.contains("field \"id\" is -1, expected a device index"), "{e}");
         let e = decode(&EXAMPLE.replace("\"numa\":0", "\"numa\":-2")).unwrap_err().to_string();
         assert!(e.contains("field \"numa\" is -2"), "{e}");
         let e = decode(&EXAMPLE.replace("\"core\":100", "\"core\":-1")).unwrap_err().to_string();
         assert!(e.contains("field \"core\" is -1"), "{e}");
         let e = decode(&EXAMPLE.replace("6.1", "6.15")).unwrap_err().to_string();
         assert!(e.contains("capability"), "{e}");
-        let e = decode(&EXAMPLE.replace(",\"uuid\":\"GPU-49aa2e6a-33f3-99dd-e08b-ea4beb0e0d28\"", ""))
-            .unwrap_err();
-        assert!(
-            e.to_string().starts_with("invalid node-device-register value: expected a JSON array"),
-            "{e}"
+        for bad in [
+            "{}",
+            "",
+            "[null]",
+            r#"[{"id":0.0}]"#,
+            r#"[{"id":"0"}]"#,
+            r#"[{"core":1e2}]"#,
+            r#"[{"mig":1}]"#,
+            r#"[{"uuid":5}]"#,
+            r#"[[0,"T4"]]"#,
+        ] {
+            let e = decode(bad).unwrap_err().to_string();
+            assert!(e.starts_with("invalid node-device-register value: expected a JSON array"), "{bad}: {e}");
+        }
+        let e = decode("[null]").unwrap_err().to_string();
+        assert!(e.contains("invalid type: null, expected a device object"), "{e}");
+    }
+
+    /// What Go's `json.Unmarshal` (and upstream's sort by id) accepts and means unambiguously decodes here.
+    #[test]
+    fn go_leniency() {
+        let canonical = decode(EXAMPLE).unwrap();
+        // Keys in any letter case; duplicates (the last wins); `null` keeps the earlier value.
+        let recased = EXAMPLE
+            .replace("\"id\"", "\"ID\"")
+            .replace("\"busId\"", "\"busid\"")
+            .replace("\"capability\"", "\"Capability\"")
+            .replace("\"ID\"", "\"type\":\"x\",\"ID\"")
+            .replace("\"uuid\"", "\"UUID\":null,\"uuid\"");
+        assert_eq!(decode(&recased).unwrap(), canonical);
+        let dup = EXAMPLE.replace("\"core\":100", "\"core\":-5,\"Core\":100,\"CORE\":null");
+        assert_eq!(decode(&dup).unwrap(), canonical);
+        // Missing fields are Go's zero values; unknown fields are skipped.
+        let sparse = decode(r#"[{"id":0,"uuid":"GPU-a","extra":{"a":[1]}}]"#).unwrap();
+        assert_eq!(
+            sparse.devices,
+            [GpuDevice {
+                index: 0,
+                uuid: "GPU-a".into(),
+                numa_node: Some(0),
+                health: DeviceHealth::from_bool(false),
+                ..GpuDevice::default()
+            }]
         );
-        assert!(e.to_string().contains("missing field `uuid`"), "{e}");
-        assert!(decode("{}").is_err());
-        assert!(decode("").is_err());
+        assert_eq!(decode("[{}]").unwrap().devices[0].uuid, "");
+        // Entries in any id order are sorted by id, as upstream does.
+        let two = |a: &str, b: &str| {
+            format!(
+                r#"[{{"id":{a},"type":"","uuid":"GPU-{a}","core":100,"memory":1,"number":1,"numa":-1,"mig":false,"busId":"","capability":8,"healthy":true}},{{"id":{b},"type":"","uuid":"GPU-{b}","core":100,"memory":1,"number":1,"numa":-1,"mig":false,"busId":"","capability":8,"healthy":true}}]"#
+            )
+        };
+        let swapped = decode(&two("1", "0")).unwrap();
+        assert_eq!(swapped, decode(&two("0", "1")).unwrap());
+        assert_eq!(swapped.devices[1].uuid, "GPU-1");
+        assert_eq!(encode(&swapped).unwrap(), two("0", "1"));
+        // Go reads `-0` into an int as 0.
+        let negative_zero = decode(&two("-0", "1")).unwrap();
+        assert_eq!((negative_zero.devices[0].index, negative_zero.devices[0].uuid.as_str()), (0, "GPU--0"));
     }
 
     pub(crate) fn arb_device() -> impl Strategy<Value = GpuDevice> {
@@ -529,6 +669,36 @@ mod tests {
             if let Ok(text) = String::from_utf8(text) {
                 readers_agree(&text)?;
             }
+        }
+
+        /// Re-cased keys, shuffled members, duplicates (the last wins), `null` duplicates, unknown members and
+        /// shuffled devices decode to the same inventory as the canonical text.
+        #[test]
+        fn go_equivalent_forms_decode_the_same(
+            (inv, text) in proptest::collection::vec(arb_device(), 1..6).prop_flat_map(|devs| {
+                let devices: Vec<GpuDevice> =
+                    devs.into_iter().enumerate().map(|(i, mut d)| { d.index = i as u32; d }).collect();
+                let objects: Vec<_> = devices.iter().map(|d| {
+                    let s = |v: &str| serde_json::to_string(v).unwrap_or_default();
+                    let members = [
+                        ("id", d.index.to_string(), "99", true),
+                        ("type", s(&d.type_name), "\"decoy\"", true),
+                        ("uuid", s(&d.uuid), "\"GPU-decoy\"", true),
+                        ("core", d.cores.to_string(), "-1", true),
+                        ("memory", d.memory_mib.to_string(), "-1", true),
+                        ("number", d.split_count.to_string(), "-1", true),
+                        ("numa", d.numa_node.map_or(-1, i64::from).to_string(), "-7", true),
+                        ("mig", d.mig_enabled.to_string(), "true", true),
+                        ("busId", s(&d.bus_id), "\"decoy\"", true),
+                        ("capability", capability_text(d.capability).unwrap_or_default(), "6.15", true),
+                        ("healthy", d.health.is_healthy().to_string(), "false", true),
+                    ];
+                    crate::codec::goread::testing::go_equivalent_object(&members)
+                }).collect();
+                (Just(NodeDeviceInventory { devices }), objects.prop_shuffle())
+            }).prop_map(|(inv, objects)| (inv, format!("[{}]", objects.join(","))))
+        ) {
+            prop_assert_eq!(decode(&text).unwrap(), inv, "{}", text);
         }
 
         #[test]
