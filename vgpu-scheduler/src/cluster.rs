@@ -1,7 +1,8 @@
 //! What the extender needs from the API server, in light types of our own, and an in-memory cluster.
 //!
 //! In: node and pod snapshots ([`Cluster::snapshot`]) and change events ([`WatchEvent`], fed to the
-//! [`ClusterCache`](crate::cache::ClusterCache)). Out: pod metadata merge patches
+//! [`ClusterCache`](crate::cache::ClusterCache)), and the PodDisruptionBudgets preempt reads
+//! ([`Cluster::list_pod_disruption_budgets`]). Out: pod metadata merge patches
 //! ([`Cluster::patch_pod_metadata`]), `pods/binding` ([`Cluster::bind_pod`]) and events ([`Cluster::record_event`]).
 
 use std::collections::{BTreeMap, HashMap};
@@ -9,6 +10,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vgpu_core::alloc::PodSpec;
+
+use crate::pdb::PodDisruptionBudget;
 
 /// A node as the extender sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -249,6 +252,14 @@ pub trait Cluster: Send + Sync + 'static {
     fn bind_pod(&self, binding: &Binding) -> impl Future<Output = Result<(), ClusterError>> + Send;
     /// Records an event (best effort).
     fn record_event(&self, event: Event) -> impl Future<Output = ()> + Send;
+    /// Every PodDisruptionBudget (all namespaces), read by preempt once per call (module [`pdb`](crate::pdb)).
+    /// The default has none, for clusters without budgets; [`MemoryCluster`] and
+    /// [`KubeCluster`](crate::KubeCluster) list theirs.
+    fn list_pod_disruption_budgets(
+        &self,
+    ) -> impl Future<Output = Result<Vec<PodDisruptionBudget>, ClusterError>> + Send {
+        async { Ok(Vec::new()) }
+    }
 }
 
 type Watcher = Arc<dyn Fn(&WatchEvent) + Send + Sync>;
@@ -258,8 +269,10 @@ struct MemoryState {
     nodes: BTreeMap<String, Node>,
     pods: HashMap<String, Pod>,
     events: Vec<Event>,
+    pdbs: BTreeMap<String, PodDisruptionBudget>,
     fail_patches: u32,
     fail_binds: u32,
+    fail_pdb_lists: u32,
     version: u64,
 }
 
@@ -365,6 +378,21 @@ impl MemoryCluster {
     pub fn fail_next_binds(&self, n: u32) {
         self.lock().fail_binds = n;
     }
+
+    /// Adds or replaces a PodDisruptionBudget (keyed by namespace and name; budgets are not watched).
+    pub fn upsert_pdb(&self, pdb: PodDisruptionBudget) {
+        self.lock().pdbs.insert(format!("{}/{}", pdb.namespace, pdb.name), pdb);
+    }
+
+    /// Deletes a PodDisruptionBudget.
+    pub fn delete_pdb(&self, namespace: &str, name: &str) -> Option<PodDisruptionBudget> {
+        self.lock().pdbs.remove(&format!("{namespace}/{name}"))
+    }
+
+    /// The next `n` budget lists fail (unavailable).
+    pub fn fail_next_pdb_lists(&self, n: u32) {
+        self.lock().fail_pdb_lists = n;
+    }
 }
 
 impl Cluster for MemoryCluster {
@@ -436,5 +464,14 @@ impl Cluster for MemoryCluster {
         if self.record_events {
             self.lock().events.push(event);
         }
+    }
+
+    async fn list_pod_disruption_budgets(&self) -> Result<Vec<PodDisruptionBudget>, ClusterError> {
+        let mut s = self.lock();
+        if s.fail_pdb_lists > 0 {
+            s.fail_pdb_lists -= 1;
+            return Err(ClusterError::Unavailable("injected poddisruptionbudgets list failure".into()));
+        }
+        Ok(s.pdbs.values().cloned().collect())
     }
 }

@@ -1,4 +1,4 @@
-//! Kubernetes API objects (`k8s-openapi`) → the extender's light [`Pod`] and [`Node`].
+//! Kubernetes API objects (`k8s-openapi`) → the extender's light [`Pod`], [`Node`] and [`PodDisruptionBudget`].
 //!
 //! The HTTP layer (full `Pod` objects in extender requests) and the kube-backed cluster (watch events) both go
 //! through these functions, so the cache and the verbs see one model whatever the source. Conversion never
@@ -14,11 +14,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1 as corev1;
+use k8s_openapi::api::policy::v1 as policyv1;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use vgpu_core::alloc::{PodContainer, PodSpec, parse_quantity};
 use vgpu_core::domain::ResourceDomain;
 
 use crate::cluster::{Node, Pod, PodPhase};
+use crate::pdb::{LabelSelector, PodDisruptionBudget, SelectorOperator, SelectorRequirement};
 
 /// Labels naming a pod's gang, in lookup order (after `spec.schedulingGroup`).
 pub const GANG_LABELS: [&str; 2] = ["scheduling.x-k8s.io/pod-group", "pod-group.scheduling.sigs.k8s.io/name"];
@@ -194,6 +197,58 @@ pub fn node_from_k8s(node: &corev1::Node, domain: &ResourceDomain) -> Node {
         labels: string_map(&node.metadata.labels),
         annotations: string_map(&node.metadata.annotations),
         allocatable,
+    }
+}
+
+/// `status.disruptionsAllowed`, whichever form the picked Kubernetes version gives it (a plain integer before
+/// 1.36, optional from 1.36 on).
+trait DisruptionsAllowed {
+    fn value(&self) -> i32;
+}
+
+impl DisruptionsAllowed for i32 {
+    fn value(&self) -> i32 {
+        *self
+    }
+}
+
+impl DisruptionsAllowed for Option<i32> {
+    fn value(&self) -> i32 {
+        self.unwrap_or(0)
+    }
+}
+
+/// A `metav1.LabelSelector`; `None` when a requirement has an operator outside `In`, `NotIn`, `Exists`,
+/// `DoesNotExist` (such a selector matches nothing).
+pub fn label_selector(selector: &metav1::LabelSelector) -> Option<LabelSelector> {
+    let match_expressions = selector
+        .match_expressions
+        .iter()
+        .flatten()
+        .map(|r| {
+            Some(SelectorRequirement {
+                key: r.key.clone(),
+                operator: SelectorOperator::parse(&r.operator)?,
+                values: r.values.clone().unwrap_or_default(),
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(LabelSelector { match_labels: string_map(&selector.match_labels), match_expressions })
+}
+
+/// Converts a `policy/v1` PodDisruptionBudget (a missing status reads as no disruption allowed, as
+/// kube-scheduler reads it).
+pub fn pdb_from_k8s(pdb: &policyv1::PodDisruptionBudget) -> PodDisruptionBudget {
+    let status = pdb.status.as_ref();
+    PodDisruptionBudget {
+        namespace: pdb.metadata.namespace.clone().unwrap_or_default(),
+        name: pdb.metadata.name.clone().unwrap_or_default(),
+        selector: pdb.spec.as_ref().and_then(|s| s.selector.as_ref()).and_then(label_selector),
+        disruptions_allowed: status.map(|s| s.disruptions_allowed.value()).unwrap_or(0),
+        disrupted_pods: status
+            .and_then(|s| s.disrupted_pods.as_ref())
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default(),
     }
 }
 

@@ -8,17 +8,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use vgpu_core::alloc::{
-    AlignmentWindow, LinkSearch, NodeFailure, NodeUsage, NodeView, PodAllocation, PodRequest, ReasonCode,
-    RequestBuildError, place, place_aligned, precheck, record_link_searches, render_unavailable,
+    AlignmentWindow, LinkSearch, NodeFailure, NodeUsage, NodeView, PodAllocation, PodFootprint, PodRequest,
+    ReasonCode, RequestBuildError, place, place_aligned, precheck, record_link_searches, render_unavailable,
 };
 use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_gates::{CoreGate, FeatureGates};
 
-use crate::cache::{ClusterCache, NodeSlot, NodeState};
+use crate::cache::{ClusterCache, DecodedNode, NodeSlot, NodeState};
 use crate::clock::Clock;
 use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MemoryCluster, MetadataPatch, Pod};
 use crate::gang::GangPlacement;
+use crate::pdb::{Budgets, PodDisruptionBudget};
 use crate::prealloc::{self, PREDICATE_TIME_DONE, phase};
 use crate::rank::{Ranking, ResolveMemo, rank_candidates};
 
@@ -204,6 +205,10 @@ pub struct BindResult {
 pub struct PreemptResult {
     /// Node → victim UIDs (nodes that cannot host the pod even after eviction are dropped).
     pub node_victims: BTreeMap<String, Vec<String>>,
+    /// Node → how many of its victims violate a PodDisruptionBudget, counted against the cluster's budgets
+    /// (`NumPDBViolations`). A node missing here (a passthrough, or the budget list failed) is answered with
+    /// the conservative bound of [`ExtenderPreemptionResult::from_result`](crate::wire::ExtenderPreemptionResult::from_result).
+    pub pdb_violations: BTreeMap<String, i64>,
 }
 
 /// Verb counters (`vgpu_scheduler_verb_total{verb,result}` of contract §3.6).
@@ -306,19 +311,26 @@ fn try_place(
     } else {
         &state.usage
     };
-    let view = NodeView {
-        name: &state.name,
-        inventory: &d.inventory,
-        config: &d.config,
-        links: d.links.as_ref(),
-        usage,
-    };
+    place_with(request, memo, &state.name, d, usage, gang)
+}
+
+/// Allocates the pod on a decoded node under a given usage (the filter's node, or preempt's simulation with
+/// victims taken off).
+fn place_with(
+    request: &PodRequest,
+    memo: &mut ResolveMemo,
+    name: &str,
+    d: &DecodedNode,
+    usage: &NodeUsage,
+    gang: Option<&GangPlacement>,
+) -> Result<PodAllocation, NodeFailure> {
+    let view = NodeView { name, inventory: &d.inventory, config: &d.config, links: d.links.as_ref(), usage };
     view.check(request)?;
     let resolved = memo.get(request, d);
     precheck(request, resolved, &view)?;
     match gang {
         None => place(request, resolved, &view),
-        Some(g) => place_aligned(request, resolved, &view, Some(&g.alignment(&state.name, &d.domains))),
+        Some(g) => place_aligned(request, resolved, &view, Some(&g.alignment(name, &d.domains))),
     }
 }
 
@@ -736,12 +748,26 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         Ok(())
     }
 
-    /// Preempt (`/scheduler/preempt`, contract §3.4): per candidate node, drops protected victims, checks the
-    /// pod fits once the rest are gone, and otherwise adds lower-priority bound vGPU pods of that node (non-gang
-    /// first, lower priority first, newer first) until it fits; nodes that never fit are dropped. Pods without
-    /// vGPUs pass through.
-    pub fn preempt(&self, pod: Option<&Pod>, victims: &BTreeMap<String, Vec<String>>) -> PreemptResult {
-        let passthrough = || PreemptResult { node_victims: victims.clone() };
+    /// Preempt (`/scheduler/preempt`, contract §3.4), for a vGPU pod; other pods (and a missing pod) pass
+    /// through.
+    ///
+    /// Per candidate node: the scheduler's victims that are protected (terminating or finished, critical,
+    /// DaemonSet-owned, inside the bind window, of the preemptor's own gang) are dropped; if the pod does not
+    /// fit once the rest are gone, lower-priority bound vGPU pods of that node are added until it fits, in the
+    /// contract's order — on the preemptor's gang-anchor NVLink component first, then pods outside a gang, lower
+    /// priority, newer — with every pod whose eviction would violate a PodDisruptionBudget after all the
+    /// non-violating ones (kube-scheduler's default preemption). Once the pod fits, added victims it fits
+    /// without are given back, violating ones first. A node where the pod never fits is dropped.
+    ///
+    /// The budgets are listed from the cluster once per call (module [`pdb`](crate::pdb)); the answer's
+    /// [`PreemptResult::pdb_violations`] counts the victims that violate one. If the list fails, victims are
+    /// ordered without budgets and the count is left to the conservative bound.
+    ///
+    /// Events on the preemptor: `GangDisruptedByPreemption` (Warning) once per other gang whose members are
+    /// among the victims, and `PreemptionFailed` (Warning, `preemption: 0/N nodes are available: …`) when no
+    /// candidate node is left.
+    pub async fn preempt(&self, pod: Option<&Pod>, victims: &BTreeMap<String, Vec<String>>) -> PreemptResult {
+        let passthrough = || PreemptResult { node_victims: victims.clone(), ..PreemptResult::default() };
         let Some(pod) = pod else {
             self.stats.preempt_other.fetch_add(1, Ordering::Relaxed);
             return passthrough();
@@ -750,77 +776,193 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             self.stats.preempt_other.fetch_add(1, Ordering::Relaxed);
             return passthrough();
         };
-        let d = &self.config.domain;
-        let protected = |v: &Pod| {
-            v.deleting
-                || v.phase.is_terminal()
-                || v.priority >= 2_000_000_000
-                || v.owner_kind.as_deref() == Some("DaemonSet")
-                || v.node_name.is_none()
-                || (pod.gang.is_some() && v.gang == pod.gang)
+        let pdbs = match self.cluster.list_pod_disruption_budgets().await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(pod = %pod.key(), error = %e, "listing PodDisruptionBudgets failed; preempting without them");
+                None
+            }
         };
+        let gang = self.gang_of(pod, &request);
+        let mut memo = ResolveMemo::default();
         let mut out = PreemptResult::default();
+        let mut failures: Vec<(&str, ReasonCode)> = Vec::new();
         for (node, uids) in victims {
-            let Some(slot) = self.cache.node(node) else { continue };
-            let pods_here = self.cache.pods_on(node);
-            let s = lock(&slot);
-            let Ok(dn) = &s.decoded else { continue };
-            let mut usage = s.usage.clone();
-            let mut chosen: Vec<String> = Vec::new();
-            let mut taken: HashSet<String> = HashSet::new();
-            for uid in uids {
-                let Some(v) = self.cache.pod(uid) else { continue };
-                if protected(&v) {
-                    continue;
-                }
-                usage.remove_pod(uid);
-                taken.insert(uid.clone());
-                chosen.push(uid.clone());
-            }
-            let fits = |usage: &NodeUsage| {
-                let view = NodeView {
-                    name: node,
-                    inventory: &dn.inventory,
-                    config: &dn.config,
-                    links: dn.links.as_ref(),
-                    usage,
-                };
-                vgpu_core::alloc::allocate(&request, &view).is_ok()
-            };
-            let mut ok = fits(&usage);
-            if !ok {
-                let mut extra: Vec<&Arc<Pod>> = pods_here
-                    .iter()
-                    .filter(|v| !taken.contains(&v.uid) && v.uid != pod.uid)
-                    .filter(|v| !protected(v) && v.priority < pod.priority)
-                    .filter(|v| prealloc::planned_claim(v, d).is_some())
-                    .collect();
-                extra.sort_by(|a, b| {
-                    a.gang
-                        .is_some()
-                        .cmp(&b.gang.is_some())
-                        .then(a.priority.cmp(&b.priority))
-                        .then(b.created_ns.cmp(&a.created_ns))
-                        .then(a.uid.cmp(&b.uid))
-                });
-                for v in extra {
-                    usage.remove_pod(&v.uid);
-                    chosen.push(v.uid.clone());
-                    if fits(&usage) {
-                        ok = true;
-                        break;
+            let on =
+                NodePreemption { pod, request: &request, gang: gang.as_ref(), pdbs: pdbs.as_deref(), node };
+            match self.preempt_on(&on, &mut memo, uids) {
+                Ok((chosen, violations)) => {
+                    if let Some(v) = violations {
+                        out.pdb_violations.insert(node.clone(), v);
                     }
+                    out.node_victims.insert(node.clone(), chosen);
+                }
+                Err(code) => failures.push((node, code)),
+            }
+        }
+        let mut gangs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (node, uids) in &out.node_victims {
+            for v in uids.iter().filter_map(|u| self.cache.pod(u)) {
+                if let Some(g) = &v.gang {
+                    gangs.entry(g.clone()).or_default().push(format!("{} on node {node:?}", v.key()));
                 }
             }
-            if ok {
-                out.node_victims.insert(node.clone(), chosen);
+        }
+        for (g, members) in gangs {
+            let more = members.len() > MAX_LISTED_VICTIMS;
+            let mut list = members.iter().take(MAX_LISTED_VICTIMS).cloned().collect::<Vec<_>>().join(", ");
+            if more {
+                list.push_str(", …");
             }
+            let text = format!("preemption may evict {} pod(s) of gang {g:?}: {list}", members.len());
+            self.event(pod, EventType::Warning, "GangDisruptedByPreemption", text).await;
+        }
+        if out.node_victims.is_empty() && !victims.is_empty() {
+            let text = format!("preemption: {}", render_unavailable(victims.len(), failures));
+            self.event(pod, EventType::Warning, "PreemptionFailed", text).await;
         }
         let c =
             if out.node_victims.is_empty() { &self.stats.preempt_other } else { &self.stats.preempt_victims };
         c.fetch_add(1, Ordering::Relaxed);
         out
     }
+
+    /// Victims on one node (see [`preempt`](Self::preempt)): the chosen UIDs (the scheduler's unprotected
+    /// victims in their order, then the added ones) and their budget violations (`None` without budgets), or
+    /// why the pod does not fit even with every eligible victim gone.
+    fn preempt_on(
+        &self,
+        on: &NodePreemption<'_>,
+        memo: &mut ResolveMemo,
+        uids: &[String],
+    ) -> Result<(Vec<String>, Option<i64>), ReasonCode> {
+        let (pod, d) = (on.pod, &self.config.domain);
+        let slot = self.cache.node(on.node).ok_or(ReasonCode::NodeCacheMiss)?;
+        // Pods are read before the node is locked (the cache's lock order is index, then node).
+        let sent: Vec<Arc<Pod>> =
+            uids.iter().filter_map(|u| self.cache.pod(u)).filter(|v| !protected(pod, v)).collect();
+        let here = self.cache.pods_on(on.node);
+        let (decoded, mut usage) = {
+            let s = lock(&slot);
+            (s.decoded.as_ref().map_err(|f| f.code)?.clone(), s.usage.clone())
+        };
+        usage.remove_pod(&pod.uid);
+        for v in &sent {
+            usage.remove_pod(&v.uid);
+        }
+        let mut fits =
+            |usage: &NodeUsage| place_with(on.request, memo, on.node, &decoded, usage, on.gang).map(drop);
+        let mut last = fits(&usage).err().map(|f| f.code);
+        let mut added: Vec<(Candidate, bool)> = Vec::new();
+        if last.is_some() {
+            let anchor = on.gang.and_then(|g| g.alignment(on.node, &decoded.domains).anchor_gpus);
+            let taken: HashSet<&str> = sent.iter().map(|v| v.uid.as_str()).collect();
+            let mut extra: Vec<Candidate> = here
+                .into_iter()
+                .filter(|v| !taken.contains(v.uid.as_str()) && v.uid != pod.uid)
+                .filter(|v| !protected(pod, v) && v.priority < pod.priority)
+                .filter_map(|v| {
+                    let claim = prealloc::planned_claim(&v, d)?;
+                    let on_anchor =
+                        anchor.as_ref().is_some_and(|a| claim.devices().any(|c| a.contains(&c.index)));
+                    Some(Candidate { footprint: prealloc::footprint(&v, &claim), on_anchor, pod: v })
+                })
+                .collect();
+            extra.sort_by(Candidate::eviction_order);
+            // Which candidates would violate a budget, spent by the scheduler's victims first and then in
+            // eviction order; the violating ones go after all the others (order kept within each part).
+            let mut probe = Budgets::new(on.pdbs.unwrap_or_default());
+            for v in &sent {
+                probe.evict(v);
+            }
+            let (clean, violating): (Vec<_>, Vec<_>) =
+                extra.into_iter().map(|c| (probe.evict(&c.pod), c)).partition(|(bad, _)| !bad);
+            for (bad, c) in clean.into_iter().chain(violating) {
+                usage.remove_pod(&c.pod.uid);
+                added.push((c, bad));
+                last = fits(&usage).err().map(|f| f.code);
+                if last.is_none() {
+                    break;
+                }
+            }
+            if last.is_none() {
+                // Give back what the pod fits without: violating victims first, the most important (the last
+                // added) first within each part.
+                let part = |violating: bool| {
+                    added
+                        .iter()
+                        .enumerate()
+                        .rev()
+                        .filter(move |(_, (_, bad))| *bad == violating)
+                        .map(|(i, _)| i)
+                };
+                let back: Vec<usize> = part(true).chain(part(false)).collect();
+                let mut keep = vec![true; added.len()];
+                for i in back {
+                    let (Some((c, _)), Some(k)) = (added.get(i), keep.get_mut(i)) else { continue };
+                    usage.insert_pod(c.pod.uid.clone(), c.footprint.clone());
+                    if fits(&usage).is_ok() {
+                        *k = false;
+                    } else {
+                        usage.remove_pod(&c.pod.uid);
+                    }
+                }
+                let mut keep = keep.into_iter();
+                added.retain(|_| keep.next().unwrap_or(true));
+            }
+        }
+        if let Some(code) = last {
+            return Err(code);
+        }
+        let chosen = sent.iter().map(|v| &**v).chain(added.iter().map(|(c, _)| &*c.pod));
+        let violations = on.pdbs.map(|p| Budgets::count_violations(p, chosen.clone()));
+        Ok((chosen.map(|v| v.uid.clone()).collect(), violations))
+    }
+}
+
+/// At most this many victims are named in a `GangDisruptedByPreemption` message.
+const MAX_LISTED_VICTIMS: usize = 5;
+
+/// What [`Extender::preempt_on`] evaluates: the preemptor on one candidate node.
+struct NodePreemption<'a> {
+    pod: &'a Pod,
+    request: &'a PodRequest,
+    gang: Option<&'a GangPlacement>,
+    pdbs: Option<&'a [PodDisruptionBudget]>,
+    node: &'a str,
+}
+
+/// A pod preempt may add as a victim.
+struct Candidate {
+    pod: Arc<Pod>,
+    footprint: PodFootprint,
+    /// Holds a GPU of the preemptor's gang-anchor NVLink component on this node.
+    on_anchor: bool,
+}
+
+impl Candidate {
+    /// The contract's order of extra victims: on the gang-anchor component first, outside a gang first, lower
+    /// priority first, newer first (then by UID, for a stable answer).
+    fn eviction_order(a: &Self, b: &Self) -> std::cmp::Ordering {
+        let (p, q) = (&a.pod, &b.pod);
+        b.on_anchor
+            .cmp(&a.on_anchor)
+            .then(p.gang.is_some().cmp(&q.gang.is_some()))
+            .then(p.priority.cmp(&q.priority))
+            .then(q.created_ns.cmp(&p.created_ns))
+            .then(p.uid.cmp(&q.uid))
+    }
+}
+
+/// A victim preempt must never take (contract §3.4): terminating or finished, critical (priority ≥ 2·10⁹),
+/// DaemonSet-owned, inside the bind window (counted but not bound), or of the preemptor's own gang.
+fn protected(preemptor: &Pod, v: &Pod) -> bool {
+    v.deleting
+        || v.phase.is_terminal()
+        || v.priority >= 2_000_000_000
+        || v.owner_kind.as_deref() == Some("DaemonSet")
+        || v.node_name.is_none()
+        || (preemptor.gang.is_some() && v.gang == preemptor.gang)
 }
 
 impl<K: Clock + 'static> Extender<MemoryCluster, K> {

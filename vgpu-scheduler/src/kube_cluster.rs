@@ -8,6 +8,7 @@
 //! | [`get_pod`](Cluster::get_pod) | `GET /api/v1/namespaces/<ns>/pods/<name>` |
 //! | [`patch_pod_metadata`](Cluster::patch_pod_metadata) | `PATCH /api/v1/namespaces/<ns>/pods/<name>?`, `application/merge-patch+json`, exactly [`MetadataPatch::to_json`] |
 //! | [`bind_pod`](Cluster::bind_pod) | `POST /api/v1/namespaces/<ns>/pods/<name>/binding?`, `application/json`, `{"apiVersion":"v1","kind":"Binding","metadata":{"name","namespace","uid"},"target":{"apiVersion":"v1","kind":"Node","name":<node>}}` |
+//! | [`list_pod_disruption_budgets`](Cluster::list_pod_disruption_budgets) | `GET /apis/policy/v1/poddisruptionbudgets?&limit=500`, then `…&limit=500&continue=<token>` (once per preempt call of a vGPU pod; RBAC `policy/poddisruptionbudgets` `list`) |
 //! | [`record_event`](Cluster::record_event) | `POST /api/v1/namespaces/<ns>/events?`, `application/json`, a core/v1 `Event` named `<pod>.<unix-ns in hex>` (as client-go names them): `involvedObject` the pod, `source.component` and `reportingComponent` = the scheduler name, reason, message, type, `firstTimestamp` = `lastTimestamp` = now, `count` 1 |
 //!
 //! The binding carries the pod's UID in its metadata: the API server refuses (409) to bind a pod of that name
@@ -71,7 +72,8 @@ use vgpu_core::domain::ResourceDomain;
 
 use crate::clock::{Clock, SystemClock};
 use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MetadataPatch, Node, Pod};
-use crate::convert::{node_from_k8s, pod_from_k8s};
+use crate::convert::{node_from_k8s, pdb_from_k8s, pod_from_k8s};
+use crate::pdb::PodDisruptionBudget;
 
 /// Page size of the snapshot lists (client-go's pager default).
 pub const LIST_PAGE_SIZE: u32 = 500;
@@ -276,6 +278,11 @@ impl Cluster for KubeCluster {
                 &e,
             )
         })
+    }
+
+    async fn list_pod_disruption_budgets(&self) -> Result<Vec<PodDisruptionBudget>, ClusterError> {
+        let api: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> = Api::all(self.client.clone());
+        Ok(list_pages(&api, "poddisruptionbudgets").await?.iter().map(pdb_from_k8s).collect())
     }
 
     /// Sends the event from a background task, so the verb that records it never waits for the API server.

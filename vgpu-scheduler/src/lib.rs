@@ -12,6 +12,7 @@
 //! | [`cluster`] | light [`Node`]/[`Pod`] types, [`Cluster`] (snapshot, patch, bind, events), [`MemoryCluster`] with failure injection |
 //! | [`cache`] | [`ClusterCache`]: decoded nodes, per-node usage kept from pod events, in-flight reservations |
 //! | [`prealloc`] | reading `pre-allocated`/`predicate-*` back, `ShouldCountPodDeviceAllocation`, stuck grace period |
+//! | [`pdb`] | [`pdb::PodDisruptionBudget`], label selectors, and the budget accounting preempt orders victims by |
 //! | [`gang`] | [`gang::GangPlacement`]: gang siblings' placements → cross-pod alignment windows per node |
 //! | [`rank`] | node ordering over the rank table (same keys as `vgpu_core::alloc::order_nodes`) |
 //! | [`rank_table`] | every node's ranking inputs in one dense row, read without node locks |
@@ -113,6 +114,7 @@ pub mod kube_cluster;
 pub mod leader;
 pub mod metrics;
 mod node_index;
+pub mod pdb;
 pub mod prealloc;
 pub mod process_metrics;
 pub mod rank;

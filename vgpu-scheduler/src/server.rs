@@ -478,7 +478,7 @@ async fn preempt<C: Cluster, K: Clock + 'static>(
     };
     let pod = args.pod.as_ref().map(pod_from_k8s);
     let victims = args.victim_uids();
-    let result = s.extender.preempt(pod.as_ref(), &victims);
+    let result = s.extender.preempt(pod.as_ref(), &victims).await;
     let label = match &pod {
         Some(p) if s.is_vgpu(p) => {
             let cache = s.extender.cache();

@@ -417,11 +417,13 @@ pub struct ExtenderPreemptionResult {
 }
 
 impl ExtenderPreemptionResult {
-    /// The answer to `args` from an extender result. `NumPDBViolations` per node is the conservative upper
-    /// bound of vgpu-manager: `min(sent, kept) + added`, where `kept` counts the sent victims still chosen and
-    /// `added` the victims the extender added.
+    /// The answer to `args` from an extender result. `NumPDBViolations` per node is the count the extender
+    /// made against the cluster's budgets ([`PreemptResult::pdb_violations`]); where it has none, the
+    /// conservative upper bound of vgpu-manager: `min(sent, kept) + added`, where `kept` counts the sent
+    /// victims still chosen and `added` the victims the extender added.
     pub fn from_result(args: &ExtenderPreemptionArgs, result: PreemptResult) -> Self {
         let sent = args.victim_uids();
+        let counted = result.pdb_violations;
         let node_name_to_meta_victims = result
             .node_victims
             .into_iter()
@@ -432,7 +434,10 @@ impl ExtenderPreemptionResult {
                 let added = uids.len() - kept;
                 let kept = i64::try_from(kept).unwrap_or(i64::MAX);
                 let added = i64::try_from(added).unwrap_or(i64::MAX);
-                let num_pdb_violations = args.pdb_violations(&node).min(kept).saturating_add(added);
+                let num_pdb_violations = counted
+                    .get(&node)
+                    .copied()
+                    .unwrap_or_else(|| args.pdb_violations(&node).min(kept).saturating_add(added));
                 let pods = uids.into_iter().map(|uid| MetaPod { uid }).collect();
                 (node, MetaVictims { pods, num_pdb_violations })
             })
@@ -636,8 +641,9 @@ mod tests {
                 ("both".to_owned(), vec![]),
             ]
             .into(),
+            ..PreemptResult::default()
         };
-        let out = ExtenderPreemptionResult::from_result(&args, result);
+        let out = ExtenderPreemptionResult::from_result(&args, result.clone());
         assert_eq!(
             serde_json::to_value(&out).unwrap(),
             json!({"NodeNameToMetaVictims": {
@@ -645,6 +651,11 @@ mod tests {
                 "full": {"Pods": [{"UID": "v1"}, {"UID": "extra"}], "NumPDBViolations": 2}
             }})
         );
+        // A count made against the cluster's budgets replaces the bound.
+        let counted = PreemptResult { pdb_violations: [("full".to_owned(), 0)].into(), ..result };
+        let out = ExtenderPreemptionResult::from_result(&args, counted);
+        assert_eq!(out.node_name_to_meta_victims["full"].num_pdb_violations, 0);
+        assert_eq!(out.node_name_to_meta_victims["both"].num_pdb_violations, 0);
         let args: ExtenderPreemptionArgs =
             serde_json::from_str(r#"{"Pod":null,"NodeNameToVictims":null,"NodeNameToMetaVictims":null}"#)
                 .unwrap();

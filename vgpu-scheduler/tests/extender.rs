@@ -284,13 +284,13 @@ fn preempt_picks_unprotected_lower_priority_victims() {
     let mut victims = BTreeMap::new();
     victims.insert("n0".to_string(), vec![]);
     victims.insert("n1".to_string(), vec![]);
-    let r = e.ext.preempt(Some(&hi), &victims);
+    let r = e.rt.block_on(e.ext.preempt(Some(&hi), &victims));
     assert_eq!(r.node_victims["n0"], ["low"], "added lower-priority pod");
     assert_eq!(r.node_victims["n1"], Vec::<String>::new(), "fits without victims");
     hi.priority = 0;
-    let r = e.ext.preempt(Some(&hi), &victims);
+    let r = e.rt.block_on(e.ext.preempt(Some(&hi), &victims));
     assert!(!r.node_victims.contains_key("n0"), "no lower-priority pod to evict");
     let plain = Pod { uid: "x".into(), ..Pod::default() };
-    assert_eq!(e.ext.preempt(Some(&plain), &victims).node_victims, victims, "passthrough");
+    assert_eq!(e.rt.block_on(e.ext.preempt(Some(&plain), &victims)).node_victims, victims, "passthrough");
     let _ = ds;
 }
