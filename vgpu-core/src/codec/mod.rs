@@ -20,7 +20,7 @@
 
 pub mod device_filter;
 mod gojson;
-mod goread;
+pub(crate) mod goread;
 pub mod node_config_info;
 pub mod node_devices;
 pub mod node_gpu_domain;
