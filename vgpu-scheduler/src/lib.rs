@@ -102,6 +102,14 @@
 //!   (upstream `CleanupMetadata` deleted annotation keys from the labels map).
 //! * Bind does not hold its per-node lock for a minimum of 30 ms (`minLockingDuration`).
 //! * Stale watch events (older resource version) never undo newer state.
+//! * Preempt reads the cluster's PodDisruptionBudgets: a victim whose eviction would violate one is added only
+//!   after every other candidate (kube-scheduler's default preemption), added victims the pod fits without are
+//!   given back, and `NumPDBViolations` is the count over the answer's victims instead of the bound
+//!   `min(sent, kept) + added` (kept only when the budgets cannot be listed).
+//! * Preempt's fit check runs the filter's placement, cross-pod windows included, and resolves victims before
+//!   taking the node's lock (upstream-style lookups under the node lock could deadlock with pod events).
+//! * With `TopologyAwareGPUAllocation` off, `node-device-topology` is not even decoded, so link-mode pods see
+//!   exactly the placement of a node without topology.
 
 pub mod cache;
 pub mod clock;

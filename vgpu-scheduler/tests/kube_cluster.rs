@@ -306,3 +306,41 @@ async fn a_broken_connection_is_unavailable() {
     server.await.unwrap();
     assert!(matches!(&err, ClusterError::Unavailable(m) if m.starts_with("patch pod ns/p: ")), "{err:?}");
 }
+
+#[tokio::test]
+async fn lists_pod_disruption_budgets_in_all_namespaces_with_paging() {
+    let (cluster, mut handle) = cluster();
+    let pdb = |name: &str, allowed: i64| {
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"selector": {"matchLabels": {"app": name}}},
+            "status": {"disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}
+        })
+    };
+    let server = tokio::spawn(async move {
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(
+            (seen.method.as_str(), seen.uri.as_str()),
+            ("GET", "/apis/policy/v1/poddisruptionbudgets?&limit=500")
+        );
+        reply(send, 200, &list("PodDisruptionBudgetList", vec![pdb("web", 0)], Some("p2")));
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.uri, "/apis/policy/v1/poddisruptionbudgets?&limit=500&continue=p2");
+        reply(send, 200, &list("PodDisruptionBudgetList", vec![pdb("db", 2)], None));
+        let (_, send) = next(&mut handle).await;
+        reply(send, 403, &status(403, "Forbidden", "cannot list poddisruptionbudgets"));
+    });
+    let pdbs = cluster.list_pod_disruption_budgets().await.unwrap();
+    assert_eq!(
+        pdbs.iter().map(|p| (p.name.as_str(), p.disruptions_allowed)).collect::<Vec<_>>(),
+        [("web", 0), ("db", 2)]
+    );
+    assert_eq!(pdbs[0].selector.as_ref().unwrap().match_labels["app"], "web");
+    let err = cluster.list_pod_disruption_budgets().await.unwrap_err();
+    server.await.unwrap();
+    assert!(
+        matches!(&err, ClusterError::Other(m) if m.starts_with("list poddisruptionbudgets: cannot list")),
+        "{err}"
+    );
+}

@@ -281,3 +281,120 @@ fn preempt_records_events_on_the_preemptor() {
     assert_eq!(e.rt.block_on(e.ext.preempt(Some(&plain), &victims)).node_victims, victims);
     assert_eq!(e.cluster.events().len(), before);
 }
+
+mod invariants {
+    use super::*;
+    use proptest::prelude::*;
+    use vgpu_core::alloc::{NodeView, PodRequest, allocate};
+    use vgpu_scheduler::Cluster;
+    use vgpu_scheduler::pdb::Budgets;
+
+    /// A running pod: (GPU, half or whole card, priority, app label 0 none / 1 a / 2 b).
+    type Spec = (u32, bool, i32, u8);
+
+    fn cluster_state() -> impl Strategy<Value = (Vec<Spec>, [i32; 2], u32, i32, Vec<bool>)> {
+        (
+            proptest::collection::vec((0..4u32, any::<bool>(), 0..6i32, 0..3u8), 0..8),
+            [0..3i32, 0..3i32],
+            1..=4u32,
+            2..7i32,
+            proptest::collection::vec(any::<bool>(), 8),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Whatever the pods and budgets: the pod fits once a node's victims are gone, added victims have a
+        /// lower priority, each added victim is needed, `NumPDBViolations` is the count over the victims, and
+        /// no violating pod is taken while the non-violating ones suffice.
+        #[test]
+        fn preempt_answers_are_sound((pods, allowed, need, prio, sent_mask) in cluster_state()) {
+            let e = env(4, None);
+            let mut used = [0u32; 4];
+            let mut placed: Vec<Pod> = Vec::new();
+            for (i, (gpu, whole, priority, app)) in pods.into_iter().enumerate() {
+                let cores = if whole { 100 } else { 50 };
+                if used[gpu as usize] + cores > 100 {
+                    continue;
+                }
+                used[gpu as usize] += cores;
+                let mut p = vgpu_pod(&format!("p{i}"), 1, cores, 0, &[], &e.d);
+                p.annotations.insert(e.d.pre_allocated(), format!("main[{gpu}_GPU-{gpu}_{cores}_1024]"));
+                p.annotations.insert(e.d.predicate_node(), "n0".to_owned());
+                p.node_name = Some("n0".to_owned());
+                p.phase = PodPhase::Running;
+                p.priority = priority;
+                p.created_ns = i as i64;
+                if app > 0 {
+                    p.labels.insert("app".into(), if app == 1 { "a".into() } else { "b".into() });
+                }
+                placed.push(e.cluster.upsert_pod(p));
+            }
+            e.pdb("a", "a", allowed[0]);
+            e.pdb("b", "b", allowed[1]);
+            let hi = e.preemptor(need, prio, &[]);
+            let sent: Vec<&str> = placed
+                .iter()
+                .zip(&sent_mask)
+                .filter(|(p, m)| **m && p.priority < prio)
+                .map(|(p, _)| p.uid.as_str())
+                .collect();
+            let r = e.preempt(&hi, &sent);
+            let Some(chosen) = r.node_victims.get("n0") else { return Ok(()) };
+            let by_uid = |u: &str| placed.iter().find(|p| p.uid == u).unwrap();
+            let decoded = e.ext.cache().decoded("n0").unwrap();
+            let base = e.ext.cache().node("n0").unwrap().lock().unwrap().usage.clone();
+            let request = PodRequest::from_pod(&hi.request_spec(), &e.d).unwrap();
+            let fits = |victims: &[&str]| {
+                let mut usage = base.clone();
+                for v in victims {
+                    usage.remove_pod(v);
+                }
+                let view = NodeView {
+                    name: "n0", inventory: &decoded.inventory, config: &decoded.config, links: None, usage: &usage,
+                };
+                allocate(&request, &view).is_ok()
+            };
+            let victims: Vec<&str> = chosen.iter().map(String::as_str).collect();
+            prop_assert!(fits(&victims), "does not fit after evicting {victims:?}");
+            prop_assert_eq!(&victims[..sent.len()], &sent[..], "the scheduler's victims come first, in order");
+            let added = &victims[sent.len()..];
+            for (i, v) in added.iter().enumerate() {
+                prop_assert!(by_uid(v).priority < prio);
+                let without: Vec<&str> = victims.iter().filter(|u| *u != v).copied().collect();
+                prop_assert!(!fits(&without), "added victim {i} ({v}) is not needed");
+            }
+            let pdbs = e.rt.block_on(e.cluster.list_pod_disruption_budgets()).unwrap();
+            let pods: Vec<&Pod> = victims.iter().map(|u| by_uid(u)).collect();
+            prop_assert_eq!(r.pdb_violations["n0"], Budgets::count_violations(&pdbs, pods.iter().copied()));
+            // If every lower-priority pod that does not spend an exhausted budget suffices, nothing added
+            // violates one.
+            let mut probe = Budgets::new(&pdbs);
+            for v in &sent {
+                probe.evict(by_uid(v));
+            }
+            let mut candidates: Vec<&Pod> = placed
+                .iter()
+                .filter(|p| p.priority < prio && !sent.contains(&p.uid.as_str()))
+                .collect();
+            candidates.sort_by(|a, b| {
+                a.priority.cmp(&b.priority).then(b.created_ns.cmp(&a.created_ns)).then(a.uid.cmp(&b.uid))
+            });
+            let clean: Vec<&str> = candidates
+                .into_iter()
+                .filter(|p| !probe.evict(p))
+                .map(|p| p.uid.as_str())
+                .collect();
+            let all_clean: Vec<&str> = sent.iter().chain(&clean).copied().collect();
+            if fits(&all_clean) {
+                let sent_pods: Vec<&Pod> = sent.iter().map(|u| by_uid(u)).collect();
+                prop_assert_eq!(
+                    r.pdb_violations["n0"],
+                    Budgets::count_violations(&pdbs, sent_pods.iter().copied()),
+                    "a violating victim was added although the others suffice"
+                );
+            }
+        }
+    }
+}
