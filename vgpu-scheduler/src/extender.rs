@@ -779,7 +779,10 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let pdbs = match self.cluster.list_pod_disruption_budgets().await {
             Ok(p) => Some(p),
             Err(e) => {
-                tracing::warn!(pod = %pod.key(), error = %e, "listing PodDisruptionBudgets failed; preempting without them");
+                tracing::warn!(
+                    pod = %pod.key(), error = %e,
+                    "listing PodDisruptionBudgets failed; preempting without them"
+                );
                 None
             }
         };
