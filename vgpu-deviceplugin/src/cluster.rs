@@ -2,11 +2,18 @@
 //! ([`ClusterClient`]), publish the node's annotations/labels and drop stale extended resources from its
 //! status ([`NodeClient`]). [`crate::kube_cluster::KubeCluster`] talks to the API server;
 //! [`InMemoryCluster`] serves tests and simulations.
+//!
+//! The AllocationFailureReschedule controller ([`crate::reschedule`]) needs whole pod objects, eviction,
+//! delete with a UID precondition, create and events: [`RescheduleClient`], served by the same
+//! [`KubeCluster`](crate::kube_cluster::KubeCluster) and in memory by [`InMemoryPods`] (which also serves
+//! [`ClusterClient`], so one store can play a node for Allocate and the controller together).
 
 use std::{
     collections::BTreeMap,
     sync::{Mutex, PoisonError},
 };
+
+use k8s_openapi::api::core::v1::Pod;
 
 /// `status.phase` values the plugin cares about.
 pub const PHASE_SUCCEEDED: &str = "Succeeded";
@@ -244,5 +251,367 @@ impl NodeClient for InMemoryCluster {
             removed |= info.allocatable.remove(r).is_some();
         }
         Ok(removed)
+    }
+}
+
+// === Reschedule seam (contract §5.6) ===
+
+/// How an eviction request ended (`POST .../pods/<name>/eviction`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EvictOutcome {
+    /// Accepted: the pod is now being deleted.
+    Evicted,
+    /// The pod is already gone (404).
+    NotFound,
+    /// Refused for now (429, a PodDisruptionBudget forbids it): try again later. Carries the server's message.
+    Refused(String),
+}
+
+/// How a delete with a UID precondition ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    /// Accepted: the pod is gone or being deleted.
+    Deleted,
+    /// No pod of that name (404).
+    NotFound,
+    /// A pod of that name exists with another UID (409 on the precondition): ours is already gone.
+    UidMismatch,
+}
+
+/// How a create ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateOutcome {
+    /// Created; the new pod's UID.
+    Created {
+        /// `metadata.uid` the server gave the new pod.
+        uid: String,
+    },
+    /// A pod of that name already exists (409 AlreadyExists).
+    AlreadyExists,
+}
+
+/// `type` of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Normal.
+    Normal,
+    /// Warning.
+    Warning,
+}
+
+impl EventType {
+    /// The wire value (`Normal`, `Warning`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Normal => "Normal",
+            Self::Warning => "Warning",
+        }
+    }
+}
+
+/// An event about a pod (events.k8s.io/v1 `regarding` the pod).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEvent {
+    /// The pod's namespace (the event is written there).
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// The pod's UID.
+    pub uid: String,
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// Short machine-readable reason (`Evict`, `Recovery`).
+    pub reason: String,
+    /// What was done (`Evicted`, `Deleted`, `Recovered`, `Skipped`).
+    pub action: String,
+    /// Human-readable text.
+    pub note: String,
+}
+
+/// Pod access of the AllocationFailureReschedule controller ([`crate::reschedule`]): the full pod objects
+/// (a bare pod is recreated from what was read), eviction, delete with a UID precondition, create, events.
+#[tonic::async_trait]
+pub trait RescheduleClient: Send + Sync + 'static {
+    /// Pods with `spec.nodeName == node`, complete.
+    async fn list_node_pod_objects(&self, node: &str) -> Result<Vec<Pod>, ClusterError>;
+    /// One pod; `None` when it does not exist.
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, ClusterError>;
+    /// Evicts a pod through the Eviction subresource (policy/v1) with `grace_period_seconds` (`None`: the
+    /// pod's own default).
+    async fn evict_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        grace_period_seconds: Option<i64>,
+    ) -> Result<EvictOutcome, ClusterError>;
+    /// Deletes a pod only if its UID is still `uid`.
+    async fn delete_pod(&self, namespace: &str, name: &str, uid: &str)
+    -> Result<DeleteOutcome, ClusterError>;
+    /// Creates a pod in `pod.metadata.namespace`.
+    async fn create_pod(&self, pod: &Pod) -> Result<CreateOutcome, ClusterError>;
+    /// Records an event about a pod.
+    async fn record_event(&self, event: &PodEvent) -> Result<(), ClusterError>;
+}
+
+/// One call an [`InMemoryPods`] received, in order (tests assert on the sequence).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodCall {
+    /// `evict_pod(namespace, name, grace)`.
+    Evict(String, String, Option<i64>),
+    /// `delete_pod(namespace, name, uid)`.
+    Delete(String, String, String),
+    /// `create_pod` of `namespace/name`.
+    Create(String, String),
+}
+
+#[derive(Debug, Default)]
+struct PodStore {
+    pods: BTreeMap<(String, String), Pod>,
+    events: Vec<PodEvent>,
+    calls: Vec<PodCall>,
+    graceful: bool,
+    refuse_evictions: usize,
+    fail_calls: usize,
+    next_uid: u64,
+    next_version: u64,
+}
+
+/// Full pod objects held in memory: serves the reschedule controller ([`RescheduleClient`]) and, through
+/// [`crate::kube_cluster::pod_info`], Allocate ([`ClusterClient`]), so one store can play a whole node.
+///
+/// Evictions and deletions remove the pod at once, or, after [`InMemoryPods::hold_deletions`], only mark
+/// it terminating (`deletionTimestamp`) until the test "plays the kubelet" with [`InMemoryPods::finalize`].
+/// Nothing recreates evicted pods: a test plays the ReplicaSet controller by inserting the replacement.
+#[derive(Debug, Default)]
+pub struct InMemoryPods {
+    store: Mutex<PodStore>,
+}
+
+impl InMemoryPods {
+    /// A store holding `pods` (each given a UID when it has none).
+    pub fn new(pods: Vec<Pod>) -> Self {
+        let this = Self::default();
+        for pod in pods {
+            this.insert(pod);
+        }
+        this
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PodStore> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds or replaces a pod (by namespace/name); gives it a UID when it has none and a new
+    /// `resourceVersion`.
+    pub fn insert(&self, mut pod: Pod) {
+        let mut store = self.lock();
+        if pod.metadata.uid.as_deref().unwrap_or_default().is_empty() {
+            store.next_uid += 1;
+            pod.metadata.uid = Some(format!("uid-{}", store.next_uid));
+        }
+        store.next_version += 1;
+        pod.metadata.resource_version = Some(store.next_version.to_string());
+        store.pods.insert(key_of(&pod), pod);
+    }
+
+    /// A copy of a pod.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.lock().pods.get(&(namespace.to_owned(), name.to_owned())).cloned()
+    }
+
+    /// Every pod, ordered by namespace/name.
+    pub fn pods(&self) -> Vec<Pod> {
+        self.lock().pods.values().cloned().collect()
+    }
+
+    /// From now on deletions and evictions only set `deletionTimestamp` (as the API server does for a pod
+    /// with a grace period); [`InMemoryPods::finalize`] removes the pod.
+    pub fn hold_deletions(&self, hold: bool) {
+        self.lock().graceful = hold;
+    }
+
+    /// Removes a pod for good (the kubelet confirmed termination). Returns whether it existed.
+    pub fn finalize(&self, namespace: &str, name: &str) -> bool {
+        self.lock().pods.remove(&(namespace.to_owned(), name.to_owned())).is_some()
+    }
+
+    /// The next `count` evictions are refused as a PodDisruptionBudget would (429).
+    pub fn refuse_evictions(&self, count: usize) {
+        self.lock().refuse_evictions = count;
+    }
+
+    /// The next `count` reschedule calls fail with an injected server error.
+    pub fn fail_calls(&self, count: usize) {
+        self.lock().fail_calls = count;
+    }
+
+    /// Events recorded so far.
+    pub fn events(&self) -> Vec<PodEvent> {
+        self.lock().events.clone()
+    }
+
+    /// Evict, delete and create calls received so far.
+    pub fn calls(&self) -> Vec<PodCall> {
+        self.lock().calls.clone()
+    }
+
+    fn injected(store: &mut PodStore, operation: String) -> Result<(), ClusterError> {
+        if store.fail_calls > 0 {
+            store.fail_calls -= 1;
+            return Err(ClusterError {
+                operation,
+                message: "injected failure (500 Internal Server Error)".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn remove_or_terminate(store: &mut PodStore, key: &(String, String), grace: Option<i64>) {
+        if !store.graceful {
+            store.pods.remove(key);
+            return;
+        }
+        store.next_version += 1;
+        let version = store.next_version.to_string();
+        if let Some(pod) = store.pods.get_mut(key)
+            && pod.metadata.deletion_timestamp.is_none()
+        {
+            let grace = grace
+                .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+                .unwrap_or(30)
+                .max(0);
+            pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+            pod.metadata.deletion_grace_period_seconds = Some(grace);
+            pod.metadata.resource_version = Some(version);
+        }
+    }
+}
+
+fn key_of(pod: &Pod) -> (String, String) {
+    (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default())
+}
+
+#[tonic::async_trait]
+impl ClusterClient for InMemoryPods {
+    async fn list_node_pods(&self, node: &str) -> Result<Vec<PodInfo>, ClusterError> {
+        let store = self.lock();
+        Ok(store
+            .pods
+            .values()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .map(crate::kube_cluster::pod_info)
+            .collect())
+    }
+
+    async fn patch_pod(&self, namespace: &str, name: &str, patch: &PodPatch) -> Result<(), ClusterError> {
+        let mut store = self.lock();
+        let pod =
+            store.pods.get_mut(&(namespace.to_owned(), name.to_owned())).ok_or_else(|| ClusterError {
+                operation: format!("patch pod {namespace}/{name}"),
+                message: "not found".to_owned(),
+            })?;
+        let meta = &mut pod.metadata;
+        for (target, changes) in
+            [(&mut meta.labels, &patch.labels), (&mut meta.annotations, &patch.annotations)]
+        {
+            let map = target.get_or_insert_with(BTreeMap::new);
+            for (k, v) in changes {
+                match v {
+                    Some(v) => map.insert(k.clone(), v.clone()),
+                    None => map.remove(k),
+                };
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl RescheduleClient for InMemoryPods {
+    async fn list_node_pod_objects(&self, node: &str) -> Result<Vec<Pod>, ClusterError> {
+        let mut store = self.lock();
+        Self::injected(&mut store, format!("list pods on node {node}"))?;
+        Ok(store
+            .pods
+            .values()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .cloned()
+            .collect())
+    }
+
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, ClusterError> {
+        let mut store = self.lock();
+        Self::injected(&mut store, format!("get pod {namespace}/{name}"))?;
+        Ok(store.pods.get(&(namespace.to_owned(), name.to_owned())).cloned())
+    }
+
+    async fn evict_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        grace_period_seconds: Option<i64>,
+    ) -> Result<EvictOutcome, ClusterError> {
+        let mut store = self.lock();
+        store.calls.push(PodCall::Evict(namespace.to_owned(), name.to_owned(), grace_period_seconds));
+        Self::injected(&mut store, format!("evict pod {namespace}/{name}"))?;
+        let key = (namespace.to_owned(), name.to_owned());
+        if !store.pods.contains_key(&key) {
+            return Ok(EvictOutcome::NotFound);
+        }
+        if store.refuse_evictions > 0 {
+            store.refuse_evictions -= 1;
+            return Ok(EvictOutcome::Refused(
+                "Cannot evict pod as it would violate the pod's disruption budget.".to_owned(),
+            ));
+        }
+        Self::remove_or_terminate(&mut store, &key, grace_period_seconds);
+        Ok(EvictOutcome::Evicted)
+    }
+
+    async fn delete_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<DeleteOutcome, ClusterError> {
+        let mut store = self.lock();
+        store.calls.push(PodCall::Delete(namespace.to_owned(), name.to_owned(), uid.to_owned()));
+        Self::injected(&mut store, format!("delete pod {namespace}/{name}"))?;
+        let key = (namespace.to_owned(), name.to_owned());
+        match store.pods.get(&key) {
+            None => Ok(DeleteOutcome::NotFound),
+            Some(p) if p.metadata.uid.as_deref() != Some(uid) => Ok(DeleteOutcome::UidMismatch),
+            Some(_) => {
+                Self::remove_or_terminate(&mut store, &key, None);
+                Ok(DeleteOutcome::Deleted)
+            }
+        }
+    }
+
+    async fn create_pod(&self, pod: &Pod) -> Result<CreateOutcome, ClusterError> {
+        let mut store = self.lock();
+        let key = key_of(pod);
+        store.calls.push(PodCall::Create(key.0.clone(), key.1.clone()));
+        Self::injected(&mut store, format!("create pod {}/{}", key.0, key.1))?;
+        if store.pods.contains_key(&key) {
+            return Ok(CreateOutcome::AlreadyExists);
+        }
+        let mut pod = pod.clone();
+        store.next_uid += 1;
+        store.next_version += 1;
+        let uid = format!("uid-{}", store.next_uid);
+        pod.metadata.uid = Some(uid.clone());
+        pod.metadata.resource_version = Some(store.next_version.to_string());
+        pod.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+        store.pods.insert(key, pod);
+        Ok(CreateOutcome::Created { uid })
+    }
+
+    async fn record_event(&self, event: &PodEvent) -> Result<(), ClusterError> {
+        self.lock().events.push(event.clone());
+        Ok(())
     }
 }

@@ -16,12 +16,13 @@ use vgpu_gates::CoreGate;
 use crate::{
     build_handlers,
     cdi::SpecDevice,
-    cluster::{ClusterClient, NodeClient},
+    cluster::{ClusterClient, NodeClient, RescheduleClient},
     config::PluginConfig,
     error::ServerError,
     inventory::{DeviceState, node_devices},
     manager::PluginManager,
     publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
+    reschedule::RescheduleController,
     vnumber::CONTROL_DEVICES,
 };
 
@@ -80,6 +81,9 @@ pub struct Daemon {
     pub publisher: PublisherConfig,
     /// Driver labels.
     pub driver: DriverLabels,
+    /// Pod access of the AllocationFailureReschedule controller ([`Daemon::with_reschedule_client`]); with
+    /// the gate on and no client, no controller runs.
+    pub reschedule: Option<Arc<dyn RescheduleClient>>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -116,7 +120,50 @@ impl Daemon {
             Ok(None) => {}
             Err(err) => tracing::warn!(%err, "driver versions unavailable"),
         }
-        Ok(Self { config, backend, cluster, nodes, publisher: PublisherConfig::default(), driver })
+        Ok(Self {
+            config,
+            backend,
+            cluster,
+            nodes,
+            publisher: PublisherConfig::default(),
+            driver,
+            reschedule: None,
+        })
+    }
+
+    /// Gives the AllocationFailureReschedule controller its cluster access (it runs only with the gate on).
+    pub fn with_reschedule_client(mut self, client: Arc<dyn RescheduleClient>) -> Self {
+        self.reschedule = Some(client);
+        self
+    }
+
+    /// Spawns the [`RescheduleController`] when gate `AllocationFailureReschedule` is on (gate off: none,
+    /// upstream's behaviour); it stops when `stop` completes. A controller that cannot start (unreadable
+    /// checkpoint directory) is logged; the plugins keep serving.
+    fn spawn_reschedule(
+        &self,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        if !self.config.gates.enabled(CoreGate::AllocationFailureReschedule) {
+            return None;
+        }
+        let Some(client) = self.reschedule.clone() else {
+            tracing::warn!(
+                "AllocationFailureReschedule is on but no reschedule client is wired; no controller runs"
+            );
+            return None;
+        };
+        let controller = RescheduleController::new(
+            self.config.node_name.clone(),
+            self.config.domain.clone(),
+            &self.config.manager_dir,
+            client,
+        );
+        Some(tokio::spawn(async move {
+            if let Err(err) = controller.run(stop).await {
+                tracing::error!(%err, "the reschedule controller could not start");
+            }
+        }))
     }
 
     /// Resources of gated plugins that are off: their capacity is removed from the node.
@@ -188,6 +235,7 @@ impl Daemon {
             let _ = rx.wait_for(|s| *s).await;
         };
         let publishing = tokio::spawn(publisher.run(stopped(stop_rx.clone())));
+        let rescheduling = self.spawn_reschedule(stopped(stop_rx.clone()));
 
         let registry = if config.gates.enabled(CoreGate::DevicePluginClientMode) {
             match crate::registry::serve_registry(config.registry()) {
@@ -229,6 +277,11 @@ impl Daemon {
         let _ = stop_tx.send(true);
         if let Err(err) = publishing.await {
             tracing::warn!(%err, "node publisher task failed");
+        }
+        if let Some(task) = rescheduling
+            && let Err(err) = task.await
+        {
+            tracing::warn!(%err, "reschedule controller task failed");
         }
         health.abort();
         result

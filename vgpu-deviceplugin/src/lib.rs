@@ -18,9 +18,10 @@
 //! | [`ids`] | kubelet device ID formats |
 //! | [`cdi`] | CDI device names, the `cdi-annotations` keys, the node CDI spec (device nodes) |
 //! | [`locate`] | which container a `PreStartContainer` is for: pod-resources `List`, kubelet checkpoint; stale directory cleanup |
-//! | [`cluster`] | [`ClusterClient`](cluster::ClusterClient) (pods) and [`NodeClient`](cluster::NodeClient) (node publishing); [`InMemoryCluster`](cluster::InMemoryCluster) |
-//! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): both traits over a `kube::Client` |
+//! | [`cluster`] | [`ClusterClient`](cluster::ClusterClient) (pods), [`NodeClient`](cluster::NodeClient) (node publishing), [`RescheduleClient`](cluster::RescheduleClient) (evict, delete, recreate); [`InMemoryCluster`](cluster::InMemoryCluster), [`InMemoryPods`](cluster::InMemoryPods) |
+//! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): the three traits over a `kube::Client` |
 //! | [`publisher`] | [`NodePublisher`](publisher::NodePublisher): node annotations, driver labels, stale resource removal |
+//! | [`reschedule`] | [`RescheduleController`](reschedule::RescheduleController) (gate `AllocationFailureReschedule`): evict or delete-and-recreate pods whose allocation failed, through a recovery checkpoint |
 //! | [`daemon`] | [`Daemon`](daemon::Daemon): backend + clients + plugins + publisher, run until shutdown (the binary's body) |
 //! | [`gates`] | which enabled gates this build cannot honour: the daemon refuses to start on them |
 //! | [`config`] | [`PluginConfig`](config::PluginConfig), the resolved configuration |
@@ -85,6 +86,7 @@ pub mod plugin;
 pub mod publisher;
 pub mod registration;
 pub mod registry;
+pub mod reschedule;
 pub mod server;
 pub mod service;
 pub mod vnumber;

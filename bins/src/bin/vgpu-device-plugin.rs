@@ -221,14 +221,17 @@ async fn run(
         tracing::warn!("{w}");
     }
     let client = kube_client(cli.kubeconfig.as_deref(), cli.kube_timeout).await?;
-    let cluster = Arc::new(KubeCluster::new(client));
+    let cluster = Arc::new(KubeCluster::new(client).with_instance(format!("vgpu-device-plugin-{node}")));
 
     let mut config = plugin_config(&cli, node, settings, domain);
     config.gates = gates;
     tracing::info!(cgroup_driver = ?config.settings.cgroup_driver, cgroup = ?config.cgroup_mode, "cgroup setup");
     // Driver and CUDA versions (vgpu.config, node labels) come from the backend in Daemon::new.
     let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
-    let mut daemon = Daemon::new(config, backend, cluster.clone(), cluster)?;
+    // The reschedule controller (gate AllocationFailureReschedule) evicts, deletes and recreates pods
+    // through the same client.
+    let mut daemon =
+        Daemon::new(config, backend, cluster.clone(), cluster.clone())?.with_reschedule_client(cluster);
     daemon.publisher.interval = Duration::from_secs(cli.node_publish_interval);
 
     let shutdown = vgpu_bins::shutdown_signal()?;
