@@ -8,7 +8,8 @@
 //! vendor-neutral sysfs scan that backends can use to find PCI facts the vendor library does not give.
 //!
 //! Submodules: [`health`] (events and their runtime-agnostic channel), [`links`] (link codes and matrix),
-//! [`types`] (memory, processes, samples, MIG), [`mock`], [`error`].
+//! [`types`] (memory, processes, samples, MIG), [`vendor`] (the container edits of each vendor:
+//! [`VendorAdapter`], chosen by [`DeviceBackend::vendor_adapter`]), [`mock`], [`error`].
 //!
 //! ```
 //! use vgpu_core::backend::{BackendKind, DeviceBackend, mock::MockBackend};
@@ -27,8 +28,9 @@ pub mod health;
 pub mod links;
 pub mod mock;
 pub mod types;
+pub mod vendor;
 
-use std::{fmt, str::FromStr};
+use std::{fmt, str::FromStr, sync::Arc};
 
 pub use self::{
     error::{BackendError, MockConfigError},
@@ -38,6 +40,7 @@ pub use self::{
         DriverVersions, GpuProcess, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, ProcessKind,
         ProcessUtilizationSample,
     },
+    vendor::{MetaxAdapter, NvidiaAdapter, VendorAdapter},
 };
 use crate::model::{GpuDevice, NodeDeviceInventory};
 
@@ -87,6 +90,12 @@ pub trait DeviceBackend: Send + Sync {
         Ok(None)
     }
 
+    /// What a container needs to use these GPUs (device nodes, visible-devices env, CDI kind); see
+    /// [`vendor`]. The default is [`NvidiaAdapter`] (NVML, and the mock whatever its GPUs' vendor).
+    fn vendor_adapter(&self) -> Result<Arc<dyn VendorAdapter>, BackendError> {
+        Ok(Arc::new(NvidiaAdapter))
+    }
+
     /// The devices as a node inventory.
     fn inventory(&self) -> Result<NodeDeviceInventory, BackendError> {
         self.devices().map(NodeDeviceInventory::new)
@@ -127,6 +136,9 @@ impl<B: DeviceBackend + ?Sized> DeviceBackend for Box<B> {
     }
     fn driver_versions(&self) -> Result<Option<DriverVersions>, BackendError> {
         (**self).driver_versions()
+    }
+    fn vendor_adapter(&self) -> Result<Arc<dyn VendorAdapter>, BackendError> {
+        (**self).vendor_adapter()
     }
 }
 

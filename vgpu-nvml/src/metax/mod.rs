@@ -5,21 +5,25 @@
 //! [`MetaxBackend::warnings`] what it could not read: the memory size (reported as 0 MiB), the vendor
 //! UUID (replaced by `METAX-<pci address>`), utilisation and topology beyond the NUMA node. Device nodes are
 //! the control device `/dev/mxcd` and each GPU's DRM nodes (`/dev/dri/cardN`, `/dev/dri/renderDN`, found
-//! through `<sysfs>/bus/pci/devices/<address>/drm`). All paths are options, so tests run on fake trees.
+//! through `<sysfs>/bus/pci/devices/<address>/drm`). The backend's vendor adapter
+//! ([`vgpu_core::backend::MetaxAdapter`], from `vendor_adapter`) hands these to the device plugin as container
+//! paths (`/dev/dri/card1`, `/dev/mxcd`), so `Allocate` and the CDI spec pass MetaX nodes, not NVIDIA ones.
+//! All paths are options, so tests run on fake trees.
 //!
 //! The library calls live in the `ffi` submodule, the only place of the crate allowed to use `unsafe`.
 
 mod ffi;
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
 };
 
 use vgpu_core::{
     backend::{
         BackendError, DeviceBackend, GpuProcess, HealthEventSender, HealthEvents, LinkMatrix, MemoryUsage,
-        MigLayout, ProcessUtilizationSample, health_channel,
+        MetaxAdapter, MigLayout, ProcessUtilizationSample, VendorAdapter, health_channel,
     },
     discovery::{
         self, DiscoveryConfig, VendorTable, pci_ids::DEFAULT_PCI_IDS_PATHS, vendors::METAX_VENDOR_ID,
@@ -89,6 +93,7 @@ struct MetaxDevice {
 #[derive(Debug)]
 pub struct MetaxBackend {
     devices: Vec<MetaxDevice>,
+    dev_root: PathBuf,
     library: Option<Mutex<MxSml>>,
     library_path: Option<PathBuf>,
     warnings: Vec<String>,
@@ -242,6 +247,7 @@ impl MetaxBackend {
         }
         Ok(Self {
             devices,
+            dev_root: options.dev_root,
             library: library.map(Mutex::new),
             library_path,
             warnings,
@@ -262,6 +268,19 @@ impl MetaxBackend {
     /// The device nodes a container needs for GPU `index`: `/dev/mxcd` and its DRM nodes.
     pub fn device_nodes(&self, index: u32) -> Result<&[PathBuf], BackendError> {
         self.device(index).map(|d| d.nodes.as_slice())
+    }
+
+    /// The DRM device nodes of GPU `index` as container paths: each `<dev_root>/dri/<name>` of
+    /// [`Self::device_nodes`] becomes `/dev/dri/<name>` (the control device is not included).
+    pub fn container_drm_nodes(&self, index: u32) -> Result<Vec<String>, BackendError> {
+        let dri = self.dev_root.join("dri");
+        Ok(self
+            .device(index)?
+            .nodes
+            .iter()
+            .filter_map(|node| node.strip_prefix(&dri).ok())
+            .map(|name| Path::new("/dev/dri").join(name).display().to_string())
+            .collect())
     }
 
     /// Compute (XCORE) utilisation of GPU `index`, percent.
@@ -366,6 +385,15 @@ impl DeviceBackend for MetaxBackend {
     ) -> Result<Vec<ProcessUtilizationSample>, BackendError> {
         self.device(index)?;
         Err(BackendError::NotSupported { backend: "metax", operation: "process utilization" })
+    }
+
+    /// A [`MetaxAdapter`] with each GPU's DRM nodes ([`Self::container_drm_nodes`]) and `/dev/mxcd`.
+    fn vendor_adapter(&self) -> Result<Arc<dyn VendorAdapter>, BackendError> {
+        let mut nodes = BTreeMap::new();
+        for device in &self.devices {
+            nodes.insert(device.gpu.index, self.container_drm_nodes(device.gpu.index)?);
+        }
+        Ok(Arc::new(MetaxAdapter::new(nodes)))
     }
 
     /// MetaX GPUs have no MIG: always [`vgpu_core::backend::MigMode::NotSupported`].
