@@ -8,7 +8,12 @@
 //!   name part `<plugin-name>_<id>` (with `/` in the ID turned into `_`) is at most 63 characters, starts and
 //!   ends with a letter or digit and otherwise holds only letters, digits, `_`, `-` and `.`;
 //! * value: the fully qualified CDI device names joined by `,`
-//!   (`k8s.device-plugin.nvidia.com/gpu=GPU-aaa,k8s.device-plugin.nvidia.com/gpu=GPU-bbb`).
+//!   (`k8s.device-plugin.nvidia.com/gpu=GPU-aaa,k8s.device-plugin.nvidia.com/gpu=GPU-bbb`), then the IMEX
+//!   channels (`k8s.device-plugin.nvidia.com/imex-channel=<id>`).
+//!
+//! The node specs under `--cdi-root` ([`Spec`], typed): one file per kind, named by [`spec_file`] — the
+//! GPUs' kind from the vendor adapter (NVIDIA `k8s.device-plugin.nvidia.com/gpu`, MetaX
+//! `k8s.device-plugin.metax-tech.com/gpu`) and, with IMEX channels, [`IMEX_CHANNEL_KIND`].
 //!
 //! ```
 //! use vgpu_deviceplugin::cdi::{annotation, gpu_device};
@@ -19,8 +24,11 @@
 //! # Ok::<(), vgpu_deviceplugin::cdi::CdiError>(())
 //! ```
 
-/// CDI kind (`vendor/class`) of the GPUs the device plugin hands out.
-pub const GPU_KIND: &str = "k8s.device-plugin.nvidia.com/gpu";
+/// CDI kind (`vendor/class`) of the NVIDIA GPUs the device plugin hands out (the vendor's adapter names
+/// the kind in use: [`vgpu_core::backend::VendorAdapter::cdi_kind`]).
+pub const GPU_KIND: &str = vgpu_core::backend::vendor::NVIDIA_CDI_KIND;
+/// CDI kind of the IMEX channels (NVIDIA only): devices `<kind>=<channel id>`.
+pub const IMEX_CHANNEL_KIND: &str = "k8s.device-plugin.nvidia.com/imex-channel";
 /// The plugin name in the annotation keys of the vnumber plugin.
 pub const VGPU_PLUGIN_NAME: &str = "vgpu-device-plugin";
 /// The plugin name in the annotation keys of the MIG plugins.
@@ -30,8 +38,13 @@ pub const MAX_NAME_LEN: usize = 63;
 
 /// CDI spec version written by [`node_spec`].
 pub const SPEC_VERSION: &str = "0.5.0";
-/// File name of the node's spec under the CDI root.
+/// File name of the NVIDIA GPUs' spec under the CDI root ([`spec_file`] of [`GPU_KIND`]).
 pub const SPEC_FILE: &str = "k8s.device-plugin.nvidia.com-gpu.json";
+
+/// The spec file name of a kind: `/` turned into `-`, then `.json`.
+pub fn spec_file(kind: &str) -> String {
+    format!("{}.json", kind.replace('/', "-"))
+}
 
 /// One CDI device of the node spec: its name (a GPU or MIG UUID) and its device nodes (container paths).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,50 +55,153 @@ pub struct SpecDevice {
     pub nodes: Vec<String>,
 }
 
-/// The node's CDI spec (JSON) for kind [`GPU_KIND`]: one device per GPU / MIG instance with its device
-/// nodes, and the control nodes in the spec-wide edits. Host paths are under `host_driver_root`.
+/// A CDI spec as written to the CDI root (the subset of the CDI specification this plugin fills).
+///
+/// Fields are declared in the order the bytes are written (alphabetical, as the earlier `json!` form
+/// wrote them), so the files stay byte-identical.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    /// `cdiVersion`: [`SPEC_VERSION`].
+    pub cdi_version: String,
+    /// Edits applied whenever any device of the spec is used (the control nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_edits: Option<ContainerEdits>,
+    /// The devices.
+    pub devices: Vec<Device>,
+    /// `vendor/class`.
+    pub kind: String,
+}
+
+/// One device of a [`Spec`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    /// What the device adds to a container.
+    pub container_edits: ContainerEdits,
+    /// The name after `=` in the qualified device name.
+    pub name: String,
+}
+
+/// Container edits of a [`Spec`] or [`Device`] (device nodes only: no env, mounts or hooks).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerEdits {
+    /// Device nodes.
+    pub device_nodes: Vec<DeviceNode>,
+}
+
+/// A device node of [`ContainerEdits`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    /// Path on the host.
+    pub host_path: String,
+    /// Path in the container.
+    pub path: String,
+}
+
+impl DeviceNode {
+    /// The node at container path `path`, found on the host under `host_driver_root`.
+    pub fn under(path: &str, host_driver_root: &std::path::Path) -> Self {
+        Self {
+            host_path: host_driver_root.join(path.trim_start_matches('/')).display().to_string(),
+            path: path.to_owned(),
+        }
+    }
+}
+
+/// The node's CDI spec of `kind`: one device per GPU / MIG instance with its device nodes, and the control
+/// nodes in the spec-wide edits. Host paths are under `host_driver_root`.
 ///
 /// Only device nodes are described: driver libraries and hooks (what nvidia-container-toolkit's `nvcdi`
 /// adds) are not, so the runtime or the image must provide the user-space driver.
 pub fn node_spec(
+    kind: &str,
     devices: &[SpecDevice],
     control_nodes: &[String],
     host_driver_root: &std::path::Path,
-) -> serde_json::Value {
-    let node = |path: &String| {
-        serde_json::json!({
-            "path": path,
-            "hostPath": host_driver_root.join(path.trim_start_matches('/')).display().to_string(),
-        })
-    };
-    serde_json::json!({
-        "cdiVersion": SPEC_VERSION,
-        "kind": GPU_KIND,
-        "devices": devices.iter().map(|d| serde_json::json!({
-            "name": d.name,
-            "containerEdits": { "deviceNodes": d.nodes.iter().map(node).collect::<Vec<_>>() },
-        })).collect::<Vec<_>>(),
-        "containerEdits": { "deviceNodes": control_nodes.iter().map(node).collect::<Vec<_>>() },
-    })
+) -> Spec {
+    let nodes =
+        |paths: &[String]| paths.iter().map(|p| DeviceNode::under(p, host_driver_root)).collect::<Vec<_>>();
+    Spec {
+        cdi_version: SPEC_VERSION.to_owned(),
+        container_edits: Some(ContainerEdits { device_nodes: nodes(control_nodes) }),
+        devices: devices
+            .iter()
+            .map(|d| Device {
+                container_edits: ContainerEdits { device_nodes: nodes(&d.nodes) },
+                name: d.name.clone(),
+            })
+            .collect(),
+        kind: kind.to_owned(),
+    }
 }
 
-/// Writes [`node_spec`] to `<cdi_root>/`[`SPEC_FILE`] atomically (creating `cdi_root`).
-pub fn write_node_spec(
-    cdi_root: &std::path::Path,
-    devices: &[SpecDevice],
-    control_nodes: &[String],
-    host_driver_root: &std::path::Path,
-) -> Result<std::path::PathBuf, vgpu_core::abi::AbiError> {
-    let path = cdi_root.join(SPEC_FILE);
+/// The IMEX channels' spec ([`IMEX_CHANNEL_KIND`]): device `<id>` with node
+/// `/dev/nvidia-caps-imex-channels/channel<id>`, no spec-wide edits.
+pub fn imex_spec(channels: &[u32], host_driver_root: &std::path::Path) -> Spec {
+    Spec {
+        cdi_version: SPEC_VERSION.to_owned(),
+        container_edits: None,
+        devices: channels
+            .iter()
+            .map(|id| Device {
+                container_edits: ContainerEdits {
+                    device_nodes: vec![DeviceNode::under(
+                        &crate::config::imex_channel_node(*id),
+                        host_driver_root,
+                    )],
+                },
+                name: id.to_string(),
+            })
+            .collect(),
+        kind: IMEX_CHANNEL_KIND.to_owned(),
+    }
+}
+
+/// Writing a CDI spec failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CdiSpecError {
+    /// The spec could not be serialised.
+    #[error("cannot serialise the CDI spec of kind {kind}: {source}")]
+    Serialize {
+        /// The spec's kind.
+        kind: String,
+        /// The serialiser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The directory or file could not be written.
+    #[error(transparent)]
+    Write(#[from] vgpu_core::abi::AbiError),
+}
+
+/// Writes `spec` to `<cdi_root>/`[`spec_file`]`(kind)` atomically (creating `cdi_root`); a spec that
+/// cannot be serialised is an error, never an empty file.
+pub fn write_spec(cdi_root: &std::path::Path, spec: &Spec) -> Result<std::path::PathBuf, CdiSpecError> {
+    let text = serde_json::to_vec_pretty(spec)
+        .map_err(|source| CdiSpecError::Serialize { kind: spec.kind.clone(), source })?;
+    let path = cdi_root.join(spec_file(&spec.kind));
     std::fs::create_dir_all(cdi_root).map_err(|source| vgpu_core::abi::AbiError::Io {
         path: cdi_root.to_path_buf(),
         action: "create CDI directory",
         source,
     })?;
-    let text =
-        serde_json::to_vec_pretty(&node_spec(devices, control_nodes, host_driver_root)).unwrap_or_default();
     vgpu_core::abi::atomic::write_atomic(&path, &text, 0o644)?;
     Ok(path)
+}
+
+/// Writes [`node_spec`] of `kind` with [`write_spec`].
+pub fn write_node_spec(
+    cdi_root: &std::path::Path,
+    kind: &str,
+    devices: &[SpecDevice],
+    control_nodes: &[String],
+    host_driver_root: &std::path::Path,
+) -> Result<std::path::PathBuf, CdiSpecError> {
+    write_spec(cdi_root, &node_spec(kind, devices, control_nodes, host_driver_root))
 }
 
 /// A CDI annotation cannot be built.
@@ -109,9 +225,15 @@ pub enum CdiError {
     NoDevices(String),
 }
 
-/// `k8s.device-plugin.nvidia.com/gpu=<uuid>`.
+/// `k8s.device-plugin.nvidia.com/gpu=<uuid>` (NVIDIA's kind; other vendors:
+/// [`vgpu_core::backend::VendorAdapter::cdi_device`]).
 pub fn gpu_device(uuid: &str) -> String {
     format!("{GPU_KIND}={uuid}")
+}
+
+/// `k8s.device-plugin.nvidia.com/imex-channel=<id>`.
+pub fn imex_channel_device(id: u32) -> String {
+    format!("{IMEX_CHANNEL_KIND}={id}")
 }
 
 /// The annotation key `<prefix><plugin_name>_<id>`, validated as the module docs describe.
@@ -177,6 +299,30 @@ mod tests {
     }
 
     #[test]
+    fn typed_spec_writes_the_bytes_of_the_former_json_form() {
+        let devices = vec![
+            SpecDevice { name: "GPU-a".into(), nodes: vec!["/dev/nvidia3".into()] },
+            SpecDevice { name: "GPU-b".into(), nodes: vec![] },
+        ];
+        let root = std::path::Path::new("/run/nvidia/driver");
+        let node = |p: &str| serde_json::json!({"path": p, "hostPath": format!("/run/nvidia/driver{p}")});
+        let former = serde_json::json!({
+            "cdiVersion": "0.5.0",
+            "kind": GPU_KIND,
+            "devices": [
+                {"name": "GPU-a", "containerEdits": {"deviceNodes": [node("/dev/nvidia3")]}},
+                {"name": "GPU-b", "containerEdits": {"deviceNodes": []}},
+            ],
+            "containerEdits": {"deviceNodes": [node("/dev/nvidiactl")]},
+        });
+        let typed = node_spec(GPU_KIND, &devices, &["/dev/nvidiactl".into()], root);
+        assert_eq!(serde_json::to_vec_pretty(&typed).unwrap(), serde_json::to_vec_pretty(&former).unwrap());
+        assert_eq!(spec_file(GPU_KIND), SPEC_FILE);
+        let back: Spec = serde_json::from_value(former).unwrap();
+        assert_eq!(back, typed);
+    }
+
+    #[test]
     fn node_spec_file() {
         let dir = tempfile::tempdir().unwrap();
         let devices = vec![
@@ -189,6 +335,7 @@ mod tests {
         let root = dir.path().join("cdi");
         let path = write_node_spec(
             &root,
+            GPU_KIND,
             &devices,
             &["/dev/nvidiactl".into()],
             std::path::Path::new("/run/nvidia/driver"),

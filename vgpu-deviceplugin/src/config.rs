@@ -4,13 +4,15 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
 use vgpu_core::{
     abi::vgpu_config::CudaVersion,
+    backend::{NvidiaAdapter, VendorAdapter},
     domain::ResourceDomain,
-    node_config::{CgroupDriver, NodeSettings},
+    node_config::{CgroupDriver, ImexSettings, NodeSettings},
 };
 use vgpu_gates::{CoreGate, FeatureGates};
 
@@ -20,6 +22,65 @@ pub const DEFAULT_MANAGER_DIR: &str = "/etc/vgpu-manager";
 pub const DEFAULT_CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
 /// The kubelet's device-manager checkpoint, inside the device-plugin directory.
 pub const KUBELET_CHECKPOINT: &str = "kubelet_internal_checkpoint";
+
+/// Where the IMEX channel device nodes live (`channel<id>` inside).
+pub const IMEX_CHANNEL_DIR: &str = "/dev/nvidia-caps-imex-channels";
+
+/// The device node of IMEX channel `id`: `/dev/nvidia-caps-imex-channels/channel<id>`.
+pub fn imex_channel_node(id: u32) -> String {
+    format!("{IMEX_CHANNEL_DIR}/channel{id}")
+}
+
+/// The IMEX channels containers get (`--imex-channel-ids`, `--imex-required`, node config `imex`), as the
+/// upstream NVIDIA device plugin resolves them: each configured channel whose device node
+/// ([`imex_channel_node`]) exists under `device_root` (`--container-driver-root`), in the configured
+/// order, each once. A missing channel is skipped, unless `required`: then the plugin must not start.
+/// IMEX is NVIDIA's: for a vendor whose adapter does not support it, configured channels are an error when
+/// required and ignored otherwise (the caller logs the returned note).
+pub fn resolve_imex_channels(
+    imex: &ImexSettings,
+    device_root: &Path,
+    vendor: &dyn VendorAdapter,
+) -> Result<(Vec<u32>, Vec<String>), String> {
+    let mut notes = Vec::new();
+    if imex.channel_ids.is_empty() {
+        return Ok((Vec::new(), notes));
+    }
+    if !vendor.supports_imex() {
+        let msg = format!(
+            "IMEX channels {:?} are configured but IMEX applies only to NVIDIA GPUs, not {}",
+            imex.channel_ids,
+            vendor.vendor()
+        );
+        if imex.required {
+            return Err(format!("{msg} (imex required)"));
+        }
+        notes.push(format!("{msg}; ignored"));
+        return Ok((Vec::new(), notes));
+    }
+    let mut channels = Vec::new();
+    for &id in &imex.channel_ids {
+        if channels.contains(&id) {
+            continue;
+        }
+        let node = imex_channel_node(id);
+        let path = device_root.join(node.trim_start_matches('/'));
+        if path.exists() {
+            channels.push(id);
+        } else if imex.required {
+            return Err(format!(
+                "IMEX channel {id} is required (--imex-required) but its device node {} does not exist",
+                path.display()
+            ));
+        } else {
+            notes.push(format!(
+                "IMEX channel {id}: {} does not exist; not passed to containers",
+                path.display()
+            ));
+        }
+    }
+    Ok((channels, notes))
+}
 
 /// The cgroup bit of `MANAGER_COMPATIBILITY_MODE` (contract §7.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,6 +195,15 @@ pub struct PluginConfig {
     /// GPU index → minor number of `/dev/nvidia<minor>` (from the backend); a GPU missing here uses its
     /// index.
     pub device_minors: BTreeMap<u32, u32>,
+    /// The container edits of the node's GPU vendor (device nodes, visible-devices env, CDI kind), from
+    /// the backend's [`vgpu_core::backend::DeviceBackend::vendor_adapter`] (set by
+    /// [`crate::daemon::Daemon::new`]; default [`NvidiaAdapter`]).
+    pub vendor: Arc<dyn VendorAdapter>,
+    /// The IMEX channels every GPU container gets (resolved by [`resolve_imex_channels`] in
+    /// [`crate::daemon::Daemon::new`]; empty by default): `NVIDIA_IMEX_CHANNELS` (envvar),
+    /// `<volume-mounts root>/imex/<id>` mounts, CDI devices `k8s.device-plugin.nvidia.com/imex-channel=<id>`
+    /// and the device nodes `/dev/nvidia-caps-imex-channels/channel<id>`.
+    pub imex_channels: Vec<u32>,
     /// The host's `/proc` as this process sees it (client-mode registry: caller PID → cgroup).
     pub proc_root: PathBuf,
     /// The host's cgroup mount (client-mode registry: the caller's `cgroup.procs`; cgroup version).
@@ -174,6 +244,8 @@ impl PluginConfig {
             pod_resources_timeout: Duration::from_secs(5),
             stale_dir_grace: Duration::from_secs(120),
             device_minors: BTreeMap::new(),
+            vendor: Arc::new(NvidiaAdapter),
+            imex_channels: Vec::new(),
             mig_devices: Vec::new(),
             proc_root: PathBuf::from("/proc"),
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
@@ -203,6 +275,22 @@ impl PluginConfig {
         }
     }
 
+    /// The container paths of GPU `index`'s device nodes, from [`Self::vendor`] with the GPU's minor
+    /// number ([`Self::device_minors`], else the index).
+    pub fn gpu_device_nodes(&self, index: u32) -> Vec<String> {
+        self.vendor.gpu_device_nodes(index, self.device_minors.get(&index).copied().unwrap_or(index))
+    }
+
+    /// The vendor's control device nodes that exist under [`Self::device_root`], in the vendor's order.
+    pub fn present_control_nodes(&self) -> Vec<String> {
+        self.vendor
+            .control_device_nodes()
+            .iter()
+            .filter(|p| self.device_root.join(p.trim_start_matches('/')).exists())
+            .map(|p| (*p).to_owned())
+            .collect()
+    }
+
     /// `<device-plugin-path>/kubelet_internal_checkpoint`.
     pub fn kubelet_checkpoint(&self) -> PathBuf {
         self.device_plugin_path.join(KUBELET_CHECKPOINT)
@@ -217,6 +305,27 @@ impl PluginConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn imex_channels_resolve_against_the_driver_root() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("dev/nvidia-caps-imex-channels")).unwrap();
+        std::fs::write(root.path().join("dev/nvidia-caps-imex-channels/channel2"), b"").unwrap();
+        let imex = |ids: &[u32], required| ImexSettings { channel_ids: ids.to_vec(), required };
+        let nvidia = NvidiaAdapter;
+        let (channels, notes) =
+            resolve_imex_channels(&imex(&[2, 1, 2], false), root.path(), &nvidia).unwrap();
+        assert_eq!(channels, [2]);
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].starts_with("IMEX channel 1: "), "{notes:?}");
+        let err = resolve_imex_channels(&imex(&[2, 1], true), root.path(), &nvidia).unwrap_err();
+        assert!(err.starts_with("IMEX channel 1 is required (--imex-required)"), "{err}");
+        let metax = vgpu_core::backend::MetaxAdapter::default();
+        let (channels, notes) = resolve_imex_channels(&imex(&[2], false), root.path(), &metax).unwrap();
+        assert!(channels.is_empty() && notes[0].ends_with("not metax; ignored"), "{notes:?}");
+        assert!(resolve_imex_channels(&imex(&[2], true), root.path(), &metax).is_err());
+        assert_eq!(imex_channel_node(7), "/dev/nvidia-caps-imex-channels/channel7");
+    }
 
     #[test]
     fn cgroup_mode_and_driver_detection() {

@@ -23,7 +23,6 @@ use crate::{
     manager::PluginManager,
     publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
     reschedule::RescheduleController,
-    vnumber::CONTROL_DEVICES,
 };
 
 /// Copies the backend's driver versions into the configuration `vgpu.config` is written from (a CUDA
@@ -37,24 +36,15 @@ pub fn apply_driver_versions(config: &mut PluginConfig, versions: &DriverVersion
     }
 }
 
-/// The node's CDI devices (each non-MIG GPU with `/dev/nvidia<minor>`, each served MIG instance with its
-/// nodes) and the control nodes present under the container driver root.
+/// The node's CDI devices (each non-MIG GPU with the vendor's device nodes, e.g. `/dev/nvidia<minor>` or
+/// MetaX's `/dev/dri` nodes; each served MIG instance with its nodes) and the vendor's control nodes
+/// present under the container driver root.
 pub fn cdi_spec_devices(config: &PluginConfig, gpus: &[GpuDevice]) -> (Vec<SpecDevice>, Vec<String>) {
-    let control: Vec<String> = CONTROL_DEVICES
-        .iter()
-        .filter(|p| config.device_root.join(p.trim_start_matches('/')).exists())
-        .map(|p| (*p).to_owned())
-        .collect();
+    let control = config.present_control_nodes();
     let mut devices: Vec<SpecDevice> = gpus
         .iter()
         .filter(|g| !g.mig_enabled)
-        .map(|g| SpecDevice {
-            name: g.uuid.clone(),
-            nodes: vec![format!(
-                "/dev/nvidia{}",
-                config.device_minors.get(&g.index).copied().unwrap_or(g.index)
-            )],
-        })
+        .map(|g| SpecDevice { name: g.uuid.clone(), nodes: config.gpu_device_nodes(g.index) })
         .collect();
     for d in &config.mig_devices {
         let nodes = crate::mig::mig_device_specs(config, &[d])
@@ -93,8 +83,10 @@ impl std::fmt::Debug for Daemon {
 }
 
 impl Daemon {
-    /// Wires a daemon; reads the GPUs' minor numbers, the MIG instances to serve (fails when `migStrategy:
-    /// single` finds a non-uniform node) and the driver versions from the backend. The driver
+    /// Wires a daemon; reads the GPUs' minor numbers, the vendor adapter ([`PluginConfig::vendor`]), the
+    /// MIG instances to serve (fails when `migStrategy: single` finds a non-uniform node) and the driver
+    /// versions from the backend, and resolves the IMEX channels
+    /// ([`crate::config::resolve_imex_channels`]: fails when a required channel is missing). The driver
     /// and CUDA versions go to `vgpu.config` ([`PluginConfig::driver_version`],
     /// [`PluginConfig::cuda_version`]) and to the node labels ([`Daemon::driver`]); a backend that reports
     /// none leaves them as configured.
@@ -107,6 +99,14 @@ impl Daemon {
         for gpu in backend.devices()? {
             config.device_minors.insert(gpu.index, backend.minor_number(gpu.index)?);
         }
+        config.vendor = backend.vendor_adapter()?;
+        let (channels, notes) =
+            crate::config::resolve_imex_channels(&config.settings.imex, &config.device_root, &*config.vendor)
+                .map_err(ServerError::Config)?;
+        for note in notes {
+            tracing::warn!("{note}");
+        }
+        config.imex_channels = channels;
         config.mig_devices = crate::mig::mig_devices(backend.as_ref(), config.settings.mig_strategy)?;
         let mut driver = DriverLabels::default();
         match backend.driver_versions() {
@@ -197,12 +197,22 @@ impl Daemon {
             .any(|s| matches!(s, DeviceListStrategy::CdiAnnotations | DeviceListStrategy::CdiCri))
         {
             let (devices, control) = cdi_spec_devices(config, &state.devices());
-            match crate::cdi::write_node_spec(&config.cdi_root, &devices, &control, &config.host_driver_root)
-            {
-                Ok(path) => {
-                    tracing::info!(spec = %path.display(), devices = devices.len(), "CDI spec written")
+            let mut specs = vec![crate::cdi::node_spec(
+                config.vendor.cdi_kind(),
+                &devices,
+                &control,
+                &config.host_driver_root,
+            )];
+            if !config.imex_channels.is_empty() {
+                specs.push(crate::cdi::imex_spec(&config.imex_channels, &config.host_driver_root));
+            }
+            for spec in &specs {
+                match crate::cdi::write_spec(&config.cdi_root, spec) {
+                    Ok(path) => {
+                        tracing::info!(spec = %path.display(), devices = spec.devices.len(), "CDI spec written")
+                    }
+                    Err(err) => tracing::warn!(%err, "could not write the CDI spec"),
                 }
-                Err(err) => tracing::warn!(%err, "could not write the CDI spec"),
             }
         }
         let health = tokio::spawn(state.clone().watch_backend(self.backend.health_events()?));

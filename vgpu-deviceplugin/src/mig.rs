@@ -12,7 +12,8 @@
 //! `/dev/nvidia-caps/nvidia-cap<N>` of its GPU instance and compute instance, whose minor `N` is the
 //! `DeviceFileMinor:` line of `/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>/access` and
 //! `.../gi<g>/ci<c>/access` (read under the container driver root; absent files add no node), then the
-//! control nodes present.
+//! control nodes present, then the IMEX channels' nodes (as the vnumber plugin adds them). MIG is NVIDIA's:
+//! the vendor adapter still names the visible-devices env, the `volume-mounts` root and the CDI kind.
 
 use std::{collections::BTreeMap, collections::HashMap, path::Path, sync::Arc};
 
@@ -31,7 +32,7 @@ use crate::{
     config::PluginConfig,
     error::{PluginError, ServerError},
     plugin::{PluginHandler, default_preferred_allocation, health_text, topology},
-    vnumber::{CONTROL_DEVICES, VOLUME_MOUNTS_ROOT},
+    vnumber::add_imex_channels,
 };
 
 /// One MIG instance as the plugins advertise it.
@@ -147,20 +148,27 @@ impl MigPlugin {
         let mut mounts = Vec::new();
         let mut annotations = HashMap::new();
         let mut cdi_devices = Vec::new();
-        if strategies.contains(&DeviceListStrategy::Envvar) {
-            envs.insert("NVIDIA_VISIBLE_DEVICES".to_owned(), uuids.join(","));
+        let vendor = &cfg.vendor;
+        if strategies.contains(&DeviceListStrategy::Envvar)
+            && let Some(env) = vendor.visible_devices_env()
+        {
+            envs.insert(env.to_owned(), uuids.join(","));
         }
-        if strategies.contains(&DeviceListStrategy::VolumeMounts) {
-            envs.insert("NVIDIA_VISIBLE_DEVICES".to_owned(), VOLUME_MOUNTS_ROOT.to_owned());
+        if strategies.contains(&DeviceListStrategy::VolumeMounts)
+            && let (Some(env), Some(root)) = (vendor.visible_devices_env(), vendor.volume_mounts_root())
+        {
+            envs.insert(env.to_owned(), root.to_owned());
             for uuid in &uuids {
                 mounts.push(Mount {
-                    container_path: format!("{VOLUME_MOUNTS_ROOT}/{uuid}"),
+                    container_path: format!("{root}/{uuid}"),
                     host_path: "/dev/null".to_owned(),
                     read_only: true,
                 });
             }
         }
-        let qualified: Vec<String> = uuids.iter().map(|u| cdi::gpu_device(u)).collect();
+        let mut devices = if all_cdi { Vec::new() } else { mig_device_specs(cfg, &picked) };
+        let mut qualified: Vec<String> = uuids.iter().map(|u| vendor.cdi_device(u)).collect();
+        add_imex_channels(cfg, &mut envs, &mut mounts, &mut qualified, (!all_cdi).then_some(&mut devices));
         if strategies.contains(&DeviceListStrategy::CdiCri) {
             cdi_devices = qualified.iter().map(|name| CdiDevice { name: name.clone() }).collect();
         }
@@ -173,16 +181,9 @@ impl MigPlugin {
                     .map_err(|e| e.to_string())?;
             annotations.insert(key, value);
         }
-        for (on, key) in [
-            (cfg.settings.gds_enabled, "NVIDIA_GDS"),
-            (cfg.settings.mofed_enabled, "NVIDIA_MOFED"),
-            (cfg.settings.gdrcopy_enabled, "NVIDIA_GDRCOPY"),
-        ] {
-            if on {
-                envs.insert(key.to_owned(), "enabled".to_owned());
-            }
+        for (key, value) in vendor.feature_env(&cfg.settings) {
+            envs.insert(key.to_owned(), value);
         }
-        let devices = if all_cdi { Vec::new() } else { mig_device_specs(cfg, &picked) };
         Ok(ContainerAllocateResponse { envs, mounts, devices, annotations, cdi_devices })
     }
 }
@@ -213,10 +214,8 @@ pub fn mig_device_specs(config: &PluginConfig, devices: &[&MigDevice]) -> Vec<De
             }
         }
     }
-    for path in CONTROL_DEVICES {
-        if config.device_root.join(path.trim_start_matches('/')).exists() {
-            push(path.to_owned());
-        }
+    for path in config.present_control_nodes() {
+        push(path);
     }
     paths
         .into_iter()

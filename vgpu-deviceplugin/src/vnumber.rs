@@ -43,35 +43,73 @@ pub const EMPTY_UUID: &str = "GPU-00000000-0000-0000-0000-000000000000";
 pub const PREDICATE_TIME_DONE: &str = "9223372036854775807";
 /// Container path of the per-container config directory.
 pub const CONTAINER_CONFIG_DIR: &str = "/etc/vgpu-manager/config";
-/// Container-side root of the volume-mounts device list.
-pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
-/// CDI kind of the GPUs the device plugin hands out.
+/// Container-side root of NVIDIA's volume-mounts device list (the vendor adapter names the one in use).
+pub const VOLUME_MOUNTS_ROOT: &str = vgpu_core::backend::vendor::NVIDIA_VOLUME_MOUNTS_ROOT;
+/// CDI kind of the NVIDIA GPUs the device plugin hands out (the vendor adapter names the one in use).
 pub const CDI_KIND: &str = cdi::GPU_KIND;
+/// The env var listing the IMEX channels under the `envvar` strategy.
+pub const NVIDIA_IMEX_CHANNELS: &str = "NVIDIA_IMEX_CHANNELS";
 
-/// Control device nodes passed to every vGPU container when present (contract §5.2).
-pub const CONTROL_DEVICES: [&str; 4] =
-    ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"];
+/// NVIDIA's control device nodes, passed to every vGPU container when present (contract §5.2); the
+/// vendor adapter names the ones in use.
+pub const CONTROL_DEVICES: [&str; 4] = vgpu_core::backend::vendor::NVIDIA_CONTROL_DEVICES;
 
-/// The `DeviceSpecs` (rw) of a container: `/dev/nvidia<minor>` per claimed GPU (minor from
-/// `config.device_minors`, else the index), then the [`CONTROL_DEVICES`] present under
-/// `config.device_root` (`--container-driver-root`). Host paths are under `config.host_driver_root`
-/// (`--host-driver-root`); container paths are the plain `/dev/...` paths.
-pub fn device_specs(config: &PluginConfig, gpu_indices: &[u32]) -> Vec<DeviceSpec> {
-    let spec = |path: String| DeviceSpec {
+fn device_spec(config: &PluginConfig, path: String) -> DeviceSpec {
+    DeviceSpec {
         host_path: config.host_driver_root.join(path.trim_start_matches('/')).display().to_string(),
         container_path: path,
         permissions: "rw".to_owned(),
-    };
+    }
+}
+
+/// The `DeviceSpecs` (rw) of a container: each claimed GPU's device nodes from the vendor adapter
+/// ([`PluginConfig::gpu_device_nodes`]: NVIDIA `/dev/nvidia<minor>` with the minor from
+/// `config.device_minors`, else the index; MetaX its `/dev/dri` nodes), then the vendor's control nodes
+/// present under `config.device_root` (`--container-driver-root`). Host paths are under
+/// `config.host_driver_root` (`--host-driver-root`); container paths are the plain `/dev/...` paths.
+pub fn device_specs(config: &PluginConfig, gpu_indices: &[u32]) -> Vec<DeviceSpec> {
     let mut specs: Vec<DeviceSpec> = gpu_indices
         .iter()
-        .map(|i| spec(format!("/dev/nvidia{}", config.device_minors.get(i).copied().unwrap_or(*i))))
+        .flat_map(|i| config.gpu_device_nodes(*i))
+        .map(|path| device_spec(config, path))
         .collect();
-    for path in CONTROL_DEVICES {
-        if config.device_root.join(path.trim_start_matches('/')).exists() {
-            specs.push(spec(path.to_owned()));
+    specs.extend(config.present_control_nodes().into_iter().map(|path| device_spec(config, path)));
+    specs
+}
+
+/// The IMEX channels' share of a container response (`config.imex_channels`, empty unless the vendor is
+/// NVIDIA and channels are configured), as the upstream NVIDIA device plugin adds it:
+/// `NVIDIA_IMEX_CHANNELS=<ids>` with `envvar`; `/dev/null` mounted at `<volume-mounts root>/imex/<id>`
+/// with `volume-mounts`; the CDI devices `k8s.device-plugin.nvidia.com/imex-channel=<id>` after the GPUs'
+/// (`cdi_names`); the device nodes `/dev/nvidia-caps-imex-channels/channel<id>` when device nodes are
+/// passed (`device_nodes`).
+pub fn add_imex_channels(
+    config: &PluginConfig,
+    envs: &mut HashMap<String, String>,
+    mounts: &mut Vec<Mount>,
+    cdi_names: &mut Vec<String>,
+    device_nodes: Option<&mut Vec<DeviceSpec>>,
+) {
+    let channels = &config.imex_channels;
+    if channels.is_empty() {
+        return;
+    }
+    let strategies = &config.settings.device_list_strategy;
+    if strategies.contains(&DeviceListStrategy::Envvar) {
+        let ids: Vec<String> = channels.iter().map(u32::to_string).collect();
+        envs.insert(NVIDIA_IMEX_CHANNELS.to_owned(), ids.join(","));
+    }
+    if strategies.contains(&DeviceListStrategy::VolumeMounts)
+        && let Some(root) = config.vendor.volume_mounts_root()
+    {
+        for id in channels {
+            mounts.push(mount(&format!("{root}/imex/{id}"), Path::new("/dev/null"), true));
         }
     }
-    specs
+    cdi_names.extend(channels.iter().map(|id| cdi::imex_channel_device(*id)));
+    if let Some(nodes) = device_nodes {
+        nodes.extend(channels.iter().map(|id| device_spec(config, crate::config::imex_channel_node(*id))));
+    }
 }
 
 /// `1`, `true` or `enabled`, case-insensitive.
@@ -255,14 +293,8 @@ impl VgpuNumberPlugin {
             }
         }
         set("MANAGER_VISIBLE_DEVICES", visible.join(","));
-        for (on, key) in [
-            (settings.gds_enabled, "NVIDIA_GDS"),
-            (settings.mofed_enabled, "NVIDIA_MOFED"),
-            (settings.gdrcopy_enabled, "NVIDIA_GDRCOPY"),
-        ] {
-            if on {
-                set(key, "enabled".to_owned());
-            }
+        for (key, value) in cfg.vendor.feature_env(settings) {
+            set(key, value);
         }
 
         let uuids: Vec<&str> = claim.devices.iter().map(|d| d.uuid.as_str()).collect();
@@ -273,21 +305,33 @@ impl VgpuNumberPlugin {
             && strategies
                 .iter()
                 .all(|s| matches!(s, DeviceListStrategy::CdiAnnotations | DeviceListStrategy::CdiCri));
-        let device_nodes = if all_cdi {
+        let mut device_nodes = if all_cdi {
             Vec::new()
         } else {
             device_specs(cfg, &claim.devices.iter().map(|d| d.index).collect::<Vec<_>>())
         };
-        if strategies.contains(&DeviceListStrategy::Envvar) {
-            set("NVIDIA_VISIBLE_DEVICES", uuids.join(","));
+        let vendor = &cfg.vendor;
+        if strategies.contains(&DeviceListStrategy::Envvar)
+            && let Some(env) = vendor.visible_devices_env()
+        {
+            set(env, uuids.join(","));
         }
-        if strategies.contains(&DeviceListStrategy::VolumeMounts) {
-            set("NVIDIA_VISIBLE_DEVICES", VOLUME_MOUNTS_ROOT.to_owned());
+        if strategies.contains(&DeviceListStrategy::VolumeMounts)
+            && let (Some(env), Some(root)) = (vendor.visible_devices_env(), vendor.volume_mounts_root())
+        {
+            set(env, root.to_owned());
             for uuid in &uuids {
-                mounts.push(mount(&format!("{VOLUME_MOUNTS_ROOT}/{uuid}"), Path::new("/dev/null"), true));
+                mounts.push(mount(&format!("{root}/{uuid}"), Path::new("/dev/null"), true));
             }
         }
-        let qualified: Vec<String> = uuids.iter().map(|u| cdi::gpu_device(u)).collect();
+        let mut qualified: Vec<String> = uuids.iter().map(|u| vendor.cdi_device(u)).collect();
+        add_imex_channels(
+            cfg,
+            &mut envs,
+            &mut mounts,
+            &mut qualified,
+            (!all_cdi).then_some(&mut device_nodes),
+        );
         if strategies.contains(&DeviceListStrategy::CdiCri) {
             cdi_devices = qualified.iter().map(|name| CdiDevice { name: name.clone() }).collect();
         }
