@@ -16,7 +16,8 @@ use vgpu_bins::{CoreGateArgs, configure_gates, init_tracing};
 use vgpu_core::{
     domain::ResourceDomain,
     node_config::{
-        CgroupDriver, DeviceListStrategy, ExcludeDevices, MigStrategy, NodeConfigFile, NodeSettings,
+        CgroupDriver, DeviceListStrategy, ExcludeDevices, ImexSettings, MigStrategy, NodeConfigFile,
+        NodeSettings,
     },
 };
 use vgpu_deviceplugin::{
@@ -92,6 +93,13 @@ struct Cli {
     /// The driver uses the open kernel modules (OpenKernel bit of `MANAGER_COMPATIBILITY_MODE`).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
     open_kernel_modules: bool,
+    /// IMEX channels every GPU container gets (comma separated ids; each only when
+    /// `/dev/nvidia-caps-imex-channels/channel<id>` exists under the container driver root).
+    #[arg(long, env = "IMEX_CHANNEL_IDS", value_delimiter = ',')]
+    imex_channel_ids: Vec<u32>,
+    /// Refuse to start when a configured IMEX channel's device node is missing.
+    #[arg(long, env = "IMEX_REQUIRED", num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
+    imex_required: bool,
     /// Where the node's CDI spec is written when a CDI device-list strategy is selected.
     #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
     cdi_root: PathBuf,
@@ -140,6 +148,7 @@ fn settings(cli: &Cli) -> Result<NodeSettings, ExitCode> {
         mofed_enabled: cli.mofed_enabled,
         gdrcopy_enabled: cli.gdrcopy_enabled,
         open_kernel_modules: cli.open_kernel_modules,
+        imex: ImexSettings { channel_ids: cli.imex_channel_ids.clone(), required: cli.imex_required },
         ..NodeSettings::default()
     };
     if cli.cdi_annotation_prefix.is_empty() || !cli.cdi_annotation_prefix.ends_with('/') {
@@ -348,6 +357,14 @@ mod tests {
 
     fn settings_ok(cli: &Cli) -> NodeSettings {
         settings(cli).unwrap()
+    }
+
+    #[test]
+    fn imex_flags_reach_the_settings() {
+        let s = settings_ok(&parse(&["--imex-channel-ids=0,3", "--imex-required"]));
+        assert_eq!(s.imex, ImexSettings { channel_ids: vec![0, 3], required: true });
+        assert_eq!(settings_ok(&parse(&[])).imex, ImexSettings::default());
+        assert!(Cli::try_parse_from(["vgpu-device-plugin", "--imex-channel-ids=-1"]).is_err());
     }
 
     #[test]
