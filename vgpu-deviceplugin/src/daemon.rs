@@ -89,13 +89,15 @@ impl Daemon {
     /// ([`crate::config::resolve_imex_channels`]: fails when a required channel is missing). The driver
     /// and CUDA versions go to `vgpu.config` ([`PluginConfig::driver_version`],
     /// [`PluginConfig::cuda_version`]) and to the node labels ([`Daemon::driver`]); a backend that reports
-    /// none leaves them as configured.
+    /// none leaves them as configured. Fails first when an enabled gate is not built
+    /// ([`crate::gates::check_gates`]).
     pub fn new(
         mut config: PluginConfig,
         backend: Arc<dyn DeviceBackend>,
         cluster: Arc<dyn ClusterClient>,
         nodes: Arc<dyn NodeClient>,
     ) -> Result<Self, ServerError> {
+        crate::gates::check_gates(&config.gates)?;
         for gpu in backend.devices()? {
             config.device_minors.insert(gpu.index, backend.minor_number(gpu.index)?);
         }
