@@ -7,7 +7,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+#[path = "../../vgpu-deviceplugin/tests/support/mod.rs"]
+mod support;
+
+use std::{path::Path, sync::Arc};
 
 use vgpu_core::{
     backend::DeviceBackend,
@@ -15,19 +18,11 @@ use vgpu_core::{
     node_config::{DeviceListStrategy, ImexSettings},
 };
 use vgpu_deviceplugin::{
-    api::v1beta1::{
-        AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
-        device_plugin_client::DevicePluginClient,
-    },
+    api::v1beta1::ContainerAllocateResponse,
     cdi,
-    cluster::{ContainerInfo, InMemoryCluster, PodInfo},
+    cluster::InMemoryCluster,
     config::PluginConfig,
     daemon::{Daemon, cdi_spec_devices},
-    inventory::{DeviceState, node_devices},
-    plugin::PluginHandler,
-    registration::connect_unix,
-    server::serve,
-    vnumber::VgpuNumberPlugin,
 };
 use vgpu_nvml::{MetaxBackend, MetaxOptions};
 
@@ -72,24 +67,6 @@ fn backend(root: &Path) -> Arc<dyn DeviceBackend> {
     Arc::new(MetaxBackend::new(options).unwrap())
 }
 
-fn pod() -> PodInfo {
-    PodInfo {
-        namespace: "ns".into(),
-        name: "mx".into(),
-        uid: UID.into(),
-        node_name: "node-1".into(),
-        phase: "Pending".into(),
-        deleting: false,
-        labels: BTreeMap::from([("nvidia.com/assigned-phase".to_owned(), "allocating".to_owned())]),
-        annotations: BTreeMap::from([
-            ("nvidia.com/pre-allocated".to_owned(), format!("main[1_{GPU1}_50_2048]")),
-            ("nvidia.com/predicate-node".to_owned(), "node-1".to_owned()),
-            ("nvidia.com/predicate-time".to_owned(), "100".to_owned()),
-        ]),
-        containers: vec![ContainerInfo { name: "main".into(), env: BTreeMap::new() }],
-    }
-}
-
 /// The plugin configuration of the fake node: the tree is the container driver root (so `/dev/mxcd` is
 /// found), host paths stay `/dev/...`.
 fn config(root: &Path, tune: impl FnOnce(&mut PluginConfig)) -> PluginConfig {
@@ -106,29 +83,19 @@ fn config(root: &Path, tune: impl FnOnce(&mut PluginConfig)) -> PluginConfig {
 async fn allocate(tune: impl FnOnce(&mut PluginConfig)) -> (ContainerAllocateResponse, tempfile::TempDir) {
     let tree = metax_node();
     let backend = backend(tree.path());
-    let cluster = Arc::new(InMemoryCluster::new(vec![pod()]));
+    let cluster = Arc::new(InMemoryCluster::new(vec![support::allocating_pod(
+        UID,
+        "mx",
+        &format!("main[1_{GPU1}_50_2048]"),
+    )]));
     let daemon =
         Daemon::new(config(tree.path(), tune), Arc::clone(&backend), cluster.clone(), cluster.clone())
             .unwrap();
     assert_eq!(daemon.config.vendor.vendor(), Vendor::MetaX);
-    let config = Arc::new(daemon.config);
-    let state =
-        DeviceState::new(node_devices(&backend.devices().unwrap(), &config.settings), &config.settings);
-    let plugin: Arc<dyn PluginHandler> =
-        Arc::new(VgpuNumberPlugin::new(Arc::clone(&config), state.clone(), Some(cluster.clone())));
-    let socket = config.device_plugin_path.join("nvidia-vgpu.sock");
-    let server = serve(plugin, socket.clone(), state.subscribe()).unwrap();
-    let mut client = DevicePluginClient::new(connect_unix(&socket, Duration::from_secs(5)).await.unwrap());
-    let resp = client
-        .allocate(AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest { devices_ids: vec![format!("{GPU1}::3")] }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    server.stop().await.unwrap();
-    assert_eq!(cluster.pod("ns", "mx").unwrap().labels["nvidia.com/assigned-phase"], "succeed");
-    (resp.container_responses.into_iter().next().unwrap(), tree)
+    let dir = daemon.config.device_plugin_path.clone();
+    let id = format!("{GPU1}::3");
+    let resp = support::allocate_once(daemon, cluster, &dir, "mx", &[&id]).await;
+    (resp, tree)
 }
 
 #[tokio::test]

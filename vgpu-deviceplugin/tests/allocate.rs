@@ -5,7 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+mod support;
+
+use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use vgpu_core::{
     abi::vgpu_config,
@@ -13,18 +15,7 @@ use vgpu_core::{
     node_config::DeviceListStrategy,
 };
 use vgpu_deviceplugin::{
-    api::v1beta1::{
-        AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
-        device_plugin_client::DevicePluginClient,
-    },
-    cluster::{ContainerInfo, InMemoryCluster, PodInfo},
-    config::PluginConfig,
-    daemon::Daemon,
-    inventory::{DeviceState, node_devices},
-    plugin::PluginHandler,
-    registration::connect_unix,
-    server::serve,
-    vnumber::VgpuNumberPlugin,
+    api::v1beta1::ContainerAllocateResponse, cluster::InMemoryCluster, config::PluginConfig, daemon::Daemon,
 };
 
 const MOCK: &str = "\
@@ -35,24 +26,6 @@ gpus:
 ";
 const UID: &str = "7f1c8c2e-2a8e-4b0e-9c1d-1c1e5a3f2b10";
 
-fn pod() -> PodInfo {
-    PodInfo {
-        namespace: "ns".into(),
-        name: "p".into(),
-        uid: UID.into(),
-        node_name: "node-1".into(),
-        phase: "Pending".into(),
-        deleting: false,
-        labels: BTreeMap::from([("nvidia.com/assigned-phase".to_owned(), "allocating".to_owned())]),
-        annotations: BTreeMap::from([
-            ("nvidia.com/pre-allocated".to_owned(), "main[0_GPU-a_50_2048,1_GPU-b_50_2048]".to_owned()),
-            ("nvidia.com/predicate-node".to_owned(), "node-1".to_owned()),
-            ("nvidia.com/predicate-time".to_owned(), "100".to_owned()),
-        ]),
-        containers: vec![ContainerInfo { name: "main".into(), env: BTreeMap::new() }],
-    }
-}
-
 /// Serves the vnumber plugin built by [`Daemon::new`] (so the backend's driver versions apply) with
 /// `tune` applied to its configuration, allocates the two-GPU container and returns its response.
 async fn allocate_with(
@@ -60,7 +33,8 @@ async fn allocate_with(
 ) -> (ContainerAllocateResponse, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let backend: Arc<dyn DeviceBackend> = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
-    let cluster = Arc::new(InMemoryCluster::new(vec![pod()]));
+    let pod = support::allocating_pod(UID, "p", "main[0_GPU-a_50_2048,1_GPU-b_50_2048]");
+    let cluster = Arc::new(InMemoryCluster::new(vec![pod]));
     let mut config = PluginConfig::new("node-1");
     config.device_plugin_path = dir.path().to_path_buf();
     config.manager_dir = dir.path().join("manager");
@@ -69,26 +43,8 @@ async fn allocate_with(
     std::fs::write(config.device_root.join("dev/nvidiactl"), b"").unwrap();
     tune(&mut config);
     let daemon = Daemon::new(config, Arc::clone(&backend), cluster.clone(), cluster.clone()).unwrap();
-    let config = Arc::new(daemon.config);
-    let state =
-        DeviceState::new(node_devices(&backend.devices().unwrap(), &config.settings), &config.settings);
-    let plugin: Arc<dyn PluginHandler> =
-        Arc::new(VgpuNumberPlugin::new(Arc::clone(&config), state.clone(), Some(cluster.clone())));
-    let socket = dir.path().join("nvidia-vgpu.sock");
-    let server = serve(plugin, socket.clone(), state.subscribe()).unwrap();
-    let mut client = DevicePluginClient::new(connect_unix(&socket, Duration::from_secs(5)).await.unwrap());
-    let resp = client
-        .allocate(AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest {
-                devices_ids: vec!["GPU-a::0".into(), "GPU-b::4".into()],
-            }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    server.stop().await.unwrap();
-    assert_eq!(cluster.pod("ns", "p").unwrap().labels["nvidia.com/assigned-phase"], "succeed");
-    (resp.container_responses.into_iter().next().unwrap(), dir)
+    let resp = support::allocate_once(daemon, cluster, dir.path(), "p", &["GPU-a::0", "GPU-b::4"]).await;
+    (resp, dir)
 }
 
 fn host_paths(resp: &ContainerAllocateResponse) -> Vec<(&str, &str)> {

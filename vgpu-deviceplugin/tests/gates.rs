@@ -7,9 +7,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+mod support;
 
-use tonic::transport::Channel;
+use std::sync::Arc;
+
 use vgpu_core::{
     abi::vgpu_config,
     backend::{DeviceBackend, mock::MockBackend},
@@ -17,18 +18,14 @@ use vgpu_core::{
 };
 use vgpu_deviceplugin::{
     api::v1beta1::{
-        AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
-        ContainerPreferredAllocationRequest, Empty, PreferredAllocationRequest,
-        device_plugin_client::DevicePluginClient,
+        ContainerAllocateResponse, ContainerPreferredAllocationRequest, Empty, PreferredAllocationRequest,
     },
-    cluster::{ContainerInfo, InMemoryCluster, PodInfo},
+    cluster::InMemoryCluster,
     config::PluginConfig,
     daemon::Daemon,
-    inventory::{DeviceState, node_devices},
-    registration::connect_unix,
-    server::{RunningServer, serve},
-    vnumber::VgpuNumberPlugin,
 };
+
+use support::Served;
 
 const MOCK: &str = "\
 gpus:
@@ -42,63 +39,26 @@ const THREE: &str = "c0[0_GPU-a_50_1024];c1[1_GPU-b_50_1024];c2[2_GPU-c_50_1024]
 
 struct Node {
     _dir: tempfile::TempDir,
-    manager: std::path::PathBuf,
-    cluster: Arc<InMemoryCluster>,
-    server: RunningServer,
-    client: DevicePluginClient<Channel>,
-}
-
-fn pod(pre_allocated: &str) -> PodInfo {
-    let containers = pre_allocated
-        .split(';')
-        .map(|c| ContainerInfo { name: c.split('[').next().unwrap().to_owned(), env: BTreeMap::new() })
-        .collect();
-    PodInfo {
-        namespace: "ns".into(),
-        name: "p".into(),
-        uid: UID.into(),
-        node_name: "node-1".into(),
-        phase: "Pending".into(),
-        deleting: false,
-        labels: BTreeMap::from([("nvidia.com/assigned-phase".to_owned(), "allocating".to_owned())]),
-        annotations: BTreeMap::from([
-            ("nvidia.com/pre-allocated".to_owned(), pre_allocated.to_owned()),
-            ("nvidia.com/predicate-node".to_owned(), "node-1".to_owned()),
-            ("nvidia.com/predicate-time".to_owned(), "100".to_owned()),
-        ]),
-        containers,
-    }
+    served: Served,
 }
 
 async fn start(gates: &[&str], pre_allocated: &str, tune: impl FnOnce(&mut PluginConfig)) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let backend: Arc<dyn DeviceBackend> = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
-    let cluster = Arc::new(InMemoryCluster::new(vec![pod(pre_allocated)]));
+    let cluster = Arc::new(InMemoryCluster::new(vec![support::allocating_pod(UID, "p", pre_allocated)]));
     let mut config = PluginConfig::new("node-1");
     config.device_plugin_path = dir.path().to_path_buf();
     config.manager_dir = dir.path().join("manager");
     config.gates = vgpu_deviceplugin::feature_gates().configure(gates.iter().copied()).unwrap();
     tune(&mut config);
     let daemon = Daemon::new(config, Arc::clone(&backend), cluster.clone(), cluster.clone()).unwrap();
-    let config = Arc::new(daemon.config);
-    let state =
-        DeviceState::new(node_devices(&backend.devices().unwrap(), &config.settings), &config.settings);
-    let plugin = Arc::new(VgpuNumberPlugin::new(Arc::clone(&config), state.clone(), Some(cluster.clone())));
-    let socket = dir.path().join("nvidia-vgpu.sock");
-    let server = serve(plugin, socket.clone(), state.subscribe()).unwrap();
-    let client = DevicePluginClient::new(connect_unix(&socket, Duration::from_secs(5)).await.unwrap());
-    Node { manager: config.manager_dir.clone(), _dir: dir, cluster, server, client }
+    let served = Served::start(daemon, cluster, dir.path()).await;
+    Node { _dir: dir, served }
 }
 
 impl Node {
     async fn allocate(&mut self, ids: &[&str]) -> ContainerAllocateResponse {
-        let request = AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest {
-                devices_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
-            }],
-        };
-        let resp = self.client.allocate(request).await.unwrap().into_inner();
-        resp.container_responses.into_iter().next().unwrap()
+        self.served.allocate(ids).await
     }
 
     /// GetPreferredAllocation for `sizes.len()` containers, every vGPU of the node available.
@@ -116,6 +76,7 @@ impl Node {
             })
             .collect();
         let resp = self
+            .served
             .client
             .get_preferred_allocation(PreferredAllocationRequest { container_requests })
             .await
@@ -125,11 +86,12 @@ impl Node {
     }
 
     fn config_of(&self, container: &str) -> vgpu_config::VgpuConfig {
-        vgpu_config::read(&self.manager.join(format!("{UID}_{container}/config/vgpu.config"))).unwrap()
+        let manager = &self.served.config.manager_dir;
+        vgpu_config::read(&manager.join(format!("{UID}_{container}/config/vgpu.config"))).unwrap()
     }
 
     async fn stop(self) {
-        self.server.stop().await.unwrap();
+        self.served.stop().await;
     }
 }
 
@@ -201,7 +163,7 @@ async fn volume_mounts_strategy_lists_devices_as_mounts() {
 async fn honor_pre_allocated_ids_batch_request() {
     // One GetPreferredAllocation for three containers: each gets its own pre-allocated GPU, in order.
     let mut node = start(&["HonorPreAllocatedDeviceIDs=true"], THREE, |_| {}).await;
-    let options = node.client.get_device_plugin_options(Empty {}).await.unwrap().into_inner();
+    let options = node.served.client.get_device_plugin_options(Empty {}).await.unwrap().into_inner();
     assert!(options.get_preferred_allocation_available);
     assert_eq!(node.preferred(&[1, 1, 1]).await, [["GPU-a::0"], ["GPU-b::0"], ["GPU-c::0"]]);
     node.stop().await;
@@ -219,7 +181,7 @@ async fn honor_pre_allocated_ids_serial_kubelet_pairs() {
         let resp = node.allocate(&ids).await;
         assert_eq!(resp.envs["VGPU_CONTAINER_NAME"], container);
     }
-    let pod = node.cluster.pod("ns", "p").unwrap();
+    let pod = node.served.cluster.pod("ns", "p").unwrap();
     assert_eq!(pod.annotations["nvidia.com/real-allocated"], THREE);
     assert_eq!(pod.labels["nvidia.com/assigned-phase"], "succeed");
     node.stop().await;
@@ -242,7 +204,7 @@ async fn honor_pre_allocated_ids_no_leak_between_retried_pairs() {
 #[tokio::test]
 async fn honor_pre_allocated_ids_off_gives_the_default_preference() {
     let mut node = start(&[], THREE, |_| {}).await;
-    let options = node.client.get_device_plugin_options(Empty {}).await.unwrap().into_inner();
+    let options = node.served.client.get_device_plugin_options(Empty {}).await.unwrap().into_inner();
     assert!(!options.get_preferred_allocation_available);
     assert_eq!(node.preferred(&[1, 1]).await, [["GPU-a::0"], ["GPU-a::1"]]);
     node.stop().await;

@@ -5,48 +5,24 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+mod support;
+
+use std::sync::Arc;
 
 use vgpu_core::{
     backend::{DeviceBackend, mock::MockBackend},
     node_config::{DeviceListStrategy, ImexSettings},
 };
 use vgpu_deviceplugin::{
-    api::v1beta1::{
-        AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
-        device_plugin_client::DevicePluginClient,
-    },
+    api::v1beta1::ContainerAllocateResponse,
     cdi,
-    cluster::{ContainerInfo, InMemoryCluster, PodInfo},
+    cluster::InMemoryCluster,
     config::PluginConfig,
     daemon::{Daemon, cdi_spec_devices},
-    inventory::{DeviceState, node_devices},
-    plugin::PluginHandler,
-    registration::connect_unix,
-    server::serve,
-    vnumber::VgpuNumberPlugin,
 };
 
 const MOCK: &str = "gpus:\n  - { uuid: GPU-a, name: NVIDIA GB200, memoryMiB: 8192, minor: 3 }\n";
 const UID: &str = "0b1a2c3d-0000-4000-8000-000000000001";
-
-fn pod() -> PodInfo {
-    PodInfo {
-        namespace: "ns".into(),
-        name: "p".into(),
-        uid: UID.into(),
-        node_name: "node-1".into(),
-        phase: "Pending".into(),
-        deleting: false,
-        labels: BTreeMap::from([("nvidia.com/assigned-phase".to_owned(), "allocating".to_owned())]),
-        annotations: BTreeMap::from([
-            ("nvidia.com/pre-allocated".to_owned(), "main[0_GPU-a_50_2048]".to_owned()),
-            ("nvidia.com/predicate-node".to_owned(), "node-1".to_owned()),
-            ("nvidia.com/predicate-time".to_owned(), "100".to_owned()),
-        ]),
-        containers: vec![ContainerInfo { name: "main".into(), env: BTreeMap::new() }],
-    }
-}
 
 /// A node whose driver root holds `/dev/nvidiactl` and the IMEX channel nodes `present`.
 fn node(dir: &std::path::Path, present: &[u32], tune: impl FnOnce(&mut PluginConfig)) -> PluginConfig {
@@ -67,7 +43,8 @@ fn node(dir: &std::path::Path, present: &[u32], tune: impl FnOnce(&mut PluginCon
 
 fn daemon(config: PluginConfig) -> Result<(Daemon, Arc<InMemoryCluster>), String> {
     let backend: Arc<dyn DeviceBackend> = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
-    let cluster = Arc::new(InMemoryCluster::new(vec![pod()]));
+    let cluster =
+        Arc::new(InMemoryCluster::new(vec![support::allocating_pod(UID, "p", "main[0_GPU-a_50_2048]")]));
     Daemon::new(config, backend, cluster.clone(), cluster.clone())
         .map(|d| (d, cluster))
         .map_err(|e| e.to_string())
@@ -84,25 +61,8 @@ async fn allocate(strategies: Vec<DeviceListStrategy>) -> (ContainerAllocateResp
     });
     let (daemon, cluster) = daemon(config).unwrap();
     assert_eq!(daemon.config.imex_channels, [5], "missing channel 0 skipped, duplicate 5 once");
-    let config = Arc::new(daemon.config);
-    let state = DeviceState::new(
-        node_devices(&daemon.backend.devices().unwrap(), &config.settings),
-        &config.settings,
-    );
-    let plugin: Arc<dyn PluginHandler> =
-        Arc::new(VgpuNumberPlugin::new(Arc::clone(&config), state.clone(), Some(cluster.clone())));
-    let socket = dir.path().join("nvidia-vgpu.sock");
-    let server = serve(plugin, socket.clone(), state.subscribe()).unwrap();
-    let mut client = DevicePluginClient::new(connect_unix(&socket, Duration::from_secs(5)).await.unwrap());
-    let resp = client
-        .allocate(AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest { devices_ids: vec!["GPU-a::0".into()] }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    server.stop().await.unwrap();
-    (resp.container_responses.into_iter().next().unwrap(), dir)
+    let resp = support::allocate_once(daemon, cluster, dir.path(), "p", &["GPU-a::0"]).await;
+    (resp, dir)
 }
 
 fn device_paths(resp: &ContainerAllocateResponse) -> Vec<(&str, &str)> {

@@ -1,0 +1,100 @@
+//! Shared fixture of the `Allocate` tests (here and in `bins/tests/metax_allocate.rs`): a pod in the
+//! allocating phase, and the vnumber plugin of a [`Daemon`] served on a real unix socket with a client.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+
+use tonic::transport::Channel;
+use vgpu_deviceplugin::{
+    api::v1beta1::{
+        AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
+        device_plugin_client::DevicePluginClient,
+    },
+    cluster::{ContainerInfo, InMemoryCluster, PodInfo},
+    config::PluginConfig,
+    daemon::Daemon,
+    inventory::{DeviceState, node_devices},
+    registration::connect_unix,
+    server::{RunningServer, serve},
+    vnumber::VgpuNumberPlugin,
+};
+
+/// Pod `ns/<name>` on `node-1` in the allocating phase with `pre_allocated` (one container per claim,
+/// named as in the claim, no env).
+pub fn allocating_pod(uid: &str, name: &str, pre_allocated: &str) -> PodInfo {
+    let containers = pre_allocated
+        .split(';')
+        .map(|c| ContainerInfo { name: c.split('[').next().unwrap().to_owned(), env: BTreeMap::new() })
+        .collect();
+    PodInfo {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: uid.into(),
+        node_name: "node-1".into(),
+        phase: "Pending".into(),
+        deleting: false,
+        labels: BTreeMap::from([("nvidia.com/assigned-phase".to_owned(), "allocating".to_owned())]),
+        annotations: BTreeMap::from([
+            ("nvidia.com/pre-allocated".to_owned(), pre_allocated.to_owned()),
+            ("nvidia.com/predicate-node".to_owned(), "node-1".to_owned()),
+            ("nvidia.com/predicate-time".to_owned(), "100".to_owned()),
+        ]),
+        containers,
+    }
+}
+
+/// The vnumber plugin of a daemon, served on `<dir>/nvidia-vgpu.sock`, and a client of it.
+pub struct Served {
+    /// The configuration the daemon resolved.
+    pub config: Arc<PluginConfig>,
+    /// The cluster `Allocate` reads and patches.
+    pub cluster: Arc<InMemoryCluster>,
+    /// A client on the socket.
+    pub client: DevicePluginClient<Channel>,
+    server: RunningServer,
+}
+
+impl Served {
+    /// Serves the vnumber plugin of `daemon` (built over `cluster`) in `dir`.
+    pub async fn start(daemon: Daemon, cluster: Arc<InMemoryCluster>, dir: &Path) -> Self {
+        let config = Arc::new(daemon.config);
+        let gpus = daemon.backend.devices().unwrap();
+        let state = DeviceState::new(node_devices(&gpus, &config.settings), &config.settings);
+        let plugin =
+            Arc::new(VgpuNumberPlugin::new(Arc::clone(&config), state.clone(), Some(cluster.clone())));
+        let socket = dir.join("nvidia-vgpu.sock");
+        let server = serve(plugin, socket.clone(), state.subscribe()).unwrap();
+        let client = DevicePluginClient::new(connect_unix(&socket, Duration::from_secs(5)).await.unwrap());
+        Self { config, cluster, client, server }
+    }
+
+    /// `Allocate` of one container with these device IDs.
+    pub async fn allocate(&mut self, ids: &[&str]) -> ContainerAllocateResponse {
+        let devices_ids = ids.iter().map(|s| (*s).to_owned()).collect();
+        let request = AllocateRequest { container_requests: vec![ContainerAllocateRequest { devices_ids }] };
+        let resp = self.client.allocate(request).await.unwrap().into_inner();
+        resp.container_responses.into_iter().next().unwrap()
+    }
+
+    /// Stops the server.
+    pub async fn stop(self) {
+        self.server.stop().await.unwrap();
+    }
+}
+
+/// [`Served::start`], one `Allocate` of `ids`, stop: the container's answer, after checking the pod `ns/<pod>`
+/// ended `assigned-phase=succeed`.
+pub async fn allocate_once(
+    daemon: Daemon,
+    cluster: Arc<InMemoryCluster>,
+    dir: &Path,
+    pod: &str,
+    ids: &[&str],
+) -> ContainerAllocateResponse {
+    let mut served = Served::start(daemon, cluster, dir).await;
+    let resp = served.allocate(ids).await;
+    assert_eq!(served.cluster.pod("ns", pod).unwrap().labels["nvidia.com/assigned-phase"], "succeed");
+    served.stop().await;
+    resp
+}
