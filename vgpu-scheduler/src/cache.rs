@@ -333,6 +333,11 @@ impl ClusterCache {
         map.iter().map(|(_, e)| e.slot.clone()).collect()
     }
 
+    /// Number of nodes held.
+    pub fn node_count(&self) -> usize {
+        self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
     /// Every node name, sorted.
     pub fn node_names(&self) -> Vec<String> {
         let mut v: Vec<String> = self

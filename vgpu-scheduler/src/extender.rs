@@ -20,13 +20,78 @@ use crate::clock::Clock;
 use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MemoryCluster, MetadataPatch, Pod};
 use crate::gang::GangPlacement;
 use crate::pdb::{Budgets, PodDisruptionBudget};
+use crate::pod_lock::PodLocks;
 use crate::prealloc::{self, PREDICATE_TIME_DONE, phase};
 use crate::rank::{Ranking, ResolveMemo, rank_candidates};
+use crate::rank_table::NO_ROW;
 
 /// Default `--stuck-grace-period` (30 s).
 pub const DEFAULT_STUCK_GRACE_NS: i64 = 30_000_000_000;
 /// Default lifetime of an in-flight reservation (30 s; it normally lives for one patch round trip).
 pub const DEFAULT_RESERVATION_TTL_NS: i64 = 30_000_000_000;
+/// Fixed part of the margin over the cache's node count that a candidate list may have before it is treated
+/// as oversized (see [`candidate_bound`]).
+pub const CANDIDATE_MARGIN: usize = 256;
+
+/// The longest candidate list answered name by name for a cache of `nodes` nodes: `nodes + nodes / 8 +`
+/// [`CANDIDATE_MARGIN`]. The margin covers nodes the scheduler saw before the cache did (new nodes, watch lag).
+///
+/// kube-scheduler sends each node it found feasible once, from its own node snapshot, so its lists are never
+/// longer than the cluster and never repeat a name. Every verb taking a candidate list (filter, filter-dryrun,
+/// prioritize) first collapses repeated names, keeping the first occurrence, so an answer names each node at
+/// most once (kube-scheduler maps the answer's names back through a name → node map and sums prioritize
+/// scores per host, so a repeated name would pass and fail at once, or be scored twice). A list longer than
+/// this bound is answered for the cached nodes only: names the cache does not hold are dropped after one hash
+/// lookup each, instead of each getting a `node missing from cache` entry. kube-scheduler treats a node that
+/// is neither in `NodeNames` nor in `FailedNodes` as filtered out (without a reason in its diagnosis), and
+/// gives it no extender score, so the answer means the same. Either way no answer lists more nodes than the
+/// request's distinct candidates.
+pub fn candidate_bound(nodes: usize) -> usize {
+    nodes.saturating_add(nodes / 8).saturating_add(CANDIDATE_MARGIN)
+}
+
+/// The candidates of a verb after [`candidate_bound`]'s rules (repeats collapsed, unknown names of an oversized
+/// list dropped), in request order, with their rank-table rows.
+fn distinct_candidates(cache: &ClusterCache, mut names: Vec<String>) -> (Vec<String>, Vec<u32>) {
+    let mut rows = cache.candidate_rows(&names);
+    let oversized = names.len() > candidate_bound(cache.node_count());
+    let keep: Vec<bool> = {
+        // Known names are told apart by their row (one bit each); unknown ones by name.
+        let mut seen_rows: Vec<u64> = Vec::new();
+        let mut seen_unknown: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
+        names
+            .iter()
+            .zip(&rows)
+            .map(|(name, &row)| {
+                if row == NO_ROW {
+                    return !oversized && seen_unknown.insert(name.as_str());
+                }
+                let (word, bit) = ((row / 64) as usize, 1u64 << (row % 64));
+                if seen_rows.len() <= word {
+                    seen_rows.resize(word + 1, 0);
+                }
+                let fresh = seen_rows[word] & bit == 0;
+                seen_rows[word] |= bit;
+                fresh
+            })
+            .collect()
+    };
+    let dropped = keep.iter().filter(|k| !**k).count();
+    if dropped > 0 {
+        tracing::debug!(
+            candidates = names.len(),
+            dropped,
+            oversized,
+            "collapsed repeated candidate names{}",
+            if oversized { " and dropped names the cache does not hold" } else { "" }
+        );
+        let mut k = keep.iter();
+        names.retain(|_| k.next().copied().unwrap_or(true));
+        let mut k = keep.iter();
+        rows.retain(|_| k.next().copied().unwrap_or(true));
+    }
+    (names, rows)
+}
 
 /// Extender settings.
 #[derive(Debug, Clone)]
@@ -273,6 +338,7 @@ pub struct Extender<C, K> {
     cache: Arc<ClusterCache>,
     config: ExtenderConfig,
     filter_lock: tokio::sync::Mutex<()>,
+    pod_locks: PodLocks,
     bind_locks: Vec<tokio::sync::Mutex<()>>,
     stats: Stats,
     observer: Option<Arc<dyn ExtenderObserver>>,
@@ -347,6 +413,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             cache,
             config,
             filter_lock: tokio::sync::Mutex::new(()),
+            pod_locks: PodLocks::default(),
             bind_locks: (0..BIND_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             stats: Stats::default(),
             observer: None,
@@ -424,7 +491,15 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     /// The live filter (`/scheduler/filter`): picks one node, reserves its GPUs, patches the pre-allocation.
     ///
     /// The candidate names are moved into the answer (the chosen node and the rejected ones), so a call over
-    /// thousands of nodes copies none of them.
+    /// thousands of nodes copies none of them. Repeated names are collapsed and an oversized list is answered
+    /// for the cached nodes only ([`candidate_bound`]).
+    ///
+    /// Filters of the same pod (by UID) run one after the other; a pod that already holds a valid
+    /// pre-allocation (in the request's copy of the pod or, fresher, in the cache: the patch of an earlier
+    /// filter) gets that node back if it is a candidate, so concurrent or repeated filters of one pod all
+    /// answer the node its reservation is on and the bind that follows finds a matching pre-allocation. If
+    /// that node is not a candidate the call fails (`pod <uid> had been predicated`), as upstream does once its
+    /// informer has seen the patch. Filters of different pods never wait on each other for this.
     pub async fn filter(&self, pod: Option<&Pod>, nodes: Vec<String>) -> FilterResult {
         let start = Instant::now();
         let out = self.filter_inner(pod, nodes).await;
@@ -441,6 +516,15 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 FilterResult { error: e.to_string(), ..FilterResult::default() }
             }
         }
+    }
+
+    /// The node of a valid pre-allocation the pod holds (contract §3.1 step 5), if any.
+    fn held_node(&self, pod: &Pod, now: i64) -> Option<String> {
+        let d = &self.config.domain;
+        let target = prealloc::predicate_node(pod, d)?;
+        (prealloc::planned_claim(pod, d).is_some()
+            && prealloc::should_count(pod, d, self.config.stuck_grace_ns).at(now))
+        .then(|| target.to_owned())
     }
 
     async fn checked_request(&self, pod: Option<&Pod>) -> Result<(Pod, PodRequest), ExtenderError> {
@@ -467,6 +551,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         nodes: Vec<String>,
     ) -> Result<FilterResult, ExtenderError> {
         let (pod, request) = self.checked_request(pod).await?;
+        let (nodes, rows) = distinct_candidates(&self.cache, nodes);
         if request.is_empty() {
             return Ok(FilterResult { node_names: nodes, ..FilterResult::default() });
         }
@@ -474,12 +559,17 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             return Err(ExtenderError::NoNodes);
         }
         let d = &self.config.domain;
+        let _pod_lock = self.pod_locks.lock(&pod.uid).await;
         let now = self.clock.now_ns();
-        if let Some(target) = prealloc::predicate_node(&pod, d)
-            && prealloc::planned_claim(&pod, d).is_some()
-            && prealloc::should_count(&pod, d, self.config.stuck_grace_ns).at(now)
-        {
-            let Some(at) = nodes.iter().position(|n| n == target) else {
+        // The cache's copy of the pod is at least as fresh as the scheduler's: it carries the patch of an
+        // earlier filter of this pod as soon as that filter returned.
+        let cached = self.cache.pod(&pod.uid);
+        if let Some(n) = cached.as_ref().and_then(|p| p.node_name.as_deref()).filter(|n| !n.is_empty()) {
+            return Err(ExtenderError::AlreadyBound(n.to_owned()));
+        }
+        let held = [cached.as_deref(), Some(&pod)].into_iter().flatten().find_map(|p| self.held_node(p, now));
+        if let Some(target) = held {
+            let Some(at) = nodes.iter().position(|n| *n == target) else {
                 return Err(ExtenderError::AlreadyPredicated(pod.uid.clone()));
             };
             let mut outcome = vec![Some(ReasonCode::AlreadyScheduledElsewhere); nodes.len()];
@@ -488,12 +578,15 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         }
         let t_stage = Instant::now();
         let _serial = if self.config.serialize_filter { Some(self.filter_lock.lock().await) } else { None };
-        if self.config.serialize_filter {
+        let rows = if self.config.serialize_filter {
             self.observe(FilterStage::LockWait, t_stage);
-        }
+            // Nodes may have come and gone while this call waited: resolve the rows again.
+            self.cache.candidate_rows(&nodes)
+        } else {
+            rows
+        };
         let t_stage = Instant::now();
         self.cache.sweep(now);
-        let rows = self.cache.candidate_rows(&nodes);
         // Per input position: why the node was rejected (`None`: ranked and not tried yet, or chosen).
         let mut outcome: Vec<Option<ReasonCode>> = vec![None; nodes.len()];
         let mut memo = ResolveMemo::default();
@@ -583,7 +676,8 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     }
 
     /// The side-effect-free filter (`/scheduler/filter-dryrun`): every node evaluated, every feasible node
-    /// returned in input order, detailed reasons, no lock, no reservation, no patch, no event.
+    /// returned in input order, detailed reasons, no lock, no reservation, no patch, no event. Candidates as
+    /// in [`filter`](Self::filter) ([`candidate_bound`]).
     pub fn filter_dry_run(&self, pod: Option<&Pod>, nodes: Vec<String>) -> FilterResult {
         let run = || -> Result<FilterResult, ExtenderError> {
             let pod = pod.ok_or(ExtenderError::NoPod)?;
@@ -591,6 +685,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 return Err(ExtenderError::AlreadyBound(n.to_owned()));
             }
             let request = self.request(pod)?;
+            let (nodes, _) = distinct_candidates(&self.cache, nodes);
             if request.is_empty() {
                 return Ok(FilterResult { node_names: nodes, ..FilterResult::default() });
             }
@@ -623,18 +718,21 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     }
 
     /// Prioritize: host priorities 0..=10 from the node-policy score (0 for nodes that cannot fit, are
-    /// unknown, or for pods without vGPUs).
-    pub fn prioritize(&self, pod: &Pod, nodes: &[String]) -> Vec<HostPriority> {
+    /// unknown, or for pods without vGPUs), one per distinct candidate ([`candidate_bound`]: repeats collapsed,
+    /// unknown names of an oversized list left out). A pod whose vGPU limits are invalid (a bad quantity, too
+    /// many GPUs) is an error, not a row of zeros.
+    pub fn prioritize(&self, pod: &Pod, nodes: Vec<String>) -> Result<Vec<HostPriority>, ExtenderError> {
+        let request = self.request(pod)?;
+        let (nodes, rows) = distinct_candidates(&self.cache, nodes);
         let mut scores = vec![0; nodes.len()];
-        if let Some(request) = self.request(pod).ok().filter(|r| !r.is_empty()) {
-            let rows = self.cache.candidate_rows(nodes);
+        if !request.is_empty() {
             let mut memo = ResolveMemo::default();
-            for (pos, _, score) in rank_candidates(&self.cache, &request, nodes, &rows, &mut memo, |_, _| ())
+            for (pos, _, score) in rank_candidates(&self.cache, &request, &nodes, &rows, &mut memo, |_, _| ())
             {
                 scores[pos] = score.host_priority();
             }
         }
-        nodes.iter().zip(scores).map(|(name, score)| HostPriority { host: name.clone(), score }).collect()
+        Ok(nodes.into_iter().zip(scores).map(|(host, score)| HostPriority { host, score }).collect())
     }
 
     async fn mark_failed(&self, pod: &Pod, message: &str) {

@@ -28,6 +28,7 @@
 //! | [`server`] | the axum router ([`server::router`]) and [`server::serve`]/[`server::run`]: verbs, `/healthz`, `/readyz`, `/metrics`, `/version` |
 //! | [`tls`] | rustls (ring, ALPN `http/1.1`) with a hot-reloaded certificate ([`tls::CertReloader`]) |
 //! | [`metrics`] | [`Metrics`]: the contract's `vgpu_scheduler_*` families (prometheus-client) |
+//! | [`work`] | [`work::WorkPool`]: admission and blocking-thread workers for the verbs, so the probes always answer |
 //!
 //! # Example
 //!
@@ -123,6 +124,7 @@ pub mod leader;
 pub mod metrics;
 mod node_index;
 pub mod pdb;
+mod pod_lock;
 pub mod prealloc;
 pub mod process_metrics;
 pub mod rank;
@@ -132,6 +134,7 @@ pub mod server;
 pub mod tls;
 pub mod watch;
 pub mod wire;
+pub mod work;
 
 pub use cache::ClusterCache;
 pub use clock::{Clock, ManualClock, SystemClock};

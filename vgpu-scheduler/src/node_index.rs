@@ -89,6 +89,11 @@ impl NodeIndex {
         Some(entry)
     }
 
+    /// Number of nodes.
+    pub(crate) fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
     /// Every node.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &NodeEntry)> {
         self.by_name.iter()
@@ -130,6 +135,7 @@ mod tests {
                     prop_assert_eq!(index.row_of(&name), want.unwrap_or(NO_ROW));
                 }
                 prop_assert_eq!(index.iter().count(), model.len());
+                prop_assert_eq!(index.len(), model.len());
             }
         }
     }

@@ -14,33 +14,62 @@
 //! | `GET /version` | [`VersionInfo`] as JSON |
 //!
 //! Errors, as upstream kube-scheduler and vgpu-manager expect them: filter, filter-dryrun and bind always answer
-//! HTTP 200, with the reason in the result's `Error` when the body is malformed or too large, or the caches
-//! are not synced yet (a non-empty `Error` fails the scheduler's call). Preempt and prioritize, whose results
-//! have no `Error` field, answer 400 (malformed), 413 (too large), 408 (body not received in time) or 503
-//! (not synced) with the reason as text. Request bodies are capped at [`MAX_BODY_BYTES`] (7 MiB).
+//! HTTP 200, with the reason in the result's `Error` when the body is malformed or too large, the caches
+//! are not synced yet, or the server is busy (a non-empty `Error` fails the scheduler's call). Preempt and
+//! prioritize, whose results have no `Error` field, answer 400 (malformed, or a pod whose vGPU limits are
+//! invalid), 413 (too large), 408 (body not received in time) or 503 (not synced, busy) with the reason as text.
+//! Request bodies are capped at [`MAX_BODY_BYTES`] (7 MiB). JSON syntax errors name the line and column.
 //!
-//! [`serve`] runs a router on a listener with the upstream timeouts (headers within 15 s, the whole request
-//! within 60 s), optional TLS ([`crate::tls`]) and graceful shutdown; [`run`] does it all from a
-//! [`ServerConfig`].
+//! # Bounded work
+//!
+//! The verbs' CPU work (decoding the body, the verb, encoding the answer) runs on blocking threads under a
+//! [`WorkPool`] ([`crate::work`]), so the async workers that answer `/healthz`, `/readyz`, `/metrics` and
+//! `/version` are never busy with it. At most [`WorkLimits::max_admitted`] verb calls are in the server at
+//! once (reading their body, queued, running); beyond it a call is refused before its body is read. At most
+//! [`WorkLimits::max_running`] heavy calls (filter, filter-dryrun, prioritize, preempt) run at once; the
+//! others wait up to [`WorkLimits::queue_timeout`] and are then refused. A refused call gets `Retry-After: 1`
+//! and, like the not-synced answer, `Error` in a 200 answer (filter, filter-dryrun, bind) or a 503 with the
+//! reason (prioritize, preempt). kube-scheduler does not read `Retry-After` and treats both forms alike: a
+//! failed filter call (unless the extender is `ignorable`) fails the scheduling attempt and sends the pod to
+//! the backoff queue to be retried; a failed prioritize call is logged and its scores are left out; a failed
+//! preempt call ends that preemption attempt. The 200 form for filter and bind keeps the answer vgpu-manager
+//! gives for every other refusal; the header is for other clients.
+//!
+//! Memory: request bodies held at once are at most `max_admitted × max_body_bytes`, and each running call holds
+//! its decoded request and answer (a few times its body at most), so peak memory is bounded by
+//! `base + max_admitted × max_body_bytes + max_running × k × max_body_bytes` with `k` about 6 for a body of
+//! node names only (measured by the `load` test in `tests/load.rs`).
+//!
+//! [`serve`] runs a router on a listener with the upstream timeouts, optional TLS ([`crate::tls`]) and graceful
+//! shutdown; [`run`] does it all from a [`ServerConfig`]. The whole request (headers and body) must arrive
+//! within [`ServerConfig::read_timeout`] of its first byte, and its headers within
+//! [`ServerConfig::header_read_timeout`] (never more than the read timeout).
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::Extension;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::service::Service as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use vgpu_core::alloc::PodRequest;
 use vgpu_core::model::TopologyMode;
@@ -58,6 +87,7 @@ use crate::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
     ExtenderPreemptionResult, HostPriority,
 };
+use crate::work::{Admission, Busy, RETRY_AFTER_SECS, WorkLimits, WorkPool};
 
 /// Largest accepted request body (7 MiB, vgpu-manager's `io.LimitReader`).
 pub const MAX_BODY_BYTES: usize = 7 << 20;
@@ -91,6 +121,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Wait for open connections after shutdown is asked, before giving up on them.
     pub shutdown_timeout: Duration,
+    /// Verb calls admitted and running at once ([`crate::work`]).
+    pub work: WorkLimits,
 }
 
 impl Default for ServerConfig {
@@ -102,6 +134,7 @@ impl Default for ServerConfig {
             read_timeout: DEFAULT_READ_TIMEOUT,
             max_body_bytes: MAX_BODY_BYTES,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            work: WorkLimits::default(),
         }
     }
 }
@@ -122,13 +155,15 @@ pub enum ServerError {
     Tls(#[from] TlsError),
 }
 
-/// What the router serves: the extender, the readiness handle, the metrics and the body limits.
+/// What the router serves: the extender, the readiness handle, the metrics, the body limits and the verb
+/// work pool.
 pub struct AppState<C, K> {
     extender: Arc<Extender<C, K>>,
     readiness: Readiness,
     metrics: Arc<Metrics>,
     max_body_bytes: usize,
     read_timeout: Duration,
+    pool: Arc<WorkPool>,
 }
 
 impl<C, K> Clone for AppState<C, K> {
@@ -139,6 +174,7 @@ impl<C, K> Clone for AppState<C, K> {
             metrics: self.metrics.clone(),
             max_body_bytes: self.max_body_bytes,
             read_timeout: self.read_timeout,
+            pool: self.pool.clone(),
         }
     }
 }
@@ -149,13 +185,14 @@ impl<C, K> std::fmt::Debug for AppState<C, K> {
             .field("readiness", &self.readiness)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("read_timeout", &self.read_timeout)
+            .field("work", &self.pool.limits())
             .finish_non_exhaustive()
     }
 }
 
 impl<C, K> AppState<C, K> {
-    /// State with the default body limit and read timeout. Give the extender the same `metrics` as observer
-    /// ([`Extender::with_observer`]) to get the filter's stage timings.
+    /// State with the default body limit, read timeout and work limits. Give the extender the same `metrics`
+    /// as observer ([`Extender::with_observer`]) to get the filter's stage timings.
     pub fn new(extender: Arc<Extender<C, K>>, readiness: Readiness, metrics: Arc<Metrics>) -> Self {
         Self {
             extender,
@@ -163,14 +200,21 @@ impl<C, K> AppState<C, K> {
             metrics,
             max_body_bytes: MAX_BODY_BYTES,
             read_timeout: DEFAULT_READ_TIMEOUT,
+            pool: Arc::new(WorkPool::new(WorkLimits::default())),
         }
     }
 
-    /// Takes the body limit and read timeout of a [`ServerConfig`].
+    /// Takes the body limit, read timeout and work limits of a [`ServerConfig`].
     pub fn with_limits(mut self, config: &ServerConfig) -> Self {
         self.max_body_bytes = config.max_body_bytes;
         self.read_timeout = config.read_timeout;
+        self.pool = Arc::new(WorkPool::new(config.work));
         self
+    }
+
+    /// The verb work pool.
+    pub fn pool(&self) -> &Arc<WorkPool> {
+        &self.pool
     }
 
     /// The extender.
@@ -226,40 +270,77 @@ enum RequestError {
     NotSynced,
     #[error("request body exceeds the limit of {limit} bytes")]
     TooLarge { limit: usize },
-    #[error("request body not received within {after:?}")]
+    #[error("request body not received within {after:?} of the request's first byte")]
     Timeout { after: Duration },
     #[error("reading the request body failed: {0}")]
     Read(String),
     #[error("malformed {what} JSON{}: {error}", path.as_deref().map(|p| format!(" at `{p}`")).unwrap_or_default())]
     Json { what: &'static str, path: Option<String>, error: String },
+    #[error(
+        "malformed {what} JSON: syntax error at line {line} column {column}{}: {error}",
+        path.as_deref().map(|p| format!(" (in `{p}`)")).unwrap_or_default()
+    )]
+    Syntax { what: &'static str, line: usize, column: usize, path: Option<String>, error: String },
     #[error("{0}")]
     Invalid(String),
+    #[error(transparent)]
+    Busy(#[from] Busy),
 }
 
 impl RequestError {
     fn status(&self) -> StatusCode {
         match self {
-            RequestError::NotSynced => StatusCode::SERVICE_UNAVAILABLE,
+            RequestError::NotSynced | RequestError::Busy(Busy::Full { .. } | Busy::QueueTimeout { .. }) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            RequestError::Busy(Busy::Stopped(_)) => StatusCode::INTERNAL_SERVER_ERROR,
             RequestError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             RequestError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            RequestError::Read(_) | RequestError::Json { .. } | RequestError::Invalid(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            RequestError::Read(_)
+            | RequestError::Json { .. }
+            | RequestError::Syntax { .. }
+            | RequestError::Invalid(_) => StatusCode::BAD_REQUEST,
         }
     }
 
     /// The non-200 answer (preempt, prioritize).
     fn into_response(self) -> Response {
-        (self.status(), format!("{self}\n")).into_response()
+        let status = self.status();
+        with_retry_after(status, (status, format!("{self}\n")).into_response())
+    }
+
+    /// The 200 answer with `Error` (filter, filter-dryrun, bind).
+    fn into_error_result<T: Serialize>(self, result: impl FnOnce(String) -> T) -> Response {
+        let status = self.status();
+        with_retry_after(status, json(StatusCode::OK, &result(self.to_string())))
     }
 }
+
+/// Adds `Retry-After` to the answer of a refusal that will pass (503: not synced, busy).
+fn with_retry_after(status: StatusCode, mut response: Response) -> Response {
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    response
+}
+
+/// When the first byte of a request was read, set by [`serve`] as a request extension: the whole request must
+/// arrive within [`ServerConfig::read_timeout`] of it. Without it (a router driven some other way) the body's
+/// deadline counts from when the handler starts reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestStart(pub Instant);
 
 impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
     fn ensure_synced(&self) -> Result<(), RequestError> {
         if self.readiness.is_synced() { Ok(()) } else { Err(RequestError::NotSynced) }
     }
 
-    async fn read_body(&self, headers: &HeaderMap, body: Body) -> Result<Bytes, RequestError> {
+    async fn read_body(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+        start: Option<RequestStart>,
+    ) -> Result<Bytes, RequestError> {
         let limit = self.max_body_bytes;
         let declared = headers
             .get(header::CONTENT_LENGTH)
@@ -268,7 +349,9 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
         if declared.is_some_and(|n| n > limit as u64) {
             return Err(RequestError::TooLarge { limit });
         }
-        match tokio::time::timeout(self.read_timeout, Limited::new(body, limit).collect()).await {
+        let start = start.map_or_else(Instant::now, |s| s.0);
+        let deadline = tokio::time::Instant::from_std(start + self.read_timeout);
+        match tokio::time::timeout_at(deadline, Limited::new(body, limit).collect()).await {
             Err(_) => Err(RequestError::Timeout { after: self.read_timeout }),
             Ok(Ok(collected)) => Ok(collected.to_bytes()),
             Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
@@ -278,16 +361,17 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
         }
     }
 
-    /// A verb's request body as `what`, once the caches are synced (every verb refuses to answer before).
-    async fn decode<T: DeserializeOwned>(
+    /// Admits a verb call and reads its body, once the caches are synced (every verb refuses to answer before).
+    async fn admit(
         &self,
         headers: &HeaderMap,
         body: Body,
-        what: &'static str,
-    ) -> Result<T, RequestError> {
+        start: Option<RequestStart>,
+    ) -> Result<(Admission, Bytes), RequestError> {
         self.ensure_synced()?;
-        let bytes = self.read_body(headers, body).await?;
-        decode_json(&bytes, what)
+        let admission = self.pool.admit()?;
+        let bytes = self.read_body(headers, body, start).await?;
+        Ok((admission, bytes))
     }
 
     fn is_vgpu(&self, pod: &Pod) -> bool {
@@ -326,11 +410,27 @@ fn decode_json<T: DeserializeOwned>(bytes: &[u8], what: &'static str) -> Result<
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        let path = (path != ".").then_some(path);
-        RequestError::Json { what, path, error: e.into_inner().to_string() }
+        // `?` marks a map key or sequence element the path cannot name; only a full path helps the reader.
+        let path = (path != "." && !path.contains('?')).then_some(path);
+        json_error(what, path, e.into_inner())
     })?;
-    de.end().map_err(|e| RequestError::Json { what, path: None, error: e.to_string() })?;
+    de.end().map_err(|e| json_error(what, None, e))?;
     Ok(value)
+}
+
+/// A syntax error (or a truncated body) by line and column; a data error by field path, with serde's message
+/// (which ends with the line and column).
+fn json_error(what: &'static str, path: Option<String>, e: serde_json::Error) -> RequestError {
+    use serde_json::error::Category;
+    match e.classify() {
+        Category::Syntax | Category::Eof => {
+            let text = e.to_string();
+            let suffix = format!(" at line {} column {}", e.line(), e.column());
+            let error = text.strip_suffix(&suffix).unwrap_or(&text).to_owned();
+            RequestError::Syntax { what, line: e.line(), column: e.column(), path, error }
+        }
+        Category::Io | Category::Data => RequestError::Json { what, path, error: e.to_string() },
+    }
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
@@ -363,82 +463,140 @@ pub fn router<C: Cluster, K: Clock + 'static>(state: AppState<C, K>) -> Router {
 
 async fn filter<C: Cluster, K: Clock + 'static>(
     State(s): State<AppState<C, K>>,
+    start: Option<Extension<RequestStart>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    filter_verb(s, headers, body, Verb::Filter).await
+    filter_verb(s, start.map(|e| e.0), headers, body, Verb::Filter).await
 }
 
 async fn filter_dry_run<C: Cluster, K: Clock + 'static>(
     State(s): State<AppState<C, K>>,
+    start: Option<Extension<RequestStart>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    filter_verb(s, headers, body, Verb::FilterDryRun).await
+    filter_verb(s, start.map(|e| e.0), headers, body, Verb::FilterDryRun).await
 }
 
 async fn filter_verb<C: Cluster, K: Clock + 'static>(
     s: AppState<C, K>,
+    req_start: Option<RequestStart>,
     headers: HeaderMap,
     body: Body,
     verb: Verb,
 ) -> Response {
     let start = Instant::now();
-    let prepared = async {
-        let mut args: ExtenderArgs = s.decode(&headers, body, "ExtenderArgs").await?;
-        let names = args.take_candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
-        Ok::<_, RequestError>((args, names))
-    };
-    let (out, label) = match prepared.await {
-        Err(e) => (ExtenderFilterResult::error(e.to_string()), "error"),
-        Ok((args, names)) => {
-            let pod = args.pod.as_ref().map(pod_from_k8s);
-            let result = if verb == Verb::Filter {
-                s.extender.filter(pod.as_ref(), names).await
-            } else {
-                s.extender.filter_dry_run(pod.as_ref(), names)
-            };
-            let label = filter_result_label(&result);
-            let domain = &s.extender.config().domain;
-            let policy = pod.as_ref().map(|p| PolicyLabels::from_pod(p, domain));
-            s.metrics.filter_rejects(verb, &result, policy.map_or("none", |p| p.topology_mode));
-            if let (Verb::Filter, Some(pod), Some(policy)) = (verb, &pod, policy)
-                && label != "error"
-                && s.is_vgpu(pod)
-            {
-                s.metrics.pod_policy(policy);
-                let mode = policy.topology_mode.parse::<TopologyMode>().unwrap_or_default();
-                if let (Some(node), true) = (result.node_names.first(), result.node_names.len() == 1) {
-                    s.record_placement(pod, node, mode);
+    let (response, label) = match s.admit(&headers, body, req_start).await {
+        Err(e) => (e.into_error_result(ExtenderFilterResult::error), "error"),
+        Ok((admission, bytes)) => {
+            let state = s.clone();
+            match s.pool.run_async(admission, async move { state.filter_work(&bytes, verb).await }).await {
+                Ok(done) => done,
+                Err(busy) => {
+                    (RequestError::from(busy).into_error_result(ExtenderFilterResult::error), "error")
                 }
             }
-            (ExtenderFilterResult::from_result(&args, result), label)
         }
     };
     s.metrics.verb(verb, label, start.elapsed());
-    json(StatusCode::OK, &out)
+    response
 }
 
-async fn prioritize<C: Cluster, K: Clock + 'static>(
-    State(s): State<AppState<C, K>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let start = Instant::now();
-    let run = async {
-        let mut args: ExtenderArgs = s.decode(&headers, body, "ExtenderArgs").await?;
+impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
+    /// Filter or dry-run filter from the body to the encoded answer (on a worker thread).
+    async fn filter_work(&self, bytes: &[u8], verb: Verb) -> (Response, &'static str) {
+        let prepared = decode_json::<ExtenderArgs>(bytes, "ExtenderArgs").and_then(|mut args| {
+            let names = args.take_candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
+            Ok((args, names))
+        });
+        let (out, label) = match prepared {
+            Err(e) => (ExtenderFilterResult::error(e.to_string()), "error"),
+            Ok((args, names)) => {
+                let pod = args.pod.as_ref().map(pod_from_k8s);
+                let result = if verb == Verb::Filter {
+                    self.extender.filter(pod.as_ref(), names).await
+                } else {
+                    self.extender.filter_dry_run(pod.as_ref(), names)
+                };
+                let label = filter_result_label(&result);
+                let domain = &self.extender.config().domain;
+                let policy = pod.as_ref().map(|p| PolicyLabels::from_pod(p, domain));
+                self.metrics.filter_rejects(verb, &result, policy.map_or("none", |p| p.topology_mode));
+                if let (Verb::Filter, Some(pod), Some(policy)) = (verb, &pod, policy)
+                    && label != "error"
+                    && self.is_vgpu(pod)
+                {
+                    self.metrics.pod_policy(policy);
+                    let mode = policy.topology_mode.parse::<TopologyMode>().unwrap_or_default();
+                    if let (Some(node), true) = (result.node_names.first(), result.node_names.len() == 1) {
+                        self.record_placement(pod, node, mode);
+                    }
+                }
+                (ExtenderFilterResult::from_result(&args, result), label)
+            }
+        };
+        (json(StatusCode::OK, &out), label)
+    }
+
+    /// Prioritize from the body to the encoded answer (on a worker thread).
+    fn prioritize_work(&self, bytes: &[u8]) -> Result<Response, RequestError> {
+        let mut args: ExtenderArgs = decode_json(bytes, "ExtenderArgs")?;
         let names = args.take_candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
         let pod = args
             .pod
             .as_ref()
             .map(pod_from_k8s)
             .ok_or_else(|| RequestError::Invalid(crate::ExtenderError::NoPod.to_string()))?;
-        Ok::<_, RequestError>(
-            s.extender.prioritize(&pod, &names).into_iter().map(HostPriority::from).collect::<Vec<_>>(),
-        )
+        let list = self
+            .extender
+            .prioritize(&pod, names)
+            .map_err(|e| RequestError::Invalid(format!("pod {}: {e}", pod.key())))?;
+        Ok(json(StatusCode::OK, &list.into_iter().map(HostPriority::from).collect::<Vec<_>>()))
+    }
+
+    /// Preempt from the body to the encoded answer (on a worker thread).
+    async fn preempt_work(&self, bytes: &[u8]) -> Result<(Response, &'static str), RequestError> {
+        let args: ExtenderPreemptionArgs = decode_json(bytes, "ExtenderPreemptionArgs")?;
+        let pod = args.pod.as_ref().map(pod_from_k8s);
+        let victims = args.victim_uids();
+        let result = self.extender.preempt(pod.as_ref(), &victims).await;
+        let label = match &pod {
+            Some(p) if self.is_vgpu(p) => {
+                let cache = self.extender.cache();
+                for uid in victims.values().flatten() {
+                    if let Some(reason) = cache.pod(uid).and_then(|v| protection_reason(&v, p)) {
+                        self.metrics.preempt_protected(reason);
+                    }
+                }
+                for (node, chosen) in &result.node_victims {
+                    let sent = victims.get(node);
+                    let added = chosen.iter().filter(|u| !sent.is_some_and(|v| v.contains(u))).count();
+                    self.metrics.preempt_victims_added(added);
+                }
+                if result.node_victims.is_empty() { "no_victims" } else { "victims" }
+            }
+            _ => "passthrough",
+        };
+        let out = ExtenderPreemptionResult::from_result(&args, result);
+        Ok((json(StatusCode::OK, &out), label))
+    }
+}
+
+async fn prioritize<C: Cluster, K: Clock + 'static>(
+    State(s): State<AppState<C, K>>,
+    req_start: Option<Extension<RequestStart>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let start = Instant::now();
+    let run = async {
+        let (admission, bytes) = s.admit(&headers, body, req_start.map(|e| e.0)).await?;
+        let state = s.clone();
+        s.pool.run(admission, move || state.prioritize_work(&bytes)).await?
     };
     let (response, label) = match run.await {
-        Ok(list) => (json(StatusCode::OK, &list), "success"),
+        Ok(response) => (response, "success"),
         Err(e) => (e.into_response(), "error"),
     };
     s.metrics.verb(Verb::Prioritize, label, start.elapsed());
@@ -447,58 +605,45 @@ async fn prioritize<C: Cluster, K: Clock + 'static>(
 
 async fn bind<C: Cluster, K: Clock + 'static>(
     State(s): State<AppState<C, K>>,
+    req_start: Option<Extension<RequestStart>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let start = Instant::now();
-    let (out, label) = match s.decode::<ExtenderBindingArgs>(&headers, body, "ExtenderBindingArgs").await {
-        Err(e) => (ExtenderBindingResult { error: e.to_string() }, "error"),
-        Ok(a) => {
+    // Bind is a few API calls: it is admitted (its body counts against the memory bound) but takes no worker.
+    let args = s.admit(&headers, body, req_start.map(|e| e.0)).await.and_then(|(admission, bytes)| {
+        decode_json::<ExtenderBindingArgs>(&bytes, "ExtenderBindingArgs").map(|a| (admission, a))
+    });
+    let (response, label) = match args {
+        Err(e) => (e.into_error_result(|error| ExtenderBindingResult { error }), "error"),
+        Ok((_admission, a)) => {
             let r = s.extender.bind(&a.pod_namespace, &a.pod_name, &a.pod_uid, &a.node).await;
             let label = bind_result_label(&r.error);
-            (ExtenderBindingResult::from(r), label)
+            (json(StatusCode::OK, &ExtenderBindingResult::from(r)), label)
         }
     };
     s.metrics.verb(Verb::Bind, label, start.elapsed());
-    json(StatusCode::OK, &out)
+    response
 }
 
 async fn preempt<C: Cluster, K: Clock + 'static>(
     State(s): State<AppState<C, K>>,
+    req_start: Option<Extension<RequestStart>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let start = Instant::now();
-    let args = match s.decode::<ExtenderPreemptionArgs>(&headers, body, "ExtenderPreemptionArgs").await {
-        Ok(a) => a,
-        Err(e) => {
-            s.metrics.verb(Verb::Preempt, "error", start.elapsed());
-            return e.into_response();
-        }
+    let run = async {
+        let (admission, bytes) = s.admit(&headers, body, req_start.map(|e| e.0)).await?;
+        let state = s.clone();
+        s.pool.run_async(admission, async move { state.preempt_work(&bytes).await }).await?
     };
-    let pod = args.pod.as_ref().map(pod_from_k8s);
-    let victims = args.victim_uids();
-    let result = s.extender.preempt(pod.as_ref(), &victims).await;
-    let label = match &pod {
-        Some(p) if s.is_vgpu(p) => {
-            let cache = s.extender.cache();
-            for uid in victims.values().flatten() {
-                if let Some(reason) = cache.pod(uid).and_then(|v| protection_reason(&v, p)) {
-                    s.metrics.preempt_protected(reason);
-                }
-            }
-            for (node, chosen) in &result.node_victims {
-                let sent = victims.get(node);
-                let added = chosen.iter().filter(|u| !sent.is_some_and(|v| v.contains(u))).count();
-                s.metrics.preempt_victims_added(added);
-            }
-            if result.node_victims.is_empty() { "no_victims" } else { "victims" }
-        }
-        _ => "passthrough",
+    let (response, label) = match run.await {
+        Ok(done) => done,
+        Err(e) => (e.into_response(), "error"),
     };
-    let out = ExtenderPreemptionResult::from_result(&args, result);
     s.metrics.verb(Verb::Preempt, label, start.elapsed());
-    json(StatusCode::OK, &out)
+    response
 }
 
 async fn healthz() -> &'static str {
@@ -535,12 +680,122 @@ async fn version() -> Response {
     json(StatusCode::OK, &VersionInfo::current())
 }
 
+/// When the current request of a connection began: the first byte read after the previous request was
+/// answered. Shared by the connection's [`StampedIo`] and its service.
+#[derive(Debug)]
+struct ConnClock {
+    /// The connection's origin; `start_ns` counts from it.
+    origin: Instant,
+    start_ns: AtomicU64,
+    /// The next byte read starts a request.
+    armed: AtomicBool,
+}
+
+impl ConnClock {
+    fn new() -> Self {
+        Self { origin: Instant::now(), start_ns: AtomicU64::new(0), armed: AtomicBool::new(true) }
+    }
+
+    fn bytes_read(&self) {
+        if self.armed.swap(false, Ordering::AcqRel) {
+            let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.start_ns.store(ns, Ordering::Release);
+        }
+    }
+
+    /// The first byte of the request being served.
+    fn request_start(&self) -> Instant {
+        self.origin + Duration::from_nanos(self.start_ns.load(Ordering::Acquire))
+    }
+
+    /// The request was answered: the next byte read starts the next one.
+    fn answered(&self) {
+        self.armed.store(true, Ordering::Release);
+    }
+}
+
+/// A connection's stream that stamps the first byte of each request on its [`ConnClock`].
+struct StampedIo<S> {
+    inner: S,
+    clock: Arc<ConnClock>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for StampedIo<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.clock.bytes_read();
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for StampedIo<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Serves one connection: `app` with each request's [`RequestStart`], under `builder`'s header timeout.
+async fn serve_connection<S>(
+    stream: S,
+    app: Router,
+    builder: hyper::server::conn::http1::Builder,
+    watcher: hyper_util::server::graceful::Watcher,
+) -> Result<(), hyper::Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let clock = Arc::new(ConnClock::new());
+    let io = TokioIo::new(StampedIo { inner: stream, clock: clock.clone() });
+    let inner = TowerToHyperService::new(app);
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(RequestStart(clock.request_start()));
+        let answer = inner.call(req);
+        let clock = clock.clone();
+        async move {
+            let response = answer.await;
+            clock.answered();
+            response
+        }
+    });
+    watcher.watch(builder.serve_connection(io, service)).await
+}
+
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets open connections finish
 /// (up to [`ServerConfig::shutdown_timeout`]) and returns.
 ///
-/// HTTP/1.1 only; headers must arrive within [`ServerConfig::header_read_timeout`] (the TLS handshake too).
-/// With `tls`, connections are TLS (see [`crate::tls::acceptor`]). Accept errors and failed handshakes are
-/// logged and never stop the server.
+/// HTTP/1.1 only; headers must arrive within [`ServerConfig::header_read_timeout`] (the TLS handshake too),
+/// and the whole request within [`ServerConfig::read_timeout`] of its first byte (each request gets a
+/// [`RequestStart`] extension; the body read stops at that deadline). Time spent idle on a kept-alive
+/// connection between requests does not count. With `tls`, connections are TLS (see
+/// [`crate::tls::acceptor`]). Accept errors and failed handshakes are logged and never stop the server.
 pub async fn serve<F>(
     listener: TcpListener,
     app: Router,
@@ -552,7 +807,8 @@ pub async fn serve<F>(
 {
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
+    let header_timeout = config.header_read_timeout.min(config.read_timeout);
+    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
     let handshake_timeout = config.header_read_timeout;
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -569,18 +825,16 @@ pub async fn serve<F>(
             },
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let app = app.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone();
         tokio::spawn(async move {
             let served = match tls {
-                None => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
+                None => serve_connection(stream, app, builder, watcher).await,
                 Some(acceptor) => {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(tls_stream)) => {
-                            watcher.watch(builder.serve_connection(TokioIo::new(tls_stream), service)).await
-                        }
+                        Ok(Ok(tls_stream)) => serve_connection(tls_stream, app, builder, watcher).await,
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, error = %e, "TLS handshake failed");
                             return;

@@ -237,7 +237,8 @@ impl ExtenderFilterResult {
     }
 
     /// The answer to `args` from an extender result, in the request's form: `NodeNames` in → `NodeNames` out;
-    /// `Nodes` in → the sent node objects that passed, in request order. An error result carries only `Error`.
+    /// `Nodes` in → the sent node objects that passed, in request order, each once (the first of repeated
+    /// objects). An error result carries only `Error`.
     pub fn from_result(args: &ExtenderArgs, result: FilterResult) -> Self {
         if !result.error.is_empty() {
             return Self::error(result.error);
@@ -246,11 +247,12 @@ impl ExtenderFilterResult {
         let mut out = Self { failed_nodes, ..Self::default() };
         match (&args.node_names, &args.nodes) {
             (None, Some(list)) => {
-                let passed: BTreeSet<&str> = result.node_names.iter().map(String::as_str).collect();
+                // Each passed node once, even if the request repeated its object.
+                let mut passed: BTreeSet<&str> = result.node_names.iter().map(String::as_str).collect();
                 let items = list
                     .items
                     .iter()
-                    .filter(|n| n.metadata.name.as_deref().is_some_and(|name| passed.contains(name)))
+                    .filter(|n| n.metadata.name.as_deref().is_some_and(|name| passed.remove(name)))
                     .cloned()
                     .collect();
                 out.nodes = Some(NodeList { metadata: ListMeta::default(), items, ..NodeList::default() });

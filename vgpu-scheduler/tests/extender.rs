@@ -261,7 +261,7 @@ fn prioritize_and_rank_match_order_nodes() {
         sort_ranked(req.node_policy, &mut ranked);
         let got: Vec<&str> = ranked.iter().map(|r| r.1).collect();
         assert_eq!(got, expected, "{policy}");
-        let prio = e.ext.prioritize(&pod, &e.names);
+        let prio = e.ext.prioritize(&pod, e.names.clone()).unwrap();
         assert!(prio.iter().all(|h| (0..=10).contains(&h.score)));
     }
 }

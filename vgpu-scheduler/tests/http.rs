@@ -20,6 +20,7 @@ use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, ServerConfig, router, serve};
 use vgpu_scheduler::tls::CertReloader;
+use vgpu_scheduler::work::{WorkLimits, WorkPool};
 use vgpu_scheduler::{
     Extender, ExtenderConfig, ManualClock, MemoryCluster, Metrics, Node, Pod, Readiness, Role,
 };
@@ -68,6 +69,7 @@ struct TestServer {
     readiness: Readiness,
     inv: NodeDeviceInventory,
     names: Vec<String>,
+    pool: Arc<WorkPool>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -87,6 +89,7 @@ async fn start(opts: Opts) -> TestServer {
     ext.attach();
     ext.sync().await.unwrap();
     let state = AppState::new(ext.clone(), opts.readiness.clone(), metrics).with_limits(&opts.server);
+    let pool = state.pool().clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = oneshot::channel::<()>();
@@ -106,6 +109,7 @@ async fn start(opts: Opts) -> TestServer {
         readiness: opts.readiness,
         inv,
         names,
+        pool,
         stop: Some(tx),
         task: Some(task),
     }
@@ -865,5 +869,234 @@ async fn run_reports_unusable_tls_files_and_busy_addresses() {
     .await
     .unwrap()
     .unwrap();
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_concurrent_filters_of_one_pod_get_one_node_and_the_bind_succeeds() {
+    // Spread would move each new filter of the pod to another node if it did not find its own reservation;
+    // without the global filter lock nothing but the per-pod lock orders them.
+    for serialize_filter in [false, true] {
+        let extender = ExtenderConfig { serialize_filter, emit_events: false, ..Default::default() };
+        let s = Arc::new(start(Opts { nodes: 4, gpus: 2, extender, ..Opts::default() }).await);
+        let spread = vec![(s.d.node_scheduler_policy(), "spread".to_string())];
+        let pod = s.pod("one", 1, 30, 1024, &spread);
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (s, pod) = (s.clone(), pod.clone());
+                tokio::spawn(async move {
+                    s.post(vgpu_scheduler::FILTER_PATH, &filter_args(&pod, &s.names)).await
+                })
+            })
+            .collect();
+        let mut nodes = std::collections::BTreeSet::new();
+        for t in tasks {
+            let (status, r) = t.await.unwrap();
+            assert_eq!((status, r["Error"].as_str()), (StatusCode::OK, Some("")), "{r}");
+            let passed = r["NodeNames"].as_array().unwrap();
+            assert_eq!(passed.len(), 1, "{r}");
+            nodes.insert(passed[0].as_str().unwrap().to_owned());
+        }
+        assert_eq!(nodes.len(), 1, "every filter answers the same node: {nodes:?}");
+        let node = nodes.pop_first().unwrap();
+        // One reservation: the pod is counted on that node only.
+        let counted: Vec<String> = s
+            .ext
+            .cache()
+            .usage_snapshot()
+            .into_iter()
+            .filter(|(_, _, u)| u.contains_pod("one"))
+            .map(|(n, _, _)| n)
+            .collect();
+        assert_eq!(counted, std::slice::from_ref(&node));
+        assert_eq!(s.ext.cache().counted_node("one").as_deref(), Some(node.as_str()));
+        let p = s.cluster.pod("default", "pod-one").unwrap();
+        assert_eq!(p.annotations[&s.d.predicate_node()], node);
+        let (_, b) = s.post(vgpu_scheduler::BIND_PATH, &bind_args(&p, &node)).await;
+        assert_eq!(b, json!({"Error": ""}), "serialize_filter={serialize_filter}");
+        assert_eq!(s.cluster.pod("default", "pod-one").unwrap().node_name.as_deref(), Some(node.as_str()));
+        Arc::into_inner(s).unwrap().stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_names_collapse_and_oversized_lists_answer_cached_nodes_only() {
+    let s = start(Opts::default()).await;
+    let pod = s.pod("dup", 1, 10, 0, &[]);
+    // Repeats: each node once, first occurrence kept, unknown names once.
+    let names: Vec<String> = ["n0", "n1", "n0", "ghost", "n1", "ghost", "n2"].map(String::from).to_vec();
+    let (_, text) =
+        s.call(Method::POST, vgpu_scheduler::FILTER_DRYRUN_PATH, filter_args(&pod, &names).to_string()).await;
+    assert_eq!(text.matches("\"ghost\"").count(), 1, "{text}");
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["NodeNames"], json!(["n0", "n1", "n2"]));
+    assert_eq!(r["FailedNodes"], json!({"ghost": "node missing from cache"}));
+    let (_, text) =
+        s.call(Method::POST, vgpu_scheduler::FILTER_PATH, filter_args(&pod, &names).to_string()).await;
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["NodeNames"], json!(["n0"]));
+    assert_eq!(text.matches("\"n0\"").count(), 1, "n0 passes and never fails too: {text}");
+    assert_eq!(r["FailedNodes"].as_object().unwrap().len(), 3, "{r}");
+    let (_, r) = s.post(vgpu_scheduler::PRIORITIZE_PATH, &filter_args(&pod, &names)).await;
+    let hosts: Vec<&str> = r.as_array().unwrap().iter().map(|h| h["Host"].as_str().unwrap()).collect();
+    assert_eq!(hosts, ["n0", "n1", "ghost", "n2"], "scored once each");
+
+    // Over the bound (3 nodes + 3/8 + 256): unknown names are dropped, the cached nodes answered.
+    let bound = vgpu_scheduler::extender::candidate_bound(3);
+    assert_eq!(bound, 259);
+    let mut many: Vec<String> = (0..bound).map(|i| format!("ghost-{i}")).collect();
+    many.extend(["n2", "n1", "n2"].map(String::from));
+    let other = s.pod("many", 1, 10, 0, &[]);
+    let (_, r) = s.post(vgpu_scheduler::FILTER_DRYRUN_PATH, &filter_args(&other, &many)).await;
+    assert_eq!((r["NodeNames"].clone(), r["FailedNodes"].clone()), (json!(["n2", "n1"]), json!({})));
+    let (_, r) = s.post(vgpu_scheduler::FILTER_PATH, &filter_args(&other, &many)).await;
+    assert_eq!(r["NodeNames"], json!(["n2"]));
+    assert_eq!(r["FailedNodes"], json!({"n1": "pod already scheduled to another node"}));
+    let (_, r) = s.post(vgpu_scheduler::PRIORITIZE_PATH, &filter_args(&other, &many)).await;
+    assert_eq!(r.as_array().unwrap().len(), 2, "{r}");
+    // Only unknown names, oversized: nothing to schedule on.
+    let ghosts: Vec<String> = (0..=bound).map(|i| format!("ghost-{i}")).collect();
+    let (_, r) = s.post(vgpu_scheduler::FILTER_PATH, &filter_args(&other, &ghosts)).await;
+    assert_eq!(r["Error"], "No schedulable nodes");
+
+    // Nodes form with a repeated node object: the passing object once.
+    let third = s.pod("third", 1, 10, 0, &[]);
+    let n0 = node_json(&vgpu_node("n0", &s.inv, &NodeVgpuConfig::default(), None, &s.d).unwrap());
+    let args = json!({"Pod": pod_json(&third), "Nodes": {"metadata": {}, "items": [n0.clone(), n0]}});
+    let (_, r) = s.post(vgpu_scheduler::FILTER_DRYRUN_PATH, &args).await;
+    assert_eq!(r["Nodes"]["items"].as_array().unwrap().len(), 1, "{r}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn syntax_errors_name_line_and_column_and_invalid_pods_are_400_on_prioritize() {
+    let s = start(Opts::default()).await;
+    let body = "{\n  \"Pod\": {\"metadata\": {\"name\": \"p\"}},\n  \"NodeNames\": [\"n0\" \"n1\"]\n}";
+    let (_, text) = s.call(Method::POST, vgpu_scheduler::FILTER_PATH, body).await;
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        r["Error"],
+        "malformed ExtenderArgs JSON: syntax error at line 3 column 22 (in `NodeNames`): expected `,` or `]`"
+    );
+    let (status, text) =
+        s.call(Method::POST, vgpu_scheduler::PREEMPT_PATH, "{\"Pod\": {\"metadata\": nope}}").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        text,
+        "malformed ExtenderPreemptionArgs JSON: syntax error at line 1 column 23 (in `Pod.metadata`): expected ident\n"
+    );
+    let (_, text) = s.call(Method::POST, vgpu_scheduler::BIND_PATH, "{\"PodName\": \"x\",").await;
+    assert!(text.contains("syntax error at line 1 column 16: EOF while parsing a value"), "{text}");
+    assert!(!text.contains('?'), "{text}");
+
+    // A bad quantity: prioritize says why (400) instead of scoring every node 0; filter says the same.
+    let mut bad = pod_json(&s.pod("bad", 1, 10, 0, &[]));
+    bad["spec"]["containers"][0]["resources"]["limits"][s.d.vgpu_number()] = json!("1x");
+    let args = json!({"Pod": bad, "NodeNames": s.names});
+    let (status, text) = s.call(Method::POST, vgpu_scheduler::PRIORITIZE_PATH, args.to_string()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let why = format!(
+        "container main has an invalid {} quantity \"1x\": expected a non-negative integer",
+        s.d.vgpu_number()
+    );
+    assert_eq!(text, format!("pod default/pod-bad: {why}\n"));
+    let (_, r) = s.post(vgpu_scheduler::FILTER_PATH, &args).await;
+    assert_eq!(r["Error"], why.as_str());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_deadline_counts_from_its_first_byte() {
+    // Deadline 2 s from the first byte. The client sends a first line, waits 1.5 s, completes the headers and
+    // starts a body it never finishes: the answer comes 2 s after the first byte (counting from the headers,
+    // as before, it came 3.5 s after). Timed with a generous margin for a busy machine: under 3 s.
+    let server = ServerConfig {
+        read_timeout: Duration::from_secs(2),
+        header_read_timeout: Duration::from_secs(10),
+        ..ServerConfig::default()
+    };
+    let s = start(Opts { server, ..Opts::default() }).await;
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    let first = std::time::Instant::now();
+    c.write_all(b"POST /scheduler/bind HTTP/1.1\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.write_all(b"host: x\r\ncontent-length: 100\r\n\r\n{\"Pod").await.unwrap();
+    let reply = read_reply(&mut c).await;
+    let took = first.elapsed();
+    assert!(reply.contains("request body not received within 2s of the request's first byte"), "{reply}");
+    assert!(took < Duration::from_secs(3), "answered {took:?} after the first byte");
+
+    // Idle time on a kept-alive connection does not count: the second request starts at its own first byte.
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    let body = r#"{"PodName":"nope","PodNamespace":"default","PodUID":"u","Node":"n0"}"#;
+    let request =
+        format!("POST /scheduler/bind HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n", body.len());
+    c.write_all(format!("{request}{body}").as_bytes()).await.unwrap();
+    let reply = read_reply(&mut c).await;
+    assert!(reply.starts_with("HTTP/1.1 200") && reply.contains("not found"), "{reply}");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    c.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    c.write_all(body.as_bytes()).await.unwrap();
+    let reply = read_reply(&mut c).await;
+    assert!(reply.starts_with("HTTP/1.1 200") && reply.contains("not found"), "{reply}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_server_refuses_verbs_with_retry_after_and_still_answers_probes() {
+    let server = ServerConfig {
+        work: WorkLimits { max_running: 1, max_admitted: 1, queue_timeout: Duration::from_millis(200) },
+        ..ServerConfig::default()
+    };
+    let s = start(Opts { server, ..Opts::default() }).await;
+    let pod = s.pod("b", 1, 10, 0, &[]);
+    let args = filter_args(&pod, &s.names).to_string();
+    // A call whose body is still arriving holds the only admission slot.
+    let mut slow = TcpStream::connect(s.addr).await.unwrap();
+    slow.write_all(
+        format!("POST /scheduler/filter HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{{", args.len())
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    while s.pool.in_flight() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let busy = "extender busy: 1 verb calls already in progress; retry later";
+    for path in [vgpu_scheduler::FILTER_PATH, vgpu_scheduler::FILTER_DRYRUN_PATH, vgpu_scheduler::BIND_PATH] {
+        let mut c = TcpStream::connect(s.addr).await.unwrap();
+        c.write_all(format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}").as_bytes())
+            .await
+            .unwrap();
+        let reply = read_reply(&mut c).await;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{path}: {reply}");
+        assert!(reply.to_ascii_lowercase().contains("retry-after: 1\r\n"), "{path}: {reply}");
+        assert!(reply.contains(&format!("\"Error\":\"{busy}\"")), "{path}: {reply}");
+    }
+    for path in [vgpu_scheduler::PRIORITIZE_PATH, vgpu_scheduler::PREEMPT_PATH] {
+        let mut c = TcpStream::connect(s.addr).await.unwrap();
+        c.write_all(format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}").as_bytes())
+            .await
+            .unwrap();
+        let reply = read_reply(&mut c).await;
+        assert!(reply.starts_with("HTTP/1.1 503"), "{path}: {reply}");
+        assert!(reply.to_ascii_lowercase().contains("retry-after: 1\r\n"), "{path}: {reply}");
+        assert!(reply.ends_with(&format!("{busy}\n")), "{path}: {reply}");
+    }
+    for probe in ["/healthz", "/readyz", "/metrics", "/version"] {
+        assert_eq!(s.get(probe).await.0, StatusCode::OK, "{probe}");
+    }
+    // The slow call completes and is served; the slot is free again.
+    slow.write_all(&args.as_bytes()[1..]).await.unwrap();
+    let reply = read_reply(&mut slow).await;
+    assert!(reply.contains("\"NodeNames\":[\"n0\"]"), "{reply}");
+    while s.pool.in_flight() > 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (_, r) = s.post(vgpu_scheduler::PRIORITIZE_PATH, &filter_args(&pod, &s.names)).await;
+    assert_eq!(r.as_array().unwrap().len(), 3);
+    let (_, m) = s.get("/metrics").await;
+    assert!(m.contains(r#"vgpu_scheduler_verb_total{verb="filter",result="error"} 1"#), "{m}");
     s.stop().await;
 }

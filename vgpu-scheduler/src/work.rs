@@ -1,0 +1,220 @@
+//! Bounded verb work: the CPU-heavy part of filter, filter-dryrun, prioritize and preempt runs on blocking
+//! threads, never on the async workers that answer `/healthz`, `/readyz`, `/metrics` and `/version`, and only
+//! a bounded number of verb calls are in the server at once.
+//!
+//! Two limits ([`WorkLimits`]):
+//!
+//! - **Admission** ([`WorkLimits::max_admitted`]): verb calls inside the server at once, from before their body
+//!   is read until their answer is built: reading, queued or running. A call beyond it is refused at once,
+//!   before a byte of its body is read ([`Busy::Full`]). This bounds the request bodies held in memory to
+//!   `max_admitted × max_body_bytes`.
+//! - **Workers** ([`WorkLimits::max_running`]): heavy calls running at once, each on a tokio blocking thread
+//!   (decoding the body, the verb, encoding the answer). An admitted call waits for a worker up to
+//!   [`WorkLimits::queue_timeout`], then is refused ([`Busy::QueueTimeout`]). Bind takes no worker (its work
+//!   is a few API calls) but is counted by the admission.
+//!
+//! A verb's async parts (the pre-allocation patch, events, the PodDisruptionBudget list) run inside the
+//! blocking thread through [`tokio::runtime::Handle::block_on`]; their I/O is still driven by the runtime.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Default [`WorkLimits::queue_timeout`].
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Upper end of the default [`WorkLimits::max_running`].
+pub const MAX_DEFAULT_WORKERS: usize = 16;
+/// Lower end of the default [`WorkLimits::max_admitted`].
+pub const MIN_DEFAULT_ADMITTED: usize = 16;
+/// `Retry-After` (seconds) sent with a refused call.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// How much verb work the server takes at once (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkLimits {
+    /// Heavy verb calls running at once, each on a blocking thread (at least 1).
+    pub max_running: usize,
+    /// Verb calls in the server at once (reading their body, queued for a worker, or running); more are refused
+    /// before their body is read. At least [`max_running`](Self::max_running).
+    pub max_admitted: usize,
+    /// Longest wait of an admitted heavy call for a worker.
+    pub queue_timeout: Duration,
+}
+
+impl Default for WorkLimits {
+    /// Workers: the CPUs this process may use (`std::thread::available_parallelism`, which reads cgroup CPU
+    /// quotas), 1 to [`MAX_DEFAULT_WORKERS`]; admitted: 4 × workers, at least [`MIN_DEFAULT_ADMITTED`];
+    /// queue timeout: [`DEFAULT_QUEUE_TIMEOUT`].
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        Self::with_workers(cpus.clamp(1, MAX_DEFAULT_WORKERS))
+    }
+}
+
+impl WorkLimits {
+    /// `workers` running at once (at least 1), 4 × `workers` admitted (at least [`MIN_DEFAULT_ADMITTED`]), the
+    /// default queue timeout.
+    pub fn with_workers(workers: usize) -> Self {
+        let workers = workers.max(1);
+        Self {
+            max_running: workers,
+            max_admitted: workers.saturating_mul(4).max(MIN_DEFAULT_ADMITTED),
+            queue_timeout: DEFAULT_QUEUE_TIMEOUT,
+        }
+    }
+}
+
+/// Why a verb call was refused without being served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Busy {
+    /// Every admission slot is taken.
+    #[error("extender busy: {admitted} verb calls already in progress; retry later")]
+    Full {
+        /// [`WorkLimits::max_admitted`].
+        admitted: usize,
+    },
+    /// No worker became free in time.
+    #[error("extender busy: no worker free within {waited:?} ({running} calls running); retry later")]
+    QueueTimeout {
+        /// [`WorkLimits::queue_timeout`].
+        waited: Duration,
+        /// [`WorkLimits::max_running`].
+        running: usize,
+    },
+    /// The blocking task ended without an answer (it panicked or the runtime is shutting down).
+    #[error("extender internal error: the verb's worker stopped: {0}")]
+    Stopped(String),
+}
+
+/// An admitted verb call (its slot is freed when this is dropped).
+#[derive(Debug)]
+pub struct Admission {
+    _slot: OwnedSemaphorePermit,
+}
+
+/// The admission gate and the worker slots of one server.
+#[derive(Debug)]
+pub struct WorkPool {
+    limits: WorkLimits,
+    admitted: Arc<Semaphore>,
+    running: Arc<Semaphore>,
+}
+
+impl WorkPool {
+    /// A pool with these limits (zero counts are taken as 1; `max_admitted` as at least `max_running`).
+    pub fn new(limits: WorkLimits) -> Self {
+        let running = limits.max_running.clamp(1, Semaphore::MAX_PERMITS);
+        let admitted = limits.max_admitted.clamp(running, Semaphore::MAX_PERMITS);
+        let limits = WorkLimits { max_running: running, max_admitted: admitted, ..limits };
+        Self {
+            limits,
+            admitted: Arc::new(Semaphore::new(admitted)),
+            running: Arc::new(Semaphore::new(running)),
+        }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> WorkLimits {
+        self.limits
+    }
+
+    /// Verb calls in the server now (admitted and not finished).
+    pub fn in_flight(&self) -> usize {
+        self.limits.max_admitted.saturating_sub(self.admitted.available_permits())
+    }
+
+    /// Admits a verb call, or refuses it at once when every slot is taken.
+    pub fn admit(&self) -> Result<Admission, Busy> {
+        self.admitted
+            .clone()
+            .try_acquire_owned()
+            .map(|slot| Admission { _slot: slot })
+            .map_err(|_| Busy::Full { admitted: self.limits.max_admitted })
+    }
+
+    /// Runs `work` on a blocking thread once a worker is free (waiting up to the queue timeout), keeping the
+    /// admission until it is done. Call from within a tokio runtime.
+    pub async fn run<R, W>(&self, admission: Admission, work: W) -> Result<R, Busy>
+    where
+        R: Send + 'static,
+        W: FnOnce() -> R + Send + 'static,
+    {
+        let worker =
+            match tokio::time::timeout(self.limits.queue_timeout, self.running.clone().acquire_owned()).await
+            {
+                Ok(Ok(permit)) => permit,
+                Ok(Err(_)) | Err(_) => {
+                    return Err(Busy::QueueTimeout {
+                        waited: self.limits.queue_timeout,
+                        running: self.limits.max_running,
+                    });
+                }
+            };
+        let done = tokio::task::spawn_blocking(move || {
+            let out = work();
+            drop(worker);
+            drop(admission);
+            out
+        });
+        done.await.map_err(|e| Busy::Stopped(e.to_string()))
+    }
+
+    /// [`run`](Self::run) for async work: `work` is driven to completion on the blocking thread with
+    /// [`Handle::block_on`](tokio::runtime::Handle::block_on) of the current runtime.
+    pub async fn run_async<R, F>(&self, admission: Admission, work: F) -> Result<R, Busy>
+    where
+        R: Send + 'static,
+        F: Future<Output = R> + Send + 'static,
+    {
+        let handle = tokio::runtime::Handle::current();
+        self.run(admission, move || handle.block_on(work)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_cpus() {
+        let l = WorkLimits::with_workers(2);
+        assert_eq!((l.max_running, l.max_admitted), (2, 16));
+        let l = WorkLimits::with_workers(8);
+        assert_eq!((l.max_running, l.max_admitted), (8, 32));
+        assert_eq!(WorkLimits::with_workers(0).max_running, 1);
+        let d = WorkLimits::default();
+        assert!((1..=MAX_DEFAULT_WORKERS).contains(&d.max_running));
+        assert_eq!(d.queue_timeout, DEFAULT_QUEUE_TIMEOUT);
+        let p = WorkPool::new(WorkLimits { max_running: 0, max_admitted: 0, queue_timeout: Duration::ZERO });
+        assert_eq!((p.limits().max_running, p.limits().max_admitted), (1, 1));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn admission_is_refused_when_full_and_freed_after_the_work() {
+        let pool = Arc::new(WorkPool::new(WorkLimits {
+            max_running: 1,
+            max_admitted: 2,
+            queue_timeout: Duration::from_millis(50),
+        }));
+        let a = pool.admit().unwrap();
+        let b = pool.admit().unwrap();
+        assert_eq!(pool.admit().unwrap_err(), Busy::Full { admitted: 2 });
+        assert_eq!(pool.in_flight(), 2);
+        // One runs (holding the worker until told), the other times out in the queue.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let p = pool.clone();
+        let first = tokio::spawn(async move { p.run(a, move || rx.recv().is_ok()).await });
+        while pool.running.available_permits() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let queued = pool.run(b, || true).await;
+        assert!(matches!(queued, Err(Busy::QueueTimeout { running: 1, .. })), "{queued:?}");
+        tx.send(()).unwrap();
+        assert_eq!(first.await.unwrap(), Ok(true));
+        assert_eq!(pool.in_flight(), 0);
+        let c = pool.admit().unwrap();
+        assert_eq!(pool.run_async(c, async { 7 }).await, Ok(7));
+    }
+}
