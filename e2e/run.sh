@@ -16,7 +16,7 @@ fi
 built=$SECONDS
 echo "e2e: control plane ready in $((built - start))s: $VGPU_E2E_BIN_DIR"
 
-# Our binaries under test (vgpu-scheduler-extender, vgpu-device-plugin; see vgpu_e2e::vgpu_binary) come from
+# Our binaries under test (vgpu-scheduler-extender, vgpu-device-plugin, vgpu-device-client; see vgpu_e2e::vgpu_binary) come from
 # the workspace test build (vgpu-bins has integration tests), and the e2e test targets are selected by name within the workspace (not `-p vgpu-e2e`): features unify exactly as in
 # `cargo test --workspace --all-features`, so after CI's test step nothing is compiled a second time.
 # (`cargo build --bins` would unify without dev-dependencies and rebuild kube, tokio, ... .)

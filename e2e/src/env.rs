@@ -29,6 +29,10 @@ pub const DEFAULT_RUNTIME_CONFIG: [&str; 2] =
 pub const KEEP_LOGS_ENV: &str = "VGPU_E2E_KEEP_LOGS";
 
 const ETCD_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The processes [`TestEnv`] starts itself (their logs are not part of [`TestEnv::poll`]'s errors).
+const CONTROL_PLANE: [&str; 3] = ["etcd", "kube-apiserver", "kube-scheduler"];
+/// Pause between two calls of [`TestEnv::poll`]'s function.
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
 const SCHEDULER_START_TIMEOUT: Duration = Duration::from_secs(60);
 const READYZ_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -257,6 +261,32 @@ impl TestEnv {
     /// The end of a component's log (for assertion messages).
     pub fn log_tail(&self, component: &str, lines: usize) -> String {
         log_tail(&self.log_path(component), lines)
+    }
+
+    /// Calls `f` every 250 ms until it returns `Some`, and returns that value; after `timeout`, fails
+    /// naming `what`, with the last 30 log lines of each process started by [`TestEnv::start_process`]
+    /// (the control plane's own logs are kept in `target/e2e-logs/` when the test does not finish).
+    pub async fn poll<T, F, Fut>(&self, what: &str, timeout: Duration, mut f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(value) = f().await {
+                return Ok(value);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let logs: String = self
+                    .processes
+                    .iter()
+                    .filter(|p| !CONTROL_PLANE.contains(&p.name()))
+                    .map(|p| format!("\n--- {} log:\n{}", p.name(), self.log_tail(p.name(), 30)))
+                    .collect();
+                bail!("{what}: not after {timeout:?}{logs}");
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
     }
 
     /// Marks the test as passed: the logs are not kept. Then stops everything.

@@ -77,14 +77,28 @@ pub async fn create_vgpu_node(client: &kube::Client, name: &str, gpus: u32, spli
         ..Node::default()
     };
     nodes.create(&PostParams::default(), &node).await?;
+    let gpus = u64::from(gpus);
+    set_node_capacity(client, name, gpus * u64::from(split), gpus * 100, gpus * FAKE_GPU_MEMORY_MIB).await
+}
 
+/// Does the kubelet's part of advertising a node: capacity and allocatable (`nvidia.com/vgpu-number`,
+/// `vgpu-cores` and `vgpu-memory` as given, plus 32 cpu, 128Gi memory, 110 pods) and a `Ready` condition,
+/// through the `status` subresource. Returns the node as read back after the update.
+pub async fn set_node_capacity(
+    client: &kube::Client,
+    name: &str,
+    vgpu_number: u64,
+    vgpu_cores: u64,
+    vgpu_memory: u64,
+) -> Result<Node> {
+    let nodes: Api<Node> = Api::all(client.clone());
     let resources = json!({
         "cpu": "32",
         "memory": "128Gi",
         "pods": "110",
-        VGPU_NUMBER: (gpus * split).to_string(),
-        VGPU_CORES: (u64::from(gpus) * 100).to_string(),
-        VGPU_MEMORY: (u64::from(gpus) * FAKE_GPU_MEMORY_MIB).to_string(),
+        VGPU_NUMBER: vgpu_number.to_string(),
+        VGPU_CORES: vgpu_cores.to_string(),
+        VGPU_MEMORY: vgpu_memory.to_string(),
     });
     let status = json!({
         "status": {

@@ -3,12 +3,7 @@
 //! Thin wiring: parse flags → validate gates → build the configuration → open the backend and the
 //! Kubernetes client → run [`Daemon`] until SIGTERM/SIGINT (SIGHUP restarts the plugins).
 
-use std::{
-    path::{Path, PathBuf},
-    process::ExitCode,
-    sync::Arc,
-    time::Duration,
-};
+use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::Parser;
@@ -118,6 +113,14 @@ struct Cli {
     /// The kubelet's root directory (its config.yaml / kubeadm-flags.env tell the cgroup driver).
     #[arg(long, default_value = "/var/lib/kubelet")]
     kubelet_root: PathBuf,
+    /// Where the host's `/proc` is mounted in this container (client-mode registry: a caller's PID → its
+    /// cgroup).
+    #[arg(long, default_value = "/proc")]
+    host_proc_root: PathBuf,
+    /// Where the host's cgroup hierarchy is mounted in this container (cgroup version and driver detection;
+    /// client-mode registry: a caller's `cgroup.procs`).
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    host_cgroup_root: PathBuf,
     /// Device backend: auto, nvml, metax or mock.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
@@ -202,11 +205,13 @@ fn plugin_config(cli: &Cli, node: String, settings: NodeSettings, domain: Resour
     config.cdi_annotation_prefix.clone_from(&cli.cdi_annotation_prefix);
     config.cdi_root.clone_from(&cli.cdi_root);
     config.pod_resources_socket.clone_from(&cli.pod_resources_socket);
-    config.cgroup_mode = CgroupMode::detect(Path::new("/sys/fs/cgroup"));
+    config.proc_root.clone_from(&cli.host_proc_root);
+    config.cgroup_root.clone_from(&cli.host_cgroup_root);
+    config.cgroup_mode = CgroupMode::detect(&cli.host_cgroup_root);
     config.domain = domain;
     config.settings = settings;
     config.settings.cgroup_driver =
-        resolve_cgroup_driver(config.settings.cgroup_driver, &cli.kubelet_root, Path::new("/sys/fs/cgroup"));
+        resolve_cgroup_driver(config.settings.cgroup_driver, &cli.kubelet_root, &cli.host_cgroup_root);
     config
 }
 
@@ -304,6 +309,8 @@ fn main() -> ExitCode {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+    use std::path::Path;
+
     use super::*;
 
     fn parse(args: &[&str]) -> Cli {
@@ -383,6 +390,44 @@ mod tests {
         assert_eq!(
             (config.connect_timeout, config.read_timeout, config.write_timeout),
             (seven, seven, seven)
+        );
+    }
+
+    #[test]
+    fn host_roots_reach_the_registry_and_the_cgroup_detection() {
+        let cgroup = tempfile::tempdir().unwrap();
+        std::fs::write(cgroup.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        std::fs::create_dir(cgroup.path().join("kubepods")).unwrap();
+        let root = cgroup.path().to_str().unwrap();
+        let kubelet = tempfile::tempdir().unwrap();
+        let kubelet_root = kubelet.path().to_str().unwrap();
+        let cli = parse(&[
+            "--host-proc-root=/host/proc",
+            "--host-cgroup-root",
+            root,
+            "--kubelet-root",
+            kubelet_root,
+        ]);
+        let config = plugin_config(&cli, "n1".into(), settings_ok(&cli), ResourceDomain::default());
+        assert_eq!(config.proc_root, Path::new("/host/proc"));
+        assert_eq!(config.cgroup_root, cgroup.path());
+        assert_eq!(config.cgroup_mode, CgroupMode::V2);
+        assert_eq!(
+            config.settings.cgroup_driver,
+            CgroupDriver::Cgroupfs,
+            "detected under --host-cgroup-root"
+        );
+        let registry = config.registry();
+        assert_eq!(
+            (registry.proc_root.as_path(), registry.cgroup_root.as_path()),
+            (Path::new("/host/proc"), cgroup.path())
+        );
+        // Defaults.
+        let config =
+            plugin_config(&parse(&[]), "n1".into(), settings_ok(&parse(&[])), ResourceDomain::default());
+        assert_eq!(
+            (config.proc_root.as_path(), config.cgroup_root.as_path()),
+            (Path::new("/proc"), Path::new("/sys/fs/cgroup"))
         );
     }
 }
