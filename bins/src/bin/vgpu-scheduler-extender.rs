@@ -19,6 +19,7 @@ use vgpu_gates::{CoreGate, FeatureGates};
 use vgpu_scheduler::metrics::Metrics;
 use vgpu_scheduler::server::{AppState, ServerConfig};
 use vgpu_scheduler::tls::TlsFiles;
+use vgpu_scheduler::work::WorkLimits;
 use vgpu_scheduler::{
     CacheDriver, Extender, ExtenderConfig, KubeCluster, LeaderConfig, LeaderMode, Readiness, SystemClock,
     leader,
@@ -67,6 +68,18 @@ struct Cli {
     /// Namespace of the Lease (default: $POD_NAMESPACE).
     #[arg(long, env = "POD_NAMESPACE")]
     leader_elect_resource_namespace: Option<String>,
+    /// Filter, filter-dryrun, prioritize and preempt calls computed at once, each on its own thread
+    /// (default: the CPUs this process may use, at most 16).
+    #[arg(long, value_name = "N")]
+    max_running_verbs: Option<usize>,
+    /// Verb calls (bind included) inside the server at once: reading their body, waiting for a worker or
+    /// running; more are refused before their body is read (default: 4 × --max-running-verbs, at least 16).
+    /// Request bodies held at once are at most this × 7 MiB.
+    #[arg(long, value_name = "N")]
+    max_admitted_verbs: Option<usize>,
+    /// Longest wait of an admitted call for a free worker before it is refused as busy (Go duration).
+    #[arg(long, default_value = "10s", value_parser = parse_go_duration)]
+    verb_queue_timeout: Duration,
     /// Resource and annotation domain.
     #[arg(long, default_value = "nvidia.com")]
     domain: String,
@@ -108,9 +121,26 @@ fn server_config(cli: &Cli) -> Result<ServerConfig, ExitCode> {
     } else {
         None
     };
+    let mut work = match cli.max_running_verbs {
+        Some(0) => return Err(bad_flag("max-running-verbs", "0 (expected at least 1)")),
+        Some(n) => WorkLimits::with_workers(n),
+        None => WorkLimits::default(),
+    };
+    match cli.max_admitted_verbs {
+        Some(n) if n < work.max_running => {
+            return Err(bad_flag(
+                "max-admitted-verbs",
+                format!("{n} (expected at least --max-running-verbs, {})", work.max_running),
+            ));
+        }
+        Some(n) => work.max_admitted = n,
+        None => {}
+    }
+    work.queue_timeout = cli.verb_queue_timeout;
     Ok(ServerConfig {
         bind_address: SocketAddr::new(cli.server_bind_address, cli.server_bind_port),
         tls,
+        work,
         ..ServerConfig::default()
     })
 }
@@ -152,7 +182,13 @@ async fn run(
         shutdown.await;
         let _ = stop.send(true);
     };
-    tracing::info!(address = %server.bind_address, tls = server.tls.is_some(), "serving the extender");
+    tracing::info!(
+        address = %server.bind_address,
+        tls = server.tls.is_some(),
+        max_running_verbs = server.work.max_running,
+        max_admitted_verbs = server.work.max_admitted,
+        "serving the extender"
+    );
     let state = AppState::new(extender, readiness, metrics);
     let served = vgpu_scheduler::server::run(server, state, stop_all).await;
     // The server only returns early on a start-up error: stop the background tasks either way.
