@@ -23,7 +23,7 @@
 //! Verb results: filter and filter-dryrun `fit`/`no_fit`/`error`; bind `success`/`no_node`/`pod_not_found`/
 //! `uid_mismatch`/`node_mismatch`/`prealloc_expired`/`patch_failed`/`bind_failed`; preempt `victims`/
 //! `no_victims`/`passthrough`; prioritize (new) `success`. A request refused before the verb runs (malformed or
-//! oversized body, caches not synced) counts as `result="error"` for every verb.
+//! oversized body, caches not synced, server busy: see [`crate::work`]) counts as `result="error"` for every verb.
 
 use std::fmt;
 use std::time::Duration;
