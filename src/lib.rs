@@ -11,6 +11,7 @@
 //! | `deviceplugin` | `deviceplugin` | `vgpu-deviceplugin`: kubelet device plugin |
 //! | `scheduler` | `scheduler` | `vgpu-scheduler`: scheduler extender |
 //! | `dra` | `dra` | `vgpu-dra`: DRA kubelet plugin |
+//! | `serve` | `serve` | `vgpu-serve`: TLS reload and client authentication, TokenReview/SubjectAccessReview |
 //! | `full` | all of the above | |
 //!
 //! ```
@@ -54,3 +55,8 @@ pub use vgpu_scheduler as scheduler;
 #[cfg_attr(docsrs, doc(cfg(feature = "dra")))]
 #[doc(inline)]
 pub use vgpu_dra as dra;
+
+#[cfg(feature = "serve")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serve")))]
+#[doc(inline)]
+pub use vgpu_serve as serve;
