@@ -26,7 +26,7 @@
 //! | [`leader`] | [`LeaderConfig`], [`leader::run`]: Lease election or `--watch-lease`, role in [`Readiness`] and the pod label |
 //! | [`wire`] | the `k8s.io/kube-scheduler/extender/v1` JSON types and their conversions to and from the verb results |
 //! | [`server`] | the axum router ([`server::router`]) and [`server::serve`]/[`server::run`]: verbs, `/healthz`, `/readyz`, `/metrics`, `/version` |
-//! | [`tls`] | rustls (ring, ALPN `http/1.1`) with a hot-reloaded certificate ([`tls::CertReloader`]) |
+//! | [`tls`] | re-export of [`vgpu_serve::tls`]: rustls (ring, ALPN `http/1.1`), hot-reloaded certificate ([`tls::CertReloader`]), client-certificate verification ([`tls::ClientCaReloader`]) |
 //! | [`metrics`] | [`Metrics`]: the contract's `vgpu_scheduler_*` families (prometheus-client) |
 //! | [`work`] | [`work::WorkPool`]: admission and blocking-thread workers for the verbs, so the probes always answer |
 //!
@@ -84,7 +84,8 @@
 //! ext.sync().await?;
 //! let readiness = Readiness::ready();
 //! let state = AppState::new(Arc::new(ext), readiness, metrics);
-//! // Plain HTTP on 0.0.0.0:3456 until Ctrl-C; set `tls: Some(TlsFiles::new(cert, key))` for HTTPS.
+//! // Plain HTTP on 127.0.0.1:3456 until Ctrl-C; set `tls: Some(TlsFiles::new(cert, key))` for HTTPS
+//! // (and `.with_client_ca(ca, ClientAuth::Optional)` for client certificates, see `server`).
 //! let shutdown = async {
 //!     let _ = tokio::signal::ctrl_c().await;
 //! };
@@ -131,10 +132,12 @@ pub mod rank;
 pub mod rank_table;
 pub mod readiness;
 pub mod server;
-pub mod tls;
 pub mod watch;
 pub mod wire;
 pub mod work;
+
+/// TLS for the server: lifted to [`vgpu_serve::tls`], re-exported here so existing callers keep compiling.
+pub use vgpu_serve::tls;
 
 pub use cache::ClusterCache;
 pub use clock::{Clock, ManualClock, SystemClock};

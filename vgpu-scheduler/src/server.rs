@@ -13,6 +13,24 @@
 //! | `GET /metrics` | OpenMetrics text ([`Metrics`]) |
 //! | `GET /version` | [`VersionInfo`] as JSON |
 //!
+//! # Who may call
+//!
+//! By default the server listens on loopback only (`127.0.0.1:3456`): kube-scheduler runs beside it in the
+//! same pod or on the same host, and nothing else can reach the verbs. For a listener other callers can
+//! reach, the server authenticates them ([`AccessPolicy`]):
+//!
+//! | route | plain | client certificates ([`ServerConfig::tls`] with a client CA) | `/metrics` authorization ([`AppState::with_metrics_authz`]) |
+//! |---|---|---|---|
+//! | `/healthz`, `/readyz` | open | open (kubelet probes present no certificate) | — |
+//! | `/metrics` | open | verified client certificate, else 401 | bearer token reviewed by the API server (TokenReview + SubjectAccessReview, `get` on `/metrics`): none or unknown 401, not allowed 403; a client certificate is then neither needed nor enough |
+//! | verbs, `/version`, anything else | open | verified client certificate, else 401, before the body is read | — |
+//!
+//! Client certificates are verified during the TLS handshake against the CA bundle ([`crate::tls`],
+//! [`ClientAuth::Optional`](crate::tls::ClientAuth::Optional)): a certificate of another CA fails the
+//! handshake; a client without one finishes it and is refused per route, so that probes still answer.
+//! [`run`] warns when it listens beyond loopback over plain HTTP (anyone who reaches the port can filter and
+//! bind, and bearer tokens would travel in clear) or over TLS without client certificates.
+//!
 //! Errors, as upstream kube-scheduler and vgpu-manager expect them: filter, filter-dryrun and bind always answer
 //! HTTP 200, with the reason in the result's `Error` when the body is malformed or too large, the caches
 //! are not synced yet, or the server is busy (a non-empty `Error` fails the scheduler's call). Preempt and
@@ -58,6 +76,7 @@ use axum::body::Body;
 use axum::extract::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
@@ -82,7 +101,8 @@ use crate::metrics::{
     self, Metrics, PolicyLabels, Verb, bind_result_label, filter_result_label, protection_reason,
 };
 use crate::readiness::{Readiness, Role};
-use crate::tls::{CertReloader, TlsError, TlsFiles};
+use crate::tls::{TlsError, TlsFiles, VerifiedClientCert};
+use vgpu_serve::authz::{Authorizer, NonResourceRequest};
 use crate::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
     ExtenderPreemptionResult, HostPriority,
@@ -109,9 +129,10 @@ pub const VERSION_PATH: &str = "/version";
 /// Server settings (the binary fills them from its flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// Listen address (`0.0.0.0:<--server-bind-port>`, default port 3456).
+    /// Listen address (`<--server-bind-address>:<--server-bind-port>`, default `127.0.0.1:3456`).
     pub bind_address: SocketAddr,
-    /// TLS certificate and key (`--enable-tls`); `None` serves plain HTTP.
+    /// TLS certificate and key (`--enable-tls`), and the client CA bundle (`--client-ca-file`: every route but
+    /// the probes then needs a verified client certificate, module docs); `None` serves plain HTTP.
     pub tls: Option<TlsFiles>,
     /// Time to receive a request's headers (also bounds the TLS handshake).
     pub header_read_timeout: Duration,
@@ -128,7 +149,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            bind_address: SocketAddr::from(([0, 0, 0, 0], crate::DEFAULT_PORT)),
+            bind_address: SocketAddr::from(([127, 0, 0, 1], crate::DEFAULT_PORT)),
             tls: None,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             read_timeout: DEFAULT_READ_TIMEOUT,
@@ -137,6 +158,23 @@ impl Default for ServerConfig {
             work: WorkLimits::default(),
         }
     }
+}
+
+impl ServerConfig {
+    /// Whether client certificates are verified ([`ServerConfig::tls`] with a client CA bundle).
+    pub fn client_auth(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
+    }
+}
+
+/// Who may call which route (module docs).
+#[derive(Debug, Clone, Default)]
+pub struct AccessPolicy {
+    /// Every route but `/healthz` and `/readyz` (and `/metrics` under `metrics_authz`) needs a verified
+    /// client certificate ([`VerifiedClientCert`] request extension, set by [`serve`]).
+    pub client_cert_required: bool,
+    /// `/metrics` needs a bearer token the API server allows `get` on `/metrics`.
+    pub metrics_authz: Option<Arc<Authorizer>>,
 }
 
 /// Why the server could not start or run.
@@ -164,6 +202,7 @@ pub struct AppState<C, K> {
     max_body_bytes: usize,
     read_timeout: Duration,
     pool: Arc<WorkPool>,
+    access: AccessPolicy,
 }
 
 impl<C, K> Clone for AppState<C, K> {
@@ -175,6 +214,7 @@ impl<C, K> Clone for AppState<C, K> {
             max_body_bytes: self.max_body_bytes,
             read_timeout: self.read_timeout,
             pool: self.pool.clone(),
+            access: self.access.clone(),
         }
     }
 }
@@ -186,6 +226,7 @@ impl<C, K> std::fmt::Debug for AppState<C, K> {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("read_timeout", &self.read_timeout)
             .field("work", &self.pool.limits())
+            .field("access", &self.access)
             .finish_non_exhaustive()
     }
 }
@@ -201,7 +242,27 @@ impl<C, K> AppState<C, K> {
             max_body_bytes: MAX_BODY_BYTES,
             read_timeout: DEFAULT_READ_TIMEOUT,
             pool: Arc::new(WorkPool::new(WorkLimits::default())),
+            access: AccessPolicy::default(),
         }
+    }
+
+    /// Requires a verified client certificate on every route but the probes (module docs). [`run`] sets it
+    /// when [`ServerConfig::tls`] has a client CA bundle.
+    pub fn with_client_cert_required(mut self, required: bool) -> Self {
+        self.access.client_cert_required = required;
+        self
+    }
+
+    /// Authorizes `/metrics` by bearer token (`--enable-rbac`): TokenReview + SubjectAccessReview for `get`
+    /// on `/metrics`, cached ([`vgpu_serve::authz`]).
+    pub fn with_metrics_authz(mut self, authz: Arc<Authorizer>) -> Self {
+        self.access.metrics_authz = Some(authz);
+        self
+    }
+
+    /// Who may call which route.
+    pub fn access(&self) -> &AccessPolicy {
+        &self.access
     }
 
     /// Takes the body limit, read timeout and work limits of a [`ServerConfig`].
@@ -458,7 +519,37 @@ pub fn router<C: Cluster, K: Clock + 'static>(state: AppState<C, K>) -> Router {
         .route(READYZ_PATH, get(readyz::<C, K>))
         .route(METRICS_PATH, get(metrics_text::<C, K>))
         .route(VERSION_PATH, get(version))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), access::<C, K>))
         .with_state(state)
+}
+
+/// Lets a request through to its route when [`AccessPolicy`] allows it (module docs).
+async fn access<C: Cluster, K: Clock + 'static>(
+    State(s): State<AppState<C, K>>,
+    request: Request<Body>,
+    next: Next,
+) -> Response {
+    let path = request.uri().path();
+    if path == HEALTHZ_PATH || path == READYZ_PATH {
+        return next.run(request).await;
+    }
+    if path == METRICS_PATH
+        && let Some(authz) = &s.access.metrics_authz
+    {
+        return match authz.authorize(request.headers(), &NonResourceRequest::get(METRICS_PATH)).await {
+            Ok(_) => next.run(request).await,
+            Err(denied) => denied.response().map(Body::new),
+        };
+    }
+    if s.access.client_cert_required && request.extensions().get::<VerifiedClientCert>().is_none() {
+        tracing::debug!(%path, "refused: no client certificate");
+        return (
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized: this route needs a client certificate signed by the server's client CA\n",
+        )
+            .into_response();
+    }
+    next.run(request).await
 }
 
 async fn filter<C: Cluster, K: Clock + 'static>(
@@ -765,6 +856,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for StampedIo<S> {
 /// Serves one connection: `app` with each request's [`RequestStart`], under `builder`'s header timeout.
 async fn serve_connection<S>(
     stream: S,
+    client_cert: Option<VerifiedClientCert>,
     app: Router,
     builder: hyper::server::conn::http1::Builder,
     watcher: hyper_util::server::graceful::Watcher,
@@ -777,6 +869,9 @@ where
     let inner = TowerToHyperService::new(app);
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(RequestStart(clock.request_start()));
+        if let Some(cert) = &client_cert {
+            req.extensions_mut().insert(cert.clone());
+        }
         let answer = inner.call(req);
         let clock = clock.clone();
         async move {
@@ -795,7 +890,9 @@ where
 /// and the whole request within [`ServerConfig::read_timeout`] of its first byte (each request gets a
 /// [`RequestStart`] extension; the body read stops at that deadline). Time spent idle on a kept-alive
 /// connection between requests does not count. With `tls`, connections are TLS (see
-/// [`crate::tls::acceptor`]). Accept errors and failed handshakes are logged and never stop the server.
+/// [`crate::tls::acceptor`]), and the requests of a connection whose client presented a verified certificate
+/// carry it as a [`VerifiedClientCert`] extension. Accept errors and failed handshakes are logged and never
+/// stop the server.
 pub async fn serve<F>(
     listener: TcpListener,
     app: Router,
@@ -831,10 +928,13 @@ pub async fn serve<F>(
         let tls = tls.clone();
         tokio::spawn(async move {
             let served = match tls {
-                None => serve_connection(stream, app, builder, watcher).await,
+                None => serve_connection(stream, None, app, builder, watcher).await,
                 Some(acceptor) => {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(tls_stream)) => serve_connection(tls_stream, app, builder, watcher).await,
+                        Ok(Ok(tls_stream)) => {
+                            let cert = VerifiedClientCert::from_connection(tls_stream.get_ref().1);
+                            serve_connection(tls_stream, cert, app, builder, watcher).await
+                        }
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, error = %e, "TLS handshake failed");
                             return;
@@ -860,30 +960,47 @@ pub async fn serve<F>(
     }
 }
 
-/// Binds [`ServerConfig::bind_address`], loads TLS when configured (and reloads it every refresh interval),
-/// and serves [`router`]`(state)` until `shutdown` completes.
+/// Logs a warning for a listener beyond loopback that does not authenticate its callers (module docs).
+fn warn_if_exposed(config: &ServerConfig, metrics_authz: bool) {
+    let address = config.bind_address;
+    if address.ip().is_loopback() {
+        return;
+    }
+    if config.tls.is_none() {
+        tracing::warn!(
+            %address,
+            metrics_authz,
+            "plain-HTTP listener beyond loopback: anyone who reaches this port can call filter and bind \
+             (and bearer tokens travel in clear); use --enable-tls with --client-ca-file, or bind 127.0.0.1"
+        );
+    } else if !config.client_auth() {
+        tracing::warn!(
+            %address,
+            "TLS listener beyond loopback without client certificates: anyone who reaches this port can call \
+             filter and bind; set --client-ca-file"
+        );
+    }
+}
+
+/// Binds [`ServerConfig::bind_address`], loads TLS when configured (and reloads the certificate and the
+/// client CA bundle every refresh interval), and serves [`router`]`(state)` until `shutdown` completes, with
+/// a verified client certificate required on every route but the probes when a client CA is configured.
 pub async fn run<C, K, F>(config: ServerConfig, state: AppState<C, K>, shutdown: F) -> Result<(), ServerError>
 where
     C: Cluster,
     K: Clock + 'static,
     F: Future<Output = ()> + Send,
 {
-    let (acceptor, refresher) = match &config.tls {
-        None => (None, None),
-        Some(files) => {
-            let reloader = Arc::new(CertReloader::load(&files.cert_file, &files.key_file)?);
-            let refresher = reloader.spawn_refresher(files.refresh_interval);
-            (Some(crate::tls::acceptor(reloader)?), Some(refresher))
-        }
-    };
+    let tls = config.tls.as_ref().map(TlsFiles::start).transpose()?;
     let listener = TcpListener::bind(config.bind_address)
         .await
         .map_err(|source| ServerError::Bind { addr: config.bind_address, source })?;
-    let app = router(state.with_limits(&config));
-    serve(listener, app, acceptor, &config, shutdown).await;
-    if let Some(r) = refresher {
-        r.abort();
-    }
+    warn_if_exposed(&config, state.access.metrics_authz.is_some());
+    let state = state.with_limits(&config).with_client_cert_required(config.client_auth());
+    let app = router(state);
+    serve(listener, app, tls.as_ref().map(|t| t.acceptor().clone()), &config, shutdown).await;
+    // Dropping `tls` stops its refreshers.
+    drop(tls);
     Ok(())
 }
 
@@ -922,7 +1039,7 @@ mod tests {
     #[test]
     fn default_config_matches_upstream_flags() {
         let c = ServerConfig::default();
-        assert_eq!(c.bind_address.to_string(), "0.0.0.0:3456");
+        assert_eq!(c.bind_address.to_string(), "127.0.0.1:3456", "loopback unless told otherwise");
         assert_eq!((c.header_read_timeout.as_secs(), c.read_timeout.as_secs()), (15, 60));
         assert_eq!(c.max_body_bytes, 7 * 1024 * 1024);
         assert!(c.tls.is_none());

@@ -1,4 +1,48 @@
 //! vgpu-serve: serving plumbing shared by the vgpu binaries (the extender today; the webhook and the device
 //! monitor next), so that no component carries its own copy.
 //!
-//! Nothing is here yet; the modules land with the issue that lifts them.
+//! | module | what it holds |
+//! |---|---|
+//! | [`tls`] | rustls (ring, ALPN `http/1.1`) with a hot-reloaded certificate ([`tls::CertReloader`]) and optional client-certificate verification against a reloaded CA bundle ([`tls::ClientCaReloader`]) |
+//! | [`authz`] | bearer-token authorization of non-resource URLs (`/metrics`) by TokenReview + SubjectAccessReview, with a short decision cache ([`authz::Authorizer`]) over a [`authz::Reviewer`] seam ([`authz::KubeReviewer`], [`authz::MemoryReviewer`]) |
+//!
+//! # Example
+//!
+//! Who may scrape `/metrics`: a token the API server authenticates, of a user RBAC allows `get` on the
+//! non-resource URL. Here with the in-memory reviewer; a server uses [`authz::KubeReviewer`].
+//!
+//! ```
+//! use std::sync::Arc;
+//! use http::{HeaderMap, HeaderValue, StatusCode, header};
+//! use vgpu_serve::authz::{Authorizer, MemoryReviewer, NonResourceRequest, UserInfo};
+//!
+//! let reviewer = Arc::new(MemoryReviewer::new());
+//! reviewer.add_token("t-prometheus", UserInfo::new("system:serviceaccount:monitoring:prometheus"));
+//! reviewer.add_token("t-other", UserInfo::new("system:serviceaccount:default:other"));
+//! reviewer.allow("system:serviceaccount:monitoring:prometheus", "/metrics", "get");
+//! let authz = Authorizer::new(reviewer.clone());
+//! let metrics = NonResourceRequest::get("/metrics");
+//!
+//! let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+//! let bearer = |token: &str| {
+//!     let mut h = HeaderMap::new();
+//!     h.insert(header::AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {token}")).unwrap());
+//!     h
+//! };
+//! let user = rt.block_on(authz.authorize(&bearer("t-prometheus"), &metrics))?;
+//! assert_eq!(user.username, "system:serviceaccount:monitoring:prometheus");
+//! let denied = rt.block_on(authz.authorize(&HeaderMap::new(), &metrics)).unwrap_err();
+//! assert_eq!(denied.status(), StatusCode::UNAUTHORIZED);
+//! let denied = rt.block_on(authz.authorize(&bearer("t-unknown"), &metrics)).unwrap_err();
+//! assert_eq!(denied.status(), StatusCode::UNAUTHORIZED);
+//! let denied = rt.block_on(authz.authorize(&bearer("t-other"), &metrics)).unwrap_err();
+//! assert_eq!(denied.status(), StatusCode::FORBIDDEN);
+//! // The answer for an allowed token is cached: a second scrape asks the API server nothing.
+//! let calls = reviewer.calls();
+//! rt.block_on(authz.authorize(&bearer("t-prometheus"), &metrics))?;
+//! assert_eq!(reviewer.calls(), calls);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod authz;
+pub mod tls;

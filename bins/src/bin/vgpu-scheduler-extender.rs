@@ -2,8 +2,15 @@
 //!
 //! Thin wiring: parse flags → validate gates → Kubernetes client → watch-driven cache, optional leader
 //! election, HTTP(S) server until SIGTERM/SIGINT.
+//!
+//! Callers: the server listens on `127.0.0.1` unless `--enable-tls` with `--client-ca-file` is given (then
+//! `0.0.0.0`, every route but `/healthz` and `/readyz` needing a client certificate of that CA), or
+//! `--server-bind-address` says otherwise (a plain-HTTP listener beyond loopback is logged as a warning).
+//! `--enable-rbac` authorizes `/metrics` by bearer token (TokenReview + SubjectAccessReview, `get` on the
+//! non-resource URL `/metrics`), as vgpu-manager's device monitor does; the extender's identity then needs
+//! `create` on `tokenreviews` and `subjectaccessreviews` (ClusterRole `system:auth-delegator`).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -17,8 +24,9 @@ use vgpu_bins::{
 use vgpu_core::domain::ResourceDomain;
 use vgpu_gates::{CoreGate, FeatureGates};
 use vgpu_scheduler::metrics::Metrics;
+use vgpu_serve::authz::Authorizer;
 use vgpu_scheduler::server::{AppState, ServerConfig};
-use vgpu_scheduler::tls::TlsFiles;
+use vgpu_scheduler::tls::{ClientAuth, TlsFiles};
 use vgpu_scheduler::work::WorkLimits;
 use vgpu_scheduler::{
     CacheDriver, Extender, ExtenderConfig, KubeCluster, LeaderConfig, LeaderMode, Readiness, SystemClock,
@@ -35,12 +43,23 @@ struct Cli {
     /// Port of the HTTP(S) server.
     #[arg(long, default_value_t = vgpu_scheduler::DEFAULT_PORT)]
     server_bind_port: u16,
-    /// Address of the HTTP(S) server.
-    #[arg(long, default_value = "0.0.0.0")]
-    server_bind_address: std::net::IpAddr,
+    /// Address of the HTTP(S) server (default: 127.0.0.1; 0.0.0.0 with --enable-tls and --client-ca-file).
+    /// Beyond loopback without client certificates, anyone who reaches the port can call the verbs.
+    #[arg(long, value_name = "IP")]
+    server_bind_address: Option<IpAddr>,
     /// Serve HTTPS with --tls-cert-file and --tls-key-file (reloaded when they change).
     #[arg(long)]
     enable_tls: bool,
+    /// Verify client certificates against this PEM CA bundle (reloaded when it changes): every route but
+    /// /healthz and /readyz then needs a client certificate signed by it (kube-scheduler's extender
+    /// `tlsConfig.certFile`/`keyFile`). Requires --enable-tls.
+    #[arg(long, value_name = "FILE", requires = "enable_tls")]
+    client_ca_file: Option<PathBuf>,
+    /// Authorize /metrics by bearer token: the API server must authenticate the token (TokenReview) and
+    /// allow its user `get` on the non-resource URL /metrics (SubjectAccessReview); 401/403 otherwise.
+    /// Decisions are cached 10s (allowed) / 2s (refused).
+    #[arg(long)]
+    enable_rbac: bool,
     /// TLS private key (PEM).
     #[arg(long, value_name = "FILE")]
     tls_key_file: Option<PathBuf>,
@@ -117,10 +136,22 @@ fn server_config(cli: &Cli) -> Result<ServerConfig, ExitCode> {
         let (Some(cert_file), Some(key_file)) = (cli.tls_cert_file.clone(), cli.tls_key_file.clone()) else {
             return Err(bad_flag("enable-tls", "--tls-cert-file and --tls-key-file are both required"));
         };
-        Some(TlsFiles { cert_file, key_file, refresh_interval: cli.cert_refresh_interval })
+        let files = TlsFiles { refresh_interval: cli.cert_refresh_interval, ..TlsFiles::new(cert_file, key_file) };
+        // Optional in the handshake, so that kubelet probes (no certificate) reach /healthz and /readyz;
+        // the server refuses every other route without one.
+        Some(match &cli.client_ca_file {
+            Some(ca) => files.with_client_ca(ca, ClientAuth::Optional),
+            None => files,
+        })
     } else {
         None
     };
+    let client_auth = tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+    let bind_ip = cli.server_bind_address.unwrap_or(if client_auth {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    });
     let mut work = match cli.max_running_verbs {
         Some(0) => return Err(bad_flag("max-running-verbs", "0 (expected at least 1)")),
         Some(n) => WorkLimits::with_workers(n),
@@ -138,7 +169,7 @@ fn server_config(cli: &Cli) -> Result<ServerConfig, ExitCode> {
     }
     work.queue_timeout = cli.verb_queue_timeout;
     Ok(ServerConfig {
-        bind_address: SocketAddr::new(cli.server_bind_address, cli.server_bind_port),
+        bind_address: SocketAddr::new(bind_ip, cli.server_bind_port),
         tls,
         work,
         ..ServerConfig::default()
@@ -162,6 +193,7 @@ async fn run(
         stuck_grace_ns,
         ..ExtenderConfig::from_gates(&gates)
     };
+    let metrics_authz = cli.enable_rbac.then(|| Arc::new(Authorizer::kube(client.clone())));
     let cluster = KubeCluster::new(client.clone(), cli.scheduler_name.clone()).with_domain(domain);
     let metrics = Arc::new(Metrics::new());
     let extender = Arc::new(Extender::new(cluster, clock.clone(), config).with_observer(metrics.clone()));
@@ -185,11 +217,16 @@ async fn run(
     tracing::info!(
         address = %server.bind_address,
         tls = server.tls.is_some(),
+        client_ca = server.client_auth(),
+        metrics_rbac = metrics_authz.is_some(),
         max_running_verbs = server.work.max_running,
         max_admitted_verbs = server.work.max_admitted,
         "serving the extender"
     );
-    let state = AppState::new(extender, readiness, metrics);
+    let mut state = AppState::new(extender, readiness, metrics);
+    if let Some(authz) = metrics_authz {
+        state = state.with_metrics_authz(authz);
+    }
     let served = vgpu_scheduler::server::run(server, state, stop_all).await;
     // The server only returns early on a start-up error: stop the background tasks either way.
     drop(stopping);
