@@ -1,12 +1,14 @@
 //! `vgpuctl decode KIND VALUE`: decode an annotation value and print it as normalized JSON.
 
-use std::{io::Read, process::ExitCode};
+use std::process::ExitCode;
 
 use serde_json::{Value, json};
 use vgpu_core::{
     codec::{node_config_info, node_devices, pod_devices},
     model::{NodeDeviceInventory, NodeVgpuConfig, PodDeviceClaim},
 };
+
+use crate::input;
 
 /// Which annotation value to decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -21,27 +23,44 @@ pub enum DecodeKind {
     PodDevices,
 }
 
+impl DecodeKind {
+    /// The kind as spelled on the command line.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::NodeDevices => "node-devices",
+            Self::NodeConfig => "node-config",
+            Self::NodeTopology => "node-topology",
+            Self::PodDevices => "pod-devices",
+        }
+    }
+}
+
 /// Arguments of `vgpuctl decode`.
 #[derive(Debug, clap::Args)]
 pub struct DecodeArgs {
     /// Kind of value.
     #[arg(value_enum)]
     pub kind: DecodeKind,
-    /// The annotation value, or `-` to read it from stdin.
+    /// The annotation value, or `-` to read it from stdin (at most 256 KiB unless --max-bytes).
     pub value: String,
 }
 
-/// Decodes and prints; exit 0 on success, 2 (message on stderr) on malformed input, 1 on I/O failure.
-pub fn run(args: DecodeArgs) -> ExitCode {
+/// Decodes and prints; exit 0 on success, 2 (message on stderr) on any input error (unreadable, over the cap,
+/// not UTF-8, malformed), 1 when stdout cannot be written.
+pub fn run(args: DecodeArgs, max_bytes: Option<u64>) -> ExitCode {
+    let what = format!("{} value", args.kind.as_str());
+    let cap = input::cap(max_bytes, input::ANNOTATION_CAP);
     let value = if args.value == "-" {
-        let mut buf = String::new();
-        if let Err(e) = std::io::stdin().read_to_string(&mut buf) {
-            eprintln!("error: cannot read the value from stdin: {e}");
-            return ExitCode::FAILURE;
-        }
-        buf
+        input::read_stdin(&what, cap)
     } else {
-        args.value
+        input::check_argument(&what, &args.value, cap).map(|()| args.value)
+    };
+    let value = match value {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
     };
     match normalize(args.kind, &value) {
         Ok(v) => match serde_json::to_string_pretty(&v) {

@@ -1,9 +1,12 @@
 //! `vgpuctl devices`: list the GPUs a backend sees, optionally with the `nvidia-smi topo -m` link matrix.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
 
 use serde_json::{Value, json};
-use vgpu_core::backend::{DeviceBackend, MigLayout};
+use vgpu_core::backend::{BackendKind, DeviceBackend, MigLayout, MockConfigError, mock::MockBackend};
 use vgpu_nvml::{
     BackendChoice, SelectOptions, open_backend,
     select::OpenedBackend,
@@ -22,7 +25,7 @@ pub struct DevicesArgs {
     /// Also print the GPU link matrix (NV#, PIX, PXB, PHB, NODE, SYS; X on the diagonal).
     #[arg(long)]
     pub topology: bool,
-    /// The mock node description (YAML or JSON), for --backend mock.
+    /// The mock node description (YAML or JSON), for --backend mock (at most 4 MiB unless --max-bytes).
     #[arg(long, value_name = "FILE")]
     pub mock_config: Option<PathBuf>,
     /// Where sysfs is mounted (for auto, metax and NUMA nodes).
@@ -35,8 +38,8 @@ fn parse_choice(text: &str) -> Result<BackendChoice, String> {
 }
 
 /// Lists the devices; exit 0, or 2 with the message on stderr.
-pub fn run(args: DevicesArgs) -> ExitCode {
-    match render(&args) {
+pub fn run(args: DevicesArgs, max_bytes: Option<u64>) -> ExitCode {
+    match render(&args, crate::input::cap(max_bytes, crate::input::DOCUMENT_CAP)) {
         Ok(text) => crate::output::print(&text, ExitCode::SUCCESS),
         Err(message) => {
             eprintln!("error: {message}");
@@ -45,19 +48,51 @@ pub fn run(args: DevicesArgs) -> ExitCode {
     }
 }
 
-fn render(args: &DevicesArgs) -> Result<String, String> {
-    let mut options = SelectOptions::default();
-    if let Some(root) = &args.sysfs_root {
-        options = options.with_sysfs_root(root);
-    }
-    if let Some(file) = &args.mock_config {
-        options = options.with_mock_config(file);
-    }
-    let opened = open_backend(args.backend, &options).map_err(|e| e.to_string())?;
+fn render(args: &DevicesArgs, cap: u64) -> Result<String, String> {
+    let opened = match (args.backend, &args.mock_config) {
+        (BackendChoice::Kind(BackendKind::Mock), Some(file)) => open_mock(file, cap)?,
+        _ => {
+            let mut options = SelectOptions::default();
+            if let Some(root) = &args.sysfs_root {
+                options = options.with_sysfs_root(root);
+            }
+            if let Some(file) = &args.mock_config {
+                options = options.with_mock_config(file);
+            }
+            open_backend(args.backend, &options).map_err(|e| e.to_string())?
+        }
+    };
     for warning in &opened.warnings {
         eprintln!("warning: {warning}");
     }
     if args.json { json_text(&opened, args.topology) } else { table_text(&opened, args.topology) }
+}
+
+/// The mock backend from its description file, read through the bounded reader (`open_backend` would read
+/// the whole file): `.json` as JSON, anything else as YAML, errors naming the file.
+fn open_mock(file: &Path, cap: u64) -> Result<OpenedBackend, String> {
+    let text = crate::input::read_file("mock description", file, cap).map_err(|e| e.to_string())?;
+    let parsed = if file.extension().is_some_and(|ext| ext.eq_ignore_ascii_case("json")) {
+        MockBackend::from_json_str(&text)
+    } else {
+        MockBackend::from_yaml_str(&text)
+    };
+    let name = file.display().to_string();
+    let backend = parsed
+        .map_err(|e| match e {
+            MockConfigError::Parse { message, .. } => MockConfigError::Parse { source_name: name, message },
+            MockConfigError::Invalid { field, message, .. } => {
+                MockConfigError::Invalid { source_name: name, field, message }
+            }
+            other => other,
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(OpenedBackend {
+        backend: Box::new(backend),
+        kind: BackendKind::Mock,
+        driver: None,
+        warnings: Vec::new(),
+    })
 }
 
 fn mig_text(layout: &MigLayout) -> String {

@@ -36,20 +36,22 @@ pub enum GatesCommand {
         /// One of device-plugin, scheduler-extender, device-monitor, kubelet-plugin.
         #[arg(long)]
         component: Component,
-        /// The values file: a bare gate map, or a chart values file.
+        /// The values file: a bare gate map, or a chart values file (at most 4 MiB unless --max-bytes).
         #[arg(long)]
         values: PathBuf,
     },
 }
 
 /// Runs a `gates` subcommand.
-pub fn run(cmd: GatesCommand) -> ExitCode {
+pub fn run(cmd: GatesCommand, max_bytes: Option<u64>) -> ExitCode {
     let result = match cmd {
         GatesCommand::List { component, json } => list(component, json),
         GatesCommand::Check { component, feature_gates, from_env } => {
             check(component, feature_gates, from_env)
         }
-        GatesCommand::Render { component, values } => render(component, &values),
+        GatesCommand::Render { component, values } => {
+            render(component, &values, crate::input::cap(max_bytes, crate::input::DOCUMENT_CAP))
+        }
     };
     match result {
         Ok(text) => crate::output::print(&text, ExitCode::SUCCESS),
@@ -150,9 +152,8 @@ fn check(component: Component, flag_values: Vec<String>, from_env: bool) -> Resu
 }
 
 /// The canonical `--feature-gates` value, ready to print.
-fn render(component: Component, path: &std::path::Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read values file {}: {e}", path.display()))?;
+fn render(component: Component, path: &std::path::Path, cap: u64) -> Result<String, String> {
+    let text = crate::input::read_file("values file", path, cap).map_err(|e| e.to_string())?;
     let entries = parse_values(&text, component.chart_values_paths())
         .map_err(|e| format!("values file {}: {e}", path.display()))?;
     let configured = component.registry().configure_map(&entries).map_err(|e| e.to_string())?;

@@ -1,4 +1,7 @@
 //! `vgpuctl`: the operator's command-line tool for vgpu.
+//!
+//! Exit status: 0 on success, 2 on any input error (bad flags, unreadable, oversized or non-UTF-8 input,
+//! malformed values), 1 when stdout cannot be written (and `simulate`'s over-commit verdict).
 
 use std::process::ExitCode;
 
@@ -7,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod decode;
 mod devices;
 mod gates;
+mod input;
 mod output;
 mod simulate;
 mod topology;
@@ -17,6 +21,11 @@ mod topology;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Largest input accepted, in bytes (suffixes Ki, Mi, Gi), for every file and stdin this invocation
+    /// reads. Defaults: 256 KiB for annotation values (decode, topology --topology), 4 MiB for documents
+    /// (gates render --values, devices --mock-config).
+    #[arg(long, global = true, value_name = "N", value_parser = input::parse_max_bytes)]
+    max_bytes: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -37,11 +46,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let max_bytes = cli.max_bytes;
     match cli.command {
-        Command::Gates(cmd) => gates::run(cmd),
-        Command::Decode(args) => decode::run(args),
-        Command::Topology(cmd) => topology::run(cmd),
-        Command::Devices(args) => devices::run(args),
+        Command::Gates(cmd) => gates::run(cmd, max_bytes),
+        Command::Decode(args) => decode::run(args, max_bytes),
+        Command::Topology(cmd) => topology::run(cmd, max_bytes),
+        Command::Devices(args) => devices::run(args, max_bytes),
         Command::Simulate(args) => simulate::run(args),
     }
 }

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use serde::Serialize;
 use vgpu_core::topology::{BestEffortPolicy, GpuSetError, Topology};
 
+use crate::input;
+
 /// Longest range (`a-b`) a GPU list may spell out.
 const MAX_RANGE: usize = 4096;
 
@@ -21,7 +23,7 @@ pub enum TopologyCommand {
 /// Arguments of `vgpuctl topology allocate`.
 #[derive(Debug, clap::Args)]
 pub struct AllocateArgs {
-    /// File holding a `node-device-topology` annotation value (JSON).
+    /// File holding a `node-device-topology` annotation value (JSON; at most 256 KiB unless --max-bytes).
     #[arg(long, value_name = "FILE")]
     pub topology: PathBuf,
     /// Free GPUs: comma-separated indices and ranges, e.g. `0-3,6`.
@@ -38,7 +40,7 @@ pub struct AllocateArgs {
 /// Arguments of `vgpuctl topology score`.
 #[derive(Debug, clap::Args)]
 pub struct ScoreArgs {
-    /// File holding a `node-device-topology` annotation value (JSON).
+    /// File holding a `node-device-topology` annotation value (JSON; at most 256 KiB unless --max-bytes).
     #[arg(long, value_name = "FILE")]
     pub topology: PathBuf,
     /// The GPU set: comma-separated indices and ranges, e.g. `0-3`.
@@ -99,8 +101,8 @@ struct ScoreOutput {
 }
 
 /// Runs a `topology` subcommand; exit code 2 on bad input files or lists.
-pub fn run(cmd: TopologyCommand) -> ExitCode {
-    match execute(cmd) {
+pub fn run(cmd: TopologyCommand, max_bytes: Option<u64>) -> ExitCode {
+    match execute(cmd, input::cap(max_bytes, input::ANNOTATION_CAP)) {
         Ok(line) => crate::output::print_line(&line, ExitCode::SUCCESS),
         Err(message) => {
             eprintln!("error: {message}");
@@ -109,10 +111,10 @@ pub fn run(cmd: TopologyCommand) -> ExitCode {
     }
 }
 
-fn execute(cmd: TopologyCommand) -> Result<String, String> {
+fn execute(cmd: TopologyCommand, cap: u64) -> Result<String, String> {
     match cmd {
         TopologyCommand::Allocate(args) => {
-            let topology = load(&args.topology)?;
+            let topology = load(&args.topology, cap)?;
             let policy = BestEffortPolicy::new(&topology);
             let got = policy
                 .allocate(&args.available.0, &args.required.0, args.size)
@@ -120,7 +122,7 @@ fn execute(cmd: TopologyCommand) -> Result<String, String> {
             to_json(&AllocateOutput { devices: &got.devices, score: got.score })
         }
         TopologyCommand::Score(args) => {
-            let topology = load(&args.topology)?;
+            let topology = load(&args.topology, cap)?;
             let score = topology.set_score(&args.set.0).map_err(|e| format!("--set: {e}"))?;
             to_json(&ScoreOutput { score })
         }
@@ -136,9 +138,9 @@ fn list_error(available: &[usize], e: GpuSetError) -> String {
     format!("{flag}: {e}")
 }
 
-fn load(path: &Path) -> Result<Topology, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read topology file {}: {e}", path.display()))?;
+/// Reads the topology file (an annotation value: at most `cap` bytes, read no further) and decodes it.
+fn load(path: &Path, cap: u64) -> Result<Topology, String> {
+    let text = input::read_file("topology file", path, cap).map_err(|e| e.to_string())?;
     Topology::decode(&text).map_err(|e| format!("invalid topology file {}: {e}", path.display()))
 }
 
