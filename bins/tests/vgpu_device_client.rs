@@ -1,6 +1,7 @@
 //! `vgpu-device-client` against the device plugin's real client-mode registry on a unix socket: the binary
 //! is the caller, so the registry authenticates its own PID (under a fake `/proc` whose `cgroup` puts it in
-//! a pod) and writes that pod's `pids.config`; refusals and bad flags exit with the documented codes.
+//! a pod) and writes that pod's `pids.config`; refusals and bad flags exit with the documented codes. The
+//! container's processes run as this test's user (fake `status` files), so the registry's uid rule holds.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
@@ -21,7 +22,13 @@ fn registry(root: &Path) -> RegistryConfig {
     std::fs::create_dir_all(&cgroup).unwrap();
     std::fs::write(cgroup.join("cgroup.procs"), "311\n27\n").unwrap();
     std::fs::create_dir_all(root.join(format!("manager/{UID}_main/config"))).unwrap();
-    std::fs::create_dir_all(root.join("proc")).unwrap();
+    let uid = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").unwrap().uid()
+    };
+    std::fs::create_dir_all(root.join("proc/311")).unwrap();
+    std::fs::write(root.join("proc/311/status"), format!("Name:\tapp\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"))
+        .unwrap();
     RegistryConfig {
         manager_dir: root.join("manager"),
         proc_root: root.join("proc"),
@@ -29,6 +36,7 @@ fn registry(root: &Path) -> RegistryConfig {
         cgroup_driver: CgroupDriver::Systemd,
         poll_interval: Duration::from_millis(10),
         poll_timeout: Duration::from_millis(500),
+        socket_group: None,
     }
 }
 

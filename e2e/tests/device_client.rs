@@ -14,7 +14,8 @@
 //! tree in the test folder (`--cgroup-driver=systemd`): the test starts the client under `sh`, which
 //! writes its PID and waits for a go-file before `exec`-ing the client (same PID), and in between writes
 //! `<proc-root>/<pid>/cgroup` naming `owner`'s container cgroup, whose `cgroup.procs` lists the container's
-//! processes.
+//! processes; their fake `<proc-root>/<pid>/status` says they run as this test's user, which is the
+//! client's, so the registry's uid rule (a caller must own a process of the container) holds.
 //!
 //! Needs the control-plane binaries and our binaries: run `e2e/run.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -121,6 +122,13 @@ async fn device_client_registers_with_the_live_registry() {
     let procs = host.join("cgroup").join(cgroup.trim_start_matches('/'));
     std::fs::create_dir_all(&procs).unwrap();
     std::fs::write(procs.join("cgroup.procs"), CONTAINER_PIDS).unwrap();
+    let uid = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").unwrap().uid()
+    };
+    let status = host.join("proc/4242");
+    std::fs::create_dir_all(&status).unwrap();
+    std::fs::write(status.join("status"), format!("Name:\tapp\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")).unwrap();
 
     // The client in `owner`'s container registers it.
     let address = socket.display().to_string();

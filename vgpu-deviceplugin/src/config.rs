@@ -208,6 +208,10 @@ pub struct PluginConfig {
     pub proc_root: PathBuf,
     /// The host's cgroup mount (client-mode registry: the caller's `cgroup.procs`; cgroup version).
     pub cgroup_root: PathBuf,
+    /// `--registry-socket-group`: the group of the client-mode registry socket (mode 0660); `None` keeps
+    /// this process's effective gid. The containers that run `vgpu-device-client` need it as a
+    /// supplementary group.
+    pub registry_socket_group: Option<u32>,
     /// The MIG instances the MIG plugins serve (from the backend, per `migStrategy`; see
     /// [`crate::mig::mig_devices`]).
     pub mig_devices: Vec<crate::mig::MigDevice>,
@@ -249,6 +253,7 @@ impl PluginConfig {
             mig_devices: Vec::new(),
             proc_root: PathBuf::from("/proc"),
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            registry_socket_group: None,
             watch_interval: Duration::from_secs(1),
             dial_timeout: Duration::from_secs(5),
             max_crashes: 5,
@@ -272,6 +277,7 @@ impl PluginConfig {
             cgroup_driver: self.settings.cgroup_driver,
             poll_interval: Duration::from_millis(40),
             poll_timeout: Duration::from_secs(60),
+            socket_group: self.registry_socket_group,
         }
     }
 

@@ -4,20 +4,36 @@
 //! A process inside a vGPU container (the `device-client` the library runs) asks the plugin to record the
 //! PIDs of its container. The plugin:
 //!
-//! 1. authenticates the caller by its socket credentials (`SO_PEERCRED` PID) → `<proc>/<pid>/cgroup` → the
-//!    pod UID in that cgroup path (parsed per the node's cgroup driver: systemd
-//!    `kubepods-<qos>-pod<uid with _>.slice`, cgroupfs `pod<uid>`; auto accepts both); a caller may only
-//!    register its own pod (`caller pod "<uid>" is not authorized for this register request`);
-//! 2. checks the target container has a per-container directory (Allocate wrote it);
-//! 3. polls the caller's cgroup (`<cgroup-root>/<path>/cgroup.procs`, v1 under `memory/`) every 40 ms, for at
-//!    most 60 s, until it holds PIDs;
-//! 4. writes `<manager-dir>/<podUID>_<ctr>/config/pids.config`: the sorted PIDs, one decimal per line,
-//!    atomically (refusing a symlink in its place).
+//! 1. identifies the caller **once, when its connection is accepted** ([`peer`]): the socket credentials
+//!    (`SO_PEERCRED` pid, uid, gid), a handle on that process that cannot follow its PID to another one
+//!    (an open `/proc/<pid>/stat`), the process's uids (the socket's uid must be one of them, else the PID
+//!    was reused before the accept), and `<proc-root>/<pid>/cgroup` → the pod UID in that cgroup path
+//!    (parsed per the node's cgroup driver: systemd `kubepods-<qos>-pod<uid with _>.slice`, cgroupfs
+//!    `pod<uid>`; auto accepts both). The identity is bound to the connection; requests never look the
+//!    PID up again;
+//! 2. at each request, refuses (`PermissionDenied`, naming what failed) a connection whose caller could not
+//!    be identified, or whose process has exited since (`caller process <pid> (uid <uid>) exited after
+//!    connecting …`: its PID may already belong to someone else), and a caller that names another pod
+//!    (`caller pod "<uid>" is not authorized for this register request`);
+//! 3. checks the target container has a per-container directory (Allocate wrote it);
+//! 4. polls the caller's accept-time cgroup (`<cgroup-root>/<path>/cgroup.procs`, v1 under `memory/`) every
+//!    40 ms, for at most 60 s, until it holds PIDs;
+//! 5. checks the caller's uid against the container (the **uid rule**): the caller's PID is one of the
+//!    listed PIDs, or at least one listed process has the caller's uid as its effective uid
+//!    (`<proc-root>/<pid>/status`, second field of `Uid:`); otherwise `caller uid <uid> (pid <pid>) is not a
+//!    process of container cgroup <path> and owns none of its processes: refused`. A process of another
+//!    user can so never register someone's container;
+//! 6. checks the caller is still alive, then writes `<manager-dir>/<podUID>_<ctr>/config/pids.config`: the
+//!    sorted PIDs, one decimal per line, atomically (refusing a symlink in its place).
 //!
 //! Limits: requests up to 16 KiB, 64 concurrent streams per connection, 256 registrations in flight and 8
 //! per caller PID (`register concurrency budget exhausted, retry later`). The socket directory is created
-//! with mode 0711 and refused when group- or world-writable; the socket is made 0666, republished by a guard
-//! when it is unlinked, and removed on stop only if it is still the one this server bound.
+//! with mode 0711 and refused when group- or world-writable; the socket is made **0660** and given the
+//! group [`RegistryConfig::socket_group`] (`--registry-socket-group`; default: the group it is created
+//! with, the plugin's effective gid): the processes that run `vgpu-device-client` need that group as
+//! their primary or a supplementary group (`securityContext.supplementalGroups` of the vGPU pods), or
+//! they cannot connect. It is republished by a guard when it is unlinked, and removed on stop only if it
+//! is still the one this server bound.
 //! Register UUIDs (DRA claims) are not served here.
 
 use std::{
@@ -29,10 +45,13 @@ use std::{
 };
 
 use tokio::{net::UnixListener, sync::watch, task::JoinHandle};
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Request, Response, Status, transport::server::UdsConnectInfo};
+use tokio_stream::{StreamExt as _, wrappers::UnixListenerStream};
+use tonic::{Request, Response, Status};
 use vgpu_core::{abi::atomic::write_atomic, node_config::CgroupDriver};
 
+pub mod peer;
+
+use self::peer::{CallerCgroup, CallerIdentity, IdentifiedStream, IdentifyConfig, Liveness, PeerCredentials};
 use crate::{
     api::registry::{
         ContainerDeviceRequest, ContainerDeviceResponse,
@@ -67,6 +86,9 @@ pub struct RegistryConfig {
     pub poll_interval: Duration,
     /// Longest wait for PIDs (upstream 60 s).
     pub poll_timeout: Duration,
+    /// The group the socket is given (mode 0660); `None` keeps the group it is created with (this
+    /// process's effective gid, or the directory's with set-group-ID).
+    pub socket_group: Option<u32>,
 }
 
 impl RegistryConfig {
@@ -74,6 +96,56 @@ impl RegistryConfig {
     pub fn socket(&self) -> PathBuf {
         self.manager_dir.join(SOCKET)
     }
+}
+
+/// Why a `--registry-socket-group` value names no group.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SocketGroupError {
+    /// The value is empty.
+    #[error("expected a group name or a numeric gid")]
+    Empty,
+    /// The group file could not be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The group file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No group of that name.
+    #[error("no group {name:?} in {} (give the numeric gid)", path.display())]
+    Unknown {
+        /// The name given.
+        name: String,
+        /// The group file searched.
+        path: PathBuf,
+    },
+}
+
+/// Resolves a socket group: a decimal gid as is, else a group name looked up in `group_file`
+/// (`/etc/group` format, `name:password:gid:members`). Note that a name is resolved in the plugin's
+/// image, not on the host: deployments should give the numeric gid.
+pub fn resolve_socket_group(value: &str, group_file: &Path) -> Result<u32, SocketGroupError> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Err(SocketGroupError::Empty);
+    }
+    if let Ok(gid) = value.parse::<u32>() {
+        return Ok(gid);
+    }
+    let text = std::fs::read_to_string(group_file)
+        .map_err(|source| SocketGroupError::Read { path: group_file.to_path_buf(), source })?;
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let gid = fields.nth(1)?.trim().parse::<u32>().ok()?;
+            (name == value).then_some(gid)
+        })
+        .next()
+        .ok_or_else(|| SocketGroupError::Unknown { name: value.to_owned(), path: group_file.to_path_buf() })
 }
 
 /// The pod UID in a cgroup path, per `driver` (auto tries systemd, then cgroupfs).
@@ -162,7 +234,13 @@ impl RegistryService {
         Ok(Slot { budget: &self.budget, pid })
     }
 
-    async fn register(&self, pid: u32, req: &ContainerDeviceRequest) -> Result<(), Status> {
+    async fn register(
+        &self,
+        identity: &CallerIdentity,
+        caller: PeerCredentials,
+        cgroup: &CallerCgroup,
+        req: &ContainerDeviceRequest,
+    ) -> Result<(), Status> {
         let cfg = &self.config;
         if !req.register_uuid.is_empty() {
             return Err(Status::unimplemented(
@@ -179,17 +257,10 @@ impl RegistryService {
                 req.container_name, req.pod_uid
             )));
         }
-        let cgroup_file = cfg.proc_root.join(pid.to_string()).join("cgroup");
-        let text = std::fs::read_to_string(&cgroup_file).map_err(|e| {
-            Status::permission_denied(format!("caller {pid}: {}: {e}", cgroup_file.display()))
-        })?;
-        let (path, v2) = cgroup_path_of(&text).ok_or_else(|| {
-            Status::permission_denied(format!("caller {pid}: no cgroup in {}", cgroup_file.display()))
-        })?;
-        let caller = pod_uid_from_cgroup_path(&path, cfg.cgroup_driver).unwrap_or_default();
-        if caller != req.pod_uid {
+        let caller_pod = cgroup.pod_uid.as_deref().unwrap_or_default();
+        if caller_pod != req.pod_uid {
             return Err(Status::permission_denied(format!(
-                "caller pod {caller:?} is not authorized for this register request"
+                "caller pod {caller_pod:?} is not authorized for this register request"
             )));
         }
         let config_dir =
@@ -202,8 +273,8 @@ impl RegistryService {
                 config_dir.display()
             )));
         }
-        let base = if v2 { cfg.cgroup_root.clone() } else { cfg.cgroup_root.join("memory") };
-        let procs = base.join(path.trim_start_matches('/')).join("cgroup.procs");
+        let base = if cgroup.v2 { cfg.cgroup_root.clone() } else { cfg.cgroup_root.join("memory") };
+        let procs = base.join(cgroup.path.trim_start_matches('/')).join("cgroup.procs");
         let deadline = Instant::now() + cfg.poll_timeout;
         let pids = loop {
             let mut pids: Vec<u32> = std::fs::read_to_string(&procs)
@@ -225,6 +296,8 @@ impl RegistryService {
             }
             tokio::time::sleep(cfg.poll_interval).await;
         };
+        self.check_uid(caller, cgroup, &pids)?;
+        alive(identity, caller)?;
         let file = config_dir.join(PIDS_FILE);
         if std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_symlink()) {
             return Err(Status::failed_precondition(format!("{} is a symlink: refused", file.display())));
@@ -232,6 +305,57 @@ impl RegistryService {
         let body: String = pids.iter().map(|p| format!("{p}\n")).collect();
         write_atomic(&file, body.as_bytes(), 0o644).map_err(|e| Status::internal(e.to_string()))
     }
+
+    /// The uid rule (module docs, step 5): the caller is one of the container's processes, or one of them
+    /// runs with the caller's uid as its effective uid.
+    fn check_uid(&self, caller: PeerCredentials, cgroup: &CallerCgroup, pids: &[u32]) -> Result<(), Status> {
+        if pids.binary_search(&caller.pid).is_ok() {
+            return Ok(());
+        }
+        let owns_one = pids.iter().any(|pid| {
+            let status = self.config.proc_root.join(pid.to_string()).join("status");
+            std::fs::read_to_string(status)
+                .ok()
+                .and_then(|text| peer::status_effective_uid(&text))
+                .is_some_and(|uid| uid == caller.uid)
+        });
+        if owns_one {
+            return Ok(());
+        }
+        Err(Status::permission_denied(format!(
+            "caller uid {} (pid {}) is not a process of container cgroup {} and owns none of its processes: \
+             refused",
+            caller.uid, caller.pid, cgroup.path
+        )))
+    }
+}
+
+/// Refuses a caller whose process has exited since its connection was accepted.
+fn alive(identity: &CallerIdentity, caller: PeerCredentials) -> Result<(), Status> {
+    match identity.liveness() {
+        Liveness::Alive => Ok(()),
+        Liveness::Exited => Err(Status::permission_denied(format!(
+            "caller process {} (uid {}) exited after connecting (its PID may already belong to another \
+             process): refused",
+            caller.pid, caller.uid
+        ))),
+    }
+}
+
+/// The accept-time identity of a request's connection, refused unless it names a live caller's cgroup.
+fn authenticate<T>(request: &Request<T>) -> Result<(Arc<CallerIdentity>, PeerCredentials), Status> {
+    let identity = request
+        .extensions()
+        .get::<Arc<CallerIdentity>>()
+        .cloned()
+        .ok_or_else(|| Status::permission_denied("the connection carries no caller identity: refused"))?;
+    let caller = match (&identity.credentials, &identity.cgroup) {
+        (Some(cred), Ok(_)) => *cred,
+        (_, Err(err)) => return Err(Status::permission_denied(err.to_string())),
+        (None, Ok(_)) => return Err(Status::permission_denied("caller credentials (SO_PEERCRED) unavailable")),
+    };
+    alive(&identity, caller)?;
+    Ok((identity, caller))
 }
 
 #[tonic::async_trait]
@@ -240,22 +364,27 @@ impl VDeviceRegistry for RegistryService {
         &self,
         request: Request<ContainerDeviceRequest>,
     ) -> Result<Response<ContainerDeviceResponse>, Status> {
-        let pid = request
-            .extensions()
-            .get::<UdsConnectInfo>()
-            .and_then(|info| info.peer_cred)
-            .and_then(|cred| cred.pid())
-            .and_then(|pid| u32::try_from(pid).ok())
-            .ok_or_else(|| Status::unauthenticated("caller credentials (SO_PEERCRED) unavailable"))?;
+        let (identity, caller) = match authenticate(&request) {
+            Ok(found) => found,
+            Err(status) => {
+                tracing::warn!(%status, "register refused: caller not identified");
+                return Err(status);
+            }
+        };
+        let pid = caller.pid;
         let _slot = self.acquire(pid)?;
         let req = request.into_inner();
-        match self.register(pid, &req).await {
+        let result = match &identity.cgroup {
+            Ok(cgroup) => self.register(&identity, caller, cgroup, &req).await,
+            Err(err) => Err(Status::permission_denied(err.to_string())),
+        };
+        match result {
             Ok(()) => {
-                tracing::info!(pod = %req.pod_uid, container = %req.container_name, pid, "container PIDs registered");
+                tracing::info!(pod = %req.pod_uid, container = %req.container_name, pid, uid = caller.uid, "container PIDs registered");
                 Ok(Response::new(ContainerDeviceResponse {}))
             }
             Err(status) => {
-                tracing::warn!(pod = %req.pod_uid, container = %req.container_name, pid, %status, "register refused");
+                tracing::warn!(pod = %req.pod_uid, container = %req.container_name, pid, uid = caller.uid, %status, "register refused");
                 Err(status)
             }
         }
@@ -289,6 +418,14 @@ impl RunningRegistry {
     }
 }
 
+/// The accepted connections of `listener`, each with its caller identified on accept.
+fn accepted(
+    listener: UnixListener,
+    identify: Arc<IdentifyConfig>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<IdentifiedStream>> {
+    UnixListenerStream::new(listener).map(move |conn| conn.map(|s| IdentifiedStream::accept(s, &identify)))
+}
+
 fn identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
@@ -301,7 +438,7 @@ fn io<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) -
 /// Binds and listens on a temporary name next to `socket`, then renames it into place, so the path only ever
 /// names a socket that already accepts connections (a client never sees "connection refused" between bind and
 /// listen) and a stale socket is replaced in one step.
-fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
+fn bind(socket: &Path, group: Option<u32>) -> Result<UnixListener, ServerError> {
     let name = socket.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = socket.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     match std::fs::remove_file(&tmp) {
@@ -310,8 +447,14 @@ fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
         Err(e) => return Err(io(&tmp, "remove stale temporary socket")(e)),
     }
     let listener = UnixListener::bind(&tmp).map_err(io(&tmp, "bind unix socket"))?;
-    let published = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o666))
-        .map_err(io(&tmp, "chmod 0666"))
+    let published = group
+        .map_or(Ok(()), |gid| {
+            std::os::unix::fs::chown(&tmp, None, Some(gid)).map_err(io(&tmp, "chown the socket to its group"))
+        })
+        .and_then(|()| {
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(SOCKET_MODE))
+                .map_err(io(&tmp, "chmod 0660"))
+        })
         .and_then(|()| std::fs::rename(&tmp, socket).map_err(io(socket, "publish unix socket")));
     if let Err(e) = published {
         let _ = std::fs::remove_file(&tmp);
@@ -320,11 +463,15 @@ fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
     Ok(listener)
 }
 
+/// The socket's mode: owner and group read/write, nobody else.
+pub const SOCKET_MODE: u32 = 0o660;
+
 /// How often the guard checks that the socket is still there.
 pub const GUARD_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Creates the socket directory (0711; refused when group/world-writable), binds the socket (0666) and
-/// serves the registry on it. A guard republishes the socket when it is unlinked (checked every
+/// Creates the socket directory (0711; refused when group/world-writable), binds the socket (0660, group
+/// [`RegistryConfig::socket_group`]) and serves the registry on it; each connection's caller is identified
+/// when it is accepted ([`peer`]). A guard republishes the socket when it is unlinked (checked every
 /// [`GUARD_INTERVAL`]).
 pub fn serve_registry(config: RegistryConfig) -> Result<RunningRegistry, ServerError> {
     serve_registry_with_guard(config, GUARD_INTERVAL)
@@ -350,9 +497,15 @@ pub fn serve_registry_with_guard(
             mode & 0o777
         )));
     }
-    let mut listener = Some(bind(&socket)?);
+    let group = config.socket_group;
+    let mut listener = Some(bind(&socket, group)?);
     let identity_cell = Arc::new(Mutex::new(identity(&socket)));
     let (stop, stop_rx) = watch::channel(false);
+    let identify = Arc::new(IdentifyConfig {
+        own_proc: PathBuf::from(peer::OWN_PROC),
+        proc_root: config.proc_root.clone(),
+        cgroup_driver: config.cgroup_driver,
+    });
     let service = Arc::new(RegistryService::new(config));
     let path = socket.clone();
     let ids = Arc::clone(&identity_cell);
@@ -361,7 +514,7 @@ pub fn serve_registry_with_guard(
             let current = match listener.take() {
                 Some(l) => l,
                 None => {
-                    let l = bind(&path)?;
+                    let l = bind(&path, group)?;
                     *ids.lock().unwrap_or_else(PoisonError::into_inner) = identity(&path);
                     tracing::warn!(socket = %path.display(), "registry socket was removed; republished");
                     l
@@ -389,7 +542,7 @@ pub fn serve_registry_with_guard(
                     VDeviceRegistryServer::from_arc(Arc::clone(&service))
                         .max_decoding_message_size(MAX_REQUEST_BYTES),
                 )
-                .serve_with_incoming_shutdown(UnixListenerStream::new(current), shutdown)
+                .serve_with_incoming_shutdown(accepted(current, Arc::clone(&identify)), shutdown)
                 .await
                 .map_err(|source| ServerError::Transport { path: path.clone(), source })?;
             if *stop_rx.borrow() {

@@ -121,6 +121,11 @@ struct Cli {
     /// client-mode registry: a caller's `cgroup.procs`).
     #[arg(long, default_value = "/sys/fs/cgroup")]
     host_cgroup_root: PathBuf,
+    /// Group of the client-mode registry socket (`<manager-dir>/registry/socket.sock`, mode 0660): a numeric
+    /// gid, or a group name of this image's `/etc/group`; default: this process's gid. Containers that run
+    /// `vgpu-device-client` need this group (e.g. in the pod's `supplementalGroups`) to connect.
+    #[arg(long, value_name = "NAME|GID", value_parser = parse_socket_group)]
+    registry_socket_group: Option<u32>,
     /// Device backend: auto, nvml, metax or mock.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
@@ -132,6 +137,12 @@ struct Cli {
     node_publish_interval: u64,
     #[command(flatten)]
     gates: CoreGateArgs,
+}
+
+/// `--registry-socket-group`: a gid, or a name from `/etc/group`.
+fn parse_socket_group(value: &str) -> Result<u32, String> {
+    vgpu_deviceplugin::registry::resolve_socket_group(value, std::path::Path::new("/etc/group"))
+        .map_err(|e| e.to_string())
 }
 
 /// A flag value that parses but is not valid: exit 2 naming the flag.
@@ -207,6 +218,7 @@ fn plugin_config(cli: &Cli, node: String, settings: NodeSettings, domain: Resour
     config.pod_resources_socket.clone_from(&cli.pod_resources_socket);
     config.proc_root.clone_from(&cli.host_proc_root);
     config.cgroup_root.clone_from(&cli.host_cgroup_root);
+    config.registry_socket_group = cli.registry_socket_group;
     config.cgroup_mode = CgroupMode::detect(&cli.host_cgroup_root);
     config.domain = domain;
     config.settings = settings;
@@ -380,6 +392,20 @@ mod tests {
     }
 
     #[test]
+    fn registry_socket_group_flag() {
+        let cli = parse(&["--registry-socket-group=4242"]);
+        let config = plugin_config(&cli, "n1".into(), settings_ok(&cli), ResourceDomain::default());
+        assert_eq!(config.registry().socket_group, Some(4242));
+        // A name from /etc/group (root is in every image).
+        assert_eq!(parse(&["--registry-socket-group", "root"]).registry_socket_group, Some(0));
+        let err = Cli::try_parse_from(["vgpu-device-plugin", "--registry-socket-group=no-such-group-x"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--registry-socket-group") && err.contains("no-such-group-x"), "{err}");
+        assert!(Cli::try_parse_from(["vgpu-device-plugin", "--registry-socket-group="]).is_err());
+    }
+
+    #[test]
     fn kube_timeout_sets_every_request_limit() {
         let mut config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
         let before = (config.connect_timeout, config.read_timeout, config.write_timeout);
@@ -422,6 +448,7 @@ mod tests {
             (registry.proc_root.as_path(), registry.cgroup_root.as_path()),
             (Path::new("/host/proc"), cgroup.path())
         );
+        assert_eq!(registry.socket_group, None, "default: the process's own gid");
         // Defaults.
         let config =
             plugin_config(&parse(&[]), "n1".into(), settings_ok(&parse(&[])), ResourceDomain::default());
