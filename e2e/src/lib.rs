@@ -45,4 +45,4 @@ pub use binaries::{BIN_DIR_ENV, Binaries, CACHE_ENV, ETCD_VERSION, K8S_VERSION, 
 pub use env::{TestEnv, TestEnvBuilder};
 pub use json_server::JsonServer;
 pub use scheduler::{ExtenderConfig, SCHEDULER_NAME, VGPU_RESOURCES, scheduler_configuration};
-pub use vgpu::{VGPU_BIN_DIR_ENV, free_port, http_get, vgpu_binary, wait_ready};
+pub use vgpu::{VGPU_BIN_DIR_ENV, free_port, http_get, http_get_with_headers, vgpu_binary, wait_ready};

@@ -35,9 +35,16 @@ pub fn free_port() -> Result<u16> {
 
 /// `GET http://127.0.0.1:<port><path>`: the status code and body, or an error when nothing answers.
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    http_get_with_headers(port, path, &[]).await
+}
+
+/// [`http_get`] with extra request headers (e.g. `("Authorization", "Bearer …")`).
+pub async fn http_get_with_headers(port: u16, path: &str, headers: &[(&str, &str)]) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    let extra: String = headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}Connection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
