@@ -352,7 +352,9 @@ fn authenticate<T>(request: &Request<T>) -> Result<(Arc<CallerIdentity>, PeerCre
     let caller = match (&identity.credentials, &identity.cgroup) {
         (Some(cred), Ok(_)) => *cred,
         (_, Err(err)) => return Err(Status::permission_denied(err.to_string())),
-        (None, Ok(_)) => return Err(Status::permission_denied("caller credentials (SO_PEERCRED) unavailable")),
+        (None, Ok(_)) => {
+            return Err(Status::permission_denied("caller credentials (SO_PEERCRED) unavailable"));
+        }
     };
     alive(&identity, caller)?;
     Ok((identity, caller))

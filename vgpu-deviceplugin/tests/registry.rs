@@ -412,7 +412,9 @@ fn helper_process() {
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let call = |channel: tonic::transport::Channel| async {
-        match VDeviceRegistryClient::new(channel).register_container_device(request(&var("HELPER_POD"), "main")).await
+        match VDeviceRegistryClient::new(channel)
+            .register_container_device(request(&var("HELPER_POD"), "main"))
+            .await
         {
             Ok(_) => "ok".to_owned(),
             Err(status) => format!("{:?}: {}", status.code(), status.message()),

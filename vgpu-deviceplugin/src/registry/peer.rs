@@ -161,7 +161,9 @@ impl ProcessHandle {
         let path = proc_root.join(pid.to_string()).join("stat");
         let stat = match File::open(&path) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(ESRCH) => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(ESRCH) => {
+                return Ok(None);
+            }
             Err(e) => return Err(e),
         };
         match read_stat(&stat)? {
@@ -244,7 +246,14 @@ impl CallerIdentity {
     pub fn of_stream(stream: &UnixStream, config: &IdentifyConfig) -> Self {
         match stream.peer_cred() {
             Ok(cred) => match cred.pid().and_then(|p| u32::try_from(p).ok()) {
-                Some(pid) => Self::identify(PeerCredentials { pid, uid: cred.uid(), gid: cred.gid() }, config),
+                Some(0) => Self::refused(IdentityError::NoCredentials(
+                    "the socket reported PID 0: the caller is outside this process's PID namespace (run the \
+                     device plugin with hostPID: true)"
+                        .to_owned(),
+                )),
+                Some(pid) => {
+                    Self::identify(PeerCredentials { pid, uid: cred.uid(), gid: cred.gid() }, config)
+                }
                 None => Self::refused(IdentityError::NoCredentials("the socket reported no PID".to_owned())),
             },
             Err(e) => Self::refused(IdentityError::NoCredentials(e.to_string())),
@@ -276,15 +285,21 @@ impl CallerIdentity {
         let cgroup = (|| {
             let status = config.own_proc.join(pid.to_string()).join("status");
             let text = std::fs::read_to_string(&status).map_err(proc_err(status.clone()))?;
-            let process_uids = status_uids(&text)
-                .ok_or(IdentityError::Malformed { pid, path: status, what: "no Uid: line" })?;
+            let process_uids = status_uids(&text).ok_or(IdentityError::Malformed {
+                pid,
+                path: status,
+                what: "no Uid: line",
+            })?;
             if !process_uids.contains(&uid) {
                 return Err(IdentityError::UidMismatch { pid, uid, process_uids });
             }
             let file = config.proc_root.join(pid.to_string()).join("cgroup");
             let text = std::fs::read_to_string(&file).map_err(proc_err(file.clone()))?;
-            let (path, v2) =
-                cgroup_path_of(&text).ok_or(IdentityError::Malformed { pid, path: file, what: "no cgroup" })?;
+            let (path, v2) = cgroup_path_of(&text).ok_or(IdentityError::Malformed {
+                pid,
+                path: file,
+                what: "no cgroup",
+            })?;
             let pod_uid = pod_uid_from_cgroup_path(&path, config.cgroup_driver);
             Ok(CallerCgroup { path, v2, pod_uid })
         })();
