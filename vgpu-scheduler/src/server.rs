@@ -102,12 +102,12 @@ use crate::metrics::{
 };
 use crate::readiness::{Readiness, Role};
 use crate::tls::{TlsError, TlsFiles, VerifiedClientCert};
-use vgpu_serve::authz::{Authorizer, NonResourceRequest};
 use crate::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
     ExtenderPreemptionResult, HostPriority,
 };
 use crate::work::{Admission, Busy, RETRY_AFTER_SECS, WorkLimits, WorkPool};
+use vgpu_serve::authz::{Authorizer, NonResourceRequest};
 
 /// Largest accepted request body (7 MiB, vgpu-manager's `io.LimitReader`).
 pub const MAX_BODY_BYTES: usize = 7 << 20;

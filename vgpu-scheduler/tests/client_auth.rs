@@ -72,7 +72,9 @@ fn connector(server_ca: &Ca, client_ca: Option<&Ca>) -> TlsConnector {
         Some(ca) => {
             let (cert, key) = ca.leaf("system:kube-scheduler", false);
             let cert = CertificateDer::from_pem_slice(cert.as_bytes()).unwrap();
-            builder.with_client_auth_cert(vec![cert], PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap()).unwrap()
+            builder
+                .with_client_auth_cert(vec![cert], PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap())
+                .unwrap()
         }
     };
     TlsConnector::from(Arc::new(config))
@@ -138,8 +140,12 @@ async fn start(tls: TlsFiles, metrics_authz: Option<Arc<Authorizer>>) -> Server 
     cluster.upsert_node(vgpu_node("n0", &inv, &NodeVgpuConfig::default(), None, &d).unwrap());
     let metrics = Arc::new(Metrics::new());
     let ext = Arc::new(
-        Extender::new(cluster.clone(), Arc::new(ManualClock::new(1_700_000_000_000_000_000)), ExtenderConfig::default())
-            .with_observer(metrics.clone()),
+        Extender::new(
+            cluster.clone(),
+            Arc::new(ManualClock::new(1_700_000_000_000_000_000)),
+            ExtenderConfig::default(),
+        )
+        .with_observer(metrics.clone()),
     );
     ext.attach();
     ext.sync().await.unwrap();
@@ -186,7 +192,8 @@ struct Pki {
 
 impl Pki {
     fn new() -> Self {
-        let (server_ca, client_ca, other_ca) = (Ca::new("server CA"), Ca::new("client CA"), Ca::new("other CA"));
+        let (server_ca, client_ca, other_ca) =
+            (Ca::new("server CA"), Ca::new("client CA"), Ca::new("other CA"));
         let dir = tempfile::tempdir().unwrap();
         let (cert, key) = server_ca.leaf("vgpu-scheduler-extender", true);
         std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
@@ -200,7 +207,8 @@ impl Pki {
     }
 
     fn files(&self, mode: ClientAuth) -> TlsFiles {
-        TlsFiles::new(self.path("tls.crt"), self.path("tls.key")).with_client_ca(self.path("client-ca.crt"), mode)
+        TlsFiles::new(self.path("tls.crt"), self.path("tls.key"))
+            .with_client_ca(self.path("client-ca.crt"), mode)
     }
 }
 
@@ -233,12 +241,20 @@ async fn anonymous_bind_is_refused_and_the_client_certificate_binds() {
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}: {text}");
         assert!(text.contains("client certificate"), "{text}");
     }
-    assert!(s.cluster.pod("default", &pod.name).unwrap().node_name.is_none(), "the anonymous bind did nothing");
+    assert!(
+        s.cluster.pod("default", &pod.name).unwrap().node_name.is_none(),
+        "the anonymous bind did nothing"
+    );
 
     // Another CA's certificate: refused in the handshake.
-    let e = call(&intruder, s.addr, Method::POST, vgpu_scheduler::BIND_PATH, Some(&bind), None).await.unwrap_err();
+    let e = call(&intruder, s.addr, Method::POST, vgpu_scheduler::BIND_PATH, Some(&bind), None)
+        .await
+        .unwrap_err();
     assert!(e.starts_with("handshake") || e.starts_with("request"), "refused at the TLS layer: {e}");
-    assert!(s.cluster.pod("default", &pod.name).unwrap().node_name.is_none(), "the intruder's bind did nothing");
+    assert!(
+        s.cluster.pod("default", &pod.name).unwrap().node_name.is_none(),
+        "the intruder's bind did nothing"
+    );
 
     // kube-scheduler's certificate: filter, then bind.
     let (status, text) =
@@ -248,7 +264,10 @@ async fn anonymous_bind_is_refused_and_the_client_certificate_binds() {
     assert_eq!(answer["NodeNames"], json!(["n0"]), "{text}");
     let (status, text) =
         call(&trusted, s.addr, Method::POST, vgpu_scheduler::BIND_PATH, Some(&bind), None).await.unwrap();
-    assert_eq!((status, serde_json::from_str::<Value>(&text).unwrap()["Error"].clone()), (StatusCode::OK, json!("")));
+    assert_eq!(
+        (status, serde_json::from_str::<Value>(&text).unwrap()["Error"].clone()),
+        (StatusCode::OK, json!(""))
+    );
     assert_eq!(s.cluster.pod("default", &pod.name).unwrap().node_name.as_deref(), Some("n0"));
     let (status, text) = call(&trusted, s.addr, Method::GET, "/metrics", None, None).await.unwrap();
     assert_eq!(status, StatusCode::OK);
@@ -262,7 +281,9 @@ async fn required_client_certificates_refuse_anonymous_handshakes() {
     let s = start(pki.files(ClientAuth::Required), None).await;
     let anonymous = connector(&pki.server_ca, None);
     let bind = json!({"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": "n0"});
-    let e = call(&anonymous, s.addr, Method::POST, vgpu_scheduler::BIND_PATH, Some(&bind), None).await.unwrap_err();
+    let e = call(&anonymous, s.addr, Method::POST, vgpu_scheduler::BIND_PATH, Some(&bind), None)
+        .await
+        .unwrap_err();
     assert!(e.starts_with("handshake") || e.starts_with("request"), "refused at the TLS layer: {e}");
     let trusted = connector(&pki.server_ca, Some(&pki.client_ca));
     let (status, _) = call(&trusted, s.addr, Method::GET, "/healthz", None, None).await.unwrap();

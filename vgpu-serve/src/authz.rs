@@ -175,7 +175,8 @@ pub type ReviewFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ReviewError
 /// The two questions asked of the API server (module docs).
 pub trait Reviewer: Send + Sync + fmt::Debug {
     /// Who does `token` belong to? With `audiences` non-empty, the token must be valid for one of them.
-    fn review_token<'a>(&'a self, token: &'a str, audiences: &'a [String]) -> ReviewFuture<'a, TokenReviewed>;
+    fn review_token<'a>(&'a self, token: &'a str, audiences: &'a [String])
+    -> ReviewFuture<'a, TokenReviewed>;
 
     /// May `user` do `request`?
     fn review_access<'a>(
@@ -207,7 +208,11 @@ impl KubeReviewer {
 }
 
 impl Reviewer for KubeReviewer {
-    fn review_token<'a>(&'a self, token: &'a str, audiences: &'a [String]) -> ReviewFuture<'a, TokenReviewed> {
+    fn review_token<'a>(
+        &'a self,
+        token: &'a str,
+        audiences: &'a [String],
+    ) -> ReviewFuture<'a, TokenReviewed> {
         Box::pin(async move {
             const KIND: &str = "TokenReview";
             let api: Api<TokenReview> = Api::all(self.client.clone());
@@ -238,9 +243,7 @@ impl Reviewer for KubeReviewer {
             let user = status.user.unwrap_or_default();
             let username = user.username.unwrap_or_default();
             if username.is_empty() {
-                return Ok(TokenReviewed::Unauthenticated {
-                    reason: "the TokenReview named no user".into(),
-                });
+                return Ok(TokenReviewed::Unauthenticated { reason: "the TokenReview named no user".into() });
             }
             Ok(TokenReviewed::Authenticated(UserInfo {
                 username,
@@ -278,11 +281,12 @@ impl Reviewer for KubeReviewer {
                 .await
                 .map_err(|source| ReviewError::Api { kind: KIND, source })?;
             let status = answer.status.ok_or(ReviewError::NoStatus { kind: KIND })?;
-            let reason = match (status.reason.unwrap_or_default(), status.evaluation_error.unwrap_or_default()) {
-                (r, e) if e.is_empty() => r,
-                (r, e) if r.is_empty() => e,
-                (r, e) => format!("{r}; {e}"),
-            };
+            let reason =
+                match (status.reason.unwrap_or_default(), status.evaluation_error.unwrap_or_default()) {
+                    (r, e) if e.is_empty() => r,
+                    (r, e) if r.is_empty() => e,
+                    (r, e) => format!("{r}; {e}"),
+                };
             Ok(AccessReviewed { allowed: status.allowed && status.denied != Some(true), reason })
         })
     }
@@ -360,7 +364,11 @@ fn rule_matches(rule: &str, value: &str) -> bool {
 }
 
 impl Reviewer for MemoryReviewer {
-    fn review_token<'a>(&'a self, token: &'a str, _audiences: &'a [String]) -> ReviewFuture<'a, TokenReviewed> {
+    fn review_token<'a>(
+        &'a self,
+        token: &'a str,
+        _audiences: &'a [String],
+    ) -> ReviewFuture<'a, TokenReviewed> {
         let answer = self.begin().map(|state| match state.tokens.get(token) {
             Some(user) => TokenReviewed::Authenticated(user.clone()),
             None => TokenReviewed::Unauthenticated { reason: "unknown token".into() },
@@ -547,13 +555,21 @@ impl Authorizer {
 
     /// Authorizes a request by its `Authorization: Bearer` header (module docs): the user when allowed,
     /// else why not.
-    pub async fn authorize(&self, headers: &HeaderMap, request: &NonResourceRequest) -> Result<UserInfo, Denied> {
+    pub async fn authorize(
+        &self,
+        headers: &HeaderMap,
+        request: &NonResourceRequest,
+    ) -> Result<UserInfo, Denied> {
         let token = bearer_token(headers).ok_or(Denied::MissingToken)?;
         self.authorize_token(token, request).await
     }
 
     /// Authorizes `token` for `request` (cached).
-    pub async fn authorize_token(&self, token: &str, request: &NonResourceRequest) -> Result<UserInfo, Denied> {
+    pub async fn authorize_token(
+        &self,
+        token: &str,
+        request: &NonResourceRequest,
+    ) -> Result<UserInfo, Denied> {
         if token.is_empty() {
             return Err(Denied::MissingToken);
         }
@@ -577,7 +593,11 @@ impl Authorizer {
         decision
     }
 
-    async fn review(&self, token: &str, request: &NonResourceRequest) -> Result<Result<UserInfo, Denied>, ReviewError> {
+    async fn review(
+        &self,
+        token: &str,
+        request: &NonResourceRequest,
+    ) -> Result<Result<UserInfo, Denied>, ReviewError> {
         let user = match self.reviewer.review_token(token, &self.config.audiences).await? {
             TokenReviewed::Authenticated(user) => user,
             TokenReviewed::Unauthenticated { reason } => return Ok(Err(Denied::Unauthenticated { reason })),
@@ -679,7 +699,10 @@ mod tests {
 
         let e = authz.authorize(&headers("Bearer other"), &metrics).await.unwrap_err();
         assert_eq!(e.status(), StatusCode::FORBIDDEN);
-        assert_eq!(e.to_string(), "Forbidden (user=system:serviceaccount:default:other, verb=get, path=/metrics)");
+        assert_eq!(
+            e.to_string(),
+            "Forbidden (user=system:serviceaccount:default:other, verb=get, path=/metrics)"
+        );
         assert!(!e.response().headers().contains_key(header::WWW_AUTHENTICATE));
 
         // Another path or verb is another question.
@@ -690,7 +713,8 @@ mod tests {
 
         // Group grants and wildcard paths, as RBAC matches them.
         reviewer.allow("system:serviceaccounts", "/debug/*", "*");
-        let ok = authz.authorize(&headers("Bearer prom"), &NonResourceRequest::new("/debug/pprof", "get")).await;
+        let ok =
+            authz.authorize(&headers("Bearer prom"), &NonResourceRequest::new("/debug/pprof", "get")).await;
         assert!(ok.is_ok());
     }
 
@@ -764,7 +788,8 @@ mod tests {
         authz.authorize(&headers("Bearer prom"), &metrics).await.unwrap();
         assert_eq!(reviewer.calls(), before + 2, "expired, so asked again");
 
-        let none = Authorizer::new(reviewer.clone()).with_config(AuthzConfig { max_entries: 0, ..AuthzConfig::default() });
+        let none = Authorizer::new(reviewer.clone())
+            .with_config(AuthzConfig { max_entries: 0, ..AuthzConfig::default() });
         none.authorize(&headers("Bearer prom"), &metrics).await.unwrap();
         assert_eq!(none.cached(), 0);
     }

@@ -243,7 +243,9 @@ pub fn client_verifier(
     provider: &Arc<CryptoProvider>,
 ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let bad = |reason: String| TlsError::ClientCa { path: path.to_owned(), reason };
-    let certs = CertificateDer::pem_slice_iter(ca_pem).collect::<Result<Vec<_>, _>>().map_err(|e| bad(e.to_string()))?;
+    let certs = CertificateDer::pem_slice_iter(ca_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.to_string()))?;
     if certs.is_empty() {
         return Err(bad("no certificate found".into()));
     }
@@ -685,7 +687,10 @@ mod tests {
         assert!(required.verify_client_cert(&ca.client("old"), &[], now).is_err());
         std::fs::write(&ca_file, "not pem").unwrap();
         let e = required.reload().unwrap_err();
-        assert!(matches!(e, TlsError::ClientCa { .. }) && e.to_string().contains("no certificate found"), "{e}");
+        assert!(
+            matches!(e, TlsError::ClientCa { .. }) && e.to_string().contains("no certificate found"),
+            "{e}"
+        );
         required.verify_client_cert(&other.client("still"), &[], now).unwrap();
         assert!(!required.reload().unwrap(), "same bad content is not re-reported");
 
@@ -713,7 +718,9 @@ mod tests {
         std::fs::write(dir.path().join("ca.crt"), &ca.pem).unwrap();
 
         let mut roots = RootCertStore::empty();
-        roots.add_parsable_certificates(CertificateDer::pem_slice_iter(server_ca.pem.as_bytes()).map(Result::unwrap));
+        roots.add_parsable_certificates(
+            CertificateDer::pem_slice_iter(server_ca.pem.as_bytes()).map(Result::unwrap),
+        );
         let client_config = |issuer: Option<&TestCa>| {
             let builder = rustls::ClientConfig::builder_with_provider(provider())
                 .with_safe_default_protocol_versions()

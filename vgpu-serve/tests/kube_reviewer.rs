@@ -11,8 +11,8 @@ use kube::client::Body;
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
 use vgpu_serve::authz::{
-    AccessReviewed, AuthzConfig, Authorizer, Denied, KubeReviewer, NonResourceRequest, Reviewer, TokenReviewed,
-    UserInfo,
+    AccessReviewed, Authorizer, AuthzConfig, Denied, KubeReviewer, NonResourceRequest, Reviewer,
+    TokenReviewed, UserInfo,
 };
 
 type ApiHandle = Handle<Request<Body>, Response<Body>>;
@@ -80,15 +80,26 @@ async fn token_review_request_and_answers() {
             json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "metadata": {},
                    "spec": {"token": "t-1"}})
         );
-        reply(send, 201, &token_review_answer(&seen.body, json!({"authenticated": true, "user": prom_user()})));
+        reply(
+            send,
+            201,
+            &token_review_answer(&seen.body, json!({"authenticated": true, "user": prom_user()})),
+        );
         // 2: audiences asked for and answered.
         let (seen, send) = next(&mut api).await;
-        assert_eq!(seen.body["spec"], json!({"token": "t-2", "audiences": ["https://kubernetes.default.svc"]}));
+        assert_eq!(
+            seen.body["spec"],
+            json!({"token": "t-2", "audiences": ["https://kubernetes.default.svc"]})
+        );
         let status = json!({"authenticated": true, "user": prom_user(), "audiences": ["https://kubernetes.default.svc"]});
         reply(send, 201, &token_review_answer(&seen.body, status));
         // 3: audiences asked for, none in the answer.
         let (seen, send) = next(&mut api).await;
-        reply(send, 201, &token_review_answer(&seen.body, json!({"authenticated": true, "user": prom_user()})));
+        reply(
+            send,
+            201,
+            &token_review_answer(&seen.body, json!({"authenticated": true, "user": prom_user()})),
+        );
         // 4: not authenticated.
         let (seen, send) = next(&mut api).await;
         let status = json!({"authenticated": false, "error": "invalid bearer token", "user": {}});
@@ -110,7 +121,10 @@ async fn token_review_request_and_answers() {
     assert_eq!(user.uid, "uid-1");
     assert_eq!(user.groups.len(), 3);
     assert_eq!(user.extra["authentication.kubernetes.io/pod-name"], ["prometheus-0"]);
-    assert!(matches!(reviewer.review_token("t-2", &audiences).await.unwrap(), TokenReviewed::Authenticated(_)));
+    assert!(matches!(
+        reviewer.review_token("t-2", &audiences).await.unwrap(),
+        TokenReviewed::Authenticated(_)
+    ));
     assert_eq!(
         reviewer.review_token("t-3", &audiences).await.unwrap(),
         TokenReviewed::Unauthenticated { reason: "the token is not valid for the expected audiences".into() }
@@ -151,7 +165,8 @@ async fn subject_access_review_request_and_answers() {
             })
         );
         let mut answer = seen.body.clone();
-        answer["status"] = json!({"allowed": true, "reason": "RBAC: allowed by ClusterRoleBinding \"prometheus\""});
+        answer["status"] =
+            json!({"allowed": true, "reason": "RBAC: allowed by ClusterRoleBinding \"prometheus\""});
         reply(send, 201, &answer);
 
         // A user with a name only: no empty uid, groups or extra are sent.

@@ -24,7 +24,6 @@ use vgpu_bins::{
 use vgpu_core::domain::ResourceDomain;
 use vgpu_gates::{CoreGate, FeatureGates};
 use vgpu_scheduler::metrics::Metrics;
-use vgpu_serve::authz::Authorizer;
 use vgpu_scheduler::server::{AppState, ServerConfig};
 use vgpu_scheduler::tls::{ClientAuth, TlsFiles};
 use vgpu_scheduler::work::WorkLimits;
@@ -32,6 +31,7 @@ use vgpu_scheduler::{
     CacheDriver, Extender, ExtenderConfig, KubeCluster, LeaderConfig, LeaderMode, Readiness, SystemClock,
     leader,
 };
+use vgpu_serve::authz::Authorizer;
 
 /// The kube-scheduler extender for vGPU placement.
 #[derive(Debug, Parser)]
@@ -136,7 +136,8 @@ fn server_config(cli: &Cli) -> Result<ServerConfig, ExitCode> {
         let (Some(cert_file), Some(key_file)) = (cli.tls_cert_file.clone(), cli.tls_key_file.clone()) else {
             return Err(bad_flag("enable-tls", "--tls-cert-file and --tls-key-file are both required"));
         };
-        let files = TlsFiles { refresh_interval: cli.cert_refresh_interval, ..TlsFiles::new(cert_file, key_file) };
+        let files =
+            TlsFiles { refresh_interval: cli.cert_refresh_interval, ..TlsFiles::new(cert_file, key_file) };
         // Optional in the handshake, so that kubelet probes (no certificate) reach /healthz and /readyz;
         // the server refuses every other route without one.
         Some(match &cli.client_ca_file {
