@@ -139,6 +139,8 @@ fn extender_bad_flag_values_exit_2_naming_the_flag() {
         (&["--leader-elect"][..], "--leader-elect"),
         (&["--enable-tls", "--tls-cert-file", "/tmp/c.pem"][..], "--tls-key-file"),
         (&["--server-bind-port", "70000"][..], "--server-bind-port"),
+        (&["--client-ca-file", "/tmp/ca.pem"][..], "--client-ca-file"),
+        (&["--server-bind-address", "not-an-ip"][..], "--server-bind-address"),
     ] {
         bin("vgpu-scheduler-extender")
             .env_remove("POD_NAMESPACE")
