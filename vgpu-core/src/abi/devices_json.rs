@@ -25,7 +25,12 @@ pub fn read(path: &Path) -> Result<Vec<String>, AbiError> {
         action: "read",
         source,
     })?;
-    serde_json::from_slice(&bytes)
+    decode(&bytes, path)
+}
+
+/// Decodes a file image (what [`read`] does after reading it); `path` only names the file in errors.
+pub fn decode(bytes: &[u8], path: &Path) -> Result<Vec<String>, AbiError> {
+    serde_json::from_slice(bytes)
         .map_err(|err| AbiError::Json { path: path.to_path_buf(), message: err.to_string() })
 }
 

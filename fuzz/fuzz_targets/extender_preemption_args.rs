@@ -1,0 +1,4 @@
+//! `ExtenderPreemptionArgs` body through the router (preempt): no panic, no 5xx, refusal iff invalid. See `vgpu_fuzz::extender::extender_preemption_args`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| vgpu_fuzz::extender::extender_preemption_args(data));
