@@ -40,8 +40,14 @@ impl ExcludeDevices {
             || self.uuids.iter().any(|u| u.eq_ignore_ascii_case(uuid))
     }
 
-    /// Adds one entry: `3`, `0..2`, `0-2` or a UUID. Blank entries are ignored.
+    /// Adds one entry: `3`, `0..2`, `0-2` or a UUID. Blank entries are ignored. An entry holding commas (a
+    /// list item such as `"GPU-a,GPU-b"` in a node config file) is read as the comma list it spells, as the
+    /// string form is: no GPU UUID contains a comma, so keeping it whole would exclude nothing (upstream
+    /// does that silently).
     pub fn push_entry(&mut self, entry: &str) -> Result<(), InvalidExcludeEntry> {
+        if entry.contains(',') {
+            return entry.split(',').try_for_each(|part| self.push_entry(part));
+        }
         let e = entry.trim();
         if e.is_empty() {
             return Ok(());
@@ -110,6 +116,16 @@ impl fmt::Display for ExcludeDevices {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_list_item_with_commas_is_the_list_it_spells() {
+        let mut ex = ExcludeDevices::default();
+        ex.push_entry("GPU-a, GPU-b,3").unwrap();
+        assert_eq!(ex.uuids, ["GPU-a", "GPU-b"]);
+        assert!(ex.contains(3, "") && ex.contains(0, "gpu-b"));
+        assert_eq!(ex.to_string().parse::<ExcludeDevices>().unwrap(), ex);
+        assert!(ExcludeDevices::default().push_entry("GPU-a,3..1").is_err());
+    }
 
     #[test]
     fn forms() {
