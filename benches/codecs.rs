@@ -1,15 +1,21 @@
-//! Codec throughput: decode + encode of a 16-GPU `node-device-register` and a 16-container `pre-allocated`.
+//! Codec throughput: decode + encode of a 16-GPU `node-device-register` and a 16-container `pre-allocated`;
+//! decode of `node-config-info` and of the `node-device-topology` of a DGX-1 (8 GPUs) and of two 8-GPU islands.
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use vgpu_core::topology::Topology;
 use vgpu_core::{
-    codec::{node_devices, pod_devices},
+    codec::{node_config_info, node_devices, pod_devices},
     model::{
         ComputeCapability, ContainerDeviceClaim, DeviceClaim, DeviceHealth, GpuDevice, NodeDeviceInventory,
         PodDeviceClaim, Vendor,
     },
 };
+
+const DGX1_VOLTA: &str = include_str!("../vgpu-core/tests/fixtures/topology/dgx1-volta.json");
+const TWO_ISLANDS: &str = include_str!("../vgpu-core/tests/fixtures/topology/two-islands-16x.json");
+const CONFIG: &str = r#"{"deviceSplit":10,"coresScaling":1,"memoryFactor":1,"memoryScaling":1}"#;
 
 fn inventory() -> NodeDeviceInventory {
     NodeDeviceInventory::new(
@@ -58,6 +64,13 @@ fn bench(c: &mut Criterion) {
     });
     c.bench_function("pre-allocated 16 containers decode+encode", |b| {
         b.iter(|| pod_devices::decode_pre_allocated(black_box(&pre)).and_then(|c| pod_devices::encode(&c)))
+    });
+    c.bench_function("node-config-info decode", |b| b.iter(|| node_config_info::decode(black_box(CONFIG))));
+    c.bench_function("node-device-topology DGX-1 decode", |b| {
+        b.iter(|| Topology::decode(black_box(DGX1_VOLTA)))
+    });
+    c.bench_function("node-device-topology 2x8 islands decode", |b| {
+        b.iter(|| Topology::decode(black_box(TWO_ISLANDS)))
     });
 }
 
