@@ -5,13 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "../../vgpu-serve/tests/support/mock_api_server.rs"]
+mod mock_api_server;
+
 use std::collections::BTreeMap;
 
-use http::{Request, Response};
 use k8s_openapi::api::core::v1::Pod;
-use kube::client::Body;
+use mock_api_server::{ApiHandle, next, reply};
 use serde_json::{Value, json};
-use tower_test::mock::{Handle, SendResponse};
 use vgpu_deviceplugin::{
     cluster::{
         ClusterClient, CreateOutcome, DeleteOutcome, EventType, EvictOutcome, NodeClient, NodePatch,
@@ -20,34 +21,9 @@ use vgpu_deviceplugin::{
     kube_cluster::KubeCluster,
 };
 
-type ApiHandle = Handle<Request<Body>, Response<Body>>;
-
 fn cluster() -> (KubeCluster, ApiHandle) {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    (KubeCluster::new(kube::Client::new(service, "default")), handle)
-}
-
-struct Seen {
-    method: String,
-    uri: String,
-    content_type: Option<String>,
-    body: Value,
-}
-
-async fn next(handle: &mut ApiHandle) -> (Seen, SendResponse<Response<Body>>) {
-    let (request, send) = handle.next_request().await.expect("a request");
-    let method = request.method().to_string();
-    let uri = request.uri().to_string();
-    let content_type = request.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
-    let bytes = request.into_body().collect_bytes().await.unwrap();
-    let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
-    (Seen { method, uri, content_type, body }, send)
-}
-
-fn reply(send: SendResponse<Response<Body>>, status: u16, body: &Value) {
-    send.send_response(
-        Response::builder().status(status).body(Body::from(serde_json::to_vec(body).unwrap())).unwrap(),
-    );
+    let (client, handle) = mock_api_server::mock_client();
+    (KubeCluster::new(client), handle)
 }
 
 fn node(capacity: Value) -> Value {

@@ -3,49 +3,23 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "../../vgpu-serve/tests/support/mock_api_server.rs"]
+mod mock_api_server;
+
 use std::sync::Arc;
 
-use http::{Request, Response};
-use kube::client::Body;
+use mock_api_server::{ApiHandle, next, reply};
 use serde_json::{Value, json};
-use tower_test::mock::{Handle, SendResponse};
 use vgpu_scheduler::cluster::{Binding, Event, EventType};
 use vgpu_scheduler::{Cluster, ClusterError, KubeCluster, ManualClock, MetadataPatch, PodPhase};
-
-type ApiHandle = Handle<Request<Body>, Response<Body>>;
 
 /// 2026-01-02T03:04:05.123456789Z
 const NOW_NS: i64 = 1_767_323_045_123_456_789;
 
 fn cluster() -> (KubeCluster, ApiHandle) {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let cluster = KubeCluster::new(kube::Client::new(service, "default"), "vgpu-scheduler")
-        .with_clock(Arc::new(ManualClock::new(NOW_NS)));
+    let (client, handle) = mock_api_server::mock_client();
+    let cluster = KubeCluster::new(client, "vgpu-scheduler").with_clock(Arc::new(ManualClock::new(NOW_NS)));
     (cluster, handle)
-}
-
-struct Seen {
-    method: String,
-    uri: String,
-    content_type: Option<String>,
-    raw: Vec<u8>,
-    body: Value,
-}
-
-async fn next(handle: &mut ApiHandle) -> (Seen, SendResponse<Response<Body>>) {
-    let (request, send) = handle.next_request().await.expect("a request");
-    let method = request.method().to_string();
-    let uri = request.uri().to_string();
-    let content_type = request.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
-    let raw = request.into_body().collect_bytes().await.unwrap().to_vec();
-    let body = if raw.is_empty() { Value::Null } else { serde_json::from_slice(&raw).unwrap() };
-    (Seen { method, uri, content_type, raw, body }, send)
-}
-
-fn reply(send: SendResponse<Response<Body>>, status: u16, body: &Value) {
-    send.send_response(
-        Response::builder().status(status).body(Body::from(serde_json::to_vec(body).unwrap())).unwrap(),
-    );
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {
