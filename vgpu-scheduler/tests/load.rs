@@ -35,6 +35,35 @@ const UPLOADS: usize = 8;
 const NODES: usize = 100;
 const MIB: u64 = 1 << 20;
 
+/// Serves the extender over `cluster` (synced, metrics observed, no events) on a loopback port of `rt`;
+/// sending on (or dropping) the returned sender stops the server.
+fn start_server(
+    rt: &tokio::runtime::Runtime,
+    cluster: &MemoryCluster,
+    config: ServerConfig,
+) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    rt.block_on(async {
+        let metrics = Arc::new(Metrics::new());
+        let extender = ExtenderConfig { emit_events: false, ..ExtenderConfig::default() };
+        let ext =
+            Extender::new(cluster.clone(), Arc::new(ManualClock::new(1_700_000_000_000_000_000)), extender)
+                .with_observer(metrics.clone());
+        ext.attach();
+        ext.sync().await.unwrap();
+        let state = AppState::new(Arc::new(ext), Readiness::ready(), metrics).with_limits(&config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            serve(listener, router(state), None, &config, async {
+                let _ = rx.await;
+            })
+            .await;
+        });
+        (addr, tx)
+    })
+}
+
 fn vm_hwm_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     status
@@ -108,25 +137,7 @@ fn eight_max_size_filters_leave_probes_fast_and_memory_bounded() {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let config = ServerConfig::default();
     let limits: WorkLimits = config.work;
-    let (addr, stop) = server_rt.block_on(async {
-        let metrics = Arc::new(Metrics::new());
-        let extender = ExtenderConfig { emit_events: false, ..ExtenderConfig::default() };
-        let ext =
-            Extender::new(cluster.clone(), Arc::new(ManualClock::new(1_700_000_000_000_000_000)), extender);
-        ext.attach();
-        ext.sync().await.unwrap();
-        let state = AppState::new(Arc::new(ext), Readiness::ready(), metrics).with_limits(&config);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
-            serve(listener, router(state), None, &config, async {
-                let _ = rx.await;
-            })
-            .await;
-        });
-        (addr, tx)
-    });
+    let (addr, stop) = start_server(&server_rt, &cluster, config);
     let idle_kib = vm_hwm_kib();
 
     // The prober: its own thread, one probe every 50 ms until the uploads are done.
@@ -245,26 +256,7 @@ fn throughput() {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let config = ServerConfig::default();
     let limits = config.work;
-    let (addr, stop) = server_rt.block_on(async {
-        let metrics = Arc::new(Metrics::new());
-        let extender = ExtenderConfig { emit_events: false, ..ExtenderConfig::default() };
-        let ext =
-            Extender::new(cluster.clone(), Arc::new(ManualClock::new(1_700_000_000_000_000_000)), extender)
-                .with_observer(metrics.clone());
-        ext.attach();
-        ext.sync().await.unwrap();
-        let state = AppState::new(Arc::new(ext), Readiness::ready(), metrics).with_limits(&config);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
-            serve(listener, router(state), None, &config, async {
-                let _ = rx.await;
-            })
-            .await;
-        });
-        (addr, tx)
-    });
+    let (addr, stop) = start_server(&server_rt, &cluster, config);
     let body = Bytes::from(json!({"Pod": pod_json("p", "u", &d), "NodeNames": names}).to_string());
     let client_rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
