@@ -1,10 +1,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 //! Callers are authenticated (issue #15 item 3), over loopback HTTPS with the real [`run`]:
 //!
 //! * with a client CA bundle, a client with a certificate of that CA filters and binds; an anonymous client
 //!   finishes the handshake (probes) but is refused with 401 before its bind body is read; a certificate of
 //!   another CA fails the handshake; with [`ClientAuth::Required`] an anonymous client fails the handshake;
 //! * with `/metrics` authorization, no token is 401, a token not allowed is 403, an allowed one 200.
+
+#[path = "../../vgpu-serve/tests/support/test_ca.rs"]
+mod test_ca;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -18,6 +22,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
+use test_ca::TestCa;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio_rustls::{TlsConnector, rustls};
@@ -29,38 +34,8 @@ use vgpu_scheduler::tls::{ClientAuth, TlsFiles};
 use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Metrics, Pod, Readiness};
 use vgpu_serve::authz::{Authorizer, MemoryReviewer, UserInfo};
 
-struct Ca {
-    pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.distinguished_name.push(rcgen::DnType::CommonName, name);
-        let cert = params.self_signed(&key).unwrap();
-        Self { pem: cert.pem(), issuer: rcgen::Issuer::new(params, key) }
-    }
-
-    /// A leaf certificate and key (PEM); `server`: for `localhost`, else a client certificate.
-    fn leaf(&self, name: &str, server: bool) -> (String, String) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let sans = if server { vec!["localhost".to_owned()] } else { Vec::new() };
-        let mut params = rcgen::CertificateParams::new(sans).unwrap();
-        params.distinguished_name.push(rcgen::DnType::CommonName, name);
-        params.extended_key_usages = vec![if server {
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth
-        } else {
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth
-        }];
-        (params.signed_by(&key, &self.issuer).unwrap().pem(), key.serialize_pem())
-    }
-}
-
 /// A client trusting `server_ca`, presenting a certificate of `client_ca` if any.
-fn connector(server_ca: &Ca, client_ca: Option<&Ca>) -> TlsConnector {
+fn connector(server_ca: &TestCa, client_ca: Option<&TestCa>) -> TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from_pem_slice(server_ca.pem.as_bytes()).unwrap()).unwrap();
     let builder = rustls::ClientConfig::builder_with_provider(vgpu_scheduler::tls::provider())
@@ -184,16 +159,16 @@ impl Server {
 }
 
 struct Pki {
-    server_ca: Ca,
-    client_ca: Ca,
-    other_ca: Ca,
+    server_ca: TestCa,
+    client_ca: TestCa,
+    other_ca: TestCa,
     dir: tempfile::TempDir,
 }
 
 impl Pki {
     fn new() -> Self {
         let (server_ca, client_ca, other_ca) =
-            (Ca::new("server CA"), Ca::new("client CA"), Ca::new("other CA"));
+            (TestCa::new("server CA"), TestCa::new("client CA"), TestCa::new("other CA"));
         let dir = tempfile::tempdir().unwrap();
         let (cert, key) = server_ca.leaf("vgpu-scheduler-extender", true);
         std::fs::write(dir.path().join("tls.crt"), cert).unwrap();

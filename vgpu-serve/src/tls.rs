@@ -583,7 +583,12 @@ pub fn acceptor_with_client_auth(
 }
 
 #[cfg(test)]
+#[path = "../tests/support/test_ca.rs"]
+mod test_ca;
+
+#[cfg(test)]
 mod tests {
+    use super::test_ca::TestCa;
     use super::*;
 
     fn pair(name: &str) -> (String, String) {
@@ -635,31 +640,6 @@ mod tests {
         assert_eq!(cfg.alpn_protocols, vec![b"http/1.1".to_vec()]);
     }
 
-    /// A CA and a function issuing client certificates under it.
-    struct TestCa {
-        pem: String,
-        issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    }
-
-    impl TestCa {
-        fn new(name: &str) -> Self {
-            let key = rcgen::KeyPair::generate().unwrap();
-            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-            params.distinguished_name.push(rcgen::DnType::CommonName, name);
-            let cert = params.self_signed(&key).unwrap();
-            Self { pem: cert.pem(), issuer: rcgen::Issuer::new(params, key) }
-        }
-
-        fn client(&self, name: &str) -> CertificateDer<'static> {
-            let key = rcgen::KeyPair::generate().unwrap();
-            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-            params.distinguished_name.push(rcgen::DnType::CommonName, name);
-            params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-            params.signed_by(&key, &self.issuer).unwrap().der().clone()
-        }
-    }
-
     #[test]
     fn client_verifier_accepts_the_cas_certificates_only() {
         let dir = tempfile::tempdir().unwrap();
@@ -707,14 +687,10 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let dir = tempfile::tempdir().unwrap();
         let server_ca = TestCa::new("server CA");
-        let server_key = rcgen::KeyPair::generate().unwrap();
-        let server_cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-            .unwrap()
-            .signed_by(&server_key, &server_ca.issuer)
-            .unwrap();
+        let (server_cert, server_key) = server_ca.leaf("localhost", true);
         let (ca, other) = (TestCa::new("client CA"), TestCa::new("other CA"));
-        std::fs::write(dir.path().join("tls.crt"), server_cert.pem()).unwrap();
-        std::fs::write(dir.path().join("tls.key"), server_key.serialize_pem()).unwrap();
+        std::fs::write(dir.path().join("tls.crt"), server_cert).unwrap();
+        std::fs::write(dir.path().join("tls.key"), server_key).unwrap();
         std::fs::write(dir.path().join("ca.crt"), &ca.pem).unwrap();
 
         let mut roots = RootCertStore::empty();
@@ -729,12 +705,10 @@ mod tests {
             let config = match issuer {
                 None => builder.with_no_client_auth(),
                 Some(ca) => {
-                    let key = rcgen::KeyPair::generate().unwrap();
-                    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-                    params.distinguished_name.push(rcgen::DnType::CommonName, "client");
-                    let cert = params.signed_by(&key, &ca.issuer).unwrap();
-                    let key = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap();
-                    builder.with_client_auth_cert(vec![cert.der().clone()], key).unwrap()
+                    let (cert, key) = ca.leaf("client", false);
+                    let cert = CertificateDer::from_pem_slice(cert.as_bytes()).unwrap();
+                    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+                    builder.with_client_auth_cert(vec![cert], key).unwrap()
                 }
             };
             tokio_rustls::TlsConnector::from(Arc::new(config))
