@@ -51,7 +51,11 @@ mod tests {
 
     #[tokio::test]
     async fn wait_for_port_times_out_and_succeeds() {
-        let port = free_ports(1).unwrap()[0];
+        // A socket bound but not listening holds the port (no parallel test can take it)
+        // and refuses connections.
+        let held = tokio::net::TcpSocket::new_v4().unwrap();
+        held.bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
+        let port = held.local_addr().unwrap().port();
         let err = wait_for_port(port, Duration::from_millis(300), || Ok(())).await.unwrap_err();
         assert!(err.to_string().contains("nothing listens"), "{err}");
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
