@@ -1,0 +1,3 @@
+//! vgpu monitor (work in progress; see the crate description).
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
