@@ -4,6 +4,9 @@
 //! |---|---|---|
 //! | [`vgpu_config`] | `<manager-dir>/<podUID>_<ctr>/config/vgpu.config` | `resource_data_t`: magic `VGCF`, layout 1, exactly 8192 bytes (contract §7.1) |
 //! | [`devices_json`] | `<manager-dir>/<podUID>_<ctr>/devices.json` | JSON array of the kubelet device IDs given to the container (§5.2) |
+//! | [`vmem_node`] | `<manager-dir>/<podUID>_<ctr>/vmem_node/vmem_node.config` | virtual-memory ledger: magic `VMND`, layout 1, exactly 327 680 bytes (§7.2) |
+//! | [`sm_util`] | `<manager-dir>/watcher/sm_util.config` | shared SM watcher samples: 16 × 81 952 bytes, no header (§7.3) |
+//! | [`sm_node`] | `<manager-dir>/<podUID>_<ctr>/sm_node/sm_node.config` | shared SM token bucket: magic `SMND`, layout 3, exactly 8192 bytes (§7.4) |
 //! | [`atomic`] | – | write-temp-then-rename helper used by both writers |
 //! | [`AbiError`] | – | every failure, naming the file |
 //!
@@ -29,7 +32,11 @@
 
 pub mod atomic;
 pub mod devices_json;
+mod le;
+pub mod sm_node;
+pub mod sm_util;
 pub mod vgpu_config;
+pub mod vmem_node;
 
 use std::path::PathBuf;
 
