@@ -127,7 +127,6 @@ mod node_index;
 pub mod pdb;
 mod pod_lock;
 pub mod prealloc;
-pub mod process_metrics;
 pub mod rank;
 pub mod rank_table;
 pub mod readiness;
@@ -136,6 +135,8 @@ pub mod watch;
 pub mod wire;
 pub mod work;
 
+/// The `process_*` collector, lifted into `vgpu-serve` (kept here for existing callers).
+pub use vgpu_serve::process_metrics;
 /// TLS for the server: lifted to [`vgpu_serve::tls`], re-exported here so existing callers keep compiling.
 pub use vgpu_serve::tls;
 

@@ -65,10 +65,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -80,15 +77,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use hyper::body::Incoming;
-use hyper::service::Service as _;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use vgpu_core::alloc::PodRequest;
 use vgpu_core::model::TopologyMode;
@@ -108,23 +98,14 @@ use crate::wire::{
 };
 use crate::work::{Admission, Busy, RETRY_AFTER_SECS, WorkLimits, WorkPool};
 use vgpu_serve::authz::{Authorizer, NonResourceRequest};
+use vgpu_serve::http::{BodyError, HttpTimeouts};
 
 /// Largest accepted request body (7 MiB, vgpu-manager's `io.LimitReader`).
 pub const MAX_BODY_BYTES: usize = 7 << 20;
-/// Default time to receive a request's headers (`ReadHeaderTimeout`).
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
-/// Default time to receive a whole request, body included (`ReadTimeout`).
-pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default wait for open connections to finish after shutdown is asked.
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
-/// Health route.
-pub const HEALTHZ_PATH: &str = "/healthz";
-/// Readiness route.
-pub const READYZ_PATH: &str = "/readyz";
-/// Metrics route.
-pub const METRICS_PATH: &str = "/metrics";
-/// Version route.
-pub const VERSION_PATH: &str = "/version";
+pub use vgpu_serve::http::{
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_READ_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, HEALTHZ_PATH, METRICS_PATH,
+    READYZ_PATH, RequestStart, VERSION_PATH,
+};
 
 /// Server settings (the binary fills them from its flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,6 +142,15 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// The timeouts [`serve`] applies.
+    pub fn timeouts(&self) -> HttpTimeouts {
+        HttpTimeouts {
+            header_read_timeout: self.header_read_timeout,
+            read_timeout: self.read_timeout,
+            shutdown_timeout: self.shutdown_timeout,
+        }
+    }
+
     /// Whether client certificates are verified ([`ServerConfig::tls`] with a client CA bundle).
     pub fn client_auth(&self) -> bool {
         self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
@@ -294,34 +284,11 @@ impl<C, K> AppState<C, K> {
     }
 }
 
-/// The build's identity, served by `/version`. Git fields come from the `VGPU_GIT_COMMIT`,
-/// `VGPU_GIT_TREE_STATE` and `VGPU_BUILD_DATE` environment variables at compile time, when set.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VersionInfo {
-    /// Component name.
-    pub component: &'static str,
-    /// Crate version.
-    pub version: &'static str,
-    /// Git commit, if known.
-    pub git_commit: Option<&'static str>,
-    /// `clean` or `dirty`, if known.
-    pub git_tree_state: Option<&'static str>,
-    /// Build date, if known.
-    pub build_date: Option<&'static str>,
-}
+/// The build's identity, served by `/version` ([`vgpu_serve::http::VersionInfo`] of this component).
+pub type VersionInfo = vgpu_serve::http::VersionInfo;
 
-impl VersionInfo {
-    /// This build.
-    pub fn current() -> Self {
-        Self {
-            component: "vgpu-scheduler-extender",
-            version: env!("CARGO_PKG_VERSION"),
-            git_commit: option_env!("VGPU_GIT_COMMIT"),
-            git_tree_state: option_env!("VGPU_GIT_TREE_STATE"),
-            build_date: option_env!("VGPU_BUILD_DATE"),
-        }
-    }
+fn version_info() -> VersionInfo {
+    VersionInfo::new("vgpu-scheduler-extender")
 }
 
 /// A request refused before its verb ran.
@@ -329,12 +296,8 @@ impl VersionInfo {
 enum RequestError {
     #[error("extender not ready: the cluster cache has not synced yet; retry later")]
     NotSynced,
-    #[error("request body exceeds the limit of {limit} bytes")]
-    TooLarge { limit: usize },
-    #[error("request body not received within {after:?} of the request's first byte")]
-    Timeout { after: Duration },
-    #[error("reading the request body failed: {0}")]
-    Read(String),
+    #[error(transparent)]
+    Body(#[from] BodyError),
     #[error("malformed {what} JSON{}: {error}", path.as_deref().map(|p| format!(" at `{p}`")).unwrap_or_default())]
     Json { what: &'static str, path: Option<String>, error: String },
     #[error(
@@ -355,12 +318,10 @@ impl RequestError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             RequestError::Busy(Busy::Stopped(_)) => StatusCode::INTERNAL_SERVER_ERROR,
-            RequestError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            RequestError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            RequestError::Read(_)
-            | RequestError::Json { .. }
-            | RequestError::Syntax { .. }
-            | RequestError::Invalid(_) => StatusCode::BAD_REQUEST,
+            RequestError::Body(e) => e.status(),
+            RequestError::Json { .. } | RequestError::Syntax { .. } | RequestError::Invalid(_) => {
+                StatusCode::BAD_REQUEST
+            }
         }
     }
 
@@ -385,12 +346,6 @@ fn with_retry_after(status: StatusCode, mut response: Response) -> Response {
     response
 }
 
-/// When the first byte of a request was read, set by [`serve`] as a request extension: the whole request must
-/// arrive within [`ServerConfig::read_timeout`] of it. Without it (a router driven some other way) the body's
-/// deadline counts from when the handler starts reading it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestStart(pub Instant);
-
 impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
     fn ensure_synced(&self) -> Result<(), RequestError> {
         if self.readiness.is_synced() { Ok(()) } else { Err(RequestError::NotSynced) }
@@ -402,24 +357,7 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
         body: Body,
         start: Option<RequestStart>,
     ) -> Result<Bytes, RequestError> {
-        let limit = self.max_body_bytes;
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit as u64) {
-            return Err(RequestError::TooLarge { limit });
-        }
-        let start = start.map_or_else(Instant::now, |s| s.0);
-        let deadline = tokio::time::Instant::from_std(start + self.read_timeout);
-        match tokio::time::timeout_at(deadline, Limited::new(body, limit).collect()).await {
-            Err(_) => Err(RequestError::Timeout { after: self.read_timeout }),
-            Ok(Ok(collected)) => Ok(collected.to_bytes()),
-            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                Err(RequestError::TooLarge { limit })
-            }
-            Ok(Err(e)) => Err(RequestError::Read(e.to_string())),
-        }
+        Ok(vgpu_serve::http::read_body(headers, body, start, self.max_body_bytes, self.read_timeout).await?)
     }
 
     /// Admits a verb call and reads its body, once the caches are synced (every verb refuses to answer before).
@@ -768,131 +706,13 @@ async fn metrics_text<C: Cluster, K: Clock + 'static>(State(s): State<AppState<C
 }
 
 async fn version() -> Response {
-    json(StatusCode::OK, &VersionInfo::current())
+    json(StatusCode::OK, &version_info())
 }
 
-/// When the current request of a connection began: the first byte read after the previous request was
-/// answered. Shared by the connection's [`StampedIo`] and its service.
-#[derive(Debug)]
-struct ConnClock {
-    /// The connection's origin; `start_ns` counts from it.
-    origin: Instant,
-    start_ns: AtomicU64,
-    /// The next byte read starts a request.
-    armed: AtomicBool,
-}
-
-impl ConnClock {
-    fn new() -> Self {
-        Self { origin: Instant::now(), start_ns: AtomicU64::new(0), armed: AtomicBool::new(true) }
-    }
-
-    fn bytes_read(&self) {
-        if self.armed.swap(false, Ordering::AcqRel) {
-            let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.start_ns.store(ns, Ordering::Release);
-        }
-    }
-
-    /// The first byte of the request being served.
-    fn request_start(&self) -> Instant {
-        self.origin + Duration::from_nanos(self.start_ns.load(Ordering::Acquire))
-    }
-
-    /// The request was answered: the next byte read starts the next one.
-    fn answered(&self) {
-        self.armed.store(true, Ordering::Release);
-    }
-}
-
-/// A connection's stream that stamps the first byte of each request on its [`ConnClock`].
-struct StampedIo<S> {
-    inner: S,
-    clock: Arc<ConnClock>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for StampedIo<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            this.clock.bytes_read();
-        }
-        polled
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for StampedIo<S> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
-/// Serves one connection: `app` with each request's [`RequestStart`], under `builder`'s header timeout.
-async fn serve_connection<S>(
-    stream: S,
-    client_cert: Option<VerifiedClientCert>,
-    app: Router,
-    builder: hyper::server::conn::http1::Builder,
-    watcher: hyper_util::server::graceful::Watcher,
-) -> Result<(), hyper::Error>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let clock = Arc::new(ConnClock::new());
-    let io = TokioIo::new(StampedIo { inner: stream, clock: clock.clone() });
-    let inner = TowerToHyperService::new(app);
-    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(RequestStart(clock.request_start()));
-        if let Some(cert) = &client_cert {
-            req.extensions_mut().insert(cert.clone());
-        }
-        let answer = inner.call(req);
-        let clock = clock.clone();
-        async move {
-            let response = answer.await;
-            clock.answered();
-            response
-        }
-    });
-    watcher.watch(builder.serve_connection(io, service)).await
-}
-
-/// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets open connections finish
-/// (up to [`ServerConfig::shutdown_timeout`]) and returns.
-///
-/// HTTP/1.1 only; headers must arrive within [`ServerConfig::header_read_timeout`] (the TLS handshake too),
-/// and the whole request within [`ServerConfig::read_timeout`] of its first byte (each request gets a
-/// [`RequestStart`] extension; the body read stops at that deadline). Time spent idle on a kept-alive
-/// connection between requests does not count. With `tls`, connections are TLS (see
-/// [`crate::tls::acceptor`]), and the requests of a connection whose client presented a verified certificate
-/// carry it as a [`VerifiedClientCert`] extension. Accept errors and failed handshakes are logged and never
-/// stop the server.
+/// Serves `app` on `listener` until `shutdown` completes ([`vgpu_serve::http::serve`] with this config's
+/// timeouts): HTTP/1.1, the header timeout, a [`RequestStart`] per request, TLS when `tls` is given (requests of
+/// a connection with a verified client certificate carry it as a [`VerifiedClientCert`] extension), graceful
+/// drain at shutdown.
 pub async fn serve<F>(
     listener: TcpListener,
     app: Router,
@@ -902,62 +722,7 @@ pub async fn serve<F>(
 ) where
     F: Future<Output = ()> + Send,
 {
-    let graceful = GracefulShutdown::new();
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    let header_timeout = config.header_read_timeout.min(config.read_timeout);
-    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
-    let handshake_timeout = config.header_read_timeout;
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            let served = match tls {
-                None => serve_connection(stream, None, app, builder, watcher).await,
-                Some(acceptor) => {
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(tls_stream)) => {
-                            let cert = VerifiedClientCert::from_connection(tls_stream.get_ref().1);
-                            serve_connection(tls_stream, cert, app, builder, watcher).await
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    }
-                }
-            };
-            if let Err(e) = served {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(config.shutdown_timeout) => {
-            tracing::warn!(timeout = ?config.shutdown_timeout, "connections still open at shutdown; closing them");
-        }
-    }
+    vgpu_serve::http::serve(listener, app, tls, &config.timeouts(), shutdown).await;
 }
 
 /// Logs a warning for a listener beyond loopback that does not authenticate its callers (module docs).
@@ -1024,16 +789,16 @@ mod tests {
         let e = decode_json::<ExtenderBindingArgs>(b"{} x", "ExtenderBindingArgs").unwrap_err();
         assert!(e.to_string().contains("trailing characters"), "{e}");
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
-        assert_eq!(RequestError::TooLarge { limit: 1 }.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            RequestError::Body(BodyError::TooLarge { limit: 1 }).status(),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
         assert_eq!(RequestError::NotSynced.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]
-    fn version_info_serializes_camel_case() {
-        let v = serde_json::to_value(VersionInfo::current()).unwrap();
-        assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
-        assert_eq!(v["component"], "vgpu-scheduler-extender");
-        assert!(v.get("gitCommit").is_some());
+    fn version_info_names_the_extender() {
+        assert_eq!(version_info().component, "vgpu-scheduler-extender");
     }
 
     #[test]
