@@ -72,15 +72,14 @@ fn device_plugin_good_gates_then_a_clear_configuration_error() {
 }
 
 #[test]
-fn device_plugin_refuses_a_gate_whose_behaviour_is_not_built() {
-    // Refused before any other check (no node name given), with the gate and the reason named.
+fn device_plugin_accepts_the_shared_sm_watcher_gate() {
+    // Every device-plugin gate is built: the gates pass and the next check (the node name) speaks.
     bin("vgpu-device-plugin")
         .args(["--feature-gates", "VirtualMemoryTracking=true,SharedSMUtilizationWatcher=true"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("SharedSMUtilizationWatcher=true is not supported"))
-        .stderr(predicate::str::contains("sm_util.config"))
-        .stderr(predicate::str::contains("--node-name").not());
+        .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"))
+        .stderr(predicate::str::contains("not supported").not());
 }
 
 #[test]

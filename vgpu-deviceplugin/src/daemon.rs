@@ -23,6 +23,7 @@ use crate::{
     manager::PluginManager,
     publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
     reschedule::RescheduleController,
+    sm_watcher::SmWatcher,
 };
 
 /// Copies the backend's driver versions into the configuration `vgpu.config` is written from (a CUDA
@@ -74,6 +75,9 @@ pub struct Daemon {
     /// Pod access of the AllocationFailureReschedule controller ([`Daemon::with_reschedule_client`]); with
     /// the gate on and no client, no controller runs.
     pub reschedule: Option<Arc<dyn RescheduleClient>>,
+    /// Sampling period of the shared SM watcher (gate `SharedSMUtilizationWatcher`; default
+    /// [`crate::sm_watcher::DEFAULT_PERIOD`]).
+    pub sm_watcher_period: std::time::Duration,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -130,6 +134,7 @@ impl Daemon {
             publisher: PublisherConfig::default(),
             driver,
             reschedule: None,
+            sm_watcher_period: crate::sm_watcher::DEFAULT_PERIOD,
         })
     }
 
@@ -248,6 +253,25 @@ impl Daemon {
         };
         let publishing = tokio::spawn(publisher.run(stopped(stop_rx.clone())));
         let rescheduling = self.spawn_reschedule(stopped(stop_rx.clone()));
+        // Gate SharedSMUtilizationWatcher: Allocate tells containers to read watcher/sm_util.config, so
+        // the sampler must run; a file that cannot be set up stops the daemon.
+        let sm_watching = if config.gates.enabled(CoreGate::SharedSMUtilizationWatcher) {
+            match SmWatcher::open(Arc::clone(&self.backend), &config.manager_dir) {
+                Ok(watcher) => {
+                    tracing::info!(file = %watcher.path().display(), period = ?self.sm_watcher_period, "shared SM watcher started");
+                    Some(tokio::spawn(watcher.run(self.sm_watcher_period, stopped(stop_rx.clone()))))
+                }
+                Err(err) => {
+                    let _ = stop_tx.send(true);
+                    health.abort();
+                    return Err(ServerError::Config(format!(
+                        "SharedSMUtilizationWatcher=true: cannot set up the shared SM watcher file: {err}"
+                    )));
+                }
+            }
+        } else {
+            None
+        };
 
         let registry = if config.gates.enabled(CoreGate::DevicePluginClientMode) {
             match crate::registry::serve_registry(config.registry()) {
@@ -294,6 +318,11 @@ impl Daemon {
             && let Err(err) = task.await
         {
             tracing::warn!(%err, "reschedule controller task failed");
+        }
+        if let Some(task) = sm_watching
+            && let Err(err) = task.await
+        {
+            tracing::warn!(%err, "shared SM watcher task failed");
         }
         health.abort();
         result

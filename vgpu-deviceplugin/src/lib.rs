@@ -22,6 +22,7 @@
 //! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): the three traits over a `kube::Client` |
 //! | [`publisher`] | [`NodePublisher`](publisher::NodePublisher): node annotations, driver labels, stale resource removal |
 //! | [`reschedule`] | [`RescheduleController`](reschedule::RescheduleController) (gate `AllocationFailureReschedule`): evict or delete-and-recreate pods whose allocation failed, through a recovery checkpoint |
+//! | [`sm_watcher`] | [`SmWatcher`](sm_watcher::SmWatcher) (gate `SharedSMUtilizationWatcher`): samples every GPU once per period and rewrites `watcher/sm_util.config` in place |
 //! | [`daemon`] | [`Daemon`](daemon::Daemon): backend + clients + plugins + publisher, run until shutdown (the binary's body) |
 //! | [`gates`] | which enabled gates this build cannot honour: the daemon refuses to start on them |
 //! | [`config`] | [`PluginConfig`](config::PluginConfig), the resolved configuration |
@@ -89,6 +90,7 @@ pub mod registry;
 pub mod reschedule;
 pub mod server;
 pub mod service;
+pub mod sm_watcher;
 pub mod vnumber;
 
 /// Default `--device-plugin-path`: the kubelet's device-plugin directory.

@@ -2,8 +2,8 @@
 //! unix socket of the vnumber plugin (wired by `Daemon::new`, so gate checks and backend facts apply):
 //! `VirtualMemoryTracking`, `DevicePluginClientMode`, `HonorPreAllocatedDeviceIDs` (the contract's three
 //! scenarios: one batched request, the kubelet's serial GetPreferred/Allocate pairs, no leak between
-//! retried pairs), and the `volume-mounts` device-list strategy. `SharedSMUtilizationWatcher` makes
-//! `Daemon::new` refuse to start (its sampler is not built).
+//! retried pairs), `SharedSMUtilizationWatcher` (env, `vgpu.config`, the `watcher/` mount; its sampler is
+//! tested in `sm_watcher.rs`), and the `volume-mounts` device-list strategy.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -210,12 +210,14 @@ async fn honor_pre_allocated_ids_off_gives_the_default_preference() {
     node.stop().await;
 }
 
-#[test]
-fn shared_sm_watcher_is_refused_at_start() {
-    let backend: Arc<dyn DeviceBackend> = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
-    let cluster = Arc::new(InMemoryCluster::default());
-    let mut config = PluginConfig::new("node-1");
-    config.gates = vgpu_deviceplugin::feature_gates().configure(["SharedSMUtilizationWatcher=true"]).unwrap();
-    let err = Daemon::new(config, backend, cluster.clone(), cluster).unwrap_err().to_string();
-    assert!(err.contains("SharedSMUtilizationWatcher=true is not supported"), "{err}");
+#[tokio::test]
+async fn shared_sm_watcher_reaches_the_env_vgpu_config_and_mounts() {
+    for (gates, on) in [(&["SharedSMUtilizationWatcher=true"][..], true), (&[][..], false)] {
+        let mut node = start(gates, "c0[0_GPU-a_50_1024]", |_| {}).await;
+        let resp = node.allocate(&["GPU-a::3"]).await;
+        assert_eq!(resp.envs["EXTERNAL_SM_WATCHER_ENABLED"], on.to_string());
+        assert_eq!(node.config_of("c0").sm_watcher, i32::from(on));
+        assert_eq!(mount_of(&resp, "/etc/vgpu-manager/watcher").is_some(), on);
+        node.stop().await;
+    }
 }
