@@ -117,9 +117,10 @@ pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>
 ///
 /// Errors name the value and the expected form; negative durations are refused.
 pub fn parse_go_duration(value: &str) -> Result<std::time::Duration, String> {
-    let ns = vgpu_scheduler::prealloc::parse_go_duration(value.trim())
-        .ok_or_else(|| format!("{value:?} is not a duration (expected e.g. 30s, 1m30s, 500ms)"))?;
-    u64::try_from(ns)
-        .map(std::time::Duration::from_nanos)
-        .map_err(|_| format!("{value:?} is negative (expected a duration ≥ 0)"))
+    let text = value.trim();
+    if text.starts_with('-') {
+        return Err(format!("{value:?} is negative (expected a duration ≥ 0)"));
+    }
+    vgpu_core::codec::go_duration::parse(text)
+        .ok_or_else(|| format!("{value:?} is not a duration (expected e.g. 30s, 1m30s, 500ms)"))
 }

@@ -46,41 +46,9 @@ impl Counting {
 }
 
 /// Parses a Go duration (`300ms`, `1.5s`, `2m30s`, `1h`) into nanoseconds; `None` when malformed, negative or
-/// overflowing.
+/// overflowing ([`vgpu_core::codec::go_duration::parse_nanos`] of the trimmed text).
 pub fn parse_go_duration(text: &str) -> Option<i64> {
-    let s = text.trim();
-    if s.is_empty() {
-        return None;
-    }
-    if s == "0" {
-        return Some(0);
-    }
-    let mut rest = s;
-    let mut total: f64 = 0.0;
-    while !rest.is_empty() {
-        let n = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        if n == 0 {
-            return None;
-        }
-        let value: f64 = rest[..n].parse().ok()?;
-        rest = &rest[n..];
-        let u = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let unit = match &rest[..u] {
-            "ns" => 1.0,
-            "us" | "µs" => 1e3,
-            "ms" => 1e6,
-            "s" => 1e9,
-            "m" => 60e9,
-            "h" => 3600e9,
-            _ => return None,
-        };
-        rest = &rest[u..];
-        total += value * unit;
-    }
-    if !total.is_finite() || total >= i64::MAX as f64 {
-        return None;
-    }
-    Some(total as i64)
+    vgpu_core::codec::go_duration::parse_nanos(text.trim())
 }
 
 /// The stuck grace period of a pod: its `stuck-grace-period` annotation when it parses and is ≥ 1 s, else

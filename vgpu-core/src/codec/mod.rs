@@ -8,6 +8,9 @@
 //! | `pre-allocated`, `real-allocated` | [`pod_devices`] | [`PodDeviceClaim`](crate::model::PodDeviceClaim) |
 //! | `include-gpu-type`, `exclude-gpu-type`, `include-gpu-uuid`, `exclude-gpu-uuid` | [`device_filter`] | [`DeviceFilter`](device_filter::DeviceFilter) |
 //!
+//! [`go_duration`] parses Go duration text (`1m30s`), the form of duration flags and the `stuck-grace-period`
+//! annotation.
+//!
 //! Every decoder returns a [`CodecError`] naming the annotation and what was expected; none panics.
 //!
 //! The JSON decoders accept what vgpu-manager's Go components accept (`encoding/json`) wherever the meaning
@@ -19,6 +22,7 @@
 //! lists its choices. The encoders write exactly what Go's `json.Marshal` writes.
 
 pub mod device_filter;
+pub mod go_duration;
 mod gojson;
 pub(crate) mod goread;
 pub mod node_config_info;
