@@ -114,7 +114,8 @@
 //!   exactly the placement of a node without topology.
 
 pub mod cache;
-pub mod clock;
+/// The clock seam, lifted into `vgpu-core` (kept here for existing callers).
+pub use vgpu_core::clock;
 pub mod cluster;
 pub mod convert;
 pub mod extender;

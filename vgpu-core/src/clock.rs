@@ -1,4 +1,5 @@
-//! Time source of the extender (predicate times, reservation expiry, stuck grace period).
+//! The clock seam: Unix-nanosecond time for predicate times, reservation expiry, stuck grace periods and cleanup
+//! periods, with a manual clock for tests and the simulator.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
