@@ -14,6 +14,8 @@
 //! assert!(feature_gates().configure(["DynamicMIG=true,NVMLDeviceHealthCheck=false"]).is_ok());
 //! ```
 
+pub mod devices;
+
 /// The DRA driver name.
 pub const DRIVER_NAME: &str = "manager.nvidia.com";
 /// CDI vendor of the DRA plugin's devices.
