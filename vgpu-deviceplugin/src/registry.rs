@@ -429,40 +429,16 @@ fn accepted(
 }
 
 fn identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    crate::server::socket_identity(path)
 }
 
 fn io<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) -> ServerError + 'a {
     move |source| ServerError::Io { path: path.to_path_buf(), action, source }
 }
 
-/// Binds and listens on a temporary name next to `socket`, then renames it into place, so the path only ever
-/// names a socket that already accepts connections (a client never sees "connection refused" between bind and
-/// listen) and a stale socket is replaced in one step.
+/// [`crate::server::bind_atomic`] with the registry socket's mode.
 fn bind(socket: &Path, group: Option<u32>) -> Result<UnixListener, ServerError> {
-    let name = socket.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = socket.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    match std::fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(&tmp, "remove stale temporary socket")(e)),
-    }
-    let listener = UnixListener::bind(&tmp).map_err(io(&tmp, "bind unix socket"))?;
-    let published = group
-        .map_or(Ok(()), |gid| {
-            std::os::unix::fs::chown(&tmp, None, Some(gid)).map_err(io(&tmp, "chown the socket to its group"))
-        })
-        .and_then(|()| {
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(SOCKET_MODE))
-                .map_err(io(&tmp, "chmod 0660"))
-        })
-        .and_then(|()| std::fs::rename(&tmp, socket).map_err(io(socket, "publish unix socket")));
-    if let Err(e) = published {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    Ok(listener)
+    crate::server::bind_atomic(socket, group, SOCKET_MODE)
 }
 
 /// The socket's mode: owner and group read/write, nobody else.
