@@ -15,6 +15,8 @@
 //! ```
 
 pub mod devices;
+pub mod health;
+pub mod slices;
 
 /// The DRA driver name.
 pub const DRIVER_NAME: &str = "manager.nvidia.com";
