@@ -65,6 +65,9 @@ crate::feature_gates! {
         FabricManagerPartitioning => alpha(false),
         /// Publishes list-valued DRA device attributes.
         DRAListTypeAttributes => alpha(false),
+        /// Whole GPUs shared by several claims through consumable capacity (`--consumable-shares`);
+        /// in upstream's registry though the spec's table omits it.
+        ConsumableShares => alpha(false),
     }
 }
 
@@ -243,18 +246,21 @@ fn core_builder(c: Component) -> RegistryBuilder<CoreGate> {
 
 fn dra_builder() -> RegistryBuilder<DraGate> {
     use DraGate::*;
+    // Upstream's `ValidateFeatureGates` order (violations are reported in it); the spec's
+    // DynamicMIG ⊗ NVMLDeviceHealthCheck, which upstream does not check, sits after DynamicMIG ⊗ PassthroughSupport.
     Registry::builder(Component::KubeletPlugin.as_str())
         .gates(DraGate::ALL.iter().copied())
+        .mutually_exclusive(VGPUSupport, MPSSupport)
+        .mutually_exclusive(VGPUSupport, PassthroughSupport)
+        .mutually_exclusive(VGPUSupport, ConsumableShares)
         .requires(SharedSMUtilizationWatcher, VGPUSupport)
         .requires(DevicePluginClientMode, VGPUSupport)
         .requires(NRISupport, VGPUSupport)
-        .requires(DeviceMetadata, PassthroughSupport)
-        .mutually_exclusive(VGPUSupport, MPSSupport)
-        .mutually_exclusive(VGPUSupport, PassthroughSupport)
         .mutually_exclusive(DynamicMIG, PassthroughSupport)
         .mutually_exclusive(DynamicMIG, NVMLDeviceHealthCheck)
         .mutually_exclusive(DynamicMIG, MPSSupport)
         .mutually_exclusive(PassthroughSupport, NVMLDeviceHealthCheck)
+        .requires(DeviceMetadata, PassthroughSupport)
 }
 
 // The static declarations are checked by `registries_build` below (`build()` succeeds on each).
@@ -298,8 +304,8 @@ mod tests {
             assert_eq!(core_builder(c).build()?.gates().len(), c.gate_names().len());
         }
         let dra = with_hints(dra_builder(), Component::KubeletPlugin).build()?;
-        assert_eq!(dra.gates().len(), 13);
-        assert_eq!(dra.rules().len(), 10);
+        assert_eq!(dra.gates().len(), 14);
+        assert_eq!(dra.rules().len(), 11);
         assert_eq!(device_plugin().gates().len(), 8);
         assert_eq!(scheduler_extender().gates().len(), 3);
         assert_eq!(device_monitor().gates().len(), 2);

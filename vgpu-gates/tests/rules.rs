@@ -4,7 +4,8 @@
 
 use vgpu_gates::{DraGate, Error, FeatureGate, Violation, kubelet_plugin};
 
-/// The spec's rules, written as a plain boolean formula over the 13 gates.
+/// The spec's rules plus upstream's VGPUSupport ⊗ ConsumableShares, written as a plain boolean formula over
+/// the 14 gates.
 fn spec_accepts(on: impl Fn(DraGate) -> bool) -> bool {
     use DraGate::*;
     let requires = [
@@ -16,6 +17,7 @@ fn spec_accepts(on: impl Fn(DraGate) -> bool) -> bool {
     let exclusive = [
         (VGPUSupport, MPSSupport),
         (VGPUSupport, PassthroughSupport),
+        (VGPUSupport, ConsumableShares),
         (DynamicMIG, PassthroughSupport),
         (DynamicMIG, NVMLDeviceHealthCheck),
         (DynamicMIG, MPSSupport),
@@ -25,10 +27,10 @@ fn spec_accepts(on: impl Fn(DraGate) -> bool) -> bool {
 }
 
 #[test]
-fn exhaustive_over_all_2_pow_13_assignments() {
-    assert_eq!(DraGate::ALL.len(), 13);
+fn exhaustive_over_all_2_pow_14_assignments() {
+    assert_eq!(DraGate::ALL.len(), 14);
     let mut accepted = 0;
-    for mask in 0u32..(1 << 13) {
+    for mask in 0u32..(1 << 14) {
         let on = |g: DraGate| {
             let i = DraGate::ALL.iter().position(|x| *x == g).unwrap();
             mask & (1 << i) != 0
@@ -36,7 +38,7 @@ fn exhaustive_over_all_2_pow_13_assignments() {
         let value: Vec<String> = DraGate::ALL.iter().map(|g| format!("{}={}", g.name(), on(*g))).collect();
         let result = kubelet_plugin().configure([value.join(",")]);
         let want = spec_accepts(on);
-        assert_eq!(result.is_ok(), want, "mask {mask:013b}: {value:?} -> {result:?}");
+        assert_eq!(result.is_ok(), want, "mask {mask:014b}: {value:?} -> {result:?}");
         if let Err(Error::Validation(v)) = &result {
             // Every violation is reported, and the suggestion really satisfies the rules.
             let suggestion = v.suggestion().expect("a consistent combination always exists here");
@@ -47,7 +49,7 @@ fn exhaustive_over_all_2_pow_13_assignments() {
         }
         accepted += usize::from(want);
     }
-    assert!(accepted > 0 && accepted < 1 << 13);
+    assert!(accepted > 0 && accepted < 1 << 14);
 }
 
 #[test]
@@ -110,4 +112,48 @@ fn all_alpha_counts_as_enabling_for_rules() {
     let g = kubelet_plugin().configure(["AllAlpha=false"]).unwrap();
     assert!(!g.enabled(DraGate::VGPUSupport) && !g.enabled(DraGate::NVMLDeviceHealthCheck));
     assert!(g.enabled(DraGate::IMEXDaemonsWithDNSNames), "beta gates are untouched");
+}
+
+#[test]
+fn consumable_shares_excludes_vgpu_support() {
+    let err = kubelet_plugin().configure(["ConsumableShares=true"]).unwrap_err();
+    let Error::Validation(v) = err else { panic!("{err}") };
+    assert_eq!(v.violations().len(), 1);
+    assert_eq!(
+        v.violations()[0].to_string(),
+        "feature gate VGPUSupport is currently mutually exclusive with ConsumableShares; fix: set VGPUSupport=false"
+    );
+    let gates = kubelet_plugin().configure(["ConsumableShares=true,VGPUSupport=false"]).unwrap();
+    assert!(gates.enabled(DraGate::ConsumableShares) && !gates.enabled(DraGate::VGPUSupport));
+}
+
+#[test]
+fn violations_come_in_upstream_order() {
+    // Upstream checks VGPUSupport's exclusions, then the VGPUSupport requirements, then the rest, and
+    // DeviceMetadata → PassthroughSupport last.
+    let err = kubelet_plugin()
+        .configure(["MPSSupport=true,ConsumableShares=true,DeviceMetadata=true,VGPUSupport=true"])
+        .unwrap_err();
+    let Error::Validation(v) = err else { panic!("{err}") };
+    let messages: Vec<String> = v.violations().iter().map(Violation::message).collect();
+    assert_eq!(
+        messages,
+        [
+            "feature gate VGPUSupport is currently mutually exclusive with MPSSupport",
+            "feature gate VGPUSupport is currently mutually exclusive with ConsumableShares",
+            "feature gate DeviceMetadata requires PassthroughSupport to also be enabled",
+        ]
+    );
+    let err = kubelet_plugin()
+        .configure(["VGPUSupport=false,NRISupport=true,PassthroughSupport=true"])
+        .unwrap_err();
+    let Error::Validation(v) = err else { panic!("{err}") };
+    let messages: Vec<String> = v.violations().iter().map(Violation::message).collect();
+    assert_eq!(
+        messages,
+        [
+            "feature gate NRISupport requires VGPUSupport to also be enabled",
+            "feature gate PassthroughSupport is currently mutually exclusive with NVMLDeviceHealthCheck",
+        ]
+    );
 }

@@ -1,5 +1,6 @@
 //! The registries match the tables of `shared/spec/feature_gates.md`, written out here
-//! independently of the implementation.
+//! independently of the implementation, plus `ConsumableShares`, which upstream's DRA registry has and the
+//! spec's table omits (contract §9.1).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -41,6 +42,8 @@ fn table(c: Component) -> Vec<(&'static str, bool, Stage)> {
             ("NRISupport", false, Alpha),
             ("FabricManagerPartitioning", false, Alpha),
             ("DRAListTypeAttributes", false, Alpha),
+            // Not in the spec's table: upstream's DRA registry has it (contract §9.1).
+            ("ConsumableShares", false, Alpha),
         ],
     }
 }
