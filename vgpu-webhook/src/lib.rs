@@ -1,3 +1,77 @@
-//! vgpu webhook (work in progress; see the crate description).
+//! vgpu-webhook: the admission webhook (contract §10). Users write `nvidia.com/vgpu-number: 1`; the webhook
+//! fills in the rest (default cores, our scheduler, policies), keeps `spec.nodeName` from bypassing the
+//! extender, and on a DRA cluster turns device-plugin limits into `resource.k8s.io/v1` ResourceClaims.
+//!
+//! # Routes
+//!
+//! | route | admits | denies | patches / side effects |
+//! |---|---|---|---|
+//! | `POST /pods/mutate` (CREATE) | every pod whose vGPU limits are integers within the limits | a vGPU limit that is not a non-negative integer, `vgpu-number` > 16, `vgpu-cores` > 100 — message names the container and the field | defaults per container (number 1 / cores 100), `schedulerName`, node/device policies, `runtimeClassName`, topology mode (multi-GPU), stale scheduling annotations/labels removed, policies removed from non-vGPU pods, `spec.nodeName` → hostname `nodeSelector`, DRA conversion ([`mutate`]) |
+//! | `POST /pods/validate` (CREATE, DELETE) | pods that keep the claim-sharing rules | with `--dra-admission-enabled`: a container using two vGPU claims, a vGPU request shared by concurrent containers or across pods ([`validate`]); a bad `original-resources` record | with `--default-convert2-dra`: creates the converted pod's ResourceClaims ([`convert`]) on CREATE, deletes them on DELETE |
+//! | `POST /resourceclaims/validate` (CREATE, UPDATE) | ResourceClaims/Templates whose `manager.nvidia.com` opaque configs are of a known kind | an unknown config kind or undecodable parameters | — |
+//! | `GET /healthz`, `GET /readyz` | — | — | 200 `ok` |
+//!
+//! Bad AdmissionReview bodies get HTTP 400 with the reason; denials are `allowed: false` with status reason
+//! `Invalid` ([`review`]). The manifests under `deploy/webhook/` use `failurePolicy: Fail`, so a webhook that
+//! cannot answer keeps vGPU pods out rather than letting them in unmutated.
+//!
+//! # Module map
+//!
+//! | module | what |
+//! |---|---|
+//! | [`config`] | [`WebhookConfig`](config::WebhookConfig): the flags of contract §1.4, validated |
+//! | [`review`] | AdmissionReview decode, allow/patch/deny answers, [`Denial`](review::Denial) |
+//! | [`mutate`] | the pure pod mutation and its JSON patch |
+//! | [`convert`] | the `original-resources` record, generated ResourceClaims (requests, CEL selectors, owner labels) |
+//! | [`names`] | vgpu-manager's safe claim names (SHA-256 suffix) |
+//! | [`validate`] | the pure claim-sharing and opaque-config rules |
+//! | [`api`] | the cluster seam: [`ClusterApi`](api::ClusterApi), [`KubeApi`](api::KubeApi), [`MemoryApi`](api::MemoryApi) |
+//! | [`admit`] | the routes from body to answer ([`Admission`](admit::Admission)) |
+//! | [`server`] | the axum router, served over HTTPS by `vgpu_serve::http::serve` with a reloading certificate |
+//!
+//! # Example
+//!
+//! A pod asking for one vGPU gets 100 cores, our scheduler and the default policies; a pod with too many cores
+//! is denied with the container and the field named:
+//!
+//! ```
+//! use k8s_openapi::api::core::v1::Pod;
+//! use vgpu_core::model::SchedulingPolicy;
+//! use vgpu_webhook::{config::WebhookConfig, mutate};
+//!
+//! let config = WebhookConfig {
+//!     scheduler_name: Some("vgpu-scheduler".into()),
+//!     default_node_policy: Some(SchedulingPolicy::Binpack),
+//!     ..WebhookConfig::default()
+//! };
+//! let pod: Pod = serde_json::from_value(serde_json::json!({
+//!     "metadata": {"name": "web", "namespace": "ml"},
+//!     "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/vgpu-number": "1"}}}]}
+//! }))?;
+//! let patch = serde_json::to_value(mutate::pod_patch(&config, "uid-1", &pod)?)?;
+//! assert_eq!(patch, serde_json::json!([
+//!     {"op": "add", "path": "/metadata/annotations", "value": {"nvidia.com/node-scheduler-policy": "binpack"}},
+//!     {"op": "add", "path": "/spec/containers/0/resources/limits/nvidia.com~1vgpu-cores", "value": "100"},
+//!     {"op": "add", "path": "/spec/schedulerName", "value": "vgpu-scheduler"},
+//! ]));
+//!
+//! let greedy: Pod = serde_json::from_value(serde_json::json!({
+//!     "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/vgpu-cores": "150"}}}]}
+//! }))?;
+//! let denied = mutate::pod_patch(&config, "uid-2", &greedy).unwrap_err();
+//! assert_eq!(
+//!     denied.message,
+//!     "container \"main\": spec.containers[0].resources.limits[nvidia.com/vgpu-cores]: Invalid value: \"150\": request exceeds limit, maximum: 100"
+//! );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
-#![cfg_attr(docsrs, feature(doc_cfg))]
+pub mod admit;
+pub mod api;
+pub mod config;
+pub mod convert;
+pub mod mutate;
+pub mod names;
+pub mod review;
+pub mod server;
+pub mod validate;

@@ -1,0 +1,459 @@
+//! The three admission routes from body to answer: decode ([`crate::review`]), fetch what the rules need
+//! through a [`ClusterApi`], call the pure rules ([`crate::mutate`], [`crate::validate`],
+//! [`crate::convert`]), answer.
+//!
+//! | route | operations | does |
+//! |---|---|---|
+//! | `/pods/mutate` | CREATE | [`crate::mutate::pod_patch`]; other operations are allowed unchanged |
+//! | `/pods/validate` | CREATE | with `--dra-admission-enabled`: the sharing rules ([`crate::validate::check_pod_sharing`], [`crate::validate::check_cross_pod`]); with `--default-convert2-dra`: creates the ResourceClaims the pod's `original-resources` record names (all or none: claims created before a failure are deleted again) |
+//! | `/pods/validate` | DELETE | with `--default-convert2-dra`: deletes those ResourceClaims (not on a dry run) |
+//! | `/resourceclaims/validate` | CREATE, UPDATE | opaque configs of `resource.k8s.io/v1` ResourceClaims and ResourceClaimTemplates ([`crate::validate::check_opaque_configs`]) |
+//!
+//! A claim that already exists with this pod's owner key counts as created (the API server may call the webhook
+//! again for the same pod); one of another owner denies the pod.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceRequest, ResourceClaim, ResourceClaimTemplate};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
+use vgpu_core::domain::{ORIGINAL_RESOURCES_ANNOTATION, OWNER_KEY_LABEL};
+
+use crate::api::{ApiError, ClusterApi};
+use crate::config::WebhookConfig;
+use crate::convert::{self, ResourceInfo};
+use crate::mutate;
+use crate::review::{self, Denial, ReviewError};
+use crate::validate::{self, PodClaimRequests, RequestClass};
+
+/// Milliseconds since the Unix epoch (the `create-timestamp` label).
+pub type Clock = Arc<dyn Fn() -> u128 + Send + Sync>;
+
+fn system_clock() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())
+}
+
+/// The webhook: its configuration and its cluster seam.
+pub struct Admission<C> {
+    config: WebhookConfig,
+    api: C,
+    clock: Clock,
+}
+
+impl<C> fmt::Debug for Admission<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admission").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+fn deny_api(e: ApiError) -> Denial {
+    Denial::new(e.to_string())
+}
+
+impl<C: ClusterApi> Admission<C> {
+    /// A webhook with this configuration over `api`.
+    pub fn new(config: WebhookConfig, api: C) -> Self {
+        Self { config, api, clock: Arc::new(system_clock) }
+    }
+
+    /// Uses `clock` for the `create-timestamp` label (tests).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &WebhookConfig {
+        &self.config
+    }
+
+    /// The cluster seam.
+    pub fn api(&self) -> &C {
+        &self.api
+    }
+
+    /// `/pods/mutate`.
+    pub fn mutate_pods(&self, body: &[u8]) -> Result<AdmissionReview<DynamicObject>, ReviewError> {
+        let req = review::decode::<Pod>(body)?;
+        let outcome = match (&req.operation, &req.object) {
+            (Operation::Create, Some(pod)) => mutate::pod_patch(&self.config, &req.uid, pod).map(Some),
+            _ => Ok(None),
+        };
+        if let Err(d) = &outcome {
+            tracing::info!(uid = %req.uid, namespace = ?req.namespace, message = %d.message, "pod denied");
+        }
+        Ok(review::respond(&req, outcome))
+    }
+
+    /// `/pods/validate`.
+    pub async fn validate_pods(&self, body: &[u8]) -> Result<AdmissionReview<DynamicObject>, ReviewError> {
+        let req = review::decode::<Pod>(body)?;
+        let outcome = match req.operation {
+            Operation::Create => match &req.object {
+                Some(pod) => self.validate_create(&req, with_identity(pod, &req)).await,
+                None => Ok(()),
+            },
+            Operation::Delete => match &req.old_object {
+                Some(pod) if self.config.convert_to_dra && !req.dry_run => {
+                    self.delete_claims(&with_identity(pod, &req)).await;
+                    Ok(())
+                }
+                _ => Ok(()),
+            },
+            _ => Ok(()),
+        };
+        if let Err(d) = &outcome {
+            tracing::info!(uid = %req.uid, namespace = ?req.namespace, name = %req.name, message = %d.message, "pod denied");
+        }
+        Ok(review::respond(&req, outcome.map(|()| None)))
+    }
+
+    async fn validate_create(&self, req: &AdmissionRequest<Pod>, pod: Pod) -> Result<(), Denial> {
+        if self.config.dra_admission && has_pod_claims(&pod) {
+            let converted = record(&pod).and_then(Result::ok).unwrap_or_default();
+            let mut cache = ClaimCache::default();
+            let resolved = self.resolve_pod_claims(&pod, &converted, &mut cache).await?;
+            validate::check_pod_sharing(&pod, &converted, &resolved)?;
+            self.check_cross_pod(&pod, &converted, &mut cache).await?;
+        }
+        if self.config.convert_to_dra {
+            self.create_claims(&pod, req.dry_run).await?;
+        }
+        Ok(())
+    }
+
+    async fn device_classes(&self, requests: &[DeviceRequest], cache: &mut ClaimCache) -> Result<(), Denial> {
+        let mut names: Vec<&str> = Vec::new();
+        for r in requests {
+            if let Some(e) = &r.exactly {
+                names.push(&e.device_class_name);
+            }
+            names.extend(r.first_available.iter().flatten().map(|s| s.device_class_name.as_str()));
+        }
+        for name in names {
+            if name == self.config.device_class_name
+                || name.is_empty()
+                || cache.fetched_classes.contains(name)
+            {
+                continue;
+            }
+            cache.fetched_classes.insert(name.to_owned());
+            if let Some(class) = self.api.get_device_class(name).await.map_err(deny_api)? {
+                cache.classes.insert(name.to_owned(), class);
+            }
+        }
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        ns: &str,
+        name: &str,
+        cache: &mut ClaimCache,
+    ) -> Result<Option<ResourceClaim>, Denial> {
+        if let Some(c) = cache.claims.get(name) {
+            return Ok(c.clone());
+        }
+        let c = self.api.get_claim(ns, name).await.map_err(deny_api)?;
+        cache.claims.insert(name.to_owned(), c.clone());
+        Ok(c)
+    }
+
+    async fn resolve_pod_claims(
+        &self,
+        pod: &Pod,
+        converted: &[ResourceInfo],
+        cache: &mut ClaimCache,
+    ) -> Result<BTreeMap<String, PodClaimRequests>, Denial> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let mut out = BTreeMap::new();
+        for pc in pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).into_iter().flatten() {
+            if converted.iter().any(|i| i.claim_name == pc.name) {
+                continue;
+            }
+            let requests = if let Some(name) = pc.resource_claim_name.as_deref().filter(|n| !n.is_empty()) {
+                self.claim(&ns, name, cache)
+                    .await?
+                    .map(|c| c.spec.and_then(|s| s.devices).and_then(|d| d.requests).unwrap_or_default())
+            } else if let Some(name) = pc.resource_claim_template_name.as_deref().filter(|n| !n.is_empty()) {
+                self.api.get_claim_template(&ns, name).await.map_err(deny_api)?.map(
+                    |t: ResourceClaimTemplate| {
+                        t.spec
+                            .and_then(|s| s.spec)
+                            .and_then(|s| s.devices)
+                            .and_then(|d| d.requests)
+                            .unwrap_or_default()
+                    },
+                )
+            } else {
+                None
+            };
+            let entry = match requests {
+                Some(requests) => {
+                    self.device_classes(&requests, cache).await?;
+                    PodClaimRequests::Found(validate::classify(
+                        &requests,
+                        &self.config.device_class_name,
+                        &cache.classes,
+                    ))
+                }
+                None => PodClaimRequests::Missing,
+            };
+            out.insert(pc.name.clone(), entry);
+        }
+        Ok(out)
+    }
+
+    async fn check_cross_pod(
+        &self,
+        pod: &Pod,
+        converted: &[ResourceInfo],
+        cache: &mut ClaimCache,
+    ) -> Result<(), Denial> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        for pc in pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).into_iter().flatten() {
+            let Some(actual) = pc.resource_claim_name.as_deref().filter(|n| !n.is_empty()) else { continue };
+            if converted.iter().any(|i| i.claim_name == pc.name) {
+                continue;
+            }
+            let Some(claim) = self.claim(&ns, actual, cache).await? else { continue };
+            let reserved_for = claim.status.as_ref().and_then(|s| s.reserved_for.clone()).unwrap_or_default();
+            if reserved_for.is_empty() {
+                continue;
+            }
+            let requests = claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.devices.as_ref())
+                .and_then(|d| d.requests.clone())
+                .unwrap_or_default();
+            self.device_classes(&requests, cache).await?;
+            let index = validate::classify(&requests, &self.config.device_class_name, &cache.classes);
+            if !index.values().any(|c| *c == RequestClass::Vgpu) {
+                continue;
+            }
+            let mut reserved = Vec::new();
+            for r in reserved_for {
+                if r.api_group.as_deref().is_some_and(|g| !g.is_empty()) || r.resource != "pods" {
+                    continue;
+                }
+                let claim_ns = claim.metadata.namespace.as_deref().unwrap_or(&ns);
+                let Some(other) = self.api.get_pod(claim_ns, &r.name).await.map_err(deny_api)? else {
+                    continue;
+                };
+                if !r.uid.is_empty() && other.metadata.uid.as_deref() != Some(r.uid.as_str()) {
+                    continue;
+                }
+                reserved.push(other);
+            }
+            validate::check_cross_pod(pod, &pc.name, &claim, &index, &reserved)?;
+        }
+        Ok(())
+    }
+
+    async fn create_claims(&self, pod: &Pod, dry_run: bool) -> Result<(), Denial> {
+        let infos = match record(pod) {
+            None => return Ok(()),
+            Some(Err(e)) => return Err(Denial::new(e.to_string())),
+            Some(Ok(infos)) if infos.is_empty() => return Ok(()),
+            Some(Ok(infos)) => infos,
+        };
+        let claims = planned_claims(&self.config, pod, &infos, (self.clock)())?;
+        let owner = convert::owner_key(pod);
+        let mut created: Vec<(String, String)> = Vec::new();
+        for claim in &claims {
+            let ns = claim.metadata.namespace.clone().unwrap_or_default();
+            let name = claim.metadata.name.clone().unwrap_or_default();
+            match self.api.create_claim(claim, dry_run).await {
+                Ok(()) => created.push((ns, name)),
+                Err(e) if e.already_exists => {
+                    let existing = self.api.get_claim(&ns, &name).await.ok().flatten();
+                    let mine = existing
+                        .as_ref()
+                        .and_then(|c| c.metadata.labels.as_ref())
+                        .and_then(|l| l.get(OWNER_KEY_LABEL))
+                        .is_some_and(|o| *o == owner);
+                    if !mine {
+                        self.roll_back(&created, dry_run).await;
+                        return Err(Denial::new(format!(
+                            "{e}: ResourceClaim {ns}/{name} exists and does not belong to pod {owner} (label {OWNER_KEY_LABEL})"
+                        )));
+                    }
+                }
+                Err(e) => {
+                    self.roll_back(&created, dry_run).await;
+                    return Err(deny_api(e));
+                }
+            }
+        }
+        if !dry_run {
+            tracing::info!(pod = %owner, claims = ?created, "created vGPU ResourceClaims");
+        }
+        Ok(())
+    }
+
+    async fn roll_back(&self, created: &[(String, String)], dry_run: bool) {
+        if dry_run {
+            return;
+        }
+        for (ns, name) in created {
+            if let Err(e) = self.api.delete_claim(ns, name).await {
+                tracing::warn!(error = %e, "could not delete a ResourceClaim after a failed admission");
+            }
+        }
+    }
+
+    async fn delete_claims(&self, pod: &Pod) {
+        let Some(Ok(infos)) = record(pod) else { return };
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let pod_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
+        let mut names: Vec<&str> = infos.iter().map(|i| i.claim_name.as_str()).collect();
+        names.dedup();
+        for name in names {
+            let listed = pod_claims
+                .is_some_and(|pc| pc.iter().any(|p| p.resource_claim_name.as_deref() == Some(name)));
+            if !listed {
+                continue;
+            }
+            if let Err(e) = self.api.delete_claim(&ns, name).await {
+                tracing::warn!(error = %e, "could not delete the ResourceClaim of a deleted pod");
+            }
+        }
+    }
+
+    /// `/resourceclaims/validate`.
+    pub fn validate_claims(&self, body: &[u8]) -> Result<AdmissionReview<DynamicObject>, ReviewError> {
+        let req = review::decode::<DynamicObject>(body)?;
+        let outcome = match (&req.operation, &req.object) {
+            (Operation::Create | Operation::Update, Some(obj)) => check_claim_object(&req, obj),
+            _ => Ok(()),
+        };
+        Ok(review::respond(&req, outcome.map(|()| None)))
+    }
+}
+
+#[derive(Default)]
+struct ClaimCache {
+    claims: BTreeMap<String, Option<ResourceClaim>>,
+    classes: BTreeMap<String, DeviceClass>,
+    fetched_classes: std::collections::BTreeSet<String>,
+}
+
+fn has_pod_claims(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty())
+}
+
+/// The pod with the request's namespace and name filled in where the object lacks them.
+fn with_identity(pod: &Pod, req: &AdmissionRequest<Pod>) -> Pod {
+    let mut pod = pod.clone();
+    if pod.metadata.namespace.as_deref().is_none_or(str::is_empty) {
+        pod.metadata.namespace = req.namespace.clone();
+    }
+    if pod.metadata.name.as_deref().is_none_or(str::is_empty) && !req.name.is_empty() {
+        pod.metadata.name = Some(req.name.clone());
+    }
+    pod
+}
+
+fn record(pod: &Pod) -> Option<Result<Vec<ResourceInfo>, convert::RecordError>> {
+    let value = pod.metadata.annotations.as_ref()?.get(ORIGINAL_RESOURCES_ANNOTATION)?;
+    if value.is_empty() {
+        return None;
+    }
+    Some(convert::decode_record(value))
+}
+
+/// The ResourceClaims `/pods/validate` creates for a converted pod, checked against the pod: each entry's
+/// container exists, its numbers are within the limits, and its claim is one of the pod's `resourceClaims`.
+pub fn planned_claims(
+    config: &WebhookConfig,
+    pod: &Pod,
+    infos: &[ResourceInfo],
+    created_ms: u128,
+) -> Result<Vec<ResourceClaim>, Denial> {
+    let d = &config.domain;
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let pod_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
+    let all = mutate::containers(pod);
+    let mut requests_by_claim: Vec<(String, Vec<DeviceRequest>)> = Vec::new();
+    for (i, info) in infos.iter().enumerate() {
+        let Some((slot, _)) = all.iter().find(|(_, c)| c.name == info.name) else {
+            return Err(Denial::new(format!(
+                "Pod {pod_name:?} is invalid: metadata.annotations[{ORIGINAL_RESOURCES_ANNOTATION}][{i}].containerName: Invalid value: {:?}: container not found",
+                info.name
+            )));
+        };
+        let r = info.request(d);
+        let path = slot.path();
+        if r.cores > 100 {
+            return Err(Denial::new(format!(
+                "Pod {pod_name:?} is invalid: {path}.resources.limits[{}]: Invalid value: {}: request exceeds limit, maximum: 100",
+                d.vgpu_cores(),
+                r.cores
+            )));
+        }
+        if r.number > u64::from(vgpu_core::model::MAX_VGPU_NUMBER) {
+            return Err(Denial::new(format!(
+                "Pod {pod_name:?} is invalid: {path}.resources.limits[{}]: Invalid value: {}: request exceeds limit, maximum: {}",
+                d.vgpu_number(),
+                r.number,
+                vgpu_core::model::MAX_VGPU_NUMBER
+            )));
+        }
+        let listed = pod_claims.is_some_and(|pc| {
+            pc.iter().any(|p| p.resource_claim_name.as_deref() == Some(info.claim_name.as_str()))
+        });
+        if !listed {
+            return Err(Denial::new(format!(
+                "Pod {pod_name:?} is invalid: spec.resourceClaims: Invalid value: ResourceClaimName {:?} not found",
+                info.claim_name
+            )));
+        }
+        let request = convert::device_request(pod, d, &config.device_class_name, info);
+        match requests_by_claim.iter_mut().find(|(n, _)| *n == info.claim_name) {
+            Some((_, list)) => list.push(request),
+            None => requests_by_claim.push((info.claim_name.clone(), vec![request])),
+        }
+    }
+    Ok(requests_by_claim
+        .into_iter()
+        .map(|(name, requests)| convert::resource_claim(pod, d, &name, requests, created_ms))
+        .collect())
+}
+
+fn check_claim_object(req: &AdmissionRequest<DynamicObject>, obj: &DynamicObject) -> Result<(), Denial> {
+    let gvk = &req.kind;
+    if gvk.group != "resource.k8s.io" || gvk.version != "v1" {
+        return Err(Denial::new(format!(
+            "expected a resource.k8s.io/v1 ResourceClaim or ResourceClaimTemplate, got {}/{} {}",
+            gvk.group, gvk.version, gvk.kind
+        )));
+    }
+    let value = serde_json::to_value(obj).map_err(|e| Denial::new(format!("cannot read the object: {e}")))?;
+    match gvk.kind.as_str() {
+        "ResourceClaim" => {
+            let claim: ResourceClaim = serde_json::from_value(value)
+                .map_err(|e| Denial::new(format!("cannot decode the ResourceClaim: {e}")))?;
+            let configs = claim.spec.and_then(|s| s.devices).and_then(|d| d.config).unwrap_or_default();
+            validate::check_opaque_configs(&configs, "spec")
+        }
+        "ResourceClaimTemplate" => {
+            let template: ResourceClaimTemplate = serde_json::from_value(value)
+                .map_err(|e| Denial::new(format!("cannot decode the ResourceClaimTemplate: {e}")))?;
+            let configs = template
+                .spec
+                .and_then(|s| s.spec)
+                .and_then(|s| s.devices)
+                .and_then(|d| d.config)
+                .unwrap_or_default();
+            validate::check_opaque_configs(&configs, "spec.spec")
+        }
+        other => Err(Denial::new(format!(
+            "expected a resource.k8s.io/v1 ResourceClaim or ResourceClaimTemplate, got {other}"
+        ))),
+    }
+}

@@ -1,0 +1,268 @@
+//! The API-server seam of the validating routes: what `/pods/validate` reads (ResourceClaims,
+//! ResourceClaimTemplates, DeviceClasses, reserved pods) and writes (the ResourceClaims of converted pods).
+//!
+//! | method | request ([`KubeApi`]) |
+//! |---|---|
+//! | [`ClusterApi::get_claim`] | `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}` (404 → `None`) |
+//! | [`ClusterApi::get_claim_template`] | `GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{name}` |
+//! | [`ClusterApi::get_device_class`] | `GET /apis/resource.k8s.io/v1/deviceclasses/{name}` |
+//! | [`ClusterApi::get_pod`] | `GET /api/v1/namespaces/{ns}/pods/{name}` |
+//! | [`ClusterApi::create_claim`] | `POST /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims` (`?dryRun=All` on a dry run) |
+//! | [`ClusterApi::delete_claim`] | `DELETE /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}` (404 is success) |
+//!
+//! [`MemoryApi`] keeps the same objects in maps, for tests, with failure injection on create.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use kube::api::{Api, DeleteParams, PostParams};
+
+/// A failed API call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{action}: {message}")]
+pub struct ApiError {
+    /// What was being done, e.g. `create ResourceClaim ml/web-main-1a2b3c4d`.
+    pub action: String,
+    /// The API server's (or the transport's) message.
+    pub message: String,
+    /// The object already exists (409 AlreadyExists).
+    pub already_exists: bool,
+}
+
+impl ApiError {
+    fn new(action: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { action: action.into(), message: message.into(), already_exists: false }
+    }
+}
+
+/// What the validating routes read and write in the cluster.
+pub trait ClusterApi: Send + Sync + 'static {
+    /// A ResourceClaim, `None` when it does not exist.
+    fn get_claim(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ResourceClaim>, ApiError>> + Send;
+    /// A ResourceClaimTemplate, `None` when it does not exist.
+    fn get_claim_template(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ResourceClaimTemplate>, ApiError>> + Send;
+    /// A DeviceClass, `None` when it does not exist.
+    fn get_device_class(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<DeviceClass>, ApiError>> + Send;
+    /// A pod, `None` when it does not exist.
+    fn get_pod(&self, ns: &str, name: &str) -> impl Future<Output = Result<Option<Pod>, ApiError>> + Send;
+    /// Creates a ResourceClaim (validated but not stored when `dry_run`).
+    fn create_claim(
+        &self,
+        claim: &ResourceClaim,
+        dry_run: bool,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// Deletes a ResourceClaim; one that does not exist is no error.
+    fn delete_claim(&self, ns: &str, name: &str) -> impl Future<Output = Result<(), ApiError>> + Send;
+}
+
+// === impl KubeApi ===
+
+/// [`ClusterApi`] over a `kube::Client`.
+#[derive(Clone)]
+pub struct KubeApi {
+    client: kube::Client,
+}
+
+impl fmt::Debug for KubeApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KubeApi").finish_non_exhaustive()
+    }
+}
+
+impl KubeApi {
+    /// Uses `client` for every call.
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+}
+
+fn kube_error(action: String, e: kube::Error) -> ApiError {
+    let already_exists = matches!(&e, kube::Error::Api(s) if s.code == 409);
+    ApiError { action, message: e.to_string(), already_exists }
+}
+
+impl ClusterApi for KubeApi {
+    async fn get_claim(&self, ns: &str, name: &str) -> Result<Option<ResourceClaim>, ApiError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
+        api.get_opt(name).await.map_err(|e| kube_error(format!("get ResourceClaim {ns}/{name}"), e))
+    }
+
+    async fn get_claim_template(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<ResourceClaimTemplate>, ApiError> {
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
+        api.get_opt(name).await.map_err(|e| kube_error(format!("get ResourceClaimTemplate {ns}/{name}"), e))
+    }
+
+    async fn get_device_class(&self, name: &str) -> Result<Option<DeviceClass>, ApiError> {
+        let api: Api<DeviceClass> = Api::all(self.client.clone());
+        api.get_opt(name).await.map_err(|e| kube_error(format!("get DeviceClass {name}"), e))
+    }
+
+    async fn get_pod(&self, ns: &str, name: &str) -> Result<Option<Pod>, ApiError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        api.get_opt(name).await.map_err(|e| kube_error(format!("get Pod {ns}/{name}"), e))
+    }
+
+    async fn create_claim(&self, claim: &ResourceClaim, dry_run: bool) -> Result<(), ApiError> {
+        let ns = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &ns);
+        let params = PostParams { dry_run, ..PostParams::default() };
+        api.create(&params, claim)
+            .await
+            .map(|_| ())
+            .map_err(|e| kube_error(format!("create ResourceClaim {ns}/{name}"), e))
+    }
+
+    async fn delete_claim(&self, ns: &str, name: &str) -> Result<(), ApiError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(kube_error(format!("delete ResourceClaim {ns}/{name}"), e)),
+        }
+    }
+}
+
+// === impl MemoryApi ===
+
+#[derive(Debug, Default)]
+struct MemoryState {
+    claims: BTreeMap<(String, String), ResourceClaim>,
+    templates: BTreeMap<(String, String), ResourceClaimTemplate>,
+    classes: BTreeMap<String, DeviceClass>,
+    pods: BTreeMap<(String, String), Pod>,
+    fail_creates: u32,
+    creates: u32,
+    deletes: Vec<(String, String)>,
+}
+
+/// [`ClusterApi`] over in-memory maps, for tests.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryApi {
+    state: Arc<Mutex<MemoryState>>,
+}
+
+fn key(ns: Option<&String>, name: Option<&String>) -> (String, String) {
+    (ns.cloned().unwrap_or_default(), name.cloned().unwrap_or_default())
+}
+
+impl MemoryApi {
+    /// Empty maps.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, MemoryState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Stores a ResourceClaim.
+    pub fn put_claim(&self, claim: ResourceClaim) {
+        let k = key(claim.metadata.namespace.as_ref(), claim.metadata.name.as_ref());
+        self.lock().claims.insert(k, claim);
+    }
+
+    /// Stores a ResourceClaimTemplate.
+    pub fn put_template(&self, template: ResourceClaimTemplate) {
+        let k = key(template.metadata.namespace.as_ref(), template.metadata.name.as_ref());
+        self.lock().templates.insert(k, template);
+    }
+
+    /// Stores a DeviceClass.
+    pub fn put_device_class(&self, class: DeviceClass) {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        self.lock().classes.insert(name, class);
+    }
+
+    /// Stores a pod.
+    pub fn put_pod(&self, pod: Pod) {
+        let k = key(pod.metadata.namespace.as_ref(), pod.metadata.name.as_ref());
+        self.lock().pods.insert(k, pod);
+    }
+
+    /// Every stored ResourceClaim, by namespace and name.
+    pub fn claims(&self) -> Vec<ResourceClaim> {
+        self.lock().claims.values().cloned().collect()
+    }
+
+    /// The next `n` creates fail (after which creates succeed again).
+    pub fn fail_next_creates(&self, n: u32) {
+        self.lock().fail_creates = n;
+    }
+
+    /// Create calls so far (dry runs included, failed ones too).
+    pub fn create_calls(&self) -> u32 {
+        self.lock().creates
+    }
+
+    /// Claims deleted so far, in order.
+    pub fn deleted(&self) -> Vec<(String, String)> {
+        self.lock().deletes.clone()
+    }
+}
+
+impl ClusterApi for MemoryApi {
+    async fn get_claim(&self, ns: &str, name: &str) -> Result<Option<ResourceClaim>, ApiError> {
+        Ok(self.lock().claims.get(&(ns.to_owned(), name.to_owned())).cloned())
+    }
+
+    async fn get_claim_template(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<ResourceClaimTemplate>, ApiError> {
+        Ok(self.lock().templates.get(&(ns.to_owned(), name.to_owned())).cloned())
+    }
+
+    async fn get_device_class(&self, name: &str) -> Result<Option<DeviceClass>, ApiError> {
+        Ok(self.lock().classes.get(name).cloned())
+    }
+
+    async fn get_pod(&self, ns: &str, name: &str) -> Result<Option<Pod>, ApiError> {
+        Ok(self.lock().pods.get(&(ns.to_owned(), name.to_owned())).cloned())
+    }
+
+    async fn create_claim(&self, claim: &ResourceClaim, dry_run: bool) -> Result<(), ApiError> {
+        let k = key(claim.metadata.namespace.as_ref(), claim.metadata.name.as_ref());
+        let action = format!("create ResourceClaim {}/{}", k.0, k.1);
+        let mut s = self.lock();
+        s.creates += 1;
+        if s.fail_creates > 0 {
+            s.fail_creates -= 1;
+            return Err(ApiError::new(action, "injected failure"));
+        }
+        if s.claims.contains_key(&k) {
+            return Err(ApiError { already_exists: true, ..ApiError::new(action, "already exists") });
+        }
+        if !dry_run {
+            s.claims.insert(k, claim.clone());
+        }
+        Ok(())
+    }
+
+    async fn delete_claim(&self, ns: &str, name: &str) -> Result<(), ApiError> {
+        let mut s = self.lock();
+        s.deletes.push((ns.to_owned(), name.to_owned()));
+        s.claims.remove(&(ns.to_owned(), name.to_owned()));
+        Ok(())
+    }
+}

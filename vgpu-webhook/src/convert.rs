@@ -1,0 +1,396 @@
+//! Device-plugin → DRA conversion (`--default-convert2-dra`): the `vgpu-manager.io/original-resources` record
+//! the mutation leaves on the pod, and the `resource.k8s.io/v1` ResourceClaims `/pods/validate` creates from it.
+//!
+//! # The record
+//!
+//! JSON array, one entry per converted container, in container order (init containers first):
+//! `[{"name":"main","claimName":"web-main-1a2b3c4d","requestName":"vgpu","resources":{"nvidia.com/vgpu-cores":"100","nvidia.com/vgpu-memory":"0","nvidia.com/vgpu-number":"1"}}]`
+//! (quantities as strings, keys sorted, as Go's `encoding/json` writes vgpu-manager's `ResourceInfos`).
+//!
+//! # The claims
+//!
+//! | field | value |
+//! |---|---|
+//! | name | the record's `claimName` (per container, or one per pod with `--combined-resource-claim`) |
+//! | labels | [`OWNER_KEY_LABEL`] = `<namespace>-<pod>`, [`CREATE_TIMESTAMP_LABEL`] = creation time in ms |
+//! | annotations | the pod's `vgpu-compute-policy` annotation, when set |
+//! | `spec.devices.requests[]` | one per container: name = `requestName`, `exactly{deviceClassName, allocationMode: ExactCount, count: number, capacity.requests{cores, memory: MiB × 1Mi}}` (a zero quantity is left out) |
+//! | selectors (CEL) | `type == "vgpu"`; include/exclude UUIDs (lower-case `in`); include/exclude product names (upper-case `in`); memory policy `memoryRatio > 100` (virtual) or `<= 100` (physical) |
+//! | `spec.devices.constraints` | for a request of more than one device: distinct `manager.nvidia.com/uuid`; with topology mode `link*` also a matching `resource.kubernetes.io/pcieRoot`, with `numa*` a matching `resource.kubernetes.io/numaNode` |
+//!
+//! Values placed in CEL string literals are escaped (`\` and `"`), so an annotation cannot change the
+//! expression's meaning.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{
+    CELDeviceSelector, CapacityRequirements, DeviceClaim, DeviceConstraint, DeviceRequest, DeviceSelector,
+    ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+use vgpu_core::alloc::parse_quantity;
+use vgpu_core::codec::device_filter::SubstringList;
+use vgpu_core::domain::{CREATE_TIMESTAMP_LABEL, OWNER_KEY_LABEL, ResourceDomain};
+use vgpu_core::model::{MemoryPolicy, TopologyMode};
+
+/// The DRA driver name of vGPU devices (`vgpu_dra::DRIVER_NAME`; kept here so the webhook does not build the
+/// kubelet plugin).
+pub const DRA_DRIVER_NAME: &str = "manager.nvidia.com";
+/// The DRA device type of vGPU devices (attribute `type`), also the request name of per-container claims.
+pub const VGPU_DEVICE_TYPE: &str = "vgpu";
+/// Capacity name of the cores share.
+pub const CAPACITY_CORES: &str = "cores";
+/// Capacity name of the memory share.
+pub const CAPACITY_MEMORY: &str = "memory";
+/// Standard attribute of a device's PCIe root.
+pub const PCIE_ROOT_ATTRIBUTE: &str = "resource.kubernetes.io/pcieRoot";
+/// Standard attribute of a device's NUMA node.
+pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
+/// Longest accepted `original-resources` value (vgpu-manager's pod annotation cap).
+pub const MAX_RECORD_BYTES: usize = 1 << 20;
+
+/// One converted container in the `original-resources` record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceInfo {
+    /// Container name.
+    pub name: String,
+    /// ResourceClaim (and pod claim) name.
+    pub claim_name: String,
+    /// Request name inside the claim.
+    pub request_name: String,
+    /// Resource name → quantity text (`vgpu-number`, `vgpu-cores`, `vgpu-memory`).
+    #[serde(default)]
+    pub resources: BTreeMap<String, String>,
+}
+
+/// A record that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// Not the JSON array of entries.
+    #[error(
+        "invalid {annotation} annotation: {reason}; expected a JSON array of {{name, claimName, requestName, resources}}"
+    )]
+    Json {
+        /// The annotation key.
+        annotation: &'static str,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// Longer than [`MAX_RECORD_BYTES`].
+    #[error("invalid {annotation} annotation: {len} bytes, more than the {MAX_RECORD_BYTES} allowed")]
+    TooLong {
+        /// The annotation key.
+        annotation: &'static str,
+        /// The value's length.
+        len: usize,
+    },
+}
+
+/// Decodes the `original-resources` record.
+pub fn decode_record(value: &str) -> Result<Vec<ResourceInfo>, RecordError> {
+    let annotation = vgpu_core::domain::ORIGINAL_RESOURCES_ANNOTATION;
+    if value.len() > MAX_RECORD_BYTES {
+        return Err(RecordError::TooLong { annotation, len: value.len() });
+    }
+    serde_json::from_str(value).map_err(|e| RecordError::Json { annotation, reason: e.to_string() })
+}
+
+/// Encodes the `original-resources` record.
+pub fn encode_record(infos: &[ResourceInfo]) -> String {
+    // Plain strings and maps of strings: serialisation cannot fail; fall back to an empty array regardless.
+    serde_json::to_string(infos).unwrap_or_else(|_| "[]".to_owned())
+}
+
+/// Whether every entry of a record names the same claim (one combined claim for the pod).
+pub fn is_combined(infos: &[ResourceInfo]) -> bool {
+    infos.first().is_some_and(|first| infos.iter().all(|i| i.claim_name == first.claim_name))
+}
+
+/// The quantities of one record entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecordedRequest {
+    /// vGPUs.
+    pub number: u64,
+    /// Cores per vGPU.
+    pub cores: u64,
+    /// Memory per vGPU in MiB.
+    pub memory: u64,
+}
+
+impl ResourceInfo {
+    /// The entry's quantities (a missing or unreadable quantity counts as 0).
+    pub fn request(&self, domain: &ResourceDomain) -> RecordedRequest {
+        let q = |key: String| self.resources.get(&key).and_then(|v| parse_quantity(v)).unwrap_or(0);
+        RecordedRequest {
+            number: q(domain.vgpu_number()),
+            cores: q(domain.vgpu_cores()),
+            memory: q(domain.vgpu_memory()),
+        }
+    }
+}
+
+fn cel_string(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn cel_list(values: &[String]) -> String {
+    let items: Vec<String> = values.iter().map(|v| cel_string(v)).collect();
+    format!("[{}]", items.join(","))
+}
+
+fn attribute(name: &str) -> String {
+    format!("device.attributes[{}].{name}", cel_string(DRA_DRIVER_NAME))
+}
+
+fn selector(expression: String) -> DeviceSelector {
+    DeviceSelector { cel: Some(CELDeviceSelector { expression }) }
+}
+
+/// The CEL selectors of a converted pod's requests (module docs), from its annotations.
+pub fn device_selectors(pod: &Pod, domain: &ResourceDomain) -> Vec<DeviceSelector> {
+    let annotations = pod.metadata.annotations.as_ref();
+    let get = |key: String| annotations.and_then(|a| a.get(&key)).map(String::as_str);
+    let mut out = vec![selector(format!("{} == {}", attribute("type"), cel_string(VGPU_DEVICE_TYPE)))];
+    let lower = |list: SubstringList| list.entries().iter().map(|e| e.to_lowercase()).collect::<Vec<_>>();
+    if let Some(list) = get(domain.include_gpu_uuid()).and_then(SubstringList::decode) {
+        out.push(selector(format!("{} in {}", attribute("uuid"), cel_list(&lower(list)))));
+    }
+    if let Some(list) = get(domain.exclude_gpu_uuid()).and_then(SubstringList::decode) {
+        out.push(selector(format!("!({} in {})", attribute("uuid"), cel_list(&lower(list)))));
+    }
+    if let Some(list) = get(domain.include_gpu_type()).and_then(SubstringList::decode) {
+        out.push(selector(format!("{} in {}", attribute("productName"), cel_list(list.entries()))));
+    }
+    if let Some(list) = get(domain.exclude_gpu_type()).and_then(SubstringList::decode) {
+        out.push(selector(format!("!({} in {})", attribute("productName"), cel_list(list.entries()))));
+    }
+    match get(domain.memory_scheduler_policy()).and_then(|v| v.parse::<MemoryPolicy>().ok()) {
+        Some(MemoryPolicy::Virtual) => out.push(selector(format!("{} > 100", attribute("memoryRatio")))),
+        Some(MemoryPolicy::Physical) => out.push(selector(format!("{} <= 100", attribute("memoryRatio")))),
+        None => {}
+    }
+    out
+}
+
+/// The device request of one record entry (module docs).
+pub fn device_request(
+    pod: &Pod,
+    domain: &ResourceDomain,
+    device_class: &str,
+    info: &ResourceInfo,
+) -> DeviceRequest {
+    let r = info.request(domain);
+    let mut capacity = BTreeMap::new();
+    if r.cores > 0 {
+        capacity.insert(CAPACITY_CORES.to_owned(), Quantity(r.cores.to_string()));
+    }
+    if r.memory > 0 {
+        capacity.insert(CAPACITY_MEMORY.to_owned(), Quantity(format!("{}Mi", r.memory)));
+    }
+    DeviceRequest {
+        name: info.request_name.clone(),
+        exactly: Some(ExactDeviceRequest {
+            device_class_name: device_class.to_owned(),
+            allocation_mode: Some("ExactCount".to_owned()),
+            count: Some(i64::try_from(r.number).unwrap_or(i64::MAX)),
+            capacity: Some(CapacityRequirements { requests: Some(capacity) }),
+            selectors: Some(device_selectors(pod, domain)),
+            ..ExactDeviceRequest::default()
+        }),
+        first_available: None,
+    }
+}
+
+/// Builds the ResourceClaim `name` holding `requests` for `pod` (module docs). `created_ms` is the
+/// creation-timestamp label value.
+pub fn resource_claim(
+    pod: &Pod,
+    domain: &ResourceDomain,
+    name: &str,
+    requests: Vec<DeviceRequest>,
+    created_ms: u128,
+) -> ResourceClaim {
+    let mode = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&domain.device_topology_mode()))
+        .and_then(|v| v.parse::<TopologyMode>().ok())
+        .unwrap_or_default()
+        .base();
+    let mut constraints = Vec::new();
+    for request in &requests {
+        let many = request.exactly.as_ref().is_some_and(|e| e.count.unwrap_or(1) > 1);
+        if !many {
+            continue;
+        }
+        constraints.push(DeviceConstraint {
+            requests: Some(vec![request.name.clone()]),
+            distinct_attribute: Some(format!("{DRA_DRIVER_NAME}/uuid")),
+            match_attribute: None,
+        });
+        let matching = match mode {
+            TopologyMode::Link => Some(PCIE_ROOT_ATTRIBUTE),
+            TopologyMode::Numa => Some(NUMA_NODE_ATTRIBUTE),
+            _ => None,
+        };
+        if let Some(attr) = matching {
+            constraints.push(DeviceConstraint {
+                requests: Some(vec![request.name.clone()]),
+                distinct_attribute: None,
+                match_attribute: Some(attr.to_owned()),
+            });
+        }
+    }
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let owner = format!("{namespace}-{}", pod.metadata.name.as_deref().unwrap_or_default());
+    let labels = BTreeMap::from([
+        (OWNER_KEY_LABEL.to_owned(), owner),
+        (CREATE_TIMESTAMP_LABEL.to_owned(), created_ms.to_string()),
+    ]);
+    let policy_key = domain.vgpu_compute_policy();
+    let annotations = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&policy_key))
+        .map(|v| BTreeMap::from([(policy_key.clone(), v.clone())]));
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace),
+            labels: Some(labels),
+            annotations,
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                config: None,
+                constraints: (!constraints.is_empty()).then_some(constraints),
+                requests: Some(requests),
+            }),
+        }),
+        status: None,
+    }
+}
+
+/// Owner-key label value of a pod's generated claims.
+pub fn owner_key(pod: &Pod) -> String {
+    format!(
+        "{}-{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn pod(annotations: &[(&str, &str)]) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("web".into());
+        p.metadata.namespace = Some("ml".into());
+        p.metadata.annotations =
+            Some(annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
+        p
+    }
+
+    #[test]
+    fn record_round_trip_and_errors() {
+        let text = r#"[{"name":"main","claimName":"web-main-1","requestName":"vgpu","resources":{"nvidia.com/vgpu-cores":"100","nvidia.com/vgpu-memory":"0","nvidia.com/vgpu-number":"2"}}]"#;
+        let infos = decode_record(text).unwrap();
+        assert_eq!(encode_record(&infos), text);
+        assert_eq!(
+            infos[0].request(&ResourceDomain::default()),
+            RecordedRequest { number: 2, cores: 100, memory: 0 }
+        );
+        assert!(is_combined(&infos));
+        let err = decode_record("[").unwrap_err().to_string();
+        assert!(err.starts_with("invalid vgpu-manager.io/original-resources annotation: EOF"), "{err}");
+        assert!(matches!(decode_record(&" ".repeat(MAX_RECORD_BYTES + 1)), Err(RecordError::TooLong { .. })));
+    }
+
+    #[test]
+    fn selectors_follow_the_annotations() {
+        let d = ResourceDomain::default();
+        let p = pod(&[
+            ("nvidia.com/include-gpu-uuid", "GPU-AAA, ,gpu-bbb"),
+            ("nvidia.com/exclude-gpu-uuid", "GPU-CCC"),
+            ("nvidia.com/include-gpu-type", "a100,h\"100"),
+            ("nvidia.com/exclude-gpu-type", "t4"),
+            ("nvidia.com/memory-scheduler-policy", "Virtualized"),
+        ]);
+        let exprs: Vec<String> =
+            device_selectors(&p, &d).into_iter().map(|s| s.cel.unwrap().expression).collect();
+        assert_eq!(
+            exprs,
+            [
+                r#"device.attributes["manager.nvidia.com"].type == "vgpu""#,
+                r#"device.attributes["manager.nvidia.com"].uuid in ["gpu-aaa","gpu-bbb"]"#,
+                r#"!(device.attributes["manager.nvidia.com"].uuid in ["gpu-ccc"])"#,
+                r#"device.attributes["manager.nvidia.com"].productName in ["A100","H\"100"]"#,
+                r#"!(device.attributes["manager.nvidia.com"].productName in ["T4"])"#,
+                r#"device.attributes["manager.nvidia.com"].memoryRatio > 100"#,
+            ]
+        );
+        let p = pod(&[("nvidia.com/memory-scheduler-policy", "physical")]);
+        let last = device_selectors(&p, &d).pop().unwrap().cel.unwrap().expression;
+        assert_eq!(last, r#"device.attributes["manager.nvidia.com"].memoryRatio <= 100"#);
+    }
+
+    #[test]
+    fn claim_of_a_multi_gpu_container() {
+        let d = ResourceDomain::default();
+        let p = pod(&[
+            ("nvidia.com/device-topology-mode", "link-strict"),
+            ("nvidia.com/vgpu-compute-policy", "balance"),
+        ]);
+        let info = ResourceInfo {
+            name: "main".into(),
+            claim_name: "web-main-x".into(),
+            request_name: "vgpu".into(),
+            resources: BTreeMap::from([
+                ("nvidia.com/vgpu-number".into(), "2".into()),
+                ("nvidia.com/vgpu-cores".into(), "50".into()),
+                ("nvidia.com/vgpu-memory".into(), "4096".into()),
+            ]),
+        };
+        let req = device_request(&p, &d, "vgpu-manager", &info);
+        let claim = resource_claim(&p, &d, "web-main-x", vec![req], 1_700_000_000_000);
+        let json = serde_json::to_value(&claim).unwrap();
+        assert_eq!(json["metadata"]["labels"]["vgpu-manager.io/owner-key"], "ml-web");
+        assert_eq!(json["metadata"]["labels"]["vgpu-manager.io/create-timestamp"], "1700000000000");
+        assert_eq!(json["metadata"]["annotations"]["nvidia.com/vgpu-compute-policy"], "balance");
+        let exactly = &json["spec"]["devices"]["requests"][0]["exactly"];
+        assert_eq!(exactly["deviceClassName"], "vgpu-manager");
+        assert_eq!(exactly["allocationMode"], "ExactCount");
+        assert_eq!(exactly["count"], 2);
+        assert_eq!(exactly["capacity"]["requests"], serde_json::json!({"cores": "50", "memory": "4096Mi"}));
+        assert_eq!(
+            json["spec"]["devices"]["constraints"],
+            serde_json::json!([
+                {"requests": ["vgpu"], "distinctAttribute": "manager.nvidia.com/uuid"},
+                {"requests": ["vgpu"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}
+            ])
+        );
+    }
+}

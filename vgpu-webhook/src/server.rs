@@ -1,0 +1,207 @@
+//! The HTTPS server: the routes of [`crate::admit`] as an axum [`Router`], served by
+//! [`vgpu_serve::http::serve`] with TLS from [`vgpu_serve::tls`] (the certificate is re-read when its files
+//! change).
+//!
+//! | route | answer |
+//! |---|---|
+//! | `POST /pods/mutate` | AdmissionReview ([`Admission::mutate_pods`]) |
+//! | `POST /pods/validate` | AdmissionReview ([`Admission::validate_pods`]) |
+//! | `POST /resourceclaims/validate` | AdmissionReview ([`Admission::validate_claims`]) |
+//! | `GET /healthz` | 200 `ok` |
+//! | `GET /readyz` | 200 `ok` (the webhook keeps no cache to wait for) |
+//!
+//! A body that is not an AdmissionReview request gets 400 with the reason as text; a body over
+//! [`MAX_BODY_BYTES`] 413; one that does not arrive within the read timeout 408.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use kube::core::DynamicObject;
+use kube::core::admission::AdmissionReview;
+use tokio::net::TcpListener;
+use vgpu_serve::http::{HttpTimeouts, RequestStart, read_body};
+use vgpu_serve::tls::{TlsError, TlsFiles};
+
+use crate::admit::Admission;
+use crate::api::ClusterApi;
+use crate::review::ReviewError;
+
+/// Largest accepted request body (the extender's cap; the API server sends objects of at most ~3 MiB).
+pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+/// Mutation route.
+pub const MUTATE_PODS_PATH: &str = "/pods/mutate";
+/// Pod validation route.
+pub const VALIDATE_PODS_PATH: &str = "/pods/validate";
+/// ResourceClaim validation route.
+pub const VALIDATE_CLAIMS_PATH: &str = "/resourceclaims/validate";
+
+/// Where and how the server listens.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Listen address (`0.0.0.0:<--server-bind-port>`).
+    pub bind_address: SocketAddr,
+    /// Certificate and key (`<--cert-dir>/<--tls-cert-name>`, `<--cert-dir>/<--tls-key-name>`).
+    pub tls: TlsFiles,
+    /// Header and request timeouts.
+    pub timeouts: HttpTimeouts,
+}
+
+impl ServerConfig {
+    /// Listens on `bind_address` with the certificate files `cert_file` and `key_file` and the default timeouts.
+    pub fn new(
+        bind_address: SocketAddr,
+        cert_file: impl Into<PathBuf>,
+        key_file: impl Into<PathBuf>,
+    ) -> Self {
+        Self { bind_address, tls: TlsFiles::new(cert_file, key_file), timeouts: HttpTimeouts::default() }
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The certificate files could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+struct AppState<C> {
+    admission: Arc<Admission<C>>,
+    read_timeout: Duration,
+}
+
+impl<C> Clone for AppState<C> {
+    fn clone(&self) -> Self {
+        Self { admission: self.admission.clone(), read_timeout: self.read_timeout }
+    }
+}
+
+/// The routes (module docs), reading bodies within `read_timeout` of the request's first byte.
+pub fn router<C: ClusterApi>(admission: Arc<Admission<C>>, read_timeout: Duration) -> Router {
+    let state = AppState { admission, read_timeout };
+    Router::new()
+        .route(MUTATE_PODS_PATH, post(mutate_pods::<C>))
+        .route(VALIDATE_PODS_PATH, post(validate_pods::<C>))
+        .route(VALIDATE_CLAIMS_PATH, post(validate_claims::<C>))
+        .route(vgpu_serve::http::HEALTHZ_PATH, get(|| async { "ok" }))
+        .route(vgpu_serve::http::READYZ_PATH, get(|| async { "ok" }))
+        .with_state(state)
+}
+
+async fn body_of<C>(
+    state: &AppState<C>,
+    headers: &HeaderMap,
+    start: Option<Extension<RequestStart>>,
+    body: Body,
+) -> Result<axum::body::Bytes, Response> {
+    read_body(headers, body, start.map(|Extension(s)| s), MAX_BODY_BYTES, state.read_timeout)
+        .await
+        .map_err(|e| (e.status(), format!("{e}\n")).into_response())
+}
+
+fn answer(result: Result<AdmissionReview<DynamicObject>, ReviewError>) -> Response {
+    match result {
+        Ok(review) => match serde_json::to_vec(&review) {
+            Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+            Err(e) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode the AdmissionReview: {e}\n"))
+                    .into_response()
+            }
+        },
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    }
+}
+
+async fn mutate_pods<C: ClusterApi>(
+    State(s): State<AppState<C>>,
+    start: Option<Extension<RequestStart>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match body_of(&s, &headers, start, body).await {
+        Ok(bytes) => answer(s.admission.mutate_pods(&bytes)),
+        Err(r) => r,
+    }
+}
+
+async fn validate_pods<C: ClusterApi>(
+    State(s): State<AppState<C>>,
+    start: Option<Extension<RequestStart>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match body_of(&s, &headers, start, body).await {
+        Ok(bytes) => answer(s.admission.validate_pods(&bytes).await),
+        Err(r) => r,
+    }
+}
+
+async fn validate_claims<C: ClusterApi>(
+    State(s): State<AppState<C>>,
+    start: Option<Extension<RequestStart>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match body_of(&s, &headers, start, body).await {
+        Ok(bytes) => answer(s.admission.validate_claims(&bytes)),
+        Err(r) => r,
+    }
+}
+
+/// Serves [`router`] over TLS on an already bound `listener` until `shutdown` completes. The certificate files
+/// are re-read while it runs (a rotated certificate is served without a restart).
+pub async fn serve<C, F>(
+    listener: TcpListener,
+    admission: Arc<Admission<C>>,
+    tls: &TlsFiles,
+    timeouts: HttpTimeouts,
+    shutdown: F,
+) -> Result<(), ServerError>
+where
+    C: ClusterApi,
+    F: Future<Output = ()> + Send,
+{
+    let tls = tls.start()?;
+    let app = router(admission, timeouts.read_timeout);
+    vgpu_serve::http::serve(listener, app, Some(tls.acceptor().clone()), &timeouts, shutdown).await;
+    // Dropping `tls` stops its refreshers.
+    drop(tls);
+    Ok(())
+}
+
+/// Binds [`ServerConfig::bind_address`] and [`serve`]s until `shutdown` completes.
+pub async fn run<C, F>(
+    config: ServerConfig,
+    admission: Arc<Admission<C>>,
+    shutdown: F,
+) -> Result<(), ServerError>
+where
+    C: ClusterApi,
+    F: Future<Output = ()> + Send,
+{
+    // Load the certificate before binding, so a bad file fails before the port is taken.
+    drop(config.tls.start()?);
+    let listener = TcpListener::bind(config.bind_address)
+        .await
+        .map_err(|source| ServerError::Bind { addr: config.bind_address, source })?;
+    serve(listener, admission, &config.tls, config.timeouts, shutdown).await
+}
