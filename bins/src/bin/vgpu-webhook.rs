@@ -1,8 +1,154 @@
-//! `vgpu-webhook`: the admission webhook (being built, issue #19).
+//! `vgpu-webhook`: the admission webhook (contract §1.4, §10).
+//!
+//! Thin wiring: parse and validate flags (exit 2 naming the flag) → Kubernetes client → HTTPS server with the
+//! certificate `<--cert-dir>/<--tls-cert-name>` and key `<--cert-dir>/<--tls-key-name>` (re-read when they
+//! change, so cert-manager rotations need no restart) until SIGTERM/SIGINT. Routes: `/pods/mutate`,
+//! `/pods/validate`, `/resourceclaims/validate`, `/healthz`, `/readyz` (see the `vgpu_webhook` crate docs).
+//! The webhook has no feature gates (vgpu-manager registers none for it).
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use vgpu_bins::{init_tracing, kube_client, shutdown_signal};
+use vgpu_core::domain::ResourceDomain;
+use vgpu_webhook::admit::Admission;
+use vgpu_webhook::api::KubeApi;
+use vgpu_webhook::config::{self, WebhookConfig};
+use vgpu_webhook::server::ServerConfig;
+
+/// The vgpu admission webhook: pod mutation and validation, device-plugin → DRA conversion.
+#[derive(Debug, Parser)]
+#[command(name = "vgpu-webhook", version, about)]
+struct Cli {
+    /// Port of the HTTPS server (1-65535).
+    #[arg(long, default_value_t = 9443)]
+    server_bind_port: u16,
+    /// Address of the HTTPS server.
+    #[arg(long, value_name = "IP", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
+    server_bind_address: IpAddr,
+    /// Directory holding the serving certificate and key.
+    #[arg(long, default_value = "/tmp/k8s-webhook-server/serving-certs")]
+    cert_dir: PathBuf,
+    /// Certificate file name in --cert-dir (PEM chain, leaf first).
+    #[arg(long, default_value = "tls.crt")]
+    tls_cert_name: String,
+    /// Key file name in --cert-dir (PEM).
+    #[arg(long, default_value = "tls.key")]
+    tls_key_name: String,
+    /// Scheduler name set on vGPU pods that name none (or default-scheduler); empty: leave it.
+    #[arg(long, default_value = "")]
+    scheduler_name: String,
+    /// Default node scheduling policy of vGPU pods: binpack or spread (empty: none).
+    #[arg(long, default_value = "")]
+    default_node_policy: String,
+    /// Default device scheduling policy of vGPU pods: binpack or spread (empty: none).
+    #[arg(long, default_value = "")]
+    default_device_policy: String,
+    /// Default topology mode of pods with a multi-GPU container: numa, numa-strict, link or link-strict.
+    #[arg(long, default_value = "")]
+    default_topology_mode: String,
+    /// Default runtimeClassName of vGPU pods (empty: none).
+    #[arg(long, default_value = "")]
+    default_runtime_class: String,
+    /// DeviceClass of the ResourceClaims made by the DRA conversion.
+    #[arg(long, default_value = config::DEFAULT_DEVICE_CLASS_NAME)]
+    vgpu_device_class_name: String,
+    /// Enforce the DRA claim-sharing rules in /pods/validate and /resourceclaims/validate.
+    #[arg(long)]
+    dra_admission_enabled: bool,
+    /// Convert vGPU extended resources into DRA ResourceClaims.
+    #[arg(long = "default-convert2-dra")]
+    default_convert2_dra: bool,
+    /// One ResourceClaim per pod instead of one per container (requires --default-convert2-dra).
+    #[arg(long)]
+    combined_resource_claim: bool,
+    /// Resource and annotation domain.
+    #[arg(long, default_value = "nvidia.com")]
+    domain: String,
+    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
+fn bad_flag(err: impl std::fmt::Display) -> ExitCode {
+    eprintln!("vgpu-webhook: {err}");
+    ExitCode::from(2)
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    let t = s.trim();
+    (!t.is_empty()).then(|| t.to_owned())
+}
+
+/// The resolved configuration, or the message naming the flag.
+fn webhook_config(cli: &Cli) -> Result<WebhookConfig, String> {
+    if cli.server_bind_port == 0 {
+        return Err("invalid --server-bind-port 0: expected a port in 1..65535".to_owned());
+    }
+    let domain = ResourceDomain::new(&cli.domain).map_err(|e| format!("invalid --domain: {e}"))?;
+    let config = WebhookConfig {
+        domain,
+        scheduler_name: non_empty(&cli.scheduler_name),
+        default_node_policy: config::parse_default_policy("default-node-policy", &cli.default_node_policy)
+            .map_err(|e| e.to_string())?,
+        default_device_policy: config::parse_default_policy(
+            "default-device-policy",
+            &cli.default_device_policy,
+        )
+        .map_err(|e| e.to_string())?,
+        default_topology_mode: config::parse_default_topology_mode(&cli.default_topology_mode)
+            .map_err(|e| e.to_string())?,
+        default_runtime_class: non_empty(&cli.default_runtime_class),
+        device_class_name: cli.vgpu_device_class_name.trim().to_owned(),
+        dra_admission: cli.dra_admission_enabled,
+        convert_to_dra: cli.default_convert2_dra,
+        combined_claim: cli.combined_resource_claim,
+    };
+    config.validate().map_err(|e| e.to_string())?;
+    for (flag, name) in [("tls-cert-name", &cli.tls_cert_name), ("tls-key-name", &cli.tls_key_name)] {
+        if name.trim().is_empty() {
+            return Err(format!("invalid --{flag} \"\": expected a file name in --cert-dir"));
+        }
+    }
+    Ok(config)
+}
+
+async fn run(cli: Cli, config: WebhookConfig) -> anyhow::Result<()> {
+    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let server = ServerConfig::new(
+        SocketAddr::new(cli.server_bind_address, cli.server_bind_port),
+        cli.cert_dir.join(&cli.tls_cert_name),
+        cli.cert_dir.join(&cli.tls_key_name),
+    );
+    tracing::info!(address = %server.bind_address, config = ?config, "serving the admission webhook");
+    let admission = Arc::new(Admission::new(config, KubeApi::new(client)));
+    let shutdown = shutdown_signal()?;
+    vgpu_webhook::server::run(server, admission, shutdown).await.context("the HTTPS server")
+}
 
 fn main() -> ExitCode {
-    eprintln!("vgpu-webhook: not implemented yet (issue #19)");
-    ExitCode::from(1)
+    let cli = Cli::parse();
+    init_tracing();
+    let config = match webhook_config(&cli) {
+        Ok(c) => c,
+        Err(e) => return bad_flag(e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vgpu-webhook: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-webhook: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
