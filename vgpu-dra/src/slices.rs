@@ -34,7 +34,8 @@
 //! of the same pool and generation, named `<node>-<driver>-<i>` (a long node name is cut and hashed to stay
 //! within 253 characters), each with `resourceSliceCount` = the number of slices.
 //!
-//! The republish rule, the store seam and the run loop are in [`publisher`] and [`store`].
+//! The republish rule, the store seam and the run loop are in [`publisher`] and [`store`]; the DeviceClasses
+//! selecting these devices in [`classes`].
 //!
 //! ```
 //! use std::sync::Arc;
@@ -55,6 +56,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod classes;
 pub mod publisher;
 pub mod store;
 
