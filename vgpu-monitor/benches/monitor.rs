@@ -1,0 +1,88 @@
+//! One scrape of a node with 100 containers × 8 GPUs (files on tmpfs when `/dev/shm` exists, mock
+//! backend with one process and one sample per container and GPU): `NodeCollector::gather` plus the
+//! Prometheus text encoding, as `/metrics` does it, with `VirtualMemoryTracking` off and on. Prints the
+//! page size once. Allocations are not counted: a counting global allocator needs `unsafe impl
+//! GlobalAlloc`, and the workspace forbids `unsafe_code`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::{hint::black_box, sync::Arc};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use support::{Claim, Container, Proc};
+use vgpu_core::backend::mock::MockBackend;
+use vgpu_monitor::{
+    cgroup::CgroupLayout,
+    collect::{MonitorConfig, NodeCollector},
+    metrics,
+    pods::InMemoryPods,
+    server::{MonitorServer, ServerConfig},
+};
+
+const GPUS: u32 = 8;
+const CONTAINERS: u32 = 100;
+
+fn node(vmem: bool) -> (tempfile::TempDir, Arc<MonitorServer>) {
+    let dir = support::scratch();
+    let (manager, cgroup) = (dir.path().join("manager"), dir.path().join("cgroup"));
+    std::fs::create_dir_all(&cgroup).unwrap();
+    let mut procs = Vec::new();
+    let mut pods = Vec::new();
+    for i in 0..CONTAINERS {
+        let pid = 10_000 + i;
+        let c = Container {
+            pod: format!("pod-{i}"),
+            namespace: "bench".into(),
+            uid: format!("uid-{i}"),
+            name: "main".into(),
+            id: format!("ctr{i}"),
+            pids: vec![pid],
+            claims: (0..GPUS).map(|gpu| Claim { gpu, cores: 10, memory_mib: 2048 }).collect(),
+            vmem: vmem.then(|| vec![1 << 20; GPUS as usize]),
+        };
+        for gpu in 0..GPUS {
+            procs.push(Proc { gpu, pid, used_mib: 100, sm: 5, enc: 0, dec: 0 });
+        }
+        support::write_files(&c, &manager, &cgroup);
+        pods.push(support::pod(&c));
+    }
+    let backend = Arc::new(MockBackend::from_yaml_str(&support::mock_yaml(GPUS, &procs)).unwrap());
+    let mut config = MonitorConfig::new("node-1");
+    config.manager_dir = manager;
+    config.cgroup = CgroupLayout { root: cgroup, ..CgroupLayout::default() };
+    config.vmem_tracking = vmem;
+    let pods = Arc::new(InMemoryPods::new(pods));
+    let collector = Arc::new(NodeCollector::new(config, backend, pods.clone()));
+    let mut registry = metrics::new_registry();
+    metrics::register(&mut registry, collector);
+    (dir, MonitorServer::new(registry, pods, ServerConfig::default()))
+}
+
+fn scrape(c: &mut Criterion) {
+    for vmem in [false, true] {
+        let (_dir, server) = node(vmem);
+        let page = server.render(false).unwrap();
+        assert_eq!(
+            page.matches("container_vgpu_device_memory_limit_in_bytes{").count(),
+            (CONTAINERS * GPUS) as usize
+        );
+        eprintln!(
+            "monitor scrape (vmem={vmem}): {} bytes Prometheus text, {} bytes OpenMetrics, {} lines",
+            page.len(),
+            server.render(true).unwrap().len(),
+            page.lines().count()
+        );
+        let name = if vmem { "scrape_100x8_vmem" } else { "scrape_100x8" };
+        c.bench_function(name, |b| b.iter(|| black_box(server.render(false).unwrap())));
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30);
+    targets = scrape
+}
+criterion_main!(benches);
