@@ -1,0 +1,264 @@
+//! The DRA driver's API side against the real control plane (issue #17): our ResourceSlices accepted by
+//! kube-apiserver, the DeviceClasses of `deploy/dra/deviceclasses.yaml` applied, and ResourceClaims
+//! requesting `capacity.requests {cores: 10, memory: 1Gi}` of class `vgpu-manager` allocated by the real
+//! kube-scheduler (no extender: its DynamicResources plugin allocates from our slices) and their pods bound.
+//!
+//! The slices come from a `SlicePublisher` run in-process over the mock backend (two GPUs of 24 GiB) with
+//! its `HealthMonitor` fed by the backend's health events. The numbers: a claim consumes 10 cores, a GPU
+//! offers `cores` = `--device-cores-ratio`. With the default ratio 100 one GPU holds 10 such claims; the
+//! issue's "12 claims fill one GPU's cores" holds for ratio 120 (GPU time oversubscribed 1.2×), which this
+//! test sets, so 12 × 10 = 120 fills it and a 13th (130 > 120) does not fit. Memory never binds (13 GiB of
+//! 24 GiB).
+//!
+//! The scenario: an Xid 79 on GPU 1 gives `vgpu-1` the `manager.nvidia.com/xid=79:NoSchedule` taint;
+//! 12 claims then all land on `vgpu-0` (consumed capacity recorded per allocation), the 13th pod stays
+//! pending with the scheduler's `Unschedulable` condition (its claim unallocated), and when GPU 1
+//! recovers the taint goes, the pool generation is bumped, and the 13th claim is allocated on `vgpu-1`.
+//! No controller-manager runs, so claims are created directly (no templates) and nothing is garbage
+//! collected.
+//!
+//! Needs the control-plane binaries: run `e2e/run.sh dra`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
+};
+use kube::{
+    Api,
+    api::{ListParams, ObjectMeta, PostParams},
+};
+use serde_json::json;
+use vgpu_core::backend::{HealthEvent, HealthEventKind, mock::MockBackend};
+use vgpu_dra::{
+    DRIVER_NAME,
+    devices::{AllocatableDevices, DeviceConfig},
+    health::{HealthConfig, HealthMonitor},
+    slices::{KubeSliceStore, SliceConfig, SlicePublisher},
+};
+use vgpu_e2e::{SCHEDULER_NAME, TestEnv, fixtures, scheduler_configuration};
+
+const NODE: &str = "dra-node";
+const NAMESPACE: &str = "default";
+const TIMEOUT: Duration = Duration::from_secs(60);
+/// `--device-cores-ratio` making 12 claims of 10 cores fill one GPU (module docs).
+const CORES_RATIO: u32 = 120;
+
+const MOCK: &str = "\
+name: dra-node
+driver: { version: 570.86.10, cudaVersion: '12.8' }
+gpus:
+  - { uuid: GPU-DRA-0, name: NVIDIA A30, memoryMiB: 24576, computeCapability: '8.0', numaNode: 0, busId: '0000:18:00.0' }
+  - { uuid: GPU-DRA-1, name: NVIDIA A30, memoryMiB: 24576, computeCapability: '8.0', numaNode: 1, busId: '0000:3b:00.0' }
+";
+
+fn claim(name: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": { "name": name, "namespace": NAMESPACE },
+        "spec": { "devices": { "requests": [{
+            "name": "vgpu",
+            "exactly": {
+                "deviceClassName": "vgpu-manager",
+                "allocationMode": "ExactCount",
+                "count": 1,
+                "capacity": { "requests": { "cores": "10", "memory": "1Gi" } },
+            },
+        }] } },
+    }))
+    .unwrap()
+}
+
+fn pod(name: &str, claim: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": NAMESPACE },
+        "spec": {
+            "schedulerName": SCHEDULER_NAME,
+            "containers": [{ "name": "cuda", "image": "example.invalid/cuda:never-pulled",
+                             "resources": { "claims": [{ "name": "gpu" }] } }],
+            "resourceClaims": [{ "name": "gpu", "resourceClaimName": claim }],
+        },
+    }))
+    .unwrap()
+}
+
+/// The device of a claim's allocation and its consumed capacity, once allocated.
+fn allocation(claim: &ResourceClaim) -> Option<(String, BTreeMap<String, String>)> {
+    let results = claim.status.as_ref()?.allocation.as_ref()?.devices.as_ref()?.results.clone()?;
+    let result = results.first()?;
+    let consumed =
+        result.consumed_capacity.clone().unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect();
+    Some((result.device.clone(), consumed))
+}
+
+async fn slice_device_taints(slices: &Api<ResourceSlice>, device: &str) -> Option<(i64, Vec<String>)> {
+    let list = slices.list(&ListParams::default().fields(&format!("spec.nodeName={NODE}"))).await.ok()?;
+    let slice = list.items.into_iter().next()?;
+    let generation = slice.spec.pool.generation;
+    let found = slice.spec.devices?.into_iter().find(|d| d.name == device)?;
+    let taints = found
+        .taints
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| format!("{}={}:{}", t.key, t.value.unwrap_or_default(), t.effect))
+        .collect();
+    Some((generation, taints))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn dra_slices_are_allocated_by_the_scheduler_and_taints_steer_claims() {
+    let mut env = TestEnv::builder("dra_slices_are_allocated_by_the_scheduler_and_taints_steer_claims")
+        .start()
+        .await
+        .unwrap();
+    let client = env.client().await.unwrap();
+    // The plain kube-scheduler (no extender): DynamicResources allocates from the ResourceSlices.
+    env.start_scheduler_with_config(&scheduler_configuration(env.kubeconfig_path(), &[])).await.unwrap();
+
+    // The node (the kubelet's part: capacity and Ready) and the DeviceClasses from the manifest.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.into()),
+            labels: Some(BTreeMap::from([("kubernetes.io/hostname".to_owned(), NODE.to_owned())])),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    fixtures::set_node_capacity(&client, NODE, 0, 0, 0).await.unwrap();
+    let manifest =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/dra/deviceclasses.yaml"))
+            .unwrap();
+    let classes: Vec<DeviceClass> = serde_saphyr::from_multiple(&manifest).unwrap();
+    let class_api: Api<DeviceClass> = Api::all(client.clone());
+    for class in &classes {
+        class_api.create(&PostParams::default(), class).await.unwrap();
+    }
+    assert_eq!(classes.len(), 4);
+
+    // The driver's API side, in-process: devices from the mock backend, health from its events.
+    let backend = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
+    let config = DeviceConfig { cores_ratio: CORES_RATIO, ..DeviceConfig::default() };
+    let devices = Arc::new(AllocatableDevices::from_backend(backend.as_ref(), &config).unwrap());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let monitor = HealthMonitor::new(HealthConfig::new(DRIVER_NAME, &[]), &devices);
+    let health = monitor.subscribe();
+    let monitor_task = monitor.spawn(backend.as_ref(), stop());
+    let store = KubeSliceStore::new(client.clone(), NODE, DRIVER_NAME);
+    let publisher = SlicePublisher::new(store, SliceConfig::new(NODE), devices.clone(), health)
+        .with_batch(Duration::from_millis(200));
+    let mut status = publisher.status();
+    let publisher_task = publisher.spawn(stop());
+    tokio::time::timeout(TIMEOUT, status.wait_for(|s| s.generation >= 1)).await.unwrap().unwrap();
+    assert_eq!(status.borrow().last_error, None);
+
+    // The API server accepted the slice as built.
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let list =
+        slices.list(&ListParams::default().fields(&format!("spec.driver={DRIVER_NAME}"))).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let spec = &list.items[0].spec;
+    assert_eq!((spec.pool.name.as_str(), spec.node_name.as_deref()), (NODE, Some(NODE)));
+    let published = spec.devices.as_ref().unwrap();
+    assert_eq!(published.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["vgpu-0", "vgpu-1"]);
+    let capacity = published[0].capacity.as_ref().unwrap();
+    assert_eq!(capacity["cores"].value.0, "120");
+    assert_eq!(capacity["memory"].value.0, "24Gi");
+    assert_eq!(published[0].attributes.as_ref().unwrap()["uuid"].string.as_deref(), Some("gpu-dra-0"));
+
+    // An Xid 79 on GPU 1: vgpu-1 is tainted NoSchedule and the pool republished.
+    let xid = HealthEvent {
+        index: 1,
+        uuid: "GPU-DRA-1".into(),
+        kind: HealthEventKind::Xid { code: 79 },
+        message: "test".into(),
+    };
+    assert_eq!(backend.inject_health_event(xid), 1, "the monitor is subscribed");
+    let (tainted_generation, taints) = env
+        .poll("vgpu-1 tainted", TIMEOUT, || async {
+            slice_device_taints(&slices, "vgpu-1").await.filter(|(_, taints)| !taints.is_empty())
+        })
+        .await
+        .unwrap();
+    assert_eq!(taints, ["manager.nvidia.com/xid=79:NoSchedule"]);
+    assert!(tainted_generation >= 2, "generation {tainted_generation}");
+
+    // 12 claims of 10 cores and 1Gi: all allocated on vgpu-0, pods bound to the node.
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    for i in 0..12 {
+        claims.create(&PostParams::default(), &claim(&format!("share-{i:02}"))).await.unwrap();
+        pods.create(&PostParams::default(), &pod(&format!("pod-{i:02}"), &format!("share-{i:02}")))
+            .await
+            .unwrap();
+    }
+    for i in 0..12 {
+        let name = format!("pod-{i:02}");
+        let node = fixtures::wait_for_pod_node(&client, NAMESPACE, &name, TIMEOUT).await.unwrap();
+        assert_eq!(node, NODE);
+        let claim = claims.get(&format!("share-{i:02}")).await.unwrap();
+        let (device, consumed) = allocation(&claim).unwrap_or_else(|| panic!("share-{i:02} not allocated"));
+        assert_eq!(device, "vgpu-0", "the tainted GPU is avoided");
+        assert_eq!(
+            consumed,
+            BTreeMap::from([("cores".into(), "10".into()), ("memory".into(), "1Gi".into())])
+        );
+        let reserved = claim.status.unwrap().reserved_for.unwrap_or_default();
+        assert_eq!(reserved.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), [name.as_str()]);
+    }
+
+    // The 13th: vgpu-0's cores are all consumed (12 × 10 = 120), vgpu-1 is tainted: pending, unschedulable.
+    claims.create(&PostParams::default(), &claim("share-12")).await.unwrap();
+    pods.create(&PostParams::default(), &pod("pod-12", "share-12")).await.unwrap();
+    let message = env
+        .poll("pod-12 unschedulable", TIMEOUT, || async {
+            let pod = pods.get("pod-12").await.ok()?;
+            let condition = pod.status?.conditions?.into_iter().find(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })?;
+            Some(condition.message.unwrap_or_default())
+        })
+        .await
+        .unwrap();
+    println!("pod-12 PodScheduled=False Unschedulable: {message}");
+    assert!(message.contains("0/1 nodes are available"), "{message}");
+    assert!(message.to_lowercase().contains("claim"), "the scheduler names the claims: {message}");
+    let pending = pods.get("pod-12").await.unwrap();
+    assert_eq!(pending.spec.unwrap().node_name, None);
+    assert!(allocation(&claims.get("share-12").await.unwrap()).is_none());
+
+    // GPU 1 recovers: the taint goes and the 13th claim is allocated on vgpu-1.
+    let recovered = HealthEvent {
+        index: 1,
+        uuid: "GPU-DRA-1".into(),
+        kind: HealthEventKind::Recovered,
+        message: String::new(),
+    };
+    assert_eq!(backend.inject_health_event(recovered), 1);
+    let node = fixtures::wait_for_pod_node(&client, NAMESPACE, "pod-12", TIMEOUT).await.unwrap();
+    assert_eq!(node, NODE);
+    let (device, _) = allocation(&claims.get("share-12").await.unwrap()).unwrap();
+    assert_eq!(device, "vgpu-1");
+    let (generation, taints) = slice_device_taints(&slices, "vgpu-1").await.unwrap();
+    assert!(taints.is_empty() && generation > tainted_generation, "{generation} {taints:?}");
+
+    stop_tx.send(true).unwrap();
+    publisher_task.await.unwrap();
+    monitor_task.await.unwrap();
+    env.finish();
+}
