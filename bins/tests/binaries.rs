@@ -31,7 +31,8 @@ fn bad_gates_exit_2_before_anything_else() {
 
 #[test]
 fn good_gates_then_not_implemented_yet() {
-    let done = ["vgpu-device-plugin", "vgpu-scheduler-extender"];
+    let done =
+        ["vgpu-device-plugin", "vgpu-scheduler-extender", "vgpu-kubelet-plugin", "vgpu-device-monitor"];
     for (name, good, _) in BINARIES.iter().filter(|(name, ..)| !done.contains(name)) {
         bin(name)
             .args(["--feature-gates", good])
@@ -48,18 +49,45 @@ fn kubelet_plugin_reads_feature_gates_env_and_the_flag_wins() {
         .assert()
         .code(2)
         .stderr(predicate::str::starts_with("feature gate validation failed for kubelet-plugin:"));
+    // The flag replaces the env value: no conflict, the run stops at the missing node name.
     bin("vgpu-kubelet-plugin")
         .env("FEATURE_GATES", "MPSSupport=true")
-        .args(["--feature-gates", "TimeSlicingSettings=true"])
+        .args(["--feature-gates", "IMEXDaemonsWithDNSNames=false"])
         .assert()
-        .code(1)
-        .stderr(predicate::str::contains("not implemented yet"));
+        .code(2)
+        .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"));
     // Core binaries do not read FEATURE_GATES (the device plugin then stops at the missing node name).
     bin("vgpu-device-plugin")
         .env("FEATURE_GATES", "Nope=true")
         .assert()
         .code(2)
         .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"));
+}
+
+#[test]
+fn kubelet_plugin_refuses_every_gate_it_cannot_honour() {
+    bin("vgpu-kubelet-plugin")
+        .args([
+            "--node-name=n1",
+            "--feature-gates",
+            "TimeSlicingSettings=true,DynamicMIG=true,NVMLDeviceHealthCheck=false",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("feature gate TimeSlicingSettings=true is not supported"))
+        .stderr(predicate::str::contains("feature gate DynamicMIG=true is not supported"));
+    bin("vgpu-kubelet-plugin")
+        .args(["--node-name=n1", "--feature-gates", "MPSSupport=true,VGPUSupport=false"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("MPSSupport=true is not supported"));
+    bin("vgpu-kubelet-plugin")
+        .args(["--node-name=n1", "--device-cores-ratio=10", "--device-memory-ratio=-1"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "invalid --device-memory-ratio -1: must be greater than or equal to 0",
+        ));
 }
 
 #[test]
@@ -161,4 +189,38 @@ fn extender_without_a_cluster_fails_clearly() {
         .assert()
         .code(1)
         .stderr(predicate::str::contains("no Kubernetes configuration"));
+}
+
+#[test]
+fn device_monitor_checks_its_flags_after_the_gates() {
+    // Good gates, then the node name is required.
+    bin("vgpu-device-monitor")
+        .args(["--feature-gates", "VirtualMemoryTracking=true,SharedSMUtilizationWatcher=true"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"));
+    // The DRA collector is refused, saying why (never a silent empty page).
+    bin("vgpu-device-monitor")
+        .args(["--node-name", "n1", "--enable-dra-monitor"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--enable-dra-monitor is not available yet"));
+    for (args, flag) in [
+        (&["--min-scrape-interval", "500ms"][..], "--min-scrape-interval"),
+        (&["--min-scrape-interval", "soon"][..], "--min-scrape-interval"),
+        (&["--cert-refresh-interval", "0s"][..], "--cert-refresh-interval"),
+        (&["--cgroup-driver", "upstart"][..], "--cgroup-driver"),
+        (&["--enable-tls"][..], "--enable-tls"),
+        (&["--domain", "Bad_Domain"][..], "--domain"),
+        (&["--node-config-path", "/nonexistent/node-config.json"][..], "--node-config-path"),
+        (&["--server-bind-port", "70000"][..], "--server-bind-port"),
+        (&["--backend", "cuda"][..], "--backend"),
+    ] {
+        bin("vgpu-device-monitor")
+            .args(["--node-name", "n1"])
+            .args(args)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(flag));
+    }
 }

@@ -1,24 +1,238 @@
-//! `vgpu-device-monitor`: the per-node vGPU metrics exporter.
+//! `vgpu-device-monitor`: the per-node vGPU metrics exporter (contract §1.3, §8).
+//!
+//! Thin wiring: parse flags → validate gates → open the backend → watch the node's pods → serve
+//! `vgpu_monitor`'s router (`/healthz`, `/readyz`, `/version`, `/metrics`) with `vgpu_serve::http::serve`
+//! until SIGTERM/SIGINT. Gates: `SharedSMUtilizationWatcher` (read `watcher/sm_util.config`),
+//! `VirtualMemoryTracking` (add the containers' ledgers to memory usage).
 
-use std::process::ExitCode;
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
+use anyhow::Context;
 use clap::Parser;
-use vgpu_bins::{CoreGateArgs, gates_then_not_implemented};
+use vgpu_bins::{CoreGateArgs, configure_gates, init_tracing, parse_go_duration};
+use vgpu_core::{
+    domain::ResourceDomain,
+    node_config::{CgroupDriver, NodeConfigFile, NodeSettings},
+};
+use vgpu_gates::{CoreGate, FeatureGates};
+use vgpu_monitor::{
+    cgroup::CgroupLayout,
+    collect::{MonitorConfig, NodeCollector},
+    metrics,
+    pods::{KubePods, PodSource},
+    server::{MIN_SCRAPE_INTERVAL, MonitorServer, ServerConfig},
+};
+use vgpu_nvml::select::{BackendChoice, SelectOptions, open_backend};
+use vgpu_serve::{authz::Authorizer, tls::TlsFiles};
 
 /// The per-node vGPU metrics exporter.
 #[derive(Debug, Parser)]
 #[command(name = "vgpu-device-monitor", version, about)]
 struct Cli {
+    /// This node's name.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// The node's cgroup driver: cgroupfs or systemd; empty tries both.
+    #[arg(long, env = "CGROUP_DRIVER", default_value = "")]
+    cgroup_driver: String,
+    /// The node configuration file (JSON or YAML; split count and scaling shown in the metrics); empty for none.
+    #[arg(long, default_value = "")]
+    node_config_path: String,
+    /// Port of the HTTP(S) server.
+    #[arg(long, default_value_t = 3456)]
+    server_bind_port: u16,
+    /// Authorize /metrics by bearer token: TokenReview, then SubjectAccessReview for `get` on /metrics;
+    /// 401/403 otherwise (decisions cached 10s allowed / 2s refused).
+    #[arg(long)]
+    enable_rbac: bool,
+    /// Serve HTTPS with --tls-cert-file and --tls-key-file (reloaded when they change).
+    #[arg(long)]
+    enable_tls: bool,
+    /// TLS private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key_file: Option<PathBuf>,
+    /// TLS certificate chain (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// How often the TLS files are checked for changes (Go duration; taken as is, not multiplied).
+    #[arg(long, default_value = "5s", value_parser = parse_go_duration)]
+    cert_refresh_interval: Duration,
+    /// At most one scrape per this interval (Go duration, ≥ 1s); others get the last page with
+    /// `X-Rate-Limited: true`, or 429 when there is none.
+    #[arg(long, default_value = "1s", value_parser = parse_go_duration)]
+    min_scrape_interval: Duration,
+    /// A pod with only a scheduler pre-allocation counts as assigned this long after Filter (Go duration).
+    #[arg(long, default_value = "30s", value_parser = parse_go_duration)]
+    stuck_grace_period: Duration,
+    /// Where the host's driver root is mounted in this container.
+    #[arg(long, env = "DRIVER_ROOT_CTR_PATH", default_value = "/driver-root")]
+    container_driver_root: PathBuf,
+    /// Collect from DRA ResourceClaims instead of the device-plugin files (not available yet).
+    #[arg(long)]
+    enable_dra_monitor: bool,
+    /// Where this process sees the manager directory (`<podUID>_<ctr>/config/vgpu.config`, `watcher/`).
+    #[arg(long, env = "MANAGER_DIR", default_value = "/etc/vgpu-manager")]
+    manager_dir: PathBuf,
+    /// Where the host's cgroup hierarchy is mounted in this container.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    host_cgroup_root: PathBuf,
+    /// Resource and annotation domain.
+    #[arg(long, default_value = "nvidia.com")]
+    domain: String,
+    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Device backend: auto, nvml, metax or mock.
+    #[arg(long, default_value = "auto")]
+    backend: BackendChoice,
+    /// The mock backend's description file (`--backend mock`).
+    #[arg(long, value_name = "FILE")]
+    mock_config: Option<PathBuf>,
     #[command(flatten)]
     gates: CoreGateArgs,
 }
 
+fn bad_flag(flag: &str, err: impl std::fmt::Display) -> ExitCode {
+    eprintln!("vgpu-device-monitor: invalid value for --{flag}: {err}");
+    ExitCode::from(2)
+}
+
+/// Everything checkable before the runtime starts.
+struct Checked {
+    node: String,
+    domain: ResourceDomain,
+    settings: NodeSettings,
+    tls: Option<TlsFiles>,
+}
+
+fn check(cli: &Cli) -> Result<Checked, ExitCode> {
+    if cli.enable_dra_monitor {
+        eprintln!(
+            "vgpu-device-monitor: --enable-dra-monitor is not available yet: the DRA collector (ResourceSlices \
+             of the driver, ResourceClaims) lands with the DRA kubelet plugin; run without it for the \
+             device-plugin path"
+        );
+        return Err(ExitCode::from(2));
+    }
+    if cli.min_scrape_interval < MIN_SCRAPE_INTERVAL {
+        return Err(bad_flag(
+            "min-scrape-interval",
+            format!("{:?} (expected ≥ 1s)", cli.min_scrape_interval),
+        ));
+    }
+    if cli.cert_refresh_interval.is_zero() {
+        return Err(bad_flag("cert-refresh-interval", "0s (expected a duration > 0)"));
+    }
+    if !cli.cgroup_driver.is_empty() && !matches!(cli.cgroup_driver.as_str(), "systemd" | "cgroupfs") {
+        return Err(bad_flag(
+            "cgroup-driver",
+            format!("{:?} (expected systemd, cgroupfs or empty)", cli.cgroup_driver),
+        ));
+    }
+    let domain = ResourceDomain::new(&cli.domain).map_err(|e| bad_flag("domain", e))?;
+    let tls = if cli.enable_tls {
+        let (Some(cert), Some(key)) = (cli.tls_cert_file.clone(), cli.tls_key_file.clone()) else {
+            return Err(bad_flag("enable-tls", "--tls-cert-file and --tls-key-file are both required"));
+        };
+        Some(TlsFiles { refresh_interval: cli.cert_refresh_interval, ..TlsFiles::new(cert, key) })
+    } else {
+        None
+    };
+    let Some(node) = cli.node_name.clone().filter(|n| !n.trim().is_empty()) else {
+        eprintln!("vgpu-device-monitor: --node-name (or NODE_NAME) is required");
+        return Err(ExitCode::from(2));
+    };
+    let mut settings =
+        NodeSettings { cgroup_driver: CgroupDriver::parse(&cli.cgroup_driver), ..NodeSettings::default() };
+    if !cli.node_config_path.is_empty() {
+        settings = NodeConfigFile::load(&cli.node_config_path)
+            .and_then(|f| f.resolve(&node, settings))
+            .map_err(|e| bad_flag("node-config-path", e))?;
+    }
+    Ok(Checked { node, domain, settings, tls })
+}
+
+async fn run(cli: Cli, gates: FeatureGates<'static, CoreGate>, checked: Checked) -> anyhow::Result<()> {
+    let Checked { node, domain, settings, tls } = checked;
+    let mut options = SelectOptions::default();
+    options.mock_config.clone_from(&cli.mock_config);
+    let opened = open_backend(cli.backend, &options).context("opening the device backend")?;
+    for w in &opened.warnings {
+        tracing::warn!("{w}");
+    }
+    let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
+    let client = vgpu_bins::kube_client(cli.kubeconfig.as_deref()).await?;
+    let selector = KubePods::selector(&domain.metrics_node(), &node);
+    tracing::info!(%selector, "watching the node's pods");
+    let pods: Arc<dyn PodSource> = Arc::new(KubePods::start(client.clone(), selector));
+
+    let mut config = MonitorConfig::new(node);
+    config.domain = domain;
+    config.manager_dir.clone_from(&cli.manager_dir);
+    config.cgroup = CgroupLayout { root: cli.host_cgroup_root.clone(), driver: settings.cgroup_driver };
+    config.settings = settings;
+    config.sm_watcher = gates.enabled(CoreGate::SharedSMUtilizationWatcher);
+    config.vmem_tracking = gates.enabled(CoreGate::VirtualMemoryTracking);
+    config.stuck_grace_period = cli.stuck_grace_period;
+    tracing::info!(
+        sm_watcher = config.sm_watcher,
+        vmem_tracking = config.vmem_tracking,
+        manager_dir = %config.manager_dir.display(),
+        driver_root = %cli.container_driver_root.display(),
+        "collector configured"
+    );
+    let collector = Arc::new(NodeCollector::new(config, backend, Arc::clone(&pods)));
+    let mut registry = metrics::new_registry();
+    metrics::register(&mut registry, collector);
+    let authorizer = cli.enable_rbac.then(|| Arc::new(Authorizer::kube(client)));
+    let server = MonitorServer::new(
+        registry,
+        pods,
+        ServerConfig { min_scrape_interval: cli.min_scrape_interval, authorizer },
+    );
+    let tls = match &tls {
+        Some(files) => Some(files.start().context("loading --tls-cert-file / --tls-key-file")?),
+        None => None,
+    };
+    let address = SocketAddr::from(([0, 0, 0, 0], cli.server_bind_port));
+    let listener =
+        tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+    tracing::info!(address = %listener.local_addr().unwrap_or(address), tls = tls.is_some(), rbac = cli.enable_rbac, "serving metrics");
+    let shutdown = vgpu_bins::shutdown_signal()?;
+    vgpu_serve::http::serve(
+        listener,
+        server.router(),
+        tls.as_ref().map(|t| t.acceptor().clone()),
+        &Default::default(),
+        shutdown,
+    )
+    .await;
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    gates_then_not_implemented(
-        vgpu_gates::device_monitor(),
-        &cli.gates.feature_gates,
-        "vgpu-device-monitor",
-        "no issue filed yet",
-    )
+    init_tracing();
+    let gates = match configure_gates(vgpu_gates::device_monitor(), &cli.gates.feature_gates) {
+        Ok(g) => g,
+        Err(code) => return code,
+    };
+    let checked = match check(&cli) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vgpu-device-monitor: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli, gates, checked)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-device-monitor: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
