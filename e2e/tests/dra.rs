@@ -35,8 +35,8 @@ use vgpu_core::backend::{HealthEvent, HealthEventKind, mock::MockBackend};
 use vgpu_dra::{
     DRIVER_NAME,
     devices::{AllocatableDevices, DeviceConfig},
-    health::{HealthConfig, HealthMonitor},
-    slices::{KubeSliceStore, SliceConfig, SlicePublisher},
+    health::{HealthConfig, HealthMonitor, HealthSnapshot},
+    slices::{KubeSliceStore, PublishOutcome, SliceConfig, SlicePublisher},
 };
 use vgpu_e2e::{SCHEDULER_NAME, TestEnv, fixtures, scheduler_configuration};
 
@@ -55,6 +55,10 @@ gpus:
 ";
 
 fn claim(name: &str) -> ResourceClaim {
+    claim_of(name, "vgpu-manager", &json!({ "requests": { "cores": "10", "memory": "1Gi" } }))
+}
+
+fn claim_of(name: &str, class: &str, capacity: &serde_json::Value) -> ResourceClaim {
     serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -62,10 +66,10 @@ fn claim(name: &str) -> ResourceClaim {
         "spec": { "devices": { "requests": [{
             "name": "vgpu",
             "exactly": {
-                "deviceClassName": "vgpu-manager",
+                "deviceClassName": class,
                 "allocationMode": "ExactCount",
                 "count": 1,
-                "capacity": { "requests": { "cores": "10", "memory": "1Gi" } },
+                "capacity": capacity,
             },
         }] } },
     }))
@@ -110,6 +114,43 @@ async fn slice_device_taints(slices: &Api<ResourceSlice>, device: &str) -> Optio
     Some((generation, taints))
 }
 
+/// The node (the kubelet's part: capacity and Ready) and the DeviceClasses from the manifest.
+async fn setup_node_and_classes(client: &kube::Client) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.into()),
+            labels: Some(BTreeMap::from([("kubernetes.io/hostname".to_owned(), NODE.to_owned())])),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    fixtures::set_node_capacity(client, NODE, 0, 0, 0).await.unwrap();
+    let manifest =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/dra/deviceclasses.yaml"))
+            .unwrap();
+    let classes: Vec<DeviceClass> = serde_saphyr::from_multiple(&manifest).unwrap();
+    assert_eq!(classes.len(), 4);
+    let class_api: Api<DeviceClass> = Api::all(client.clone());
+    for class in &classes {
+        class_api.create(&PostParams::default(), class).await.unwrap();
+    }
+}
+
+/// Waits until `pod` is reported unschedulable by the scheduler and returns the condition's message.
+async fn unschedulable_message(env: &TestEnv, pods: &Api<Pod>, pod: &str) -> String {
+    env.poll(&format!("{pod} unschedulable"), TIMEOUT, || async {
+        let pod = pods.get(pod).await.ok()?;
+        let condition = pod.status?.conditions?.into_iter().find(|c| {
+            c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+        })?;
+        Some(condition.message.unwrap_or_default())
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control-plane binaries: run e2e/run.sh"]
 async fn dra_slices_are_allocated_by_the_scheduler_and_taints_steer_claims() {
@@ -121,27 +162,7 @@ async fn dra_slices_are_allocated_by_the_scheduler_and_taints_steer_claims() {
     // The plain kube-scheduler (no extender): DynamicResources allocates from the ResourceSlices.
     env.start_scheduler_with_config(&scheduler_configuration(env.kubeconfig_path(), &[])).await.unwrap();
 
-    // The node (the kubelet's part: capacity and Ready) and the DeviceClasses from the manifest.
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(NODE.into()),
-            labels: Some(BTreeMap::from([("kubernetes.io/hostname".to_owned(), NODE.to_owned())])),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    };
-    nodes.create(&PostParams::default(), &node).await.unwrap();
-    fixtures::set_node_capacity(&client, NODE, 0, 0, 0).await.unwrap();
-    let manifest =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/dra/deviceclasses.yaml"))
-            .unwrap();
-    let classes: Vec<DeviceClass> = serde_saphyr::from_multiple(&manifest).unwrap();
-    let class_api: Api<DeviceClass> = Api::all(client.clone());
-    for class in &classes {
-        class_api.create(&PostParams::default(), class).await.unwrap();
-    }
-    assert_eq!(classes.len(), 4);
+    setup_node_and_classes(&client).await;
 
     // The driver's API side, in-process: devices from the mock backend, health from its events.
     let backend = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
@@ -223,18 +244,7 @@ async fn dra_slices_are_allocated_by_the_scheduler_and_taints_steer_claims() {
     // The 13th: vgpu-0's cores are all consumed (12 × 10 = 120), vgpu-1 is tainted: pending, unschedulable.
     claims.create(&PostParams::default(), &claim("share-12")).await.unwrap();
     pods.create(&PostParams::default(), &pod("pod-12", "share-12")).await.unwrap();
-    let message = env
-        .poll("pod-12 unschedulable", TIMEOUT, || async {
-            let pod = pods.get("pod-12").await.ok()?;
-            let condition = pod.status?.conditions?.into_iter().find(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            })?;
-            Some(condition.message.unwrap_or_default())
-        })
-        .await
-        .unwrap();
+    let message = unschedulable_message(&env, &pods, "pod-12").await;
     println!("pod-12 PodScheduled=False Unschedulable: {message}");
     assert!(message.contains("0/1 nodes are available"), "{message}");
     assert!(message.to_lowercase().contains("claim"), "the scheduler names the claims: {message}");
@@ -260,5 +270,83 @@ async fn dra_slices_are_allocated_by_the_scheduler_and_taints_steer_claims() {
     stop_tx.send(true).unwrap();
     publisher_task.await.unwrap();
     monitor_task.await.unwrap();
+    env.finish();
+}
+
+/// Whole GPUs shared by consumable shares (gate `ConsumableShares`, `--consumable-shares 2`, VGPUSupport off)
+/// and list-valued attributes (`DRAListTypeAttributes`, on in kube-apiserver here): the API server keeps the
+/// `numaNode` list, two claims of class `gpu-manager` share `gpu-0` (one share each, the request policy's
+/// default), and a third finds no share left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn dra_consumable_shares_and_list_attributes() {
+    let mut env = TestEnv::builder("dra_consumable_shares_and_list_attributes")
+        .feature_gate("DRAListTypeAttributes", true)
+        .start()
+        .await
+        .unwrap();
+    let client = env.client().await.unwrap();
+    env.start_scheduler_with_config(&scheduler_configuration(env.kubeconfig_path(), &[])).await.unwrap();
+    setup_node_and_classes(&client).await;
+
+    let one_gpu = MOCK.lines().filter(|l| !l.contains("GPU-DRA-1")).collect::<Vec<_>>().join("\n");
+    let backend = MockBackend::from_yaml_str(&one_gpu).unwrap();
+    let config = DeviceConfig {
+        vgpu_support: false,
+        consumable_shares: "2".parse().unwrap(),
+        ..DeviceConfig::default()
+    };
+    let devices = Arc::new(AllocatableDevices::from_backend(&backend, &config).unwrap());
+    let slice_config = SliceConfig { list_type_attributes: true, ..SliceConfig::new(NODE) };
+    let health = tokio::sync::watch::channel(HealthSnapshot::unmonitored_default()).1;
+    let store = KubeSliceStore::new(client.clone(), NODE, DRIVER_NAME);
+    let mut publisher = SlicePublisher::new(store, slice_config, devices, health);
+    let outcome = publisher.sync().await.unwrap();
+    assert_eq!(outcome, PublishOutcome::Published { generation: 1, created: 1, replaced: 0, deleted: 0 });
+    // What the API server stored reads back as what was written: the next round changes nothing.
+    assert_eq!(publisher.sync().await.unwrap(), PublishOutcome::Unchanged);
+    // A restarted plugin adopts what the API server holds (canonical quantities and all): no write, no new
+    // generation.
+    let mut restarted = SlicePublisher::new(
+        KubeSliceStore::new(client.clone(), NODE, DRIVER_NAME),
+        SliceConfig { list_type_attributes: true, ..SliceConfig::new(NODE) },
+        Arc::new(AllocatableDevices::from_backend(&backend, &config).unwrap()),
+        tokio::sync::watch::channel(HealthSnapshot::unmonitored_default()).1,
+    );
+    assert_eq!(restarted.sync().await.unwrap(), PublishOutcome::Adopted { generation: 1 });
+
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let list = slices.list(&ListParams::default().fields(&format!("spec.nodeName={NODE}"))).await.unwrap();
+    let device = list.items[0].spec.devices.as_ref().unwrap()[0].clone();
+    assert_eq!(device.name, "gpu-0");
+    assert_eq!(device.allow_multiple_allocations, Some(true));
+    let attributes = device.attributes.unwrap();
+    assert_eq!(attributes["numaNode"].ints, Some(vec![0]), "the list form survives the API server");
+    assert_eq!(attributes["type"].string.as_deref(), Some("gpu"));
+    assert_eq!(device.capacity.unwrap()["shares"].value.0, "2");
+
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    for i in 0..3 {
+        claims
+            .create(&PostParams::default(), &claim_of(&format!("whole-{i}"), "gpu-manager", &json!(null)))
+            .await
+            .unwrap();
+        pods.create(&PostParams::default(), &pod(&format!("whole-pod-{i}"), &format!("whole-{i}")))
+            .await
+            .unwrap();
+        if i < 2 {
+            let node = fixtures::wait_for_pod_node(&client, NAMESPACE, &format!("whole-pod-{i}"), TIMEOUT)
+                .await
+                .unwrap();
+            assert_eq!(node, NODE);
+            let (device, consumed) = allocation(&claims.get(&format!("whole-{i}")).await.unwrap()).unwrap();
+            assert_eq!(device, "gpu-0");
+            assert_eq!(consumed.get("shares").map(String::as_str), Some("1"), "{consumed:?}");
+        }
+    }
+    let message = unschedulable_message(&env, &pods, "whole-pod-2").await;
+    assert!(message.contains("cannot allocate all claims"), "{message}");
+    assert!(allocation(&claims.get("whole-2").await.unwrap()).is_none());
     env.finish();
 }
