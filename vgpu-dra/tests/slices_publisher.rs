@@ -1,7 +1,8 @@
 //! The ResourceSlice publisher against the in-memory store (`MemorySliceStore`): the republish rule round by
 //! round (first publish, no-op rounds, health changes bump the generation, repair of slices changed or
 //! deleted by others, adoption after a restart, failed writes, shrinking pools), and the `run` loop driven
-//! by a real `HealthMonitor` fed through the mock backend's health channel.
+//! by a real `HealthMonitor` fed through the mock backend's health channel; a proptest drives random
+//! sequences of health events, outside edits and failing writes and checks the rule's invariants.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{sync::Arc, time::Duration};
@@ -211,4 +212,89 @@ async fn run_republishes_after_health_events() {
     task.await.unwrap();
     stop_monitor.send(()).unwrap();
     monitor_task.await.unwrap();
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Health(u32, u8),
+    DeleteExternal,
+    EditExternal,
+    FailWrites(u32),
+    Sync,
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (0u32..3, 0u8..4).prop_map(|(i, k)| Op::Health(i, k)),
+        Just(Op::DeleteExternal),
+        Just(Op::EditExternal),
+        (1u32..3).prop_map(Op::FailWrites),
+        Just(Op::Sync),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// After every successful round the store holds exactly the built slices, all at the publisher's
+    /// generation; generations never go back and grow with every write; a second round changes nothing.
+    #[test]
+    fn every_successful_round_leaves_exactly_the_built_set(ops in proptest::collection::vec(op(), 1..30)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            let store = MemorySliceStore::new();
+            let devices = devices(3);
+            let monitor = HealthMonitor::new(HealthConfig::new("manager.nvidia.com", &[]), &devices);
+            let config = SliceConfig::new("node-a");
+            let mut publisher = SlicePublisher::new(store.clone(), config.clone(), devices.clone(), monitor.subscribe());
+            let mut last_generation = 0;
+            for op in ops {
+                match op {
+                    Op::Health(index, kind) => {
+                        let kind = match kind {
+                            0 => HealthEventKind::Xid { code: 79 },
+                            1 => HealthEventKind::Xid { code: 13 },
+                            2 => HealthEventKind::DeviceLost,
+                            _ => HealthEventKind::Recovered,
+                        };
+                        monitor.apply(&HealthEvent { index, uuid: String::new(), kind, message: String::new() });
+                    }
+                    Op::DeleteExternal => {
+                        if let Some(name) = store.slices().into_keys().next() {
+                            store.delete_external(&name);
+                        }
+                    }
+                    Op::EditExternal => {
+                        if let Some(mut slice) = store.slices().into_values().next() {
+                            slice.spec.devices = Some(Vec::new());
+                            store.put_external(slice);
+                        }
+                    }
+                    Op::FailWrites(n) => store.fail_next_writes(n),
+                    Op::Sync => {
+                        let writes = store.writes();
+                        let Ok(outcome) = publisher.sync().await else { continue };
+                        let generation = publisher.status().borrow().generation;
+                        proptest::prop_assert!(generation >= last_generation);
+                        if store.writes() > writes {
+                            proptest::prop_assert!(generation > last_generation, "{outcome:?}");
+                        }
+                        last_generation = generation;
+                        let want = vgpu_dra::slices::build_slices(&config, &devices, &monitor.snapshot(), generation).unwrap();
+                        let have = store.slices();
+                        proptest::prop_assert_eq!(have.len(), want.len());
+                        for slice in &want {
+                            let stored = &have[slice.metadata.name.as_ref().unwrap()];
+                            proptest::prop_assert_eq!(&stored.spec, &slice.spec);
+                        }
+                        let writes = store.writes();
+                        proptest::prop_assert_eq!(publisher.sync().await.unwrap(), PublishOutcome::Unchanged);
+                        proptest::prop_assert_eq!(store.writes(), writes);
+                    }
+                }
+            }
+            Ok(())
+        })?;
+    }
 }
