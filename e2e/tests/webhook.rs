@@ -208,6 +208,12 @@ async fn webhook_converts_pods_to_dra_and_enforces_sharing() {
     assert!(annotation(&created, "vgpu-manager.io/original-resources").unwrap().contains(&name));
     let claim = serde_json::to_value(claims.get(&name).await.unwrap()).unwrap();
     assert_eq!(claim["metadata"]["labels"]["vgpu-manager.io/owner-key"], "default-train");
+    // Owned by the pod (no controller-manager runs here, so no garbage collection: only the reference is checked).
+    let uid = created.metadata.uid.clone().unwrap();
+    assert_eq!(
+        claim["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "v1", "kind": "Pod", "name": "train", "uid": uid, "controller": true}])
+    );
     let exactly = &claim["spec"]["devices"]["requests"][0]["exactly"];
     assert_eq!(exactly["deviceClassName"], "vgpu-manager");
     assert_eq!(exactly["count"], 2);

@@ -14,6 +14,7 @@
 //! | name | the record's `claimName` (per container, or one per pod with `--combined-resource-claim`) |
 //! | labels | [`OWNER_KEY_LABEL`] = `<namespace>-<pod>`, [`CREATE_TIMESTAMP_LABEL`] = creation time in ms |
 //! | annotations | the pod's `vgpu-compute-policy` annotation, when set |
+//! | ownerReferences | the pod (controller), when its UID is known: the garbage collector deletes the claim with the pod, or when the pod is never stored |
 //! | `spec.devices.requests[]` | one per container: name = `requestName`, `exactly{deviceClassName, allocationMode: ExactCount, count: number, capacity.requests{cores, memory: MiB × 1Mi}}` (a zero quantity is left out) |
 //! | selectors (CEL) | `type == "vgpu"`; include/exclude UUIDs (lower-case `in`); include/exclude product names (upper-case `in`); memory policy `memoryRatio > 100` (virtual) or `<= 100` (physical) |
 //! | `spec.devices.constraints` | for a request of more than one device: distinct `manager.nvidia.com/uuid`; with topology mode `link*` also a matching `resource.kubernetes.io/pcieRoot`, with `numa*` a matching `resource.kubernetes.io/numaNode` |
@@ -29,7 +30,7 @@ use k8s_openapi::api::resource::v1::{
     ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::{Deserialize, Serialize};
 use vgpu_core::alloc::parse_quantity;
 use vgpu_core::codec::device_filter::SubstringList;
@@ -272,12 +273,26 @@ pub fn resource_claim(
         .as_ref()
         .and_then(|a| a.get(&policy_key))
         .map(|v| BTreeMap::from([(policy_key.clone(), v.clone())]));
+    // Owned by the pod when its UID is known (validating admission of a CREATE sees it): the garbage collector
+    // then deletes the claim with the pod, and also when the pod is never stored (a later admission step
+    // refused it), which the DELETE hook cannot see.
+    let owner_references = pod.metadata.uid.as_ref().filter(|u| !u.is_empty()).map(|uid| {
+        vec![OwnerReference {
+            api_version: "v1".to_owned(),
+            kind: "Pod".to_owned(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]
+    });
     ResourceClaim {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(namespace),
             labels: Some(labels),
             annotations,
+            owner_references,
             ..ObjectMeta::default()
         },
         spec: Some(ResourceClaimSpec {
@@ -377,6 +392,14 @@ mod tests {
         let req = device_request(&p, &d, "vgpu-manager", &info);
         let claim = resource_claim(&p, &d, "web-main-x", vec![req], 1_700_000_000_000);
         let json = serde_json::to_value(&claim).unwrap();
+        assert!(json["metadata"].get("ownerReferences").is_none(), "no UID, no owner");
+        let mut owned = p.clone();
+        owned.metadata.uid = Some("uid-web".into());
+        let with_owner = resource_claim(&owned, &d, "web-main-x", vec![], 1);
+        assert_eq!(
+            serde_json::to_value(&with_owner.metadata.owner_references).unwrap(),
+            serde_json::json!([{"apiVersion": "v1", "kind": "Pod", "name": "web", "uid": "uid-web", "controller": true}])
+        );
         assert_eq!(json["metadata"]["labels"]["vgpu-manager.io/owner-key"], "ml-web");
         assert_eq!(json["metadata"]["labels"]["vgpu-manager.io/create-timestamp"], "1700000000000");
         assert_eq!(json["metadata"]["annotations"]["nvidia.com/vgpu-compute-policy"], "balance");
