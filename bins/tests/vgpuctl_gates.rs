@@ -28,8 +28,8 @@ fn list_shows_every_gate_with_owners() {
     let text = String::from_utf8(out).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("NAME") && lines[0].contains("DEFAULT") && lines[0].contains("COMPONENTS"));
-    // 10 Core gates + 13 DRA gates.
-    assert_eq!(lines.len(), 1 + 10 + 13, "{text}");
+    // 10 Core gates + 14 DRA gates (ConsumableShares included).
+    assert_eq!(lines.len(), 1 + 10 + 14, "{text}");
     let row = lines.iter().find(|l| l.starts_with("TopologyAwareGPUAllocation ")).unwrap();
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(
@@ -71,7 +71,7 @@ fn check_prints_every_gate_with_defaults_applied() {
         "--feature-gates",
         "MPSSupport=true,VGPUSupport=false",
     ]);
-    assert_eq!(m.len(), 13);
+    assert_eq!(m.len(), 14);
     assert_eq!((m["MPSSupport"].clone(), m["VGPUSupport"].clone()), (Value::Bool(true), Value::Bool(false)));
 }
 
