@@ -145,6 +145,15 @@ impl HealthStatus {
             Self::Unknown => "Unknown",
         }
     }
+
+    /// `Some(true)` healthy, `Some(false)` unhealthy, `None` unknown.
+    pub fn healthy(self) -> Option<bool> {
+        match self {
+            Self::Healthy => Some(true),
+            Self::Unhealthy => Some(false),
+            Self::Unknown => None,
+        }
+    }
 }
 
 impl fmt::Display for HealthStatus {
@@ -586,6 +595,10 @@ mod tests {
             "recovery keeps an unmonitored device Unknown"
         );
         assert_eq!(HealthSnapshot::unmonitored_default().status("vgpu-0"), HealthStatus::Unknown);
+        assert_eq!(
+            [HealthStatus::Healthy, HealthStatus::Unhealthy, HealthStatus::Unknown].map(HealthStatus::healthy),
+            [Some(true), Some(false), None]
+        );
         assert!(HealthSnapshot::unmonitored_default().device_taints("vgpu-0").is_empty());
     }
 
