@@ -8,6 +8,7 @@
 //! | `/pods/validate` | CREATE | with `--dra-admission-enabled`: the sharing rules ([`crate::validate::check_pod_sharing`], [`crate::validate::check_cross_pod`]); with `--default-convert2-dra`: creates the ResourceClaims the pod's `original-resources` record names (all or none: claims created before a failure are deleted again) |
 //! | `/pods/validate` | DELETE | with `--default-convert2-dra`: deletes those ResourceClaims (not on a dry run) |
 //! | `/resourceclaims/validate` | CREATE, UPDATE | opaque configs of `resource.k8s.io/v1` ResourceClaims and ResourceClaimTemplates ([`crate::validate::check_opaque_configs`]) |
+//! | `/resourceclaims/validate` | UPDATE of `resourceclaims/status` | with `--dra-admission-enabled`: the sharing rules of the allocated vGPU requests across the reserved pods ([`crate::validate::check_allocated_sharing`]) |
 //!
 //! A claim that already exists with this pod's owner key counts as created (the API server may call the webhook
 //! again for the same pod); one of another owner denies the pod.
@@ -326,13 +327,77 @@ impl<C: ClusterApi> Admission<C> {
     }
 
     /// `/resourceclaims/validate`.
-    pub fn validate_claims(&self, body: &[u8]) -> Result<AdmissionReview<DynamicObject>, ReviewError> {
+    pub async fn validate_claims(&self, body: &[u8]) -> Result<AdmissionReview<DynamicObject>, ReviewError> {
         let req = review::decode::<DynamicObject>(body)?;
         let outcome = match (&req.operation, &req.object) {
-            (Operation::Create | Operation::Update, Some(obj)) => check_claim_object(&req, obj),
+            (Operation::Create | Operation::Update, Some(obj)) => match check_claim_object(&req, obj) {
+                Ok(Some(claim))
+                    if self.config.dra_admission
+                        && req.operation == Operation::Update
+                        && req.sub_resource.as_deref() == Some("status") =>
+                {
+                    self.check_allocated(&claim).await
+                }
+                Ok(_) => Ok(()),
+                Err(d) => Err(d),
+            },
             _ => Ok(()),
         };
+        if let Err(d) = &outcome {
+            tracing::info!(uid = %req.uid, namespace = ?req.namespace, name = %req.name, message = %d.message, "claim denied");
+        }
         Ok(review::respond(&req, outcome.map(|()| None)))
+    }
+
+    /// The sharing rules of an allocated claim across the pods it is reserved for
+    /// ([`validate::check_allocated_sharing`]).
+    async fn check_allocated(&self, claim: &ResourceClaim) -> Result<(), Denial> {
+        if claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none() {
+            return Ok(());
+        }
+        let ns = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let mut cache = ClaimCache::default();
+        let requests = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.devices.as_ref())
+            .and_then(|d| d.requests.clone())
+            .unwrap_or_default();
+        self.device_classes(&requests, &mut cache).await?;
+        let reserved_for = claim.status.as_ref().and_then(|s| s.reserved_for.clone()).unwrap_or_default();
+        let mut reserved = Vec::new();
+        for r in reserved_for {
+            if r.api_group.as_deref().is_some_and(|g| !g.is_empty()) || r.resource != "pods" {
+                continue;
+            }
+            let Some(pod) = self.api.get_pod(&ns, &r.name).await.map_err(deny_api)? else { continue };
+            if !r.uid.is_empty() && pod.metadata.uid.as_deref() != Some(r.uid.as_str()) {
+                continue;
+            }
+            let mut claims = BTreeMap::new();
+            for (_, c) in mutate::containers(&pod) {
+                for reference in c.resources.as_ref().and_then(|r| r.claims.as_ref()).into_iter().flatten() {
+                    let Some(actual) = validate::actual_claim_name(&pod, &reference.name) else { continue };
+                    if actual == name || claims.contains_key(&actual) {
+                        continue;
+                    }
+                    let other = self.claim(&ns, &actual, &mut cache).await?;
+                    if let Some(o) = &other {
+                        let reqs = o
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.devices.as_ref())
+                            .and_then(|d| d.requests.clone())
+                            .unwrap_or_default();
+                        self.device_classes(&reqs, &mut cache).await?;
+                    }
+                    claims.insert(actual, other);
+                }
+            }
+            reserved.push(validate::ReservedPod { pod, claims });
+        }
+        validate::check_allocated_sharing(claim, &reserved, &self.config.device_class_name, &cache.classes)
     }
 }
 
@@ -425,7 +490,10 @@ pub fn planned_claims(
         .collect())
 }
 
-fn check_claim_object(req: &AdmissionRequest<DynamicObject>, obj: &DynamicObject) -> Result<(), Denial> {
+fn check_claim_object(
+    req: &AdmissionRequest<DynamicObject>,
+    obj: &DynamicObject,
+) -> Result<Option<ResourceClaim>, Denial> {
     let gvk = &req.kind;
     if gvk.group != "resource.k8s.io" || gvk.version != "v1" {
         return Err(Denial::new(format!(
@@ -438,8 +506,14 @@ fn check_claim_object(req: &AdmissionRequest<DynamicObject>, obj: &DynamicObject
         "ResourceClaim" => {
             let claim: ResourceClaim = serde_json::from_value(value)
                 .map_err(|e| Denial::new(format!("cannot decode the ResourceClaim: {e}")))?;
-            let configs = claim.spec.and_then(|s| s.devices).and_then(|d| d.config).unwrap_or_default();
-            validate::check_opaque_configs(&configs, "spec")
+            let configs = claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.devices.as_ref())
+                .and_then(|d| d.config.clone())
+                .unwrap_or_default();
+            validate::check_opaque_configs(&configs, "spec")?;
+            Ok(Some(claim))
         }
         "ResourceClaimTemplate" => {
             let template: ResourceClaimTemplate = serde_json::from_value(value)
@@ -450,7 +524,8 @@ fn check_claim_object(req: &AdmissionRequest<DynamicObject>, obj: &DynamicObject
                 .and_then(|s| s.devices)
                 .and_then(|d| d.config)
                 .unwrap_or_default();
-            validate::check_opaque_configs(&configs, "spec.spec")
+            validate::check_opaque_configs(&configs, "spec.spec")?;
+            Ok(None)
         }
         other => Err(Denial::new(format!(
             "expected a resource.k8s.io/v1 ResourceClaim or ResourceClaimTemplate, got {other}"

@@ -162,7 +162,7 @@ async fn validate_claims<C: ClusterApi>(
     body: Body,
 ) -> Response {
     match body_of(&s, &headers, start, body).await {
-        Ok(bytes) => answer(s.admission.validate_claims(&bytes)),
+        Ok(bytes) => answer(s.admission.validate_claims(&bytes).await),
         Err(r) => r,
     }
 }

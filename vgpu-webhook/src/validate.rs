@@ -30,6 +30,12 @@
 //! `pod "<new>" and pod <ns>/<other> both use vgpu requests [r] from claim "<claim>"; cross-pod sharing of the same vgpu request is not allowed`
 //! for a named claim already reserved for another pod using the same vGPU request.
 //!
+//! # Allocated claims ([`check_allocated_sharing`])
+//!
+//! On a ResourceClaim status update that carries an allocation, the same rules hold for the allocated vGPU
+//! requests of the claim across every pod it is reserved for (containers resolved to actual claims, template
+//! claims through `status.resourceClaimStatuses`), and no allocated vGPU request may serve two pods.
+//!
 //! # Opaque configurations ([`check_opaque_configs`])
 //!
 //! Configs for driver `manager.nvidia.com` must be JSON objects of `apiVersion: resource.nvidia.com/v1beta1`
@@ -413,4 +419,193 @@ pub fn check_opaque_configs(configs: &[DeviceClaimConfiguration], spec_path: &st
     } else {
         Err(Denial::new(format!("{} configs failed to validate: {}", errors.len(), errors.join("; "))))
     }
+}
+
+// === allocated claims (`/resourceclaims/validate`, status updates) ===
+
+/// The vGPU requests (main request names) allocated to `claim` from driver `manager.nvidia.com`: the results
+/// of `status.allocation` whose request (`main` or `main/sub` for `firstAvailable`) classifies as vGPU.
+pub fn allocated_vgpu_requests(
+    claim: &ResourceClaim,
+    vgpu_class: &str,
+    classes: &BTreeMap<String, DeviceClass>,
+) -> BTreeSet<String> {
+    let requests = claim.spec.as_ref().and_then(|s| s.devices.as_ref()).and_then(|d| d.requests.as_ref());
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref());
+    let mut out = BTreeSet::new();
+    for result in results.into_iter().flatten().filter(|r| r.driver == DRA_DRIVER_NAME) {
+        let (main, sub) = match result.request.split_once('/') {
+            Some((m, s)) => (m, Some(s)),
+            None => (result.request.as_str(), None),
+        };
+        let Some(request) = requests.into_iter().flatten().find(|r| r.name == main) else { continue };
+        // The driver matched already: the class or a selector naming the vgpu type is enough.
+        let vgpu = |class: &str, selectors: Option<&Vec<DeviceSelector>>| {
+            looks_like_vgpu(class, selectors, vgpu_class, classes) || {
+                let (mut driver, mut device) = (true, false);
+                if let Some(c) = classes.get(class) {
+                    selectors_look_like_vgpu(
+                        c.spec.iter().flat_map(|s| s.selectors.iter().flatten()),
+                        &mut driver,
+                        &mut device,
+                    );
+                }
+                selectors_look_like_vgpu(selectors.into_iter().flatten(), &mut driver, &mut device);
+                device
+            }
+        };
+        let is_vgpu = match (&request.exactly, sub) {
+            (Some(e), _) => vgpu(&e.device_class_name, e.selectors.as_ref()),
+            (None, Some(sub)) => request
+                .first_available
+                .iter()
+                .flatten()
+                .find(|s| s.name == sub)
+                .is_some_and(|s| vgpu(&s.device_class_name, s.selectors.as_ref())),
+            (None, None) => false,
+        };
+        if is_vgpu {
+            out.insert(main.to_owned());
+        }
+    }
+    out
+}
+
+/// The ResourceClaim name behind `pod`'s pod claim `pod_claim`: its `resourceClaimName`, or the claim generated
+/// from its template (`status.resourceClaimStatuses`).
+pub fn actual_claim_name(pod: &Pod, pod_claim: &str) -> Option<String> {
+    let pc = pod.spec.as_ref()?.resource_claims.as_ref()?.iter().find(|p| p.name == pod_claim)?;
+    if let Some(name) = pc.resource_claim_name.as_ref().filter(|n| !n.is_empty()) {
+        return Some(name.clone());
+    }
+    pod.status
+        .as_ref()?
+        .resource_claim_statuses
+        .as_ref()?
+        .iter()
+        .find(|s| s.name == pod_claim)?
+        .resource_claim_name
+        .clone()
+}
+
+/// One pod the claim is reserved for, with the ResourceClaims its containers reference (by name; `None` when
+/// the claim does not exist).
+#[derive(Debug, Clone)]
+pub struct ReservedPod {
+    /// The pod.
+    pub pod: Pod,
+    /// Actual claim name → claim.
+    pub claims: BTreeMap<String, Option<ResourceClaim>>,
+}
+
+/// The sharing rules on an allocated claim's status update: for every pod the claim is reserved for, no
+/// container uses two allocated vGPU claims, and no allocated vGPU request of `claim` is used by two app
+/// containers, two sidecars, a sidecar and another container, or two pods.
+///
+/// Messages: `pod <ns>/<pod> <kind> container "<c>" uses multiple allocated vgpu claims [uid uid]; one container
+/// can use at most one vgpu claim`; `allocated vgpu request "<r>" in claim <ns>/<claim> is referenced by
+/// multiple app containers [<ns>/<pod>/<c> …]` (or `multiple sidecar containers`, or `sidecar [...] together
+/// with other containers; a sidecar must be the sole user of a vgpu request`), or `is shared by multiple pods
+/// [<ns>/<pod> …]`.
+pub fn check_allocated_sharing(
+    claim: &ResourceClaim,
+    reserved: &[ReservedPod],
+    vgpu_class: &str,
+    classes: &BTreeMap<String, DeviceClass>,
+) -> Result<(), Denial> {
+    let current = allocated_vgpu_requests(claim, vgpu_class, classes);
+    if current.is_empty() {
+        return Ok(());
+    }
+    let claim_ns = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let claim_name = claim.metadata.name.as_deref().unwrap_or_default();
+    let claim_uid = claim.metadata.uid.as_deref().unwrap_or(claim_name);
+    #[derive(Default)]
+    struct AllocatedUsage {
+        pods: BTreeSet<String>,
+        init: BTreeSet<String>,
+        app: BTreeSet<String>,
+        sidecar: BTreeSet<String>,
+    }
+    let mut usages: BTreeMap<String, AllocatedUsage> = BTreeMap::new();
+    for r in reserved {
+        let pod = &r.pod;
+        let pod_ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+        let pod_id = format!("{pod_ns}/{pod_name}");
+        for (slot, c) in containers(pod) {
+            let mut vgpu_claims = BTreeSet::new();
+            let mut current_reqs = BTreeSet::new();
+            for reference in c.resources.as_ref().and_then(|r| r.claims.as_ref()).into_iter().flatten() {
+                let Some(actual) = actual_claim_name(pod, &reference.name) else { continue };
+                let (uid, allocated) = if actual == claim_name {
+                    (claim_uid.to_owned(), current.clone())
+                } else {
+                    let Some(Some(other)) = r.claims.get(&actual) else { continue };
+                    let uid = other.metadata.uid.clone().unwrap_or_else(|| actual.clone());
+                    (uid, allocated_vgpu_requests(other, vgpu_class, classes))
+                };
+                let hit: Vec<String> = match reference.request.as_deref().filter(|q| !q.is_empty()) {
+                    Some(q) => allocated.iter().filter(|a| a.as_str() == q).cloned().collect(),
+                    None => allocated.iter().cloned().collect(),
+                };
+                if hit.is_empty() {
+                    continue;
+                }
+                vgpu_claims.insert(uid);
+                if actual == claim_name {
+                    current_reqs.extend(hit);
+                }
+            }
+            if vgpu_claims.len() > 1 {
+                return Err(Denial::new(format!(
+                    "pod {pod_id} {} container {:?} uses multiple allocated vgpu claims {}; one container can use at most one vgpu claim",
+                    kind(slot),
+                    c.name,
+                    go_list(&vgpu_claims)
+                )));
+            }
+            for req in current_reqs {
+                let usage = usages.entry(req.clone()).or_default();
+                let id = format!("{pod_id}/{}", c.name);
+                usage.pods.insert(pod_id.clone());
+                match slot {
+                    crate::mutate::ContainerSlot::Init(_) if is_sidecar(c) => usage.sidecar.insert(id),
+                    crate::mutate::ContainerSlot::Init(_) => usage.init.insert(id),
+                    crate::mutate::ContainerSlot::App(_) => usage.app.insert(id),
+                };
+                let prefix = format!("allocated vgpu request {req:?} in claim {claim_ns}/{claim_name}");
+                if usage.app.len() > 1 {
+                    return Err(Denial::new(format!(
+                        "{prefix} is referenced by multiple app containers {}",
+                        go_list(&usage.app)
+                    )));
+                }
+                if usage.sidecar.len() > 1 {
+                    return Err(Denial::new(format!(
+                        "{prefix} is referenced by multiple sidecar containers {}",
+                        go_list(&usage.sidecar)
+                    )));
+                }
+                if usage.sidecar.len() == 1 && (!usage.init.is_empty() || !usage.app.is_empty()) {
+                    return Err(Denial::new(format!(
+                        "{prefix} is referenced by sidecar {} together with other containers; a sidecar must be the sole user of a vgpu request",
+                        go_list(&usage.sidecar)
+                    )));
+                }
+                if usage.pods.len() > 1 {
+                    return Err(Denial::new(format!(
+                        "{prefix} is shared by multiple pods {}",
+                        go_list(&usage.pods)
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -207,6 +207,7 @@ proptest! {
     fn arbitrary_json_never_panics(raw in any::<Vec<u8>>()) {
         let admission = vgpu_webhook::admit::Admission::new(WebhookConfig::default(), vgpu_webhook::api::MemoryApi::new());
         let _ = admission.mutate_pods(&raw);
-        let _ = admission.validate_claims(&raw);
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let _ = rt.block_on(admission.validate_claims(&raw));
     }
 }

@@ -437,7 +437,10 @@ fn bad_records_are_denied() {
 
 fn claim_review(operation: &str, kind: &str, version: &str, object: Value) -> Value {
     let adm = admission(&MemoryApi::new(), dra());
-    let r = adm.validate_claims(&body(operation, ("resource.k8s.io", version, kind), object, false)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let r = rt
+        .block_on(adm.validate_claims(&body(operation, ("resource.k8s.io", version, kind), object, false)))
+        .unwrap();
     serde_json::to_value(r).unwrap()["response"].clone()
 }
 
@@ -473,4 +476,142 @@ fn opaque_configs_of_our_driver_must_be_known_kinds() {
         message(&claim_review("CREATE", "ResourceClaim", "v1beta1", json!({}))),
         "expected a resource.k8s.io/v1 ResourceClaim or ResourceClaimTemplate, got resource.k8s.io/v1beta1 ResourceClaim"
     );
+}
+
+fn allocated_claim(name: &str, uid: &str, requests: &[&str], reserved: &[(&str, &str)]) -> Value {
+    let reqs: Vec<Value> =
+        requests.iter().map(|r| json!({"name": r, "exactly": {"deviceClassName": "vgpu-manager"}})).collect();
+    let results: Vec<Value> = requests
+        .iter()
+        .map(|r| json!({"request": r, "driver": "manager.nvidia.com", "pool": "n1", "device": "vgpu-0"}))
+        .collect();
+    let reserved: Vec<Value> =
+        reserved.iter().map(|(n, u)| json!({"resource": "pods", "name": n, "uid": u})).collect();
+    json!({"metadata": {"name": name, "namespace": "ml", "uid": uid},
+        "spec": {"devices": {"requests": reqs}},
+        "status": {"allocation": {"devices": {"results": results}}, "reservedFor": reserved}})
+}
+
+fn reserved_pod(
+    name: &str,
+    uid: &str,
+    containers: Value,
+    init: Value,
+    claims: Value,
+) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml", "uid": uid},
+        "spec": {"containers": containers, "initContainers": init, "resourceClaims": claims}}))
+    .unwrap()
+}
+
+fn status_update(adm: &Admission<MemoryApi>, claim: Value) -> Value {
+    let mut b: Value =
+        serde_json::from_slice(&body("UPDATE", ("resource.k8s.io", "v1", "ResourceClaim"), claim, false))
+            .unwrap();
+    b["request"]["subResource"] = json!("status");
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let r = rt.block_on(adm.validate_claims(&serde_json::to_vec(&b).unwrap())).unwrap();
+    serde_json::to_value(r).unwrap()["response"].clone()
+}
+
+#[test]
+fn allocated_claims_keep_the_sharing_rules_across_reserved_pods() {
+    let api = MemoryApi::new();
+    let adm = admission(&api, dra_admission());
+    let named = json!([{"name": "g", "resourceClaimName": "shared"}]);
+    let uses = |c: &str, req: Option<&str>| json!({"name": c, "resources": {"claims": [{"name": "g", "request": req}]}});
+    api.put_pod(reserved_pod("p1", "u1", json!([uses("a", Some("r1"))]), json!([]), named.clone()));
+    api.put_pod(reserved_pod("p2", "u2", json!([uses("b", None)]), json!([]), named.clone()));
+    let two_pods = allocated_claim("shared", "c-uid", &["r1"], &[("p1", "u1"), ("p2", "u2")]);
+    // Containers are keyed by pod: two pods' app containers are two app containers (checked first, as upstream).
+    assert_eq!(
+        message(&status_update(&adm, two_pods.clone())),
+        r#"allocated vgpu request "r1" in claim ml/shared is referenced by multiple app containers [ml/p1/a ml/p2/b]"#
+    );
+    // Init containers may share inside one pod, never across pods.
+    api.put_pod(reserved_pod(
+        "q1",
+        "v1",
+        json!([{"name": "m"}]),
+        json!([uses("i", Some("r1"))]),
+        named.clone(),
+    ));
+    api.put_pod(reserved_pod(
+        "q2",
+        "v2",
+        json!([{"name": "m"}]),
+        json!([uses("i", Some("r1"))]),
+        named.clone(),
+    ));
+    assert_eq!(
+        message(&status_update(
+            &adm,
+            allocated_claim("shared", "c-uid", &["r1"], &[("q1", "v1"), ("q2", "v2")])
+        )),
+        r#"allocated vgpu request "r1" in claim ml/shared is shared by multiple pods [ml/q1 ml/q2]"#
+    );
+    // Without --dra-admission-enabled only the opaque configs are checked.
+    let off = admission(&api, WebhookConfig::default());
+    assert_eq!(status_update(&off, two_pods)["allowed"], true);
+    // A stale reservation (UID of an older pod) is ignored.
+    let stale = allocated_claim("shared", "c-uid", &["r1"], &[("p1", "u1"), ("p2", "old")]);
+    assert_eq!(status_update(&adm, stale)["allowed"], true);
+
+    api.put_pod(reserved_pod(
+        "p3",
+        "u3",
+        json!([uses("a", Some("r1")), uses("b", Some("r1"))]),
+        json!([]),
+        named.clone(),
+    ));
+    assert_eq!(
+        message(&status_update(&adm, allocated_claim("shared", "c-uid", &["r1"], &[("p3", "u3")]))),
+        r#"allocated vgpu request "r1" in claim ml/shared is referenced by multiple app containers [ml/p3/a ml/p3/b]"#
+    );
+    let sidecar = json!({"name": "s", "restartPolicy": "Always", "resources": {"claims": [{"name": "g"}]}});
+    api.put_pod(reserved_pod("p4", "u4", json!([uses("a", Some("r1"))]), json!([sidecar]), named.clone()));
+    assert_eq!(
+        message(&status_update(&adm, allocated_claim("shared", "c-uid", &["r1"], &[("p4", "u4")]))),
+        r#"allocated vgpu request "r1" in claim ml/shared is referenced by sidecar [ml/p4/s] together with other containers; a sidecar must be the sole user of a vgpu request"#
+    );
+
+    // A container using two allocated vGPU claims, one of them generated from a template.
+    let mut other: ResourceClaim =
+        serde_json::from_value(allocated_claim("p5-tmpl-xyz", "t-uid", &["v"], &[("p5", "u5")])).unwrap();
+    other.metadata.namespace = Some("ml".into());
+    api.put_claim(other);
+    let mut p5 = reserved_pod(
+        "p5",
+        "u5",
+        json!([{"name": "a", "resources": {"claims": [{"name": "g"}, {"name": "t"}]}}]),
+        json!([]),
+        json!([{"name": "g", "resourceClaimName": "shared"}, {"name": "t", "resourceClaimTemplateName": "tmpl"}]),
+    );
+    p5.status = Some(
+        serde_json::from_value(
+            json!({"resourceClaimStatuses": [{"name": "t", "resourceClaimName": "p5-tmpl-xyz"}]}),
+        )
+        .unwrap(),
+    );
+    api.put_pod(p5);
+    assert_eq!(
+        message(&status_update(&adm, allocated_claim("shared", "c-uid", &["r1"], &[("p5", "u5")]))),
+        r#"pod ml/p5 app container "a" uses multiple allocated vgpu claims [c-uid t-uid]; one container can use at most one vgpu claim"#
+    );
+
+    // One pod, one app container, an init container before it: allowed. A non-vGPU allocation: allowed.
+    api.put_pod(reserved_pod(
+        "p6",
+        "u6",
+        json!([uses("a", Some("r1"))]),
+        json!([uses("i", Some("r1"))]),
+        named,
+    ));
+    assert_eq!(
+        status_update(&adm, allocated_claim("shared", "c-uid", &["r1"], &[("p6", "u6")]))["allowed"],
+        true
+    );
+    let mut gpu = allocated_claim("shared", "c-uid", &["r1"], &[("p1", "u1"), ("p2", "u2")]);
+    gpu["status"]["allocation"]["devices"]["results"][0]["driver"] = json!("gpu.example.com");
+    assert_eq!(status_update(&adm, gpu)["allowed"], true);
 }
