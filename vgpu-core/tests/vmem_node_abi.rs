@@ -89,7 +89,12 @@ fn read_from_a_real_file() {
     node.devices[15] = (0..1024).map(|i| ProcessUsed { pid: i, used: u64::from(i as u32) << 20 }).collect();
     vmem_node::write(&path, &node).unwrap();
     assert_eq!(vmem_node::read(&path).unwrap(), node);
+    // Only the slots asked for.
+    let some = vmem_node::read_slots(&path, &[15, 3]).unwrap();
+    assert_eq!(some.devices[15], node.devices[15]);
+    assert!(some.devices[..15].iter().all(Vec::is_empty));
     std::fs::write(&path, b"short").unwrap();
+    assert!(matches!(vmem_node::read_slots(&path, &[0]).unwrap_err(), AbiError::Size { actual: 5, .. }));
     assert!(matches!(vmem_node::read(&path).unwrap_err(), AbiError::Size { actual: 5, .. }));
     let err = vmem_node::read(&dir.path().join("missing")).unwrap_err();
     assert!(err.to_string().contains("missing"), "{err}");

@@ -25,7 +25,7 @@ use vgpu_monitor::{
 const GPUS: u32 = 8;
 const CONTAINERS: u32 = 100;
 
-fn node(vmem: bool) -> (tempfile::TempDir, Arc<MonitorServer>) {
+fn node(vmem: bool) -> (tempfile::TempDir, Arc<NodeCollector>, Arc<MonitorServer>) {
     let dir = support::scratch();
     let (manager, cgroup) = (dir.path().join("manager"), dir.path().join("cgroup"));
     std::fs::create_dir_all(&cgroup).unwrap();
@@ -57,13 +57,13 @@ fn node(vmem: bool) -> (tempfile::TempDir, Arc<MonitorServer>) {
     let pods = Arc::new(InMemoryPods::new(pods));
     let collector = Arc::new(NodeCollector::new(config, backend, pods.clone()));
     let mut registry = metrics::new_registry();
-    metrics::register(&mut registry, collector);
-    (dir, MonitorServer::new(registry, pods, ServerConfig::default()))
+    metrics::register(&mut registry, Arc::clone(&collector));
+    (dir, collector, MonitorServer::new(registry, pods, ServerConfig::default()))
 }
 
 fn scrape(c: &mut Criterion) {
     for vmem in [false, true] {
-        let (_dir, server) = node(vmem);
+        let (_dir, collector, server) = node(vmem);
         let page = server.render(false).unwrap();
         assert_eq!(
             page.matches("container_vgpu_device_memory_limit_in_bytes{").count(),
@@ -75,8 +75,31 @@ fn scrape(c: &mut Criterion) {
             server.render(true).unwrap().len(),
             page.lines().count()
         );
+        if !vmem {
+            c.bench_function("gather_100x8", |b| b.iter(|| black_box(collector.gather())));
+            let snap = collector.gather();
+            c.bench_function("encode_100x8", |b| {
+                b.iter(|| {
+                    let mut out = String::new();
+                    let mut reg = metrics::new_registry();
+                    reg.register_collector(Box::new(Fixed(snap.clone())));
+                    prometheus_client::encoding::prometheus_text::encode(&mut out, &reg).unwrap();
+                    black_box(out)
+                })
+            });
+        }
         let name = if vmem { "scrape_100x8_vmem" } else { "scrape_100x8" };
         c.bench_function(name, |b| b.iter(|| black_box(server.render(false).unwrap())));
+    }
+}
+
+/// A collector that encodes a fixed snapshot (the encoding's share of a scrape).
+#[derive(Debug)]
+struct Fixed(vgpu_monitor::collect::Snapshot);
+
+impl prometheus_client::collector::Collector for Fixed {
+    fn encode(&self, e: prometheus_client::encoding::DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.0.encode(e)
     }
 }
 

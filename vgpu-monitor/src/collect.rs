@@ -510,9 +510,16 @@ impl NodeCollector {
                 .unwrap_or_default()
                 .into_iter()
                 .collect();
+            let active: Vec<usize> = config
+                .devices
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| d.activate == 1 && !d.uuid.is_empty())
+                .map(|(i, _)| i)
+                .collect();
             let vmem = if cfg.vmem_tracking && config.vmem_node == 1 {
                 let p = dir.join(vmem_node::DIR_NAME).join(vmem_node::FILE_NAME);
-                match vmem_node::read(&p) {
+                match vmem_node::read_slots(&p, &active) {
                     Ok(v) => Some(v),
                     Err(err) => {
                         if p.exists() {
@@ -524,19 +531,12 @@ impl NodeCollector {
             } else {
                 None
             };
-            let active =
-                config.devices.iter().enumerate().filter(|(_, d)| d.activate == 1 && !d.uuid.is_empty());
-            for (vdevice_idx, (slot, d)) in active.enumerate() {
+            for (vdevice_idx, &slot) in active.iter().enumerate() {
+                let Some(d) = config.devices.get(slot) else { continue };
                 let gpu = procs.get(&(slot as u32));
-                let physical: u64 = gpu.map_or(0, |g| {
-                    g.memory.iter().filter(|(pid, _)| pids.contains(pid)).map(|(_, b)| *b).sum()
-                });
+                let physical: u64 = gpu.map_or(0, |g| pids.iter().filter_map(|p| g.memory.get(p)).sum());
                 let load = gpu.map_or(0.0, |g| {
-                    g.samples
-                        .values()
-                        .filter(|s| pids.contains(&s.pid))
-                        .map(sample_load)
-                        .fold(0.0, |a, b| a + b)
+                    pids.iter().filter_map(|p| g.samples.get(p)).map(sample_load).fold(0.0, |a, b| a + b)
                 });
                 let virtual_bytes = vmem.as_ref().map_or(0, |v| v.used_by(slot, |_| true));
                 let usage = physical.saturating_add(virtual_bytes);

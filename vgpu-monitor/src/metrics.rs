@@ -65,17 +65,17 @@ type Labels = Vec<(&'static str, String)>;
 /// A family of one row kind: name, help, value of a row.
 type Spec<T> = (&'static str, &'static str, fn(&T) -> f64);
 
-fn family(
+fn family<'r>(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
-    rows: impl IntoIterator<Item = (Labels, f64)>,
+    rows: impl IntoIterator<Item = (&'r Labels, f64)>,
 ) -> Result<(), std::fmt::Error> {
     let mut metric =
         encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Gauge)?;
     for (labels, value) in rows {
         let g = ConstGauge::new(value);
-        g.encode(metric.encode_family(&labels)?)?;
+        g.encode(metric.encode_family(labels)?)?;
     }
     Ok(())
 }
@@ -94,7 +94,7 @@ impl Snapshot {
             "exporter_build_info",
             "A metric with a constant '1' value labeled by version, branch, commit, platform and build date.",
             [(
-                vec![
+                &vec![
                     node(),
                     ("version", b.version.clone()),
                     ("branch", b.branch.clone()),
@@ -152,15 +152,16 @@ impl Snapshot {
                 },
             ),
         ];
+        let rows: Vec<Labels> = self.physical.iter().map(phys_labels).collect();
         for (name, help, value) in physical {
-            family(&mut e, name, help, self.physical.iter().map(|p| (phys_labels(p), value(p))))?;
+            family(&mut e, name, help, rows.iter().zip(&self.physical).map(|(l, p)| (l, value(p))))?;
         }
         family(
             &mut e,
             "node_gpu_device_configuration_info",
             "Device configuration of the node: split count, cores scaling, memory scaling and memory factor.",
             [(
-                vec![
+                &vec![
                     node(),
                     ("device_split", s(self.split_count)),
                     ("cores_scaling", format!("{:.2}", self.cores_scaling)),
@@ -170,22 +171,24 @@ impl Snapshot {
                 1.0,
             )],
         )?;
+        let driver_rows: Vec<Labels> = self
+            .driver
+            .iter()
+            .map(|d| {
+                let cuda = d.cuda_version.map_or_else(String::new, |(a, b)| format!("{a}.{b}"));
+                vec![
+                    node(),
+                    ("driver_version", d.driver_version.clone()),
+                    ("cuda_version", cuda),
+                    ("nvml_version", String::new()),
+                ]
+            })
+            .collect();
         family(
             &mut e,
             "node_gpu_device_driver_version_info",
             "Driver versions of the node's GPUs.",
-            self.driver.iter().map(|d| {
-                let cuda = d.cuda_version.map_or_else(String::new, |(a, b)| format!("{a}.{b}"));
-                (
-                    vec![
-                        node(),
-                        ("driver_version", d.driver_version.clone()),
-                        ("cuda_version", cuda),
-                        ("nvml_version", String::new()),
-                    ],
-                    1.0,
-                )
-            }),
+            driver_rows.iter().map(|l| (l, 1.0)),
         )?;
         let sum = |f: fn(&crate::collect::VgpuDevice) -> u64| {
             self.vgpu.iter().map(f).fold(0u64, u64::saturating_add) as f64
@@ -212,7 +215,7 @@ impl Snapshot {
                 sum(|d| d.assigned_physical_memory),
             ),
         ] {
-            family(&mut e, name, help, [(vec![node()], v)])?;
+            family(&mut e, name, help, [(&vec![node()], v)])?;
         }
         let vgpu_labels = |d: &crate::collect::VgpuDevice| -> Labels {
             vec![
@@ -254,8 +257,9 @@ impl Snapshot {
                 |d| d.assigned_physical_memory as f64,
             ),
         ];
+        let rows: Vec<Labels> = self.vgpu.iter().map(vgpu_labels).collect();
         for (name, help, value) in vgpu {
-            family(&mut e, name, help, self.vgpu.iter().map(|d| (vgpu_labels(d), value(d))))?;
+            family(&mut e, name, help, rows.iter().zip(&self.vgpu).map(|(l, d)| (l, value(d))))?;
         }
         let ctr_labels = |c: &crate::collect::ContainerDevice| -> Labels {
             vec![
@@ -299,34 +303,37 @@ impl Snapshot {
                 |c| c.core_percent,
             ),
         ];
+        let rows: Vec<Labels> = self.containers.iter().map(ctr_labels).collect();
         for (name, help, value) in ctr {
-            family(&mut e, name, help, self.containers.iter().map(|c| (ctr_labels(c), value(c))))?;
+            family(&mut e, name, help, rows.iter().zip(&self.containers).map(|(l, c)| (l, value(c))))?;
         }
+        let mig_rows: Vec<Labels> = self
+            .mig
+            .iter()
+            .map(|m| {
+                vec![
+                    node(),
+                    ("device_idx", s(m.device_idx)),
+                    ("device_uuid", m.uuid.clone()),
+                    ("parent_uuid", m.parent_uuid.clone()),
+                    ("ci_id", s(m.ci_id)),
+                    ("gi_id", s(m.gi_id)),
+                    ("profile", m.profile.clone()),
+                ]
+            })
+            .collect();
         family(
             &mut e,
             "mig_device_total_memory_in_bytes",
             "Total memory of the MIG device in bytes.",
-            self.mig.iter().map(|m| {
-                (
-                    vec![
-                        node(),
-                        ("device_idx", s(m.device_idx)),
-                        ("device_uuid", m.uuid.clone()),
-                        ("parent_uuid", m.parent_uuid.clone()),
-                        ("ci_id", s(m.ci_id)),
-                        ("gi_id", s(m.gi_id)),
-                        ("profile", m.profile.clone()),
-                    ],
-                    m.total_memory as f64,
-                )
-            }),
+            mig_rows.iter().zip(&self.mig).map(|(l, m)| (l, m.total_memory as f64)),
         )?;
         if let Some(present) = self.sm_watcher_file_present {
             family(
                 &mut e,
                 "sm_watcher_file_present",
                 "1 when the shared SM watcher file was read, 0 when the monitor sampled the backend instead.",
-                [(vec![node()], if present { 1.0 } else { 0.0 })],
+                [(&vec![node()], if present { 1.0 } else { 0.0 })],
             )?;
         }
         Ok(())

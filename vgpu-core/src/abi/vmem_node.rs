@@ -152,6 +152,14 @@ impl VmemNode {
 }
 
 fn decode_from<S: Source + ?Sized>(src: &S, path: &Path) -> Result<VmemNode, AbiError> {
+    decode_slots(src, path, &mut |_| true)
+}
+
+fn decode_slots<S: Source + ?Sized>(
+    src: &S,
+    path: &Path,
+    wanted: &mut dyn FnMut(usize) -> bool,
+) -> Result<VmemNode, AbiError> {
     if src.len() != FILE_SIZE {
         return Err(AbiError::Size { path: path.to_path_buf(), expected: FILE_SIZE, actual: src.len() });
     }
@@ -174,6 +182,9 @@ fn decode_from<S: Source + ?Sized>(src: &S, path: &Path) -> Result<VmemNode, Abi
     let mut node = VmemNode::default();
     let mut buf = Vec::new();
     for (i, d) in node.devices.iter_mut().enumerate() {
+        if !wanted(i) {
+            continue;
+        }
         let at = device_offset(i);
         let n = src.u32_at(at + offsets::device::PROCESSES_SIZE)? as usize;
         if n > MAX_PROCESSES {
@@ -200,6 +211,14 @@ pub fn read(path: &Path) -> Result<VmemNode, AbiError> {
         let src = FileSource::new(&file, path)?;
         decode_from(&src, path)
     })
+}
+
+/// [`read`] of the device slots `slots` only (the others come back empty): the monitor asks for the
+/// GPUs a container holds, so a scrape reads a few entries of each ledger instead of all sixteen slots.
+pub fn read_slots(path: &Path, slots: &[usize]) -> Result<VmemNode, AbiError> {
+    let file = open(path)?;
+    let src = FileSource::new(&file, path)?;
+    read_stable(path, READ_ATTEMPTS, || decode_slots(&src, path, &mut |i| slots.contains(&i)))
 }
 
 /// Writes a fresh ledger atomically (mode 0666 before umask). The library owns the live file; this is for
