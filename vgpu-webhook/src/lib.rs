@@ -8,7 +8,7 @@
 //! |---|---|---|---|
 //! | `POST /pods/mutate` (CREATE) | every pod whose vGPU limits are integers within the limits | a vGPU limit that is not a non-negative integer, `vgpu-number` > 16, `vgpu-cores` > 100 — message names the container and the field | defaults per container (number 1 / cores 100), `schedulerName`, node/device policies, `runtimeClassName`, topology mode (multi-GPU), stale scheduling annotations/labels removed, policies removed from non-vGPU pods, `spec.nodeName` → hostname `nodeSelector`, DRA conversion ([`mutate`]) |
 //! | `POST /pods/validate` (CREATE, DELETE) | pods that keep the claim-sharing rules | with `--dra-admission-enabled`: a container using two vGPU claims, a vGPU request shared by concurrent containers or across pods ([`validate`]); a bad `original-resources` record | with `--default-convert2-dra`: creates the converted pod's ResourceClaims ([`convert`]) on CREATE, deletes them on DELETE |
-//! | `POST /resourceclaims/validate` (CREATE, UPDATE) | ResourceClaims/Templates whose `manager.nvidia.com` opaque configs are of a known kind | an unknown config kind or undecodable parameters | — |
+//! | `POST /resourceclaims/validate` (CREATE, UPDATE, `status` UPDATE) | ResourceClaims/Templates whose `manager.nvidia.com` opaque configs are of a known kind | an unknown config kind or undecodable parameters; with `--dra-admission-enabled`, an allocation whose vGPU requests would be shared by concurrent containers or by two pods ([`validate::check_allocated_sharing`]) | — |
 //! | `GET /healthz`, `GET /readyz` | — | — | 200 `ok` |
 //!
 //! Bad AdmissionReview bodies get HTTP 400 with the reason; denials are `allowed: false` with status reason
