@@ -64,7 +64,8 @@ struct Cli {
     /// A pod with only a scheduler pre-allocation counts as assigned this long after Filter (Go duration).
     #[arg(long, default_value = "30s", value_parser = parse_go_duration)]
     stuck_grace_period: Duration,
-    /// Where the host's driver root is mounted in this container.
+    /// Where the host's driver root is mounted in this container: NVML (`libnvidia-ml.so.1`) is loaded from
+    /// its library folders when present there, else from the loader path.
     #[arg(long, env = "DRIVER_ROOT_CTR_PATH", default_value = "/driver-root")]
     container_driver_root: PathBuf,
     /// Collect from DRA ResourceClaims instead of the device-plugin files (not available yet).
@@ -98,6 +99,7 @@ fn bad_flag(flag: &str, err: impl std::fmt::Display) -> ExitCode {
 }
 
 /// Everything checkable before the runtime starts.
+#[derive(Debug)]
 struct Checked {
     node: String,
     domain: ResourceDomain,
@@ -156,6 +158,10 @@ async fn run(cli: Cli, gates: FeatureGates<'static, CoreGate>, checked: Checked)
     let Checked { node, domain, settings, tls } = checked;
     let mut options = SelectOptions::default();
     options.mock_config.clone_from(&cli.mock_config);
+    options.nvml.library_path = nvml_under(&cli.container_driver_root);
+    if let Some(lib) = &options.nvml.library_path {
+        tracing::info!(library = %lib.display(), "NVML from the container driver root");
+    }
     let opened = open_backend(cli.backend, &options).context("opening the device backend")?;
     for w in &opened.warnings {
         tracing::warn!("{w}");
@@ -178,7 +184,6 @@ async fn run(cli: Cli, gates: FeatureGates<'static, CoreGate>, checked: Checked)
         sm_watcher = config.sm_watcher,
         vmem_tracking = config.vmem_tracking,
         manager_dir = %config.manager_dir.display(),
-        driver_root = %cli.container_driver_root.display(),
         "collector configured"
     );
     let collector = Arc::new(NodeCollector::new(config, backend, Arc::clone(&pods)));
@@ -210,6 +215,14 @@ async fn run(cli: Cli, gates: FeatureGates<'static, CoreGate>, checked: Checked)
     Ok(())
 }
 
+/// `libnvidia-ml.so.1` in the usual library folders under the driver root, if there.
+fn nvml_under(root: &std::path::Path) -> Option<PathBuf> {
+    ["usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib", "lib64", "lib"]
+        .iter()
+        .map(|dir| root.join(dir).join("libnvidia-ml.so.1"))
+        .find(|p| p.exists())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
@@ -234,5 +247,43 @@ fn main() -> ExitCode {
             eprintln!("vgpu-device-monitor: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn nvml_is_found_under_the_driver_root() {
+        let root = tempfile::tempdir().unwrap();
+        assert_eq!(nvml_under(root.path()), None);
+        let dir = root.path().join("usr/lib64");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libnvidia-ml.so.1"), b"").unwrap();
+        assert_eq!(nvml_under(root.path()), Some(dir.join("libnvidia-ml.so.1")));
+    }
+
+    #[test]
+    fn flags_are_checked() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("vgpu-device-monitor").chain(args.iter().copied())).unwrap()
+        };
+        let ok = check(&parse(&["--node-name=n1", "--cert-refresh-interval=10s"])).ok().unwrap();
+        assert_eq!(ok.node, "n1");
+        assert!(ok.tls.is_none());
+        let cli = parse(&[
+            "--node-name=n1",
+            "--enable-tls",
+            "--tls-cert-file=c",
+            "--tls-key-file=k",
+            "--cert-refresh-interval=2m",
+        ]);
+        // The interval is taken as is (upstream multiplies a Duration by 1e9).
+        assert_eq!(check(&cli).ok().unwrap().tls.unwrap().refresh_interval, Duration::from_secs(120));
+        assert!(check(&parse(&["--node-name=n1", "--min-scrape-interval=999ms"])).is_err());
+        assert!(check(&parse(&["--node-name=n1", "--min-scrape-interval=2s"])).is_ok());
     }
 }
