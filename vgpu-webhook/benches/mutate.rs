@@ -1,6 +1,8 @@
 //! One pod mutation through the whole `/pods/mutate` path minus HTTP: AdmissionReview decode → mutation →
 //! JSON patch → AdmissionReview encode, for a kubectl-made pod (managedFields, service-account volume,
 //! tolerations) with one vGPU container. Target: median ≤ 100 µs. Also the same with `--default-convert2-dra`.
+//!
+//! Last run (shared 2-core box, load average ≈ 5): 60 µs median (58.6–61.5 µs); with conversion 108 µs.
 
 use std::hint::black_box;
 

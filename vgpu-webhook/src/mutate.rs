@@ -347,15 +347,31 @@ fn convert_pod(config: &WebhookConfig, request_uid: &str, pod: &mut Pod, slots: 
 }
 
 /// The JSON patch from `original` to [`mutate_pod`]'s result (empty when nothing changes).
+///
+/// Only `metadata` (without `managedFields`, which the mutation never touches and which is most of a
+/// kubectl-made pod's bytes) and `spec` are compared; the paths are those of the whole pod.
 pub fn pod_patch(
     config: &WebhookConfig,
     request_uid: &str,
     original: &Pod,
 ) -> Result<json_patch::Patch, Denial> {
     let mutated = mutate_pod(config, request_uid, original)?;
-    let before =
-        serde_json::to_value(original).map_err(|e| Denial::new(format!("cannot encode the pod: {e}")))?;
-    let after =
-        serde_json::to_value(&mutated).map_err(|e| Denial::new(format!("cannot encode the pod: {e}")))?;
+    let before = comparable(original)?;
+    let after = comparable(&mutated)?;
     Ok(json_patch::diff(&before, &after))
+}
+
+/// `{"metadata": …, "spec": …}` of a pod, `managedFields` left out.
+fn comparable(pod: &Pod) -> Result<serde_json::Value, Denial> {
+    let encode = |e: serde_json::Error| Denial::new(format!("cannot encode the pod: {e}"));
+    let mut metadata = serde_json::to_value(&pod.metadata).map_err(encode)?;
+    if let Some(m) = metadata.as_object_mut() {
+        m.remove("managedFields");
+    }
+    let mut out = serde_json::Map::new();
+    out.insert("metadata".to_owned(), metadata);
+    if let Some(spec) = &pod.spec {
+        out.insert("spec".to_owned(), serde_json::to_value(spec).map_err(encode)?);
+    }
+    Ok(serde_json::Value::Object(out))
 }
