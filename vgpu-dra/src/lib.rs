@@ -14,9 +14,20 @@
 //! assert!(feature_gates().configure(["DynamicMIG=true,NVMLDeviceHealthCheck=false"]).is_ok());
 //! ```
 
+pub mod api;
+pub mod cdi;
+pub mod checkpoint;
+pub mod claims;
+pub mod config;
 pub mod devices;
+pub mod driver;
+pub mod gates;
 pub mod health;
+pub mod lock;
+pub mod registration;
+pub mod service;
 pub mod slices;
+pub mod state;
 
 /// The DRA driver name.
 pub const DRIVER_NAME: &str = "manager.nvidia.com";

@@ -1,24 +1,433 @@
-//! `vgpu-kubelet-plugin`: the DRA kubelet plugin for vGPU claims.
+//! `vgpu-kubelet-plugin`: the DRA kubelet plugin for vGPU claims (contract §1.5, §9).
+//!
+//! Thin wiring: parse flags → validate gates (conflicts and gates this build cannot honour exit 2) →
+//! validate the flags (exit 2 naming the flag) → open the backend and the Kubernetes client → build the
+//! allocatable devices and the Prepare state (checkpoint recovery) → serve the registration and DRA sockets
+//! until SIGTERM/SIGINT.
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
+use anyhow::Context;
 use clap::Parser;
-use vgpu_bins::{DraGateArgs, gates_then_not_implemented};
+use vgpu_bins::{DraGateArgs, configure_gates, init_tracing};
+use vgpu_dra::{
+    claims::KubeClaims,
+    config::{
+        DEFAULT_CDI_ROOT, DEFAULT_MANAGER_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, DriverConfig,
+    },
+    devices::{AllocatableDevices, ConsumableShares, DeviceConfig},
+    driver::Driver,
+    health::{HealthConfig, HealthMonitor, HealthSnapshot},
+    slices::{KubeSliceStore, SliceConfig, SlicePublisher},
+    state::DeviceState,
+};
+use vgpu_gates::{DraGate, FeatureGates};
+use vgpu_nvml::select::{BackendChoice, SelectOptions, open_backend};
+
+const BIN: &str = "vgpu-kubelet-plugin";
 
 /// The DRA kubelet plugin for vGPU claims.
 #[derive(Debug, Parser)]
 #[command(name = "vgpu-kubelet-plugin", version, about)]
 struct Cli {
+    /// This node's name (the pool of every published device).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// The DRA driver name.
+    #[arg(long, default_value = vgpu_dra::DRIVER_NAME)]
+    driver_name: String,
+    /// Where the per-claim CDI specs are written.
+    #[arg(long, env = "CDI_ROOT", default_value = DEFAULT_CDI_ROOT)]
+    cdi_root: PathBuf,
+    /// The driver root on the host (host side of the device nodes); `HOST_DRIVER_ROOT` is read when
+    /// `NVIDIA_DRIVER_ROOT` is not set.
+    #[arg(long = "nvidia-driver-root", visible_aliases = ["host-driver-root", "host_driver-root"], env = "NVIDIA_DRIVER_ROOT")]
+    nvidia_driver_root: Option<PathBuf>,
+    /// Where the host's driver root is mounted in this container (control device nodes are looked for there).
+    #[arg(long, env = "DRIVER_ROOT_CTR_PATH", default_value = "/driver-root")]
+    container_driver_root: PathBuf,
+    /// The host's root file system in this container (only used by PassthroughSupport, which this build refuses).
+    #[arg(long, env = "HOST_ROOT", default_value = "/host-root")]
+    host_root: PathBuf,
+    /// Path of nvidia-cdi-hook (CDI hooks are not written by this build: accepted for chart compatibility).
+    #[arg(long, env = "NVIDIA_CDI_HOOK_PATH", default_value = "")]
+    nvidia_cdi_hook_path: String,
+    /// The kubelet's plugin-registration directory.
+    #[arg(long, env = "KUBELET_REGISTRAR_DIRECTORY_PATH", default_value = DEFAULT_REGISTRY_DIR)]
+    kubelet_registrar_directory_path: PathBuf,
+    /// The kubelet's plugins directory (the plugin's socket, checkpoint and lock go to `<dir>/<driver>/`).
+    #[arg(long, env = "KUBELET_PLUGINS_DIRECTORY_PATH", default_value = DEFAULT_PLUGINS_DIR)]
+    kubelet_plugins_directory_path: PathBuf,
+    /// Port of the gRPC health service (-1 = off, 0 = any free port).
+    #[arg(long, env = "HEALTHCHECK_PORT", default_value_t = -1, allow_negative_numbers = true)]
+    healthcheck_port: i64,
+    /// Xids treated as application errors (taint effect None), comma separated, in addition to 13, 31, 43,
+    /// 45, 68, 109.
+    #[arg(long, env = "ADDITIONAL_XIDS_TO_IGNORE", default_value = "")]
+    additional_xids_to_ignore: String,
+    /// Address of the metrics HTTP server ("" = none).
+    #[arg(long, env = "HTTP_ENDPOINT", default_value = "")]
+    http_endpoint: String,
+    /// Path of the metrics endpoint.
+    #[arg(long, env = "METRICS_PATH", default_value = "/metrics")]
+    metrics_path: String,
+    /// Consumable shares of whole GPUs (needs gate ConsumableShares): disabled, memory, unlimited or a
+    /// positive integer.
+    #[arg(long, env = "CONSUMABLE_SHARES", default_value = "disabled")]
+    consumable_shares: String,
+    /// The manager directory on the host (CDI mount sources).
+    #[arg(long, env = "HOST_MANAGER_DIR", default_value = DEFAULT_MANAGER_DIR)]
+    host_manager_dir: PathBuf,
+    /// Where this process sees the manager directory (claim directories are created there); default: the
+    /// host manager directory.
+    #[arg(long)]
+    manager_dir: Option<PathBuf>,
+    /// The node's cgroup driver (cgroupfs or systemd; empty detects it).
+    #[arg(long, env = "CGROUP_DRIVER", default_value = "")]
+    cgroup_driver: String,
+    /// Where the host's cgroup hierarchy is mounted (cgroup version → MANAGER_COMPATIBILITY_MODE).
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    host_cgroup_root: PathBuf,
+    /// The `cores` capacity of each vGPU device.
+    #[arg(long, env = "DEVICE_CORES_RATIO", default_value_t = 100, allow_negative_numbers = true)]
+    device_cores_ratio: i64,
+    /// Percent of each GPU's memory offered as the `memory` capacity (> 100 oversells).
+    #[arg(long, env = "DEVICE_MEMORY_RATIO", default_value_t = 100, allow_negative_numbers = true)]
+    device_memory_ratio: i64,
+    /// NRI socket directory (NRISupport, which this build refuses).
+    #[arg(long, env = "NRI_ROOT", default_value = "/var/run/nri")]
+    nri_root: PathBuf,
+    /// NRI plugin index, two digits (NRISupport).
+    #[arg(long, env = "NRI_PLUGIN_IDX", default_value = "00")]
+    nri_plugin_idx: String,
+    /// How often prepared claims are compared with the API (claims gone from it are unprepared).
+    #[arg(long, default_value = "10m", value_parser = vgpu_bins::parse_go_duration)]
+    stale_claim_sweep_interval: Duration,
+    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Device backend: auto, nvml, metax or mock.
+    #[arg(long, default_value = "auto")]
+    backend: BackendChoice,
+    /// The mock backend's description file (`--backend mock`).
+    #[arg(long, value_name = "FILE")]
+    mock_config: Option<PathBuf>,
     #[command(flatten)]
     gates: DraGateArgs,
 }
 
+/// A bad flag value: the message names the flag; exit 2.
+fn bad(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{BIN}: {message}");
+    ExitCode::from(2)
+}
+
+/// `--device-cores-ratio` / `--device-memory-ratio`: each message names its own flag and value (upstream
+/// printed the cores value for the memory ratio).
+fn ratio(flag: &str, value: i64) -> Result<u32, String> {
+    if value < 0 {
+        return Err(format!("invalid --{flag} {value}: must be greater than or equal to 0"));
+    }
+    u32::try_from(value).map_err(|_| format!("invalid --{flag} {value}: must be at most {}", u32::MAX))
+}
+
+/// `--consumable-shares`, which needs gate ConsumableShares unless it is `disabled`.
+fn consumable_shares(
+    value: &str,
+    gates: &FeatureGates<'static, DraGate>,
+) -> Result<ConsumableShares, String> {
+    let shares: ConsumableShares =
+        value.parse().map_err(|e: vgpu_dra::devices::DeviceError| e.to_string())?;
+    let gate_on = gates.registry().gate_by_name("ConsumableShares").is_some_and(|g| gates.enabled(g));
+    if shares.is_enabled() && !gate_on {
+        return Err("--consumable-shares requires feature gate ConsumableShares to be enabled".to_owned());
+    }
+    Ok(shares)
+}
+
+/// Everything the flags say, validated.
+#[derive(Debug)]
+struct Resolved {
+    config: DriverConfig,
+    devices: DeviceConfig,
+    xids: Vec<u64>,
+}
+
+fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved, String> {
+    let node = cli
+        .node_name
+        .clone()
+        .filter(|n| !n.trim().is_empty())
+        .ok_or_else(|| "--node-name (or NODE_NAME) is required".to_owned())?;
+    if cli.host_manager_dir.as_os_str().is_empty() {
+        return Err("--host-manager-dir (or HOST_MANAGER_DIR) is required".to_owned());
+    }
+    if cli.driver_name.is_empty() || !cli.driver_name.contains('.') {
+        return Err(format!(
+            "invalid --driver-name {:?}: expected a DNS subdomain such as manager.nvidia.com",
+            cli.driver_name
+        ));
+    }
+    let cores_ratio = ratio("device-cores-ratio", cli.device_cores_ratio)?;
+    let memory_ratio = ratio("device-memory-ratio", cli.device_memory_ratio)?;
+    let shares = consumable_shares(&cli.consumable_shares, &gates)?;
+    if gates.enabled(DraGate::NRISupport)
+        && !(cli.nri_plugin_idx.len() == 2 && cli.nri_plugin_idx.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(format!("invalid --nri-plugin-idx {:?}: must be two digits", cli.nri_plugin_idx));
+    }
+    if !cli.http_endpoint.is_empty() {
+        return Err(format!(
+            "--http-endpoint {:?}: the kubelet plugin's metrics server is not built yet; leave it empty (HTTP_ENDPOINT=\"\")",
+            cli.http_endpoint
+        ));
+    }
+    if !cli.metrics_path.starts_with('/') {
+        return Err(format!("invalid --metrics-path {:?}: must start with '/'", cli.metrics_path));
+    }
+    if cli.stale_claim_sweep_interval.is_zero() {
+        return Err("invalid --stale-claim-sweep-interval 0s: must be greater than 0".to_owned());
+    }
+    let xids = vgpu_dra::health::parse_xid_list(&cli.additional_xids_to_ignore).map_err(|e| e.to_string())?;
+    let host_driver_root = cli
+        .nvidia_driver_root
+        .clone()
+        .or_else(|| std::env::var_os("HOST_DRIVER_ROOT").filter(|v| !v.is_empty()).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/"));
+
+    let mut config = DriverConfig::new(node);
+    config.driver_name.clone_from(&cli.driver_name);
+    config.registry_dir.clone_from(&cli.kubelet_registrar_directory_path);
+    config.plugins_dir.clone_from(&cli.kubelet_plugins_directory_path);
+    config.cdi_root.clone_from(&cli.cdi_root);
+    config.host_manager_dir.clone_from(&cli.host_manager_dir);
+    config.manager_dir = cli.manager_dir.clone().unwrap_or_else(|| cli.host_manager_dir.clone());
+    config.host_driver_root = host_driver_root;
+    config.container_driver_root.clone_from(&cli.container_driver_root);
+    config.cores_ratio = cores_ratio;
+    config.memory_ratio = memory_ratio;
+    config.compatibility_mode = vgpu_deviceplugin::config::CgroupMode::detect(&cli.host_cgroup_root).bits();
+    config.stale_sweep_interval = cli.stale_claim_sweep_interval;
+    let devices = DeviceConfig {
+        cores_ratio,
+        memory_ratio,
+        vgpu_support: gates.enabled(DraGate::VGPUSupport),
+        consumable_shares: shares,
+    };
+    config.gates = gates;
+    Ok(Resolved { config, devices, xids })
+}
+
+async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
+    let Resolved { config, devices: device_config, xids } = resolved;
+    let mut options = SelectOptions::default();
+    options.mock_config.clone_from(&cli.mock_config);
+    let opened = open_backend(cli.backend, &options).context("opening the device backend")?;
+    for w in &opened.warnings {
+        tracing::warn!("{w}");
+    }
+    let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
+    let vendor = backend.vendor_adapter().context("the backend's vendor adapter")?;
+    let devices = Arc::new(
+        AllocatableDevices::from_backend(backend.as_ref(), &device_config)
+            .context("building the allocatable devices")?,
+    );
+    tracing::info!(devices = devices.len(), node = %config.node_name, driver = %config.driver_name, ?xids, "devices");
+    if !cli.nvidia_cdi_hook_path.is_empty() {
+        tracing::info!(path = %cli.nvidia_cdi_hook_path, "--nvidia-cdi-hook-path: this build writes no CDI hooks");
+    }
+    let client = vgpu_bins::kube_client(cli.kubeconfig.as_deref()).await?;
+    let claims = Arc::new(KubeClaims::new(client.clone()));
+    let config = Arc::new(config);
+    let state = DeviceState::new(Arc::clone(&config), Arc::clone(&devices), vendor, claims)
+        .await
+        .context("opening the prepared-claims checkpoint")?;
+
+    // Health (gate NVMLDeviceHealthCheck): backend events → per-device status and taints.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let (_unmonitored, unmonitored_rx) = tokio::sync::watch::channel(HealthSnapshot::unmonitored_default());
+    let health = if config.gates.enabled(DraGate::NVMLDeviceHealthCheck) {
+        let monitor = HealthMonitor::new(HealthConfig::new(&config.driver_name, &xids), &devices);
+        let rx = monitor.subscribe();
+        monitor.spawn(backend.as_ref(), stopped());
+        rx
+    } else {
+        unmonitored_rx
+    };
+
+    // ResourceSlices of this node's pool, owned by the Node when it can be read.
+    let mut slice_config = SliceConfig::new(&config.node_name);
+    slice_config.driver.clone_from(&config.driver_name);
+    slice_config.list_type_attributes = config.gates.enabled(DraGate::DRAListTypeAttributes);
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    match nodes.get_opt(&config.node_name).await {
+        Ok(Some(node)) => {
+            slice_config.owner =
+                node.metadata.uid.map(|uid| SliceConfig::node_owner(&config.node_name, &uid));
+        }
+        Ok(None) => tracing::warn!(node = %config.node_name, "node not found; ResourceSlices get no owner"),
+        Err(error) => {
+            tracing::warn!(node = %config.node_name, %error, "cannot read the node; ResourceSlices get no owner")
+        }
+    }
+    let store = KubeSliceStore::new(client, &config.node_name, &config.driver_name);
+    let publisher =
+        SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone()).spawn(stopped());
+
+    let running = Driver::new(Arc::new(state), health).serve()?;
+    tracing::info!(
+        registration = %running.registration_socket.display(),
+        endpoint = %running.dra_socket.display(),
+        "serving"
+    );
+    let result = running.run_until(vgpu_bins::shutdown_signal()?).await;
+    let _ = stop_tx.send(true);
+    if let Err(e) = publisher.await {
+        tracing::warn!(error = %e, "the ResourceSlice publisher task failed");
+    }
+    result?;
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    gates_then_not_implemented(
-        vgpu_gates::kubelet_plugin(),
-        &cli.gates.feature_gates,
-        "vgpu-kubelet-plugin",
-        "no issue filed yet",
-    )
+    init_tracing();
+    let gates = match configure_gates(vgpu_gates::kubelet_plugin(), &cli.gates.feature_gates) {
+        Ok(g) => g,
+        Err(code) => return code,
+    };
+    // A gate whose behaviour is not built is refused, never accepted and ignored.
+    if let Err(e) = vgpu_dra::gates::check_gates(&gates) {
+        return bad(e);
+    }
+    let resolved = match resolve(&cli, gates) {
+        Ok(r) => r,
+        Err(e) => return bad(e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{BIN}: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli, resolved)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{BIN}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::path::Path;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once(BIN).chain(args.iter().copied())).unwrap()
+    }
+
+    fn defaults() -> FeatureGates<'static, DraGate> {
+        vgpu_gates::kubelet_plugin().defaults()
+    }
+
+    #[test]
+    fn ratio_messages_name_their_own_flag_and_value() {
+        let cli = parse(&["--node-name=n", "--device-cores-ratio=50", "--device-memory-ratio=-7"]);
+        assert_eq!(
+            resolve(&cli, defaults()).unwrap_err(),
+            "invalid --device-memory-ratio -7: must be greater than or equal to 0"
+        );
+        let cli = parse(&["--node-name=n", "--device-cores-ratio=-3"]);
+        assert_eq!(
+            resolve(&cli, defaults()).unwrap_err(),
+            "invalid --device-cores-ratio -3: must be greater than or equal to 0"
+        );
+        let r = resolve(
+            &parse(&["--node-name=n", "--device-cores-ratio=200", "--device-memory-ratio=150"]),
+            defaults(),
+        )
+        .unwrap();
+        assert_eq!((r.config.cores_ratio, r.config.memory_ratio), (200, 150));
+        assert_eq!((r.devices.cores_ratio, r.devices.memory_ratio), (200, 150));
+        assert!(r.config.memory_oversold());
+    }
+
+    #[test]
+    fn consumable_shares_matrix() {
+        let err = |v: &str| {
+            resolve(&parse(&["--node-name=n", &format!("--consumable-shares={v}")]), defaults()).unwrap_err()
+        };
+        assert_eq!(err("memory"), "--consumable-shares requires feature gate ConsumableShares to be enabled");
+        assert_eq!(err("4"), "--consumable-shares requires feature gate ConsumableShares to be enabled");
+        assert!(err("lots").contains("invalid value for --consumable-shares: \"lots\" (must be 'disabled', 'memory', 'unlimited', or a positive integer)"));
+        assert!(err("0").contains("invalid value for --consumable-shares: \"0\""));
+        let ok = resolve(&parse(&["--node-name=n", "--consumable-shares=disabled"]), defaults()).unwrap();
+        assert_eq!(ok.devices.consumable_shares, ConsumableShares::Disabled);
+        if let Some(gate) = vgpu_gates::kubelet_plugin().gate_by_name("ConsumableShares") {
+            let mut gates = vgpu_gates::kubelet_plugin().defaults();
+            gates.set_gate(DraGate::VGPUSupport, false).unwrap();
+            gates.set_gate(gate, true).unwrap();
+            let r = resolve(&parse(&["--node-name=n", "--consumable-shares=unlimited"]), gates).unwrap();
+            assert_eq!(r.devices.consumable_shares, ConsumableShares::Unlimited);
+            assert!(!r.devices.vgpu_support);
+        }
+    }
+
+    #[test]
+    fn flags_reach_the_configuration() {
+        let cli = parse(&[
+            "--node-name=n1",
+            "--cdi-root=/var/run/cdi",
+            "--host-driver-root=/run/nvidia/driver",
+            "--container-driver-root=/drv",
+            "--kubelet-registrar-directory-path=/r",
+            "--kubelet-plugins-directory-path=/p",
+            "--host-manager-dir=/var/lib/vgpu",
+            "--additional-xids-to-ignore=48, 79",
+            "--stale-claim-sweep-interval=30s",
+        ]);
+        let r = resolve(&cli, defaults()).unwrap();
+        let c = &r.config;
+        assert_eq!(c.node_name, "n1");
+        assert_eq!(c.cdi_root, Path::new("/var/run/cdi"));
+        assert_eq!(c.host_driver_root, Path::new("/run/nvidia/driver"));
+        assert_eq!(c.container_driver_root, Path::new("/drv"));
+        assert_eq!(c.registration_socket(), Path::new("/r/manager.nvidia.com-reg.sock"));
+        assert_eq!(c.dra_socket(), Path::new("/p/manager.nvidia.com/dra.sock"));
+        assert_eq!(c.manager_dir, Path::new("/var/lib/vgpu"), "defaults to the host manager dir");
+        assert_eq!(r.xids, [48, 79]);
+        assert_eq!(c.stale_sweep_interval, Duration::from_secs(30));
+        assert!(r.devices.vgpu_support);
+        let alias = parse(&["--node-name=n1", "--host_driver-root=/x"]);
+        assert_eq!(alias.nvidia_driver_root.as_deref(), Some(Path::new("/x")));
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        let err = |args: &[&str]| resolve(&parse(args), defaults()).unwrap_err();
+        assert_eq!(err(&[]), "--node-name (or NODE_NAME) is required");
+        assert!(
+            err(&["--node-name=n", "--additional-xids-to-ignore=48,x"])
+                .contains("invalid --additional-xids-to-ignore")
+        );
+        assert!(err(&["--node-name=n", "--http-endpoint=:8080"]).contains("metrics server is not built yet"));
+        assert!(err(&["--node-name=n", "--metrics-path=metrics"]).contains("--metrics-path"));
+        assert!(err(&["--node-name=n", "--driver-name=nodots"]).contains("--driver-name"));
+        assert!(
+            err(&["--node-name=n", "--stale-claim-sweep-interval=0s"])
+                .contains("--stale-claim-sweep-interval")
+        );
+    }
 }

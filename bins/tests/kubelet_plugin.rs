@@ -1,0 +1,136 @@
+//! `vgpu-kubelet-plugin` as a process on the mock backend: it binds its registration and DRA sockets under
+//! temporary kubelet directories, answers the kubelet's `GetInfo` and an (empty) `NodePrepareResources` over
+//! real unix sockets, exits 0 on SIGTERM removing both sockets, and after a SIGKILL (stale socket files
+//! left behind) a new process replaces them and serves again.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use vgpu_deviceplugin::registration::connect_unix;
+use vgpu_dra::api::{dra_v1, pluginregistration as pr};
+
+const MOCK: &str = "gpus:\n  - { uuid: GPU-a, name: NVIDIA A30, memoryMiB: 24576 }\n";
+
+struct Node {
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("mock.yaml"), MOCK).unwrap();
+        // A client that is never dialled until a claim is prepared.
+        std::fs::write(
+            dir.path().join("kubeconfig"),
+            "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\n\
+             users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n",
+        )
+        .unwrap();
+        Self { dir }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn spawn(&self) -> Child {
+        let arg = |flag: &str, rel: &str| format!("--{flag}={}", self.path(rel).display());
+        Command::new(assert_cmd::cargo::cargo_bin("vgpu-kubelet-plugin"))
+            .env_remove("FEATURE_GATES")
+            .env("NODE_NAME", "node-1")
+            .args([
+                "--backend=mock".to_owned(),
+                arg("mock-config", "mock.yaml"),
+                arg("kubeconfig", "kubeconfig"),
+                arg("kubelet-registrar-directory-path", "registry"),
+                arg("kubelet-plugins-directory-path", "plugins"),
+                arg("cdi-root", "cdi"),
+                arg("host-manager-dir", "manager"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap()
+    }
+
+    fn registration(&self) -> PathBuf {
+        self.path("registry/manager.nvidia.com-reg.sock")
+    }
+}
+
+fn wait_for_socket(path: &Path, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !vgpu_dra::driver::socket_exists(path) {
+        assert!(child.try_wait().unwrap().is_none(), "the plugin exited before serving");
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status = Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+}
+
+async fn kubelet(registration: &Path) -> pr::PluginInfo {
+    let channel = connect_unix(registration, Duration::from_secs(5)).await.unwrap();
+    let info = pr::registration_client::RegistrationClient::new(channel)
+        .get_info(pr::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let channel = connect_unix(Path::new(&info.endpoint), Duration::from_secs(5)).await.unwrap();
+    let empty = dra_v1::dra_plugin_client::DraPluginClient::new(channel)
+        .node_prepare_resources(dra_v1::NodePrepareResourcesRequest { claims: vec![] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(empty.claims.is_empty());
+    info
+}
+
+#[tokio::test]
+async fn serves_the_kubelet_then_stops_on_sigterm_and_survives_sigkill() {
+    let node = Node::new();
+    let mut child = node.spawn();
+    wait_for_socket(&node.registration(), &mut child);
+    let info = kubelet(&node.registration()).await;
+    assert_eq!(info.name, "manager.nvidia.com");
+    assert_eq!(Path::new(&info.endpoint), node.path("plugins/manager.nvidia.com/dra.sock"));
+    assert!(
+        node.path("plugins/manager.nvidia.com/checkpoint.json").exists(),
+        "the checkpoint is written at start"
+    );
+
+    // SIGKILL leaves the socket files; the next process replaces them.
+    signal(&child, "-KILL");
+    tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(node.registration().exists(), "a killed process cannot clean up");
+    let mut child = node.spawn();
+    // The stale file is replaced atomically: wait until the new process answers on it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(child.try_wait().unwrap().is_none(), "the restarted plugin exited");
+        let probe = async {
+            let channel = connect_unix(&node.registration(), Duration::from_secs(1)).await.ok()?;
+            pr::registration_client::RegistrationClient::new(channel).get_info(pr::InfoRequest {}).await.ok()
+        };
+        if probe.await.is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the restarted plugin never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    kubelet(&node.registration()).await;
+
+    signal(&child, "-TERM");
+    // Wait without blocking the runtime: the client side of our connections must be able to close.
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "{status}");
+    assert!(!node.registration().exists() && !node.path("plugins/manager.nvidia.com/dra.sock").exists());
+}

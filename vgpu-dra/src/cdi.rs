@@ -1,0 +1,264 @@
+//! The per-claim CDI spec (contract §9): one file per prepared claim, written atomically, removed by
+//! Unprepare.
+//!
+//! | what | value |
+//! |---|---|
+//! | file | `<cdi-root>/k8s.manager.nvidia.com-claim_<claimUID>.json` ([`spec_file_name`]: the transient-spec name of the CDI library, `/` in the UID turned into `_`; JSON, which every CDI reader accepts) |
+//! | kind | `k8s.manager.nvidia.com/claim` ([`KIND`]) |
+//! | device name | `<claimUID>-<request>-<device>-share-<shareID>` for a share, `<claimUID>-<request>-<device>-<ordinal>` otherwise, every character outside `[A-Za-z0-9_.-]` turned into `-` ([`sanitize`], [`device_name`]) |
+//! | qualified ID (returned to the kubelet) | `k8s.manager.nvidia.com/claim=<device name>` |
+//!
+//! Container edits of a claim with vGPU devices (`vgpu-<minor>`), `<host>` = `--host-manager-dir`,
+//! `<part>` = `<host>/claims/<claimUID>/<partition>` (one partition per request):
+//!
+//! | where | env | mounts (container ← host) | device nodes |
+//! |---|---|---|---|
+//! | spec-wide | `LD_PRELOAD=/etc/vgpu-manager/driver/libvgpu-control.so`, `MANAGER_COMPATIBILITY_MODE`, `MANAGER_VISIBLE_DEVICES=`, `CUDA_MEM_RATIO=<ratio/100 %.2f>`, `CUDA_CORE_LIMIT=`, `CUDA_CORE_SOFT_LIMIT=`, `CUDA_MEM_LIMIT=`, `CUDA_MEM_OVERSOLD=TRUE\|FALSE`, `VMEMORY_NODE_ENABLED=TRUE`, `CUDA_SM_SHARED_BUCKET=TRUE`, `MANAGER_VGPU_CLAIM_UID=<uid>`, `EXTERNAL_SM_WATCHER_ENABLED=FALSE`, `MANAGER_CLIENT_REGISTER_UUID=` | `/etc/vgpu-manager/driver/libvgpu-control.so` ← `<host>/libvgpu-control.so.<ver>` (ro), `/etc/ld.so.preload` ← `<host>/ld.so.preload` (ro), `/etc/vgpu-manager/.host_proc` ← `/proc` (ro) | the control nodes present under the container driver root |
+//! | per device `i` (its ordinal within its request) | `MANAGER_VISIBLE_DEVICE_<i>=<uuid>`, `CUDA_MEM_RATIO_<i>`, `CUDA_MEM_OVERSOLD_<i>`, `CUDA_MEM_LIMIT_<i>=<MiB>m` (empty: no limit), `CUDA_CORE_LIMIT_<i>`, `CUDA_CORE_SOFT_LIMIT_<i>` (from the consumed `cores` and the claim's `…/vgpu-compute-policy` annotation: fixed → both, balance → soft 100, none or ≥ 100 → empty) | `/etc/vgpu-manager/config` ← `<part>/config` (rw), `/tmp/.vgpu_lock` ← `<part>/vgpu_lock`, `/tmp/.vmem_node` ← `<part>/vmem_node`, `/tmp/.sm_node` ← `<part>/sm_node` (rw), `/etc/vgpu-manager/config/pids.config` ← `<part>/config/pids.config` (ro) | the GPU's nodes (`/dev/nvidia<minor>`) |
+//!
+//! Whole-GPU devices (`gpu-<minor>`) get only their device nodes and the control nodes. No `vgpu.config` is
+//! written: the in-container library builds it from this env.
+//!
+//! ```
+//! use vgpu_dra::cdi::{device_name, qualified, sanitize, spec_file_name};
+//!
+//! assert_eq!(sanitize("gpu/0 share"), "gpu-0-share");
+//! assert_eq!(device_name("uid-1", "req-vgpu-0-share-ab12"), "uid-1-req-vgpu-0-share-ab12");
+//! assert_eq!(qualified("uid-1-x"), "k8s.manager.nvidia.com/claim=uid-1-x");
+//! assert_eq!(spec_file_name("uid-1"), "k8s.manager.nvidia.com-claim_uid-1.json");
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+pub use vgpu_deviceplugin::cdi::DeviceNode;
+
+/// CDI kind of the claim specs: `<vendor>/<class>`.
+pub const KIND: &str = "k8s.manager.nvidia.com/claim";
+/// CDI spec version written (env, mounts and device nodes are all in 0.5.0).
+pub const SPEC_VERSION: &str = vgpu_deviceplugin::cdi::SPEC_VERSION;
+/// Container path of the vGPU control library.
+pub const CONTROL_LIBRARY: &str = "/etc/vgpu-manager/driver/libvgpu-control.so";
+/// Container path of a partition's config directory.
+pub const CONTAINER_CONFIG_DIR: &str = "/etc/vgpu-manager/config";
+
+/// A CDI spec as written to the CDI root (the subset of the CDI specification this plugin fills).
+///
+/// The device plugin's [`vgpu_deviceplugin::cdi::Spec`] holds device nodes only; this one adds env and
+/// mounts. Both should become one typed module in `vgpu-core` (see the crate docs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    /// `cdiVersion`: [`SPEC_VERSION`].
+    pub cdi_version: String,
+    /// `vendor/class`: [`KIND`].
+    pub kind: String,
+    /// The devices.
+    pub devices: Vec<Device>,
+    /// Edits applied whenever any device of the spec is used.
+    #[serde(default)]
+    pub container_edits: ContainerEdits,
+}
+
+/// One device of a [`Spec`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    /// The name after `=` in the qualified device name.
+    pub name: String,
+    /// What the device adds to a container.
+    pub container_edits: ContainerEdits,
+}
+
+/// Container edits: env (`KEY=value`), device nodes, mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerEdits {
+    /// `KEY=value` entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Device nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNode>,
+    /// Bind mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+/// A bind mount of [`ContainerEdits`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    /// Source on the host.
+    pub host_path: String,
+    /// Destination in the container.
+    pub container_path: String,
+    /// Mount options (`ro`/`rw`, `nosuid`, `nodev`, `bind`).
+    pub options: Vec<String>,
+}
+
+impl Mount {
+    /// A bind mount of `host` at `container`.
+    pub fn bind(container: &str, host: &Path, read_only: bool) -> Self {
+        Self {
+            host_path: host.display().to_string(),
+            container_path: container.to_owned(),
+            options: [if read_only { "ro" } else { "rw" }, "nosuid", "nodev", "bind"]
+                .map(str::to_owned)
+                .to_vec(),
+        }
+    }
+}
+
+/// Writing or removing a spec failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CdiError {
+    /// The spec could not be serialised.
+    #[error("cannot serialise the CDI spec of claim {claim_uid}: {source}")]
+    Serialize {
+        /// The claim.
+        claim_uid: String,
+        /// The serialiser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The directory could not be created.
+    #[error("{path}: create CDI directory: {source}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The atomic write failed.
+    #[error(transparent)]
+    Write(#[from] vgpu_core::abi::AbiError),
+}
+
+/// Every character outside `[A-Za-z0-9_.-]` turned into `-` (upstream's CDI device-ID rule).
+pub fn sanitize(id: &str) -> String {
+    id.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '-' })
+        .collect()
+}
+
+/// The device name `<claimUID>-<id>`, sanitised; a `0` is appended when it would not end in a letter or
+/// digit (the CDI name rule), so the result always passes [`valid_device_name`].
+pub fn device_name(claim_uid: &str, id: &str) -> String {
+    let mut name = sanitize(&format!("{claim_uid}-{id}"));
+    if !name.ends_with(|c: char| c.is_ascii_alphanumeric()) {
+        name.push('0');
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        name.insert(0, 'c');
+    }
+    name
+}
+
+/// The CDI specification's device-name rule: starts and ends with a letter or digit, otherwise letters,
+/// digits, `_`, `-`, `.`, `:`.
+pub fn valid_device_name(name: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && name.chars().all(|c| alnum(c) || matches!(c, '_' | '-' | '.' | ':'))
+}
+
+/// The claim-device ID before the claim prefix: `<request>-<device>-share-<shareID>` or
+/// `<request>-<device>-<ordinal>`.
+pub fn device_id(request: &str, device: &str, share_id: Option<&str>, ordinal: usize) -> String {
+    match share_id {
+        Some(share) => format!("{request}-{device}-share-{share}"),
+        None => format!("{request}-{device}-{ordinal}"),
+    }
+}
+
+/// `k8s.manager.nvidia.com/claim=<name>`.
+pub fn qualified(name: &str) -> String {
+    format!("{KIND}={name}")
+}
+
+/// `k8s.manager.nvidia.com-claim_<claimUID>.json` (`/` in the UID turned into `_`).
+pub fn spec_file_name(claim_uid: &str) -> String {
+    format!("{}_{}.json", KIND.replace('/', "-"), claim_uid.replace('/', "_"))
+}
+
+/// Writes `spec` to `path` atomically (mode 0644), creating the directory.
+pub fn write_spec(path: &Path, claim_uid: &str, spec: &Spec) -> Result<(), CdiError> {
+    let text = serde_json::to_vec_pretty(spec)
+        .map_err(|source| CdiError::Serialize { claim_uid: claim_uid.to_owned(), source })?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| CdiError::Dir { path: dir.to_path_buf(), source })?;
+    }
+    vgpu_core::abi::atomic::write_atomic(path, &text, 0o644)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert_eq!(device_id("r", "vgpu-0", Some("abc"), 3), "r-vgpu-0-share-abc");
+        assert_eq!(device_id("r", "gpu-1", None, 2), "r-gpu-1-2");
+        assert_eq!(device_name("u", "r-"), "u-r-0");
+        assert_eq!(device_name("", "x"), "c-x");
+        assert!(!valid_device_name("") && !valid_device_name("-a") && !valid_device_name("a b"));
+        assert_eq!(spec_file_name("a/b"), "k8s.manager.nvidia.com-claim_a_b.json");
+    }
+
+    #[test]
+    fn mount_options_and_spec_shape() {
+        let spec = Spec {
+            cdi_version: SPEC_VERSION.into(),
+            kind: KIND.into(),
+            devices: vec![Device {
+                name: "u-x".into(),
+                container_edits: ContainerEdits {
+                    env: vec!["A=1".into()],
+                    mounts: vec![Mount::bind("/c", Path::new("/h"), true)],
+                    ..ContainerEdits::default()
+                },
+            }],
+            container_edits: ContainerEdits::default(),
+        };
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "cdiVersion": "0.5.0",
+                "kind": "k8s.manager.nvidia.com/claim",
+                "devices": [{"name": "u-x", "containerEdits": {
+                    "env": ["A=1"],
+                    "mounts": [{"hostPath": "/h", "containerPath": "/c", "options": ["ro", "nosuid", "nodev", "bind"]}]
+                }}],
+                "containerEdits": {}
+            })
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cdi").join(spec_file_name("u"));
+        write_spec(&path, "u", &spec).unwrap();
+        let back: Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(back, spec);
+    }
+
+    proptest! {
+        #[test]
+        fn sanitized_names_are_valid_cdi_names(uid in "[0-9a-f-]{0,40}", id in "\\PC{0,40}") {
+            let s = sanitize(&id);
+            prop_assert_eq!(s.chars().count(), id.chars().count());
+            prop_assert!(s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')));
+            prop_assert_eq!(sanitize(&s), s.clone(), "idempotent");
+            let name = device_name(&uid, &id);
+            prop_assert!(valid_device_name(&name), "{:?}", name);
+            prop_assert!(valid_device_name(qualified(&name).split_once('=').unwrap().1));
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! The prepared-claims checkpoint, `<plugins-dir>/<driver>/checkpoint.json` (contract §9).
+//!
+//! ```text
+//! {
+//!   "checksum": <u32>,                      // FNV-1a 32 of this object serialised with checksum = 0
+//!   "v1": { "preparedClaims": { "<claimUID>": [PreparedDevice, ...] } },   // completed claims, for readers of v1
+//!   "v2": {
+//!     "checksum": <u32>,                    // FNV-1a 32 of v2 serialised with its checksum = 0
+//!     "preparedClaims": {
+//!       "<claimUID>": {
+//!         "checkpointState": "PrepareStarted" | "PrepareCompleted",
+//!         "status": <ResourceClaimStatus JSON, optional>,
+//!         "preparedDevices": [PreparedDevice, ...],
+//!         "name": "<claim name>", "namespace": "<claim namespace>",
+//!         "paths": ["<file or directory Prepare creates>", ...]
+//!       }
+//!     },
+//!     "nodeBootID": "<content of /proc/sys/kernel/random/boot_id>"
+//!   }
+//! }
+//! PreparedDevice = { "requestNames": [..], "poolName", "deviceName", "shareID"?, "cdiDeviceIDs": [..], "uuid" }
+//! ```
+//!
+//! | rule | behaviour |
+//! |---|---|
+//! | missing file | an empty checkpoint ([`Checkpoint::load`]) |
+//! | checksum | kubelet-style: a 32-bit FNV-1a over the canonical serialisation (our struct, compact JSON, map keys sorted) with the checksum fields zeroed. Go's kubelet hashes its in-memory object with `spew`, which has no Rust counterpart, so a file written by upstream vgpu-manager does not verify and is refused rather than trusted |
+//! | `v1` only | upgraded: every claim becomes `PrepareCompleted` with its devices, no name, namespace or boot ID |
+//! | `v2` present | `v1` is ignored on read; it is rewritten from the completed claims on every write |
+//! | boot ID | a recorded, non-empty `nodeBootID` other than this boot's means the node rebooted: [`Checkpoint::rebooted`] (the driver then rolls every entry back) |
+//! | write | [`Checkpoint::store`]: temp file + fsync + rename + directory fsync, mode 0600 |
+//!
+//! ```
+//! use vgpu_dra::checkpoint::{Checkpoint, ClaimState, PreparedClaim};
+//!
+//! let mut cp = Checkpoint::new("boot-1");
+//! cp.claims_mut().insert("uid-1".into(), PreparedClaim::started("ns", "claim-1", vec!["/cdi/x.json".into()]));
+//! let bytes = cp.encode()?;
+//! let back = Checkpoint::decode(&bytes)?;
+//! assert_eq!(back.claims()["uid-1"].checkpoint_state, ClaimState::PrepareStarted);
+//! assert!(back.rebooted("boot-2") && !back.rebooted("boot-1"));
+//! let tampered = String::from_utf8(bytes)?.replace("claim-1", "claim-2");
+//! assert!(Checkpoint::decode(tampered.as_bytes()).is_err(), "checksum catches the edit");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Reading or writing the checkpoint failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The file could not be read.
+    #[error("checkpoint {path}: {action}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a checkpoint.
+    #[error(
+        "checkpoint is not valid JSON of the form {{\"checksum\":N,\"v1\":{{...}},\"v2\":{{\"preparedClaims\":{{...}},\"nodeBootID\":\"...\"}}}}: {0}"
+    )]
+    Syntax(#[source] serde_json::Error),
+    /// A checksum does not match the content.
+    #[error(
+        "checkpoint {which} checksum {recorded} does not match its content ({computed}): the file is corrupt"
+    )]
+    Checksum {
+        /// `checksum` or `v2.checksum`.
+        which: &'static str,
+        /// The recorded value.
+        recorded: u32,
+        /// The value computed from the content.
+        computed: u32,
+    },
+    /// The checkpoint could not be serialised.
+    #[error("cannot serialise the checkpoint: {0}")]
+    Serialize(#[source] serde_json::Error),
+    /// The atomic write failed.
+    #[error(transparent)]
+    Write(#[from] vgpu_core::abi::AbiError),
+    /// A file's checksum error, naming the file.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: Box<CheckpointError>,
+    },
+}
+
+/// Where a claim's Prepare stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ClaimState {
+    /// Recorded before any side effect: the claim may be half prepared (rolled back on the next start or
+    /// Prepare).
+    PrepareStarted,
+    /// Every side effect is done: Prepare returns the recorded devices.
+    PrepareCompleted,
+}
+
+/// One prepared device of a claim, as returned to the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedDevice {
+    /// The claim's requests this device satisfies.
+    #[serde(default)]
+    pub request_names: Vec<String>,
+    /// The pool (the node name).
+    #[serde(default)]
+    pub pool_name: String,
+    /// The device name (`vgpu-<minor>`, `gpu-<minor>`).
+    #[serde(default)]
+    pub device_name: String,
+    /// The allocation's share ID (devices with `allowMultipleAllocations`).
+    #[serde(rename = "shareID", default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    /// Fully qualified CDI device IDs.
+    #[serde(rename = "cdiDeviceIDs", default)]
+    pub cdi_device_ids: Vec<String>,
+    /// The GPU's UUID.
+    #[serde(default)]
+    pub uuid: String,
+}
+
+/// One claim's entry of [`CheckpointV2`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedClaim {
+    /// Where Prepare stands.
+    pub checkpoint_state: ClaimState,
+    /// The claim's status when it was prepared (`ResourceClaimStatus` JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+    /// The prepared devices (empty while started).
+    #[serde(default)]
+    pub prepared_devices: Vec<PreparedDevice>,
+    /// The claim's name.
+    #[serde(default)]
+    pub name: String,
+    /// The claim's namespace.
+    #[serde(default)]
+    pub namespace: String,
+    /// Every file and directory Prepare creates for the claim, recorded before it creates them; Unprepare
+    /// and rollback remove exactly these.
+    #[serde(default)]
+    pub paths: Vec<String>,
+}
+
+impl PreparedClaim {
+    /// A `PrepareStarted` entry that will create `paths`.
+    pub fn started(namespace: &str, name: &str, paths: Vec<String>) -> Self {
+        Self {
+            checkpoint_state: ClaimState::PrepareStarted,
+            status: None,
+            prepared_devices: Vec::new(),
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            paths,
+        }
+    }
+}
+
+/// `v1`: completed claims and their devices.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointV1 {
+    /// Claim UID → devices.
+    #[serde(default)]
+    pub prepared_claims: BTreeMap<String, Vec<PreparedDevice>>,
+}
+
+/// `v2`: every claim with its state, and the boot it was written in.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointV2 {
+    /// FNV-1a 32 of `v2` serialised with this field 0.
+    #[serde(default)]
+    pub checksum: u32,
+    /// Claim UID → entry.
+    #[serde(default)]
+    pub prepared_claims: BTreeMap<String, PreparedClaim>,
+    /// `/proc/sys/kernel/random/boot_id` when written.
+    #[serde(rename = "nodeBootID", default)]
+    pub node_boot_id: String,
+}
+
+/// The checkpoint file (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// FNV-1a 32 of the object serialised with this field 0.
+    #[serde(default)]
+    pub checksum: u32,
+    /// The v1 view (rewritten on every write).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v1: Option<CheckpointV1>,
+    /// The current form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v2: Option<CheckpointV2>,
+}
+
+/// 32-bit FNV-1a, the hash of the kubelet's checkpoint checksums.
+pub fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+}
+
+impl Checkpoint {
+    /// An empty checkpoint of boot `boot_id`.
+    pub fn new(boot_id: &str) -> Self {
+        Self {
+            checksum: 0,
+            v1: None,
+            v2: Some(CheckpointV2 { node_boot_id: boot_id.to_owned(), ..CheckpointV2::default() }),
+        }
+    }
+
+    fn v2(&mut self) -> &mut CheckpointV2 {
+        self.v2.get_or_insert_with(CheckpointV2::default)
+    }
+
+    /// The claims by UID.
+    pub fn claims(&self) -> &BTreeMap<String, PreparedClaim> {
+        static EMPTY: BTreeMap<String, PreparedClaim> = BTreeMap::new();
+        self.v2.as_ref().map_or(&EMPTY, |v2| &v2.prepared_claims)
+    }
+
+    /// The claims by UID, to change.
+    pub fn claims_mut(&mut self) -> &mut BTreeMap<String, PreparedClaim> {
+        &mut self.v2().prepared_claims
+    }
+
+    /// The boot ID recorded at the last write (empty when unknown).
+    pub fn boot_id(&self) -> &str {
+        self.v2.as_ref().map_or("", |v2| v2.node_boot_id.as_str())
+    }
+
+    /// Records `boot_id` as the boot of the next write.
+    pub fn set_boot_id(&mut self, boot_id: &str) {
+        boot_id.clone_into(&mut self.v2().node_boot_id);
+    }
+
+    /// Whether the checkpoint was written in another boot than `current` (a recorded, non-empty boot ID that
+    /// differs).
+    pub fn rebooted(&self, current: &str) -> bool {
+        let recorded = self.boot_id();
+        !recorded.is_empty() && recorded != current.trim()
+    }
+
+    /// The bytes to write: `v1` rebuilt from the completed claims, both checksums set.
+    pub fn encode(&self) -> Result<Vec<u8>, CheckpointError> {
+        let mut out = self.clone();
+        let mut v2 = out.v2.take().unwrap_or_default();
+        out.v1 = Some(CheckpointV1 {
+            prepared_claims: v2
+                .prepared_claims
+                .iter()
+                .filter(|(_, c)| c.checkpoint_state == ClaimState::PrepareCompleted)
+                .map(|(uid, c)| (uid.clone(), c.prepared_devices.clone()))
+                .collect(),
+        });
+        v2.checksum = 0;
+        v2.checksum = fnv1a32(&serde_json::to_vec(&v2).map_err(CheckpointError::Serialize)?);
+        out.v2 = Some(v2);
+        out.checksum = 0;
+        out.checksum = fnv1a32(&serde_json::to_vec(&out).map_err(CheckpointError::Serialize)?);
+        serde_json::to_vec(&out).map_err(CheckpointError::Serialize)
+    }
+
+    /// Parses and verifies `bytes`; a `v1`-only file is upgraded (see the module docs).
+    pub fn decode(bytes: &[u8]) -> Result<Self, CheckpointError> {
+        let mut cp: Self = serde_json::from_slice(bytes).map_err(CheckpointError::Syntax)?;
+        let recorded = cp.checksum;
+        cp.checksum = 0;
+        let computed = fnv1a32(&serde_json::to_vec(&cp).map_err(CheckpointError::Serialize)?);
+        if computed != recorded {
+            return Err(CheckpointError::Checksum { which: "checksum", recorded, computed });
+        }
+        match cp.v2.as_mut() {
+            Some(v2) => {
+                let recorded = v2.checksum;
+                v2.checksum = 0;
+                let computed = fnv1a32(&serde_json::to_vec(&*v2).map_err(CheckpointError::Serialize)?);
+                if computed != recorded {
+                    return Err(CheckpointError::Checksum { which: "v2.checksum", recorded, computed });
+                }
+            }
+            None => {
+                let v1 = cp.v1.take().unwrap_or_default();
+                cp.v2 = Some(CheckpointV2 {
+                    checksum: 0,
+                    prepared_claims: v1
+                        .prepared_claims
+                        .into_iter()
+                        .map(|(uid, devices)| {
+                            let claim = PreparedClaim {
+                                checkpoint_state: ClaimState::PrepareCompleted,
+                                status: None,
+                                prepared_devices: devices,
+                                name: String::new(),
+                                namespace: String::new(),
+                                paths: Vec::new(),
+                            };
+                            (uid, claim)
+                        })
+                        .collect(),
+                    node_boot_id: String::new(),
+                });
+            }
+        }
+        cp.v1 = None;
+        Ok(cp)
+    }
+
+    /// Reads `path`: a missing file is an empty checkpoint (no boot ID).
+    pub fn load(path: &Path) -> Result<Self, CheckpointError> {
+        match std::fs::read(path) {
+            Ok(bytes) => Self::decode(&bytes)
+                .map_err(|e| CheckpointError::File { path: path.to_path_buf(), source: Box::new(e) }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::new("")),
+            Err(source) => Err(CheckpointError::Io { path: path.to_path_buf(), action: "read", source }),
+        }
+    }
+
+    /// Writes [`encode`](Self::encode) to `path` atomically (mode 0600), creating its directory.
+    pub fn store(&self, path: &Path) -> Result<(), CheckpointError> {
+        let bytes = self.encode()?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| CheckpointError::Io {
+                path: dir.to_path_buf(),
+                action: "create directory",
+                source,
+            })?;
+        }
+        vgpu_core::abi::atomic::write_atomic(path, &bytes, 0o600)?;
+        Ok(())
+    }
+}
+
+/// This boot's ID from `path` (`/proc/sys/kernel/random/boot_id`), trimmed; empty when it cannot be read
+/// (no invalidation then).
+pub fn read_boot_id(path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => text.trim().to_owned(),
+        Err(err) => {
+            tracing::warn!(path = %path.display(), %err, "cannot read the boot ID; reboots will not invalidate the checkpoint");
+            String::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn fnv_reference_values() {
+        assert_eq!(fnv1a32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a32(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a32(b"foobar"), 0xbf9c_f968);
+    }
+
+    #[test]
+    fn missing_file_is_empty_and_store_load_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/checkpoint.json");
+        let empty = Checkpoint::load(&path).unwrap();
+        assert!(empty.claims().is_empty());
+        assert!(!empty.rebooted("anything"), "no recorded boot: no invalidation");
+        let mut cp = Checkpoint::new("b1");
+        let mut claim = PreparedClaim::started("ns", "c", vec!["/x".into()]);
+        claim.checkpoint_state = ClaimState::PrepareCompleted;
+        claim.prepared_devices.push(PreparedDevice { device_name: "vgpu-0".into(), ..Default::default() });
+        cp.claims_mut().insert("u".into(), claim);
+        cp.store(&path).unwrap();
+        let back = Checkpoint::load(&path).unwrap();
+        assert_eq!(back.claims(), cp.claims());
+        assert_eq!(back.boot_id(), "b1");
+        std::fs::write(&path, b"{\"checksum\":1}").unwrap();
+        let err = Checkpoint::load(&path).unwrap_err().to_string();
+        assert!(err.contains("checkpoint.json") && err.contains("corrupt"), "{err}");
+        std::fs::write(&path, b"not json").unwrap();
+        let err = Checkpoint::load(&path).unwrap_err().to_string();
+        assert!(err.contains("not valid JSON"), "{err}");
+    }
+}

@@ -1,0 +1,193 @@
+//! Where Prepare reads ResourceClaims from: [`ClaimSource`] (`resource.k8s.io/v1` ResourceClaim by
+//! namespace and name), with [`KubeClaims`] over a `kube::Client` and [`InMemoryClaims`] for tests, with
+//! failure injection.
+//!
+//! | call | request | result |
+//! |---|---|---|
+//! | [`ClaimSource::get`] | `GET /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>` | `Ok(Some)`; 404 → `Ok(None)`; anything else → [`ClaimError`] |
+//!
+//! The caller checks the UID: a claim of the same name but another UID is a different (re-created) claim.
+//!
+//! ```
+//! use vgpu_dra::claims::{ClaimSource, InMemoryClaims, claim};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), vgpu_dra::claims::ClaimError> {
+//! let claims = InMemoryClaims::default();
+//! claims.insert(claim("ns", "c1", "uid-1"));
+//! assert_eq!(claims.get("ns", "c1").await?.and_then(|c| c.metadata.uid).as_deref(), Some("uid-1"));
+//! assert!(claims.get("ns", "other").await?.is_none());
+//! claims.fail_next("apiserver down");
+//! assert!(claims.get("ns", "c1").await.is_err());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::{
+    collections::BTreeMap,
+    sync::{Mutex, PoisonError},
+};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+/// Reading a claim failed (not a 404).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("get ResourceClaim {namespace}/{name}: {message}")]
+pub struct ClaimError {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// Why.
+    pub message: String,
+}
+
+/// ResourceClaims by namespace and name.
+#[tonic::async_trait]
+pub trait ClaimSource: Send + Sync + std::fmt::Debug + 'static {
+    /// The claim, or `None` when it does not exist.
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, ClaimError>;
+}
+
+// === impl KubeClaims ===
+
+/// [`ClaimSource`] over the API server.
+#[derive(Clone)]
+pub struct KubeClaims {
+    client: kube::Client,
+}
+
+impl std::fmt::Debug for KubeClaims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeClaims").finish_non_exhaustive()
+    }
+}
+
+impl KubeClaims {
+    /// Wraps a client.
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimSource for KubeClaims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, ClaimError> {
+        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name).await.map_err(|e| ClaimError {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            message: e.to_string(),
+        })
+    }
+}
+
+// === impl InMemoryClaims ===
+
+/// [`ClaimSource`] over a map, with failure injection ([`fail_next`](Self::fail_next)).
+#[derive(Debug, Default)]
+pub struct InMemoryClaims {
+    claims: Mutex<BTreeMap<(String, String), ResourceClaim>>,
+    failures: Mutex<Vec<String>>,
+}
+
+impl InMemoryClaims {
+    /// Adds or replaces a claim (keyed by its namespace and name).
+    pub fn insert(&self, claim: ResourceClaim) {
+        let key = (
+            claim.metadata.namespace.clone().unwrap_or_default(),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        self.claims.lock().unwrap_or_else(PoisonError::into_inner).insert(key, claim);
+    }
+
+    /// Removes a claim.
+    pub fn remove(&self, namespace: &str, name: &str) {
+        self.claims
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
+    /// The next `get` fails with `message`.
+    pub fn fail_next(&self, message: &str) {
+        self.failures.lock().unwrap_or_else(PoisonError::into_inner).push(message.to_owned());
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimSource for InMemoryClaims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, ClaimError> {
+        if let Some(message) = self.failures.lock().unwrap_or_else(PoisonError::into_inner).pop() {
+            return Err(ClaimError { namespace: namespace.to_owned(), name: name.to_owned(), message });
+        }
+        Ok(self
+            .claims
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned())
+    }
+}
+
+/// A bare claim `namespace/name` with `uid` (no spec, no status): a starting point for tests and examples.
+pub fn claim(namespace: &str, name: &str, uid: &str) -> ResourceClaim {
+    let mut c = ResourceClaim::default();
+    c.metadata.namespace = Some(namespace.to_owned());
+    c.metadata.name = Some(name.to_owned());
+    c.metadata.uid = Some(uid.to_owned());
+    c
+}
+
+/// One allocation result of `driver` for `request` on `pool`/`device`, with an optional share ID and the
+/// consumed capacity (`[("cores", "10"), ("memory", "1Gi")]`): for tests, benches and examples.
+pub fn allocation_result(
+    request: &str,
+    driver: &str,
+    pool: &str,
+    device: &str,
+    share_id: Option<&str>,
+    consumed: &[(&str, &str)],
+) -> k8s_openapi::api::resource::v1::DeviceRequestAllocationResult {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    k8s_openapi::api::resource::v1::DeviceRequestAllocationResult {
+        request: request.to_owned(),
+        driver: driver.to_owned(),
+        pool: pool.to_owned(),
+        device: device.to_owned(),
+        share_id: share_id.map(str::to_owned),
+        consumed_capacity: (!consumed.is_empty())
+            .then(|| consumed.iter().map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned()))).collect()),
+        ..Default::default()
+    }
+}
+
+/// `claim` with `results` as its allocation and reserved for the pods `consumers` (UIDs).
+pub fn allocated(
+    mut claim: ResourceClaim,
+    results: Vec<k8s_openapi::api::resource::v1::DeviceRequestAllocationResult>,
+    consumers: &[&str],
+) -> ResourceClaim {
+    use k8s_openapi::api::resource::v1::{
+        AllocationResult, DeviceAllocationResult, ResourceClaimConsumerReference, ResourceClaimStatus,
+    };
+    claim.status = Some(ResourceClaimStatus {
+        allocation: Some(AllocationResult {
+            devices: Some(DeviceAllocationResult { results: Some(results), config: None }),
+            ..Default::default()
+        }),
+        reserved_for: Some(
+            consumers
+                .iter()
+                .map(|uid| ResourceClaimConsumerReference {
+                    resource: "pods".to_owned(),
+                    name: format!("pod-{uid}"),
+                    uid: (*uid).to_owned(),
+                    api_group: None,
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    });
+    claim
+}

@@ -1,0 +1,266 @@
+//! [`Driver`]: the plugin's two sockets, served until shutdown, and the stale-claim sweep.
+//!
+//! | socket | services | guard |
+//! |---|---|---|
+//! | `<registry-dir>/<driver>-reg.sock` | `pluginregistration.Registration` | re-bound (and so re-registered: the kubelet's plugin watcher sees a new socket) when the file disappears or is replaced, e.g. when the kubelet re-creates its `plugins_registry` directory |
+//! | `<plugins-dir>/<driver>/dra.sock` | `DRAPlugin` v1 + v1beta1, `DRAResourceHealth` v1 + v1alpha1 | re-bound the same way |
+//!
+//! Both are bound atomically ([`vgpu_deviceplugin::server::bind_atomic`]: bind a temporary name, chmod
+//! 0660, rename into place), and the DRA socket exists before the registration socket appears, so the kubelet
+//! never dials an endpoint that is not there yet. On shutdown both files are removed.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::{
+    net::{UnixListener, UnixStream},
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::Router;
+use vgpu_deviceplugin::server::{bind_atomic, socket_identity};
+
+use crate::{
+    api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration},
+    registration::{RegistrationService, RegistrationState},
+    service::{DraService, HealthFeed, HealthService},
+    state::DeviceState,
+};
+
+/// Mode of both sockets.
+pub const SOCKET_MODE: u32 = 0o660;
+/// How long a stop waits for open connections to finish before closing them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Serving failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriverError {
+    /// A directory could not be created.
+    #[error("{path}: create directory: {source}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Binding or serving a socket failed.
+    #[error(transparent)]
+    Server(#[from] vgpu_deviceplugin::error::ServerError),
+    /// A serve task panicked or was cancelled.
+    #[error("serve task for {0}: {1}")]
+    Join(PathBuf, String),
+}
+
+/// The DRA kubelet plugin's servers over a [`DeviceState`] and a [`HealthFeed`].
+#[derive(Debug)]
+pub struct Driver {
+    state: Arc<DeviceState>,
+    health: HealthFeed,
+}
+
+/// A running [`Driver`]: [`stop`](Self::stop) it, watch the kubelet's registration reports.
+#[derive(Debug)]
+pub struct RunningDriver {
+    /// `<registry-dir>/<driver>-reg.sock`.
+    pub registration_socket: PathBuf,
+    /// `<plugins-dir>/<driver>/dra.sock`.
+    pub dra_socket: PathBuf,
+    /// The kubelet's registration reports.
+    pub registration: watch::Receiver<RegistrationState>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<(PathBuf, JoinHandle<Result<(), DriverError>>)>,
+}
+
+impl RunningDriver {
+    /// Stops serving (open health streams end), waits for the tasks (at most [`SHUTDOWN_GRACE`] each: a client
+    /// that keeps its connection open is cut off) and removes both socket files.
+    pub async fn stop(self) -> Result<(), DriverError> {
+        let _ = self.stop.send(true);
+        self.join().await
+    }
+
+    async fn join(self) -> Result<(), DriverError> {
+        let mut result = Ok(());
+        for (path, mut task) in self.tasks {
+            let r = match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => Err(DriverError::Join(path.clone(), e.to_string())),
+                Err(_) => {
+                    tracing::warn!(socket = %path.display(), grace = ?SHUTDOWN_GRACE, "connections still open after the grace period; closing them");
+                    task.abort();
+                    Ok(())
+                }
+            };
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        for socket in [&self.registration_socket, &self.dra_socket] {
+            if let Err(e) = std::fs::remove_file(socket)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(socket = %socket.display(), error = %e, "could not remove socket");
+            }
+        }
+        result
+    }
+
+    /// Runs until `shutdown` completes or a server fails, then stops.
+    pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()>) -> Result<(), DriverError> {
+        tokio::pin!(shutdown);
+        let mut stopped = self.stop.subscribe();
+        tokio::select! {
+            () = &mut shutdown => {}
+            _ = stopped.wait_for(|s| *s) => {}
+        }
+        self.stop().await
+    }
+}
+
+impl Driver {
+    /// A driver over `state` reporting `health`.
+    pub fn new(state: Arc<DeviceState>, health: HealthFeed) -> Self {
+        Self { state, health }
+    }
+
+    /// Binds the DRA socket, then the registration socket, and serves both (and the stale-claim sweep) in
+    /// tasks.
+    pub fn serve(self) -> Result<RunningDriver, DriverError> {
+        let config = self.state.config().clone();
+        let dra_socket = config.dra_socket();
+        let registration_socket = config.registration_socket();
+        for dir in [config.plugin_dir(), config.registry_dir.clone()] {
+            std::fs::create_dir_all(&dir).map_err(|source| DriverError::Dir { path: dir.clone(), source })?;
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        let guard = config.registration_guard_interval;
+
+        let dra = DraService::new(Arc::clone(&self.state));
+        let names = self.state.devices().iter().map(|d| d.name.clone()).collect::<Vec<_>>();
+        let health =
+            HealthService::new(config.node_name.clone(), names, self.health.clone(), stop_rx.clone());
+        let dra_router = tonic::transport::Server::builder()
+            .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
+            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(dra.clone()))
+            .add_service(health_v1::dra_resource_health_server::DraResourceHealthServer::new(health.clone()))
+            .add_service(health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health));
+        let registration = RegistrationService::new(&config.driver_name, &dra_socket);
+        let registration_status = registration.status();
+        let registration_router = tonic::transport::Server::builder()
+            .add_service(pluginregistration::registration_server::RegistrationServer::new(registration));
+
+        let dra_listener = bind_atomic(&dra_socket, None, SOCKET_MODE)?;
+        let mut tasks = vec![(
+            dra_socket.clone(),
+            tokio::spawn(serve_guarded(dra_socket.clone(), dra_listener, guard, stop_rx.clone(), dra_router)),
+        )];
+        let registration_listener = bind_atomic(&registration_socket, None, SOCKET_MODE)?;
+        tasks.push((
+            registration_socket.clone(),
+            tokio::spawn(serve_guarded(
+                registration_socket.clone(),
+                registration_listener,
+                guard,
+                stop_rx.clone(),
+                registration_router,
+            )),
+        ));
+        let state = Arc::clone(&self.state);
+        let mut sweep_stop = stop_rx;
+        tasks.push((
+            config.checkpoint_path(),
+            tokio::spawn(async move {
+                state
+                    .run_sweeper(async move {
+                        let _ = sweep_stop.wait_for(|s| *s).await;
+                    })
+                    .await;
+                Ok(())
+            }),
+        ));
+        Ok(RunningDriver { registration_socket, dra_socket, registration: registration_status, stop, tasks })
+    }
+}
+
+/// Serves `router` on `listener` until `stop`. The connections come through one channel: when the socket file
+/// at `path` disappears or is replaced (checked every `guard`), a new socket is bound there and its accept
+/// loop feeds the same server, so open connections (a kubelet's health stream) are not disturbed.
+async fn serve_guarded(
+    path: PathBuf,
+    listener: UnixListener,
+    guard: Duration,
+    stop: watch::Receiver<bool>,
+    router: Router,
+) -> Result<(), DriverError> {
+    let (tx, rx) = mpsc::channel::<std::io::Result<UnixStream>>(16);
+    let mut acceptor = accept_into(listener, tx.clone(), path.clone());
+    let mut ours = socket_identity(&path);
+    let mut stopping = stop.clone();
+    let watched = path.clone();
+    let guard_loop = async move {
+        loop {
+            tokio::select! {
+                _ = stopping.wait_for(|s| *s) => break,
+                () = tokio::time::sleep(guard) => {}
+            }
+            if socket_identity(&watched) == ours {
+                continue;
+            }
+            match bind_atomic(&watched, None, SOCKET_MODE) {
+                Ok(l) => {
+                    ours = socket_identity(&watched);
+                    acceptor.abort();
+                    acceptor = accept_into(l, tx.clone(), watched.clone());
+                    tracing::warn!(socket = %watched.display(), "socket was removed or replaced; bound again");
+                }
+                Err(e) => {
+                    tracing::warn!(socket = %watched.display(), error = %e, "cannot bind the socket again; retrying")
+                }
+            }
+        }
+        acceptor.abort();
+    };
+    let mut stopping = stop;
+    let shutdown = async move {
+        let _ = stopping.wait_for(|s| *s).await;
+    };
+    let serve = router.serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown);
+    let (served, ()) = tokio::join!(serve, guard_loop);
+    served.map_err(|source| vgpu_deviceplugin::error::ServerError::Transport { path, source })?;
+    Ok(())
+}
+
+/// Accepts connections of `listener` into `tx` until the channel closes (or the task is aborted).
+fn accept_into(
+    listener: UnixListener,
+    tx: mpsc::Sender<std::io::Result<UnixStream>>,
+    path: PathBuf,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    if tx.send(Ok(stream)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(socket = %path.display(), error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+}
+
+/// Whether `path` names a socket file now.
+pub fn socket_exists(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}

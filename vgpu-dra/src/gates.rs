@@ -1,0 +1,119 @@
+//! Which kubelet-plugin gates this build can honour, checked before anything starts.
+//!
+//! A gate whose behaviour is not built must never be accepted and ignored: the plugin refuses to start and
+//! names the gate. Turning any of these off (they are all off by default) starts the plugin.
+//!
+//! | gate | why it is refused |
+//! |---|---|
+//! | `TimeSlicingSettings` | per-claim time-slicing configuration (opaque `GpuConfig.sharing`) is not built |
+//! | `MPSSupport` | the MPS control daemon per claim is not built |
+//! | `PassthroughSupport` | binding GPUs to `vfio-pci` and the `vfio` devices are not built |
+//! | `DynamicMIG` | creating and destroying MIG instances per claim is not built |
+//! | `DeviceMetadata` | the device metadata files (KEP-5304) are not written |
+//! | `NRISupport` | the NRI `CreateContainer` hook is not built: partitions are mounted through CDI |
+//! | `FabricManagerPartitioning` | Fabric Manager partition activation is not built |
+//! | `SharedSMUtilizationWatcher` | the node-wide SM sampler that writes `watcher/sm_util.config` is not built (the device plugin refuses it too); containers would wait for samples that never come |
+//! | `DevicePluginClientMode` | the registry socket and per-partition `MANAGER_CLIENT_REGISTER_UUID` are not wired into the DRA path |
+//!
+//! Honoured: `VGPUSupport` (vGPU vs whole-GPU devices and their CDI edits), `NVMLDeviceHealthCheck` (device
+//! taints and the health service), `DRAListTypeAttributes` and `ConsumableShares` (how devices are
+//! published), and `IMEXDaemonsWithDNSNames`. The last one says how IMEX daemons of a compute domain address
+//! each other (DNS names rather than raw IPs); this driver starts no IMEX daemons and publishes no compute
+//! domains, so there is no address to write either way: both values are honoured trivially, and the gate
+//! keeps its default (`true`) without a warning.
+//!
+//! ```
+//! use vgpu_dra::{feature_gates, gates::check_gates};
+//!
+//! assert!(check_gates(&feature_gates().defaults()).is_ok());
+//! let mig = feature_gates().configure(["DynamicMIG=true,NVMLDeviceHealthCheck=false"]).expect("valid combination");
+//! assert!(check_gates(&mig).unwrap_err().contains("DynamicMIG=true is not supported"));
+//! ```
+
+use vgpu_gates::{DraGate, FeatureGates};
+
+/// A gate that is on but whose behaviour this build does not provide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnbuiltGate {
+    /// The gate.
+    pub gate: DraGate,
+    /// Why it cannot be honoured.
+    pub reason: &'static str,
+}
+
+/// The refused gates and their reasons (the table above).
+pub const UNBUILT: [(DraGate, &str); 9] = [
+    (DraGate::TimeSlicingSettings, "per-claim time-slicing settings are not built yet"),
+    (DraGate::MPSSupport, "the per-claim MPS control daemon is not built yet"),
+    (DraGate::PassthroughSupport, "binding GPUs to vfio-pci (vfio devices) is not built yet"),
+    (DraGate::DynamicMIG, "creating MIG instances per claim is not built yet"),
+    (DraGate::DeviceMetadata, "device metadata files (KEP-5304) are not written yet"),
+    (
+        DraGate::NRISupport,
+        "the NRI CreateContainer hook is not built yet; partitions are mounted through CDI",
+    ),
+    (DraGate::FabricManagerPartitioning, "Fabric Manager partition activation is not built yet"),
+    (
+        DraGate::SharedSMUtilizationWatcher,
+        "the node-wide SM utilization sampler that writes watcher/sm_util.config is not built yet; containers \
+         would wait for samples that never come",
+    ),
+    (DraGate::DevicePluginClientMode, "the client-mode registry socket is not wired into the DRA driver yet"),
+];
+
+/// Every gate that is on but not built (empty when all enabled gates are honoured).
+pub fn unbuilt_gates(gates: &FeatureGates<'_, DraGate>) -> Vec<UnbuiltGate> {
+    UNBUILT
+        .iter()
+        .filter(|(g, _)| gates.enabled(*g))
+        .map(|&(gate, reason)| UnbuiltGate { gate, reason })
+        .collect()
+}
+
+/// [`unbuilt_gates`] as one message naming every such gate (`feature gate X=true is not supported: …; …`).
+pub fn check_gates(gates: &FeatureGates<'_, DraGate>) -> Result<(), String> {
+    let unbuilt = unbuilt_gates(gates);
+    if unbuilt.is_empty() {
+        return Ok(());
+    }
+    Err(unbuilt
+        .iter()
+        .map(|u| {
+            format!("feature gate {}=true is not supported: {} (set {}=false)", u.gate, u.reason, u.gate)
+        })
+        .collect::<Vec<_>>()
+        .join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn every_unbuilt_gate_is_named_and_the_rest_pass() {
+        let registry = crate::feature_gates();
+        let all_but_health = registry
+            .configure([
+                "TimeSlicingSettings=true,DynamicMIG=true,NVMLDeviceHealthCheck=false,DeviceMetadata=false",
+            ])
+            .unwrap();
+        let names: Vec<_> = unbuilt_gates(&all_but_health).iter().map(|u| u.gate).collect();
+        assert_eq!(names, [DraGate::TimeSlicingSettings, DraGate::DynamicMIG]);
+        let err = check_gates(&all_but_health).unwrap_err();
+        assert!(
+            err.contains("TimeSlicingSettings=true is not supported") && err.contains("DynamicMIG=true"),
+            "{err}"
+        );
+        for (gate, _) in UNBUILT {
+            let mut gates = registry.defaults();
+            gates.set_gate(gate, true).unwrap();
+            assert_eq!(unbuilt_gates(&gates).len(), 1, "{gate}");
+        }
+        let honoured = registry
+            .configure(["VGPUSupport=true,NVMLDeviceHealthCheck=true,DRAListTypeAttributes=true,IMEXDaemonsWithDNSNames=false"])
+            .unwrap();
+        assert!(check_gates(&honoured).is_ok());
+    }
+}

@@ -1,0 +1,747 @@
+//! [`DeviceState`]: NodePrepareResources / NodeUnprepareResources, one claim at a time, under the
+//! `pu.lock` flock, recorded in the checkpoint.
+//!
+//! # States of a claim
+//!
+//! ```text
+//!            Prepare                     side effects done
+//!  (absent) ─────────► PrepareStarted ─────────────────────► PrepareCompleted
+//!     ▲                    │  failure: rollback                    │ Unprepare / stale sweep
+//!     │                    ▼  start-up or next Prepare: rollback   ▼
+//!     └──────────────── (absent) ◄──────────────────────────── (absent)
+//! ```
+//!
+//! # Order of side effects
+//!
+//! | step | Prepare | Unprepare (and rollback) |
+//! |---|---|---|
+//! | 1 | take `pu.lock` (10 s limit), read the checkpoint | take `pu.lock`, read the checkpoint |
+//! | 2 | `PrepareCompleted` → return the recorded devices; `PrepareStarted` → roll it back first | absent → done (NotFound is success) |
+//! | 3 | read the ResourceClaim (API), check UID, allocation, pool, the sharing rule; resolve devices and limits; reject devices prepared for another claim — no side effect yet | remove the CDI spec (NotFound is fine) |
+//! | 4 | write `PrepareStarted` with the paths it will create and the planned devices | remove `<manager>/claims/<uid>` (NotFound is fine) |
+//! | 5 | create `<manager>/claims/<uid>/<partition>/{config,vgpu_lock,vmem_node,sm_node}`, `config/pids.config` | drop the entry, write the checkpoint |
+//! | 6 | write the CDI spec atomically | |
+//! | 7 | write `PrepareCompleted` with the devices; a failure in 5–7 rolls the claim back and fails only its entry | |
+//!
+//! At start-up ([`DeviceState::new`]) every `PrepareStarted` entry is rolled back, and when the recorded boot
+//! ID differs from this boot's every entry is (the node rebooted: nothing prepared before survives). A
+//! fault-injection hook ([`FaultPoint`]) stops a Prepare after step 4 or 6 as a crash would, so tests can
+//! prove the recovery.
+//!
+//! Rules (contract §9): a vGPU claim reserved for more than one consumer fails with `claim cannot be used for
+//! multiple Pods simultaneously`; a device (or device share) prepared for another claim fails with the other
+//! claim named; only paths named after the claim's UID are ever removed.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use vgpu_core::{backend::VendorAdapter, model::ComputePolicy};
+
+use crate::{
+    cdi::{self, ContainerEdits, DeviceNode, Mount},
+    checkpoint::{Checkpoint, CheckpointError, ClaimState, PreparedClaim, PreparedDevice},
+    claims::ClaimSource,
+    config::DriverConfig,
+    devices::{AllocatableDevices, DeviceError, DeviceType},
+    lock::{LockError, PuLock},
+};
+
+/// The error text of the claim-sharing rule (upstream's words).
+pub const SHARED_CLAIM_ERROR: &str = "claim cannot be used for multiple Pods simultaneously";
+
+/// A claim as the kubelet names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct ClaimRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+impl ClaimRef {
+    /// `namespace/name` with `uid`.
+    pub fn new(namespace: &str, name: &str, uid: &str) -> Self {
+        Self { namespace: namespace.to_owned(), name: name.to_owned(), uid: uid.to_owned() }
+    }
+}
+
+/// Why one claim could not be prepared or unprepared (the text the kubelet gets in the claim's `error`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimFailure {
+    /// `pu.lock` could not be taken.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// The checkpoint could not be read or written.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The API could not be read.
+    #[error(transparent)]
+    Api(#[from] crate::claims::ClaimError),
+    /// The claim does not exist.
+    #[error("ResourceClaim {0} not found")]
+    NotFound(String),
+    /// The claim exists with another UID (it was re-created).
+    #[error("ResourceClaim {claim} has UID {found}, the kubelet asked for {expected}")]
+    Uid {
+        /// `namespace/name`.
+        claim: String,
+        /// The API's UID.
+        found: String,
+        /// The kubelet's UID.
+        expected: String,
+    },
+    /// The claim has no allocation.
+    #[error("ResourceClaim {0} is not allocated")]
+    NotAllocated(String),
+    /// An allocation result of this driver is in another pool.
+    #[error("ResourceClaim {claim}: device {device} is in pool {pool:?}, not this node's pool {node:?}")]
+    Pool {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
+        /// Its pool.
+        pool: String,
+        /// This node.
+        node: String,
+    },
+    /// The claim-sharing rule.
+    #[error("ResourceClaim {claim}: {SHARED_CLAIM_ERROR} (reserved for {consumers} consumers)")]
+    Shared {
+        /// `namespace/name`.
+        claim: String,
+        /// How many consumers it is reserved for.
+        consumers: usize,
+    },
+    /// A device (share) is already prepared for another claim, or twice in this one.
+    #[error("ResourceClaim {claim}: device {device}{share} is already prepared for claim {other}")]
+    Overlap {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
+        /// ` (share <id>)` or empty.
+        share: String,
+        /// The other claim (`namespace/name (uid)`).
+        other: String,
+    },
+    /// A device or consumed capacity is wrong.
+    #[error("ResourceClaim {claim}: {source}")]
+    Device {
+        /// `namespace/name`.
+        claim: String,
+        /// What is wrong.
+        #[source]
+        source: DeviceError,
+    },
+    /// A file system step failed.
+    #[error("{path}: {action}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CDI spec could not be written.
+    #[error(transparent)]
+    Cdi(#[from] cdi::CdiError),
+    /// The whole call could not start (`pu.lock` not taken); the same text for every claim of the call.
+    #[error("{0}")]
+    Batch(String),
+    /// The fault-injection hook stopped Prepare (tests only).
+    #[error("fault injected at {0:?}: stopped as a crash would")]
+    Injected(FaultPoint),
+}
+
+/// Where the fault-injection hook is asked whether to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultPoint {
+    /// `PrepareStarted` is written, nothing else is done.
+    AfterPrepareStarted,
+    /// Directories and the CDI spec are written, `PrepareCompleted` is not.
+    AfterSideEffects,
+}
+
+/// The fault-injection hook: called with the point and the claim UID; `true` stops Prepare there without
+/// any cleanup, as a crash would.
+pub type FaultHook = Arc<dyn Fn(FaultPoint, &str) -> bool + Send + Sync>;
+
+/// Start-up recovery or the stale-claim sweep failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateError {
+    /// See [`ClaimFailure`].
+    #[error(transparent)]
+    Claim(#[from] ClaimFailure),
+}
+
+/// What one Prepare call returns per claim UID.
+pub type PrepareResults = BTreeMap<String, Result<Vec<PreparedDevice>, ClaimFailure>>;
+/// What one Unprepare call returns per claim UID.
+pub type UnprepareResults = BTreeMap<String, Result<(), ClaimFailure>>;
+
+/// Prepare/Unprepare state of the node (see the module docs).
+pub struct DeviceState {
+    config: Arc<DriverConfig>,
+    devices: Arc<AllocatableDevices>,
+    vendor: Arc<dyn VendorAdapter>,
+    claims: Arc<dyn ClaimSource>,
+    boot_id: String,
+    serial: tokio::sync::Mutex<()>,
+    fault: Option<FaultHook>,
+}
+
+impl std::fmt::Debug for DeviceState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceState")
+            .field("node", &self.config.node_name)
+            .field("devices", &self.devices.len())
+            .field("boot_id", &self.boot_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One allocation result resolved to a GPU, before any side effect.
+#[derive(Debug)]
+struct Planned {
+    device: PreparedDevice,
+    kind: DeviceType,
+    index: u32,
+    minor: u32,
+    partition: String,
+    ordinal: usize,
+    cores: Option<u64>,
+    memory_mib: Option<u64>,
+    cdi_name: String,
+}
+
+impl DeviceState {
+    /// Opens the state: reads the checkpoint under `pu.lock`, rolls back every `PrepareStarted` claim (and
+    /// every claim when the node rebooted since the last write), records this boot's ID.
+    pub async fn new(
+        config: Arc<DriverConfig>,
+        devices: Arc<AllocatableDevices>,
+        vendor: Arc<dyn VendorAdapter>,
+        claims: Arc<dyn ClaimSource>,
+    ) -> Result<Self, StateError> {
+        let boot_id = crate::checkpoint::read_boot_id(&config.boot_id_path);
+        let state = Self {
+            config,
+            devices,
+            vendor,
+            claims,
+            boot_id,
+            serial: tokio::sync::Mutex::new(()),
+            fault: None,
+        };
+        state.recover().await?;
+        Ok(state)
+    }
+
+    /// Installs the fault-injection hook (tests).
+    #[must_use]
+    pub fn with_fault_hook(mut self, hook: FaultHook) -> Self {
+        self.fault = Some(hook);
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DriverConfig {
+        &self.config
+    }
+
+    /// The devices claims are resolved against.
+    pub fn devices(&self) -> &AllocatableDevices {
+        &self.devices
+    }
+
+    async fn recover(&self) -> Result<(), StateError> {
+        let _serial = self.serial.lock().await;
+        let _lock = PuLock::acquire(&self.config.lock_path(), self.config.lock_timeout)
+            .await
+            .map_err(ClaimFailure::from)?;
+        let mut cp = Checkpoint::load(&self.config.checkpoint_path()).map_err(ClaimFailure::from)?;
+        let rebooted = cp.rebooted(&self.boot_id);
+        if rebooted {
+            tracing::warn!(recorded = cp.boot_id(), current = %self.boot_id, "node rebooted since the checkpoint was written: dropping every prepared claim");
+        }
+        let doomed: Vec<String> = cp
+            .claims()
+            .iter()
+            .filter(|(_, c)| rebooted || c.checkpoint_state == ClaimState::PrepareStarted)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in &doomed {
+            if let Some(claim) = cp.claims_mut().remove(uid) {
+                tracing::info!(claim = %uid, state = ?claim.checkpoint_state, "rolling back");
+                self.remove_paths(uid, &claim)?;
+            }
+        }
+        cp.set_boot_id(&self.boot_id);
+        cp.store(&self.config.checkpoint_path()).map_err(ClaimFailure::from)?;
+        Ok(())
+    }
+
+    /// The checkpoint as it is on disk now.
+    pub async fn checkpoint(&self) -> Result<Checkpoint, CheckpointError> {
+        let _serial = self.serial.lock().await;
+        Checkpoint::load(&self.config.checkpoint_path())
+    }
+
+    /// Prepares every claim; each gets its own result (one failing claim fails only its entry).
+    pub async fn prepare(&self, claims: &[ClaimRef]) -> PrepareResults {
+        let mut out = BTreeMap::new();
+        let _serial = self.serial.lock().await;
+        let _lock = match PuLock::acquire(&self.config.lock_path(), self.config.lock_timeout).await {
+            Ok(lock) => lock,
+            Err(e) => {
+                let text = e.to_string();
+                for c in claims {
+                    out.insert(c.uid.clone(), Err(ClaimFailure::Batch(text.clone())));
+                }
+                return out;
+            }
+        };
+        for claim in claims {
+            let result = self.prepare_one(claim).await;
+            let injected = matches!(result, Err(ClaimFailure::Injected(_)));
+            out.insert(claim.uid.clone(), result);
+            if injected {
+                // A crash stops everything: the remaining claims are not touched.
+                break;
+            }
+        }
+        out
+    }
+
+    async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, ClaimFailure> {
+        let path = self.config.checkpoint_path();
+        let mut cp = Checkpoint::load(&path)?;
+        match cp.claims().get(&claim.uid) {
+            Some(c) if c.checkpoint_state == ClaimState::PrepareCompleted => {
+                return Ok(c.prepared_devices.clone());
+            }
+            Some(_) => {
+                tracing::info!(claim = %claim.uid, "rolling back a Prepare that did not complete");
+                if let Some(started) = cp.claims_mut().remove(&claim.uid) {
+                    self.remove_paths(&claim.uid, &started)?;
+                }
+                cp.store(&path)?;
+            }
+            None => {}
+        }
+        let object = self.fetch(claim).await?;
+        let planned = self.plan(claim, &object)?;
+        if planned.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.check_overlap(claim, &planned, &cp)?;
+        let claim_dir = self.config.claim_dir(&claim.uid);
+        let spec_path = self.config.cdi_spec_path(&claim.uid);
+        let has_vgpu = planned.iter().any(|p| p.kind == DeviceType::Vgpu);
+        let mut paths = Vec::new();
+        if has_vgpu {
+            paths.push(claim_dir.display().to_string());
+        }
+        paths.push(spec_path.display().to_string());
+        let mut entry = PreparedClaim::started(&claim.namespace, &claim.name, paths);
+        entry.prepared_devices = planned.iter().map(|p| p.device.clone()).collect();
+        entry.status = object.status.as_ref().and_then(|s| serde_json::to_value(s).ok());
+        cp.claims_mut().insert(claim.uid.clone(), entry.clone());
+        cp.store(&path)?;
+        self.fault_point(FaultPoint::AfterPrepareStarted, &claim.uid)?;
+
+        if let Err(e) = self.side_effects(claim, &object, &planned, &claim_dir, &spec_path) {
+            tracing::warn!(claim = %claim.uid, error = %e, "prepare failed; rolling back");
+            self.remove_paths(&claim.uid, &entry)?;
+            cp.claims_mut().remove(&claim.uid);
+            cp.store(&path)?;
+            return Err(e);
+        }
+        self.fault_point(FaultPoint::AfterSideEffects, &claim.uid)?;
+        entry.checkpoint_state = ClaimState::PrepareCompleted;
+        let devices = entry.prepared_devices.clone();
+        cp.claims_mut().insert(claim.uid.clone(), entry);
+        cp.store(&path)?;
+        Ok(devices)
+    }
+
+    fn fault_point(&self, point: FaultPoint, uid: &str) -> Result<(), ClaimFailure> {
+        match &self.fault {
+            Some(hook) if hook(point, uid) => Err(ClaimFailure::Injected(point)),
+            _ => Ok(()),
+        }
+    }
+
+    async fn fetch(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimFailure> {
+        let name = format!("{}/{}", claim.namespace, claim.name);
+        let object = self
+            .claims
+            .get(&claim.namespace, &claim.name)
+            .await?
+            .ok_or_else(|| ClaimFailure::NotFound(name.clone()))?;
+        let found = object.metadata.uid.clone().unwrap_or_default();
+        if found != claim.uid {
+            return Err(ClaimFailure::Uid { claim: name, found, expected: claim.uid.clone() });
+        }
+        Ok(object)
+    }
+
+    /// Resolves this driver's allocation results (pure: no side effect).
+    fn plan(&self, claim: &ClaimRef, object: &ResourceClaim) -> Result<Vec<Planned>, ClaimFailure> {
+        let name = format!("{}/{}", claim.namespace, claim.name);
+        let status = object.status.as_ref();
+        let results = status
+            .and_then(|s| s.allocation.as_ref())
+            .ok_or_else(|| ClaimFailure::NotAllocated(name.clone()))?
+            .devices
+            .as_ref()
+            .and_then(|d| d.results.as_deref())
+            .unwrap_or_default();
+        let mut planned = Vec::new();
+        let mut ordinals: BTreeMap<&str, usize> = BTreeMap::new();
+        for (position, result) in results.iter().enumerate() {
+            if result.driver != self.config.driver_name {
+                continue;
+            }
+            if result.pool != self.config.node_name {
+                return Err(ClaimFailure::Pool {
+                    claim: name,
+                    device: result.device.clone(),
+                    pool: result.pool.clone(),
+                    node: self.config.node_name.clone(),
+                });
+            }
+            let device = self.devices.get(&result.device).ok_or_else(|| ClaimFailure::Device {
+                claim: name.clone(),
+                source: DeviceError::UnknownDevice(result.device.clone()),
+            })?;
+            let consumed = result.consumed_capacity.iter().flatten().map(|(k, v)| (k.as_str(), v.0.as_str()));
+            let limits = self
+                .devices
+                .limits(&result.device, consumed)
+                .map_err(|source| ClaimFailure::Device { claim: name.clone(), source })?;
+            let ordinal = ordinals.entry(result.request.as_str()).or_insert(0);
+            let id = cdi::device_id(&result.request, &result.device, result.share_id.as_deref(), position);
+            let cdi_name = cdi::device_name(&claim.uid, &id);
+            planned.push(Planned {
+                device: PreparedDevice {
+                    request_names: vec![result.request.clone()],
+                    pool_name: result.pool.clone(),
+                    device_name: result.device.clone(),
+                    share_id: result.share_id.clone(),
+                    cdi_device_ids: vec![cdi::qualified(&cdi_name)],
+                    uuid: device.gpu.uuid.clone(),
+                },
+                kind: device.kind,
+                index: device.gpu.index,
+                minor: device.gpu.minor,
+                partition: cdi::sanitize(&result.request),
+                ordinal: *ordinal,
+                cores: limits.cores,
+                memory_mib: limits.memory_mib,
+                cdi_name,
+            });
+            *ordinal += 1;
+        }
+        let consumers = status.and_then(|s| s.reserved_for.as_ref()).map_or(0, Vec::len);
+        if consumers > 1 && planned.iter().any(|p| p.kind == DeviceType::Vgpu) {
+            return Err(ClaimFailure::Shared { claim: name, consumers });
+        }
+        Ok(planned)
+    }
+
+    fn check_overlap(
+        &self,
+        claim: &ClaimRef,
+        planned: &[Planned],
+        cp: &Checkpoint,
+    ) -> Result<(), ClaimFailure> {
+        let name = format!("{}/{}", claim.namespace, claim.name);
+        let clash = |a: &PreparedDevice, b: &PreparedDevice| {
+            a.device_name == b.device_name
+                && (a.share_id.is_none() || b.share_id.is_none() || a.share_id == b.share_id)
+        };
+        let overlap = |device: &PreparedDevice, other: String| ClaimFailure::Overlap {
+            claim: name.clone(),
+            device: device.device_name.clone(),
+            share: device.share_id.as_ref().map(|s| format!(" (share {s})")).unwrap_or_default(),
+            other,
+        };
+        for (i, p) in planned.iter().enumerate() {
+            if planned[..i].iter().any(|q| clash(&p.device, &q.device)) {
+                return Err(overlap(&p.device, format!("{name} ({}) itself", claim.uid)));
+            }
+            for (uid, other) in cp.claims() {
+                if uid != &claim.uid && other.prepared_devices.iter().any(|d| clash(&p.device, d)) {
+                    return Err(overlap(&p.device, format!("{}/{} ({uid})", other.namespace, other.name)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn side_effects(
+        &self,
+        claim: &ClaimRef,
+        object: &ResourceClaim,
+        planned: &[Planned],
+        claim_dir: &Path,
+        spec_path: &Path,
+    ) -> Result<(), ClaimFailure> {
+        for p in planned.iter().filter(|p| p.kind == DeviceType::Vgpu) {
+            let part = claim_dir.join(&p.partition);
+            for sub in ["config", "vgpu_lock", "vmem_node", "sm_node"] {
+                make_dir(&part.join(sub))?;
+            }
+            let pids = part.join("config").join("pids.config");
+            if !pids.exists() {
+                vgpu_core::abi::atomic::write_atomic(&pids, b"", 0o644).map_err(|e| ClaimFailure::Io {
+                    path: pids.clone(),
+                    action: "create",
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+            }
+        }
+        let spec = self.claim_spec(claim, object, planned);
+        cdi::write_spec(spec_path, &claim.uid, &spec)?;
+        Ok(())
+    }
+
+    /// The claim's CDI spec (see [`crate::cdi`] for the edits).
+    fn claim_spec(&self, claim: &ClaimRef, object: &ResourceClaim, planned: &[Planned]) -> cdi::Spec {
+        let cfg = &self.config;
+        let host = &cfg.host_manager_dir;
+        let ratio = format!("{:.2}", f64::from(cfg.memory_ratio) / 100.0);
+        let oversold = if cfg.memory_oversold() { "TRUE" } else { "FALSE" };
+        let policy: ComputePolicy = object
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .find(|(k, _)| k.ends_with("/vgpu-compute-policy"))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_default();
+        let mut common = ContainerEdits { device_nodes: self.control_nodes(), ..ContainerEdits::default() };
+        if planned.iter().any(|p| p.kind == DeviceType::Vgpu) {
+            common.env = [
+                ("LD_PRELOAD", cdi::CONTROL_LIBRARY.to_owned()),
+                ("MANAGER_COMPATIBILITY_MODE", cfg.compatibility_mode.to_string()),
+                ("MANAGER_VISIBLE_DEVICES", String::new()),
+                ("CUDA_MEM_RATIO", ratio.clone()),
+                ("CUDA_CORE_LIMIT", String::new()),
+                ("CUDA_CORE_SOFT_LIMIT", String::new()),
+                ("CUDA_MEM_LIMIT", String::new()),
+                ("CUDA_MEM_OVERSOLD", oversold.to_owned()),
+                ("VMEMORY_NODE_ENABLED", "TRUE".to_owned()),
+                ("CUDA_SM_SHARED_BUCKET", "TRUE".to_owned()),
+                ("MANAGER_VGPU_CLAIM_UID", claim.uid.clone()),
+                ("EXTERNAL_SM_WATCHER_ENABLED", "FALSE".to_owned()),
+                ("MANAGER_CLIENT_REGISTER_UUID", String::new()),
+            ]
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+            common.mounts = vec![
+                Mount::bind(
+                    cdi::CONTROL_LIBRARY,
+                    &host.join(format!("libvgpu-control.so.{}", cfg.library_version)),
+                    true,
+                ),
+                Mount::bind("/etc/ld.so.preload", &host.join("ld.so.preload"), true),
+                Mount::bind("/etc/vgpu-manager/.host_proc", Path::new("/proc"), true),
+            ];
+        }
+        let host_claim = cfg.host_claim_dir(&claim.uid);
+        let devices = planned
+            .iter()
+            .map(|p| {
+                let nodes = self
+                    .vendor
+                    .gpu_device_nodes(p.index, p.minor)
+                    .iter()
+                    .map(|n| DeviceNode::under(n, &cfg.host_driver_root))
+                    .collect();
+                let mut edits = ContainerEdits { device_nodes: nodes, ..ContainerEdits::default() };
+                if p.kind == DeviceType::Vgpu {
+                    let i = p.ordinal;
+                    let (hard, soft) = match p.cores {
+                        Some(cores) => vgpu_deviceplugin::vnumber::core_limits(policy, cores),
+                        None => (String::new(), String::new()),
+                    };
+                    edits.env = vec![
+                        format!("MANAGER_VISIBLE_DEVICE_{i}={}", p.device.uuid),
+                        format!("CUDA_MEM_RATIO_{i}={ratio}"),
+                        format!("CUDA_MEM_OVERSOLD_{i}={oversold}"),
+                        format!(
+                            "CUDA_MEM_LIMIT_{i}={}",
+                            p.memory_mib.map(|m| format!("{m}m")).unwrap_or_default()
+                        ),
+                        format!("CUDA_CORE_LIMIT_{i}={hard}"),
+                        format!("CUDA_CORE_SOFT_LIMIT_{i}={soft}"),
+                    ];
+                    let part = host_claim.join(&p.partition);
+                    edits.mounts = vec![
+                        Mount::bind(cdi::CONTAINER_CONFIG_DIR, &part.join("config"), false),
+                        Mount::bind("/tmp/.vgpu_lock", &part.join("vgpu_lock"), false),
+                        Mount::bind("/tmp/.vmem_node", &part.join("vmem_node"), false),
+                        Mount::bind("/tmp/.sm_node", &part.join("sm_node"), false),
+                        Mount::bind(
+                            &format!("{}/pids.config", cdi::CONTAINER_CONFIG_DIR),
+                            &part.join("config").join("pids.config"),
+                            true,
+                        ),
+                    ];
+                }
+                cdi::Device { name: p.cdi_name.clone(), container_edits: edits }
+            })
+            .collect();
+        cdi::Spec {
+            cdi_version: cdi::SPEC_VERSION.to_owned(),
+            kind: cdi::KIND.to_owned(),
+            devices,
+            container_edits: common,
+        }
+    }
+
+    /// The vendor's control nodes present under the container driver root.
+    fn control_nodes(&self) -> Vec<DeviceNode> {
+        self.vendor
+            .control_device_nodes()
+            .iter()
+            .filter(|n| self.config.container_driver_root.join(n.trim_start_matches('/')).exists())
+            .map(|n| DeviceNode::under(n, &self.config.host_driver_root))
+            .collect()
+    }
+
+    /// Removes the claim's recorded paths, newest first; only paths named after the claim (its directory
+    /// `<uid>` or its spec file) are touched, NotFound is fine.
+    fn remove_paths(&self, uid: &str, claim: &PreparedClaim) -> Result<(), ClaimFailure> {
+        let spec_name = cdi::spec_file_name(uid);
+        for recorded in claim.paths.iter().rev() {
+            let path = Path::new(recorded);
+            let ours = path.file_name().is_some_and(|n| n == uid || n == spec_name.as_str());
+            if !ours {
+                tracing::warn!(claim = uid, path = %path.display(), "not removing a recorded path that is not named after the claim");
+                continue;
+            }
+            let result = match std::fs::symlink_metadata(path) {
+                Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(path),
+                Ok(_) => std::fs::remove_file(path),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(ClaimFailure::Io { path: path.to_path_buf(), action: "remove", source });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Unprepares every claim: removes what Prepare made (the CDI spec, the claim directory) and the
+    /// checkpoint entry; a claim that is not prepared is already done.
+    pub async fn unprepare(&self, claims: &[ClaimRef]) -> UnprepareResults {
+        let mut out = BTreeMap::new();
+        let _serial = self.serial.lock().await;
+        let lock = PuLock::acquire(&self.config.lock_path(), self.config.lock_timeout).await;
+        let _lock = match lock {
+            Ok(lock) => lock,
+            Err(e) => {
+                let text = e.to_string();
+                for c in claims {
+                    out.insert(c.uid.clone(), Err(ClaimFailure::Batch(text.clone())));
+                }
+                return out;
+            }
+        };
+        for claim in claims {
+            out.insert(claim.uid.clone(), self.unprepare_one(&claim.uid));
+        }
+        out
+    }
+
+    fn unprepare_one(&self, uid: &str) -> Result<(), ClaimFailure> {
+        let path = self.config.checkpoint_path();
+        let mut cp = Checkpoint::load(&path)?;
+        let Some(entry) = cp.claims().get(uid).cloned() else {
+            return Ok(());
+        };
+        self.remove_paths(uid, &entry)?;
+        cp.claims_mut().remove(uid);
+        cp.store(&path)?;
+        Ok(())
+    }
+
+    /// The stale-claim sweep: unprepares every checkpointed claim whose ResourceClaim is gone from the API
+    /// (absent, or re-created with another UID). Claims the API cannot be asked about now, and entries
+    /// without a name (upgraded from v1), are kept. Returns the UIDs unprepared.
+    pub async fn sweep_stale(&self) -> Result<Vec<String>, StateError> {
+        let entries = self.checkpoint().await.map_err(ClaimFailure::from)?;
+        let mut stale = Vec::new();
+        for (uid, entry) in entries.claims() {
+            if entry.name.is_empty() || entry.checkpoint_state != ClaimState::PrepareCompleted {
+                continue;
+            }
+            match self.claims.get(&entry.namespace, &entry.name).await {
+                Ok(Some(c)) if c.metadata.uid.as_deref() == Some(uid.as_str()) => {}
+                Ok(_) => stale.push(ClaimRef::new(&entry.namespace, &entry.name, uid)),
+                Err(e) => {
+                    tracing::warn!(claim = %uid, error = %e, "stale-claim sweep: cannot check the claim; keeping it")
+                }
+            }
+        }
+        let mut done = Vec::new();
+        for (uid, result) in self.unprepare(&stale).await {
+            match result {
+                Ok(()) => {
+                    tracing::info!(claim = %uid, "unprepared a claim that no longer exists in the API");
+                    done.push(uid);
+                }
+                Err(e) => tracing::warn!(claim = %uid, error = %e, "stale-claim sweep: unprepare failed"),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Runs [`sweep_stale`](Self::sweep_stale) every `config.stale_sweep_interval` until `shutdown`.
+    pub async fn run_sweeper(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(self.config.stale_sweep_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                _ = tick.tick() => {
+                    if let Err(e) = self.sweep_stale().await {
+                        tracing::warn!(error = %e, "stale-claim sweep failed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn make_dir(path: &Path) -> Result<(), ClaimFailure> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path).map_err(|source| ClaimFailure::Io {
+        path: path.to_path_buf(),
+        action: "create directory",
+        source,
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))
+        .map_err(|source| ClaimFailure::Io { path: path.to_path_buf(), action: "chmod 0777", source })
+}

@@ -1,0 +1,48 @@
+//! The committed gRPC code in `src/gen/` is exactly what protox + tonic-prost-build generate from
+//! `proto/` (no system protoc anywhere). Regenerate with
+//! `VGPU_REGEN=1 cargo test -p vgpu-dra --test codegen`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+
+/// Each proto and the file prost writes for its package (one invocation per proto: `dra-health/v1`
+/// and any other package `v1` would otherwise merge into one file).
+const PROTOS: &[(&str, &str)] = &[
+    ("pluginregistration/v1/api.proto", "pluginregistration.rs"),
+    ("dra/v1/api.proto", "k8s.io.kubelet.pkg.apis.dra.v1.rs"),
+    ("dra/v1beta1/api.proto", "k8s.io.kubelet.pkg.apis.dra.v1beta1.rs"),
+    ("dra-health/v1alpha1/api.proto", "v1alpha1.rs"),
+    ("dra-health/v1/api.proto", "v1.rs"),
+];
+
+#[test]
+fn generated_code_is_up_to_date() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let regen = std::env::var_os("VGPU_REGEN").is_some();
+    let mut stale = Vec::new();
+    for (proto, file) in PROTOS {
+        let out = tempfile::tempdir().unwrap();
+        let fds = protox::compile([proto], [root.join("proto")]).unwrap();
+        tonic_prost_build::configure()
+            .out_dir(out.path())
+            .build_client(true)
+            .build_server(true)
+            .compile_fds(fds)
+            .unwrap();
+        let fresh = std::fs::read_to_string(out.path().join(file)).unwrap();
+        let committed_path = root.join("src/gen").join(file);
+        if regen {
+            std::fs::write(&committed_path, &fresh).unwrap();
+            continue;
+        }
+        let committed = std::fs::read_to_string(&committed_path).unwrap_or_default();
+        if committed != fresh {
+            stale.push(committed_path.display().to_string());
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "generated gRPC code is stale: {stale:?}; run `VGPU_REGEN=1 cargo test -p vgpu-dra --test codegen` and commit"
+    );
+}
