@@ -350,3 +350,81 @@ async fn dra_consumable_shares_and_list_attributes() {
     assert!(allocation(&claims.get("whole-2").await.unwrap()).is_none());
     env.finish();
 }
+
+/// The `vgpu-kubelet-plugin` binary on the mock backend (two GPUs, a scripted Xid 79 on GPU 1): it
+/// publishes the node's slice with `vgpu-1` tainted, the scheduler allocates a vGPU claim on `vgpu-0` from
+/// it, and the slices stay when the plugin stops (prepared claims still use the devices).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries and vgpu-kubelet-plugin: run e2e/run.sh"]
+async fn dra_kubelet_plugin_binary_publishes_tainted_slices() {
+    let mut env =
+        TestEnv::builder("dra_kubelet_plugin_binary_publishes_tainted_slices").start().await.unwrap();
+    let client = env.client().await.unwrap();
+    env.start_scheduler_with_config(&scheduler_configuration(env.kubeconfig_path(), &[])).await.unwrap();
+    setup_node_and_classes(&client).await;
+
+    let work = env.workdir().to_path_buf();
+    let mock = work.join("mock.yaml");
+    let script = "healthEvents:\n  - { gpu: 1, kind: xid, xid: 79, afterMs: 0, message: scripted }\n";
+    std::fs::write(&mock, format!("{MOCK}{script}")).unwrap();
+    let dir = |name: &str| {
+        let path = work.join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        path.display().to_string()
+    };
+    let args: Vec<String> = [
+        "--node-name",
+        NODE,
+        "--backend",
+        "mock",
+        "--mock-config",
+        &mock.display().to_string(),
+        "--kubeconfig",
+        &env.kubeconfig_path().display().to_string(),
+        "--kubelet-registrar-directory-path",
+        &dir("plugins_registry"),
+        "--kubelet-plugins-directory-path",
+        &dir("plugins"),
+        "--cdi-root",
+        &dir("cdi"),
+        "--host-manager-dir",
+        &dir("manager"),
+        "--device-cores-ratio",
+        &CORES_RATIO.to_string(),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let binary = vgpu_e2e::vgpu_binary("vgpu-kubelet-plugin").unwrap();
+    env.start_process("vgpu-kubelet-plugin", &binary, &args, &[]).unwrap();
+
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let taints = env
+        .poll("the plugin's slice with vgpu-1 tainted", TIMEOUT, || async {
+            slice_device_taints(&slices, "vgpu-1").await.map(|(_, t)| t).filter(|t| !t.is_empty())
+        })
+        .await
+        .unwrap();
+    assert_eq!(taints, ["manager.nvidia.com/xid=79:NoSchedule"]);
+    let (_, clean) = slice_device_taints(&slices, "vgpu-0").await.unwrap();
+    assert!(clean.is_empty(), "{clean:?}");
+    let list = slices.list(&ListParams::default().fields(&format!("spec.nodeName={NODE}"))).await.unwrap();
+    let capacity = list.items[0].spec.devices.as_ref().unwrap()[0].capacity.clone().unwrap();
+    assert_eq!(capacity["cores"].value.0, CORES_RATIO.to_string(), "--device-cores-ratio reaches the slice");
+    env.check_process("vgpu-kubelet-plugin").unwrap();
+
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    claims.create(&PostParams::default(), &claim("bin-share")).await.unwrap();
+    pods.create(&PostParams::default(), &pod("bin-pod", "bin-share")).await.unwrap();
+    let node = fixtures::wait_for_pod_node(&client, NAMESPACE, "bin-pod", TIMEOUT).await.unwrap();
+    assert_eq!(node, NODE);
+    let (device, consumed) = allocation(&claims.get("bin-share").await.unwrap()).unwrap();
+    assert_eq!(device, "vgpu-0");
+    assert_eq!(consumed["cores"], "10");
+
+    env.stop_process("vgpu-kubelet-plugin").unwrap();
+    let after = slices.list(&ListParams::default().fields(&format!("spec.nodeName={NODE}"))).await.unwrap();
+    assert_eq!(after.items.len(), 1, "slices stay when the plugin stops");
+    env.finish();
+}
