@@ -1,23 +1,26 @@
 //! The DRA driver's API side against the real control plane (issue #17): our ResourceSlices accepted by
 //! kube-apiserver, the DeviceClasses of `deploy/dra/deviceclasses.yaml` applied, and ResourceClaims
-//! requesting `capacity.requests {cores: 10, memory: 1Gi}` of class `vgpu-manager` allocated by the real
-//! kube-scheduler (no extender: its DynamicResources plugin allocates from our slices) and their pods bound.
+//! allocated by the real kube-scheduler (no extender: its DynamicResources plugin allocates from our
+//! slices) and their pods bound. No controller-manager runs, so claims are created directly (no templates)
+//! and nothing is garbage collected.
 //!
-//! The slices come from a `SlicePublisher` run in-process over the mock backend (two GPUs of 24 GiB) with
-//! its `HealthMonitor` fed by the backend's health events. The numbers: a claim consumes 10 cores, a GPU
-//! offers `cores` = `--device-cores-ratio`. With the default ratio 100 one GPU holds 10 such claims; the
-//! issue's "12 claims fill one GPU's cores" holds for ratio 120 (GPU time oversubscribed 1.2×), which this
-//! test sets, so 12 × 10 = 120 fills it and a 13th (130 > 120) does not fit. Memory never binds (13 GiB of
-//! 24 GiB).
+//! | test | slices from | what it shows |
+//! |---|---|---|
+//! | `dra_slices_are_allocated_by_the_scheduler_and_taints_steer_claims` | `SlicePublisher` + `HealthMonitor` in-process, mock backend (2 × 24 GiB) | the issue's 12-claim fill and the 13th pending, taint steering and recovery |
+//! | `dra_consumable_shares_and_list_attributes` | in-process, `VGPUSupport` off, `--consumable-shares 2` | `gpu-manager` claims sharing a whole GPU; the `numaNode` list kept with `DRAListTypeAttributes`; a restart adopts the stored slices |
+//! | `dra_kubelet_plugin_binary_publishes_tainted_slices` | the `vgpu-kubelet-plugin` binary, mock backend with a scripted Xid | the wired binary publishes what the scheduler allocates from |
 //!
-//! The scenario: an Xid 79 on GPU 1 gives `vgpu-1` the `manager.nvidia.com/xid=79:NoSchedule` taint;
-//! 12 claims then all land on `vgpu-0` (consumed capacity recorded per allocation), the 13th pod stays
-//! pending with the scheduler's `Unschedulable` condition (its claim unallocated), and when GPU 1
-//! recovers the taint goes, the pool generation is bumped, and the 13th claim is allocated on `vgpu-1`.
-//! No controller-manager runs, so claims are created directly (no templates) and nothing is garbage
-//! collected.
+//! The numbers of the first test: a claim requests `capacity.requests {cores: 10, memory: 1Gi}` of class
+//! `vgpu-manager`; a GPU offers `cores` = `--device-cores-ratio`. With the default ratio 100 one GPU holds
+//! 10 such claims; the issue's "12 claims fill one GPU's cores" holds for ratio 120 (GPU time
+//! oversubscribed 1.2×), which the test sets, so 12 × 10 = 120 fills it and a 13th (130 > 120) does not
+//! fit. Memory never binds (13 GiB of 24 GiB). The scenario: an Xid 79 on GPU 1 gives `vgpu-1` the
+//! `manager.nvidia.com/xid=79:NoSchedule` taint; 12 claims then all land on `vgpu-0` (consumed capacity
+//! recorded per allocation), the 13th pod stays pending with the scheduler's `Unschedulable` condition
+//! ("0/1 nodes are available: 1 cannot allocate all claims"), and when GPU 1 recovers the taint goes, the
+//! pool generation is bumped, and the 13th claim is allocated on `vgpu-1`.
 //!
-//! Needs the control-plane binaries: run `e2e/run.sh dra`.
+//! Needs the control-plane binaries (and, for the last test, our binaries): run `e2e/run.sh dra`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
