@@ -49,7 +49,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::{collections::HashMap, fmt, num::NonZeroU32, str::FromStr};
+use std::{collections::HashMap, fmt, num::NonZeroU32, path::Path, str::FromStr};
 
 use vgpu_core::{
     alloc::parse_quantity,
@@ -274,6 +274,8 @@ pub struct GpuInfo {
     pub memory_bytes: u64,
     /// PCI bus id, e.g. `0000:01:00.0` (may be empty).
     pub bus_id: String,
+    /// The PCIe root complex, e.g. `pci0000:00` (read from sysfs; `None` when unknown).
+    pub pcie_root: Option<String>,
     /// NUMA node, when known.
     pub numa_node: Option<u32>,
     /// CUDA compute capability.
@@ -292,6 +294,7 @@ impl GpuInfo {
             vendor: device.vendor,
             memory_bytes: device.memory_mib.saturating_mul(MIB),
             bus_id: device.bus_id.clone(),
+            pcie_root: None,
             numa_node: device.numa_node,
             compute_capability: device.capability,
             mig_enabled: device.mig_enabled,
@@ -450,7 +453,21 @@ impl AllocatableDevices {
         let driver_versions = backend
             .driver_versions()
             .map_err(|source| DeviceError::Backend { action: "read driver versions", source })?;
-        Self::new(config, with_minors, driver_versions)
+        let mut devices = Self::new(config, with_minors, driver_versions)?;
+        // The mock's bus ids are made up: looking them up would attach this machine's PCI layout.
+        if backend.name() != "mock" {
+            devices.resolve_pcie_roots(Path::new("/sys"));
+        }
+        Ok(devices)
+    }
+
+    /// Fills each GPU's PCIe root from `<sysfs>/bus/pci/devices/<busId>` ([`pcie_root`]); GPUs whose bus id
+    /// is not there keep `None`. [`AllocatableDevices::from_backend`] does this with `/sys` for every backend
+    /// but the mock.
+    pub fn resolve_pcie_roots(&mut self, sysfs: &Path) {
+        for device in &mut self.devices {
+            device.gpu.pcie_root = pcie_root(sysfs, &device.gpu.bus_id);
+        }
     }
 
     /// Builds the model from GPUs with their minor numbers (pure). Devices are ordered by GPU index.
@@ -619,6 +636,21 @@ impl<'a> IntoIterator for &'a AllocatableDevices {
     }
 }
 
+/// The PCIe root complex of a PCI device: the `pci<domain>:<bus>` component of the target of
+/// `<sysfs>/bus/pci/devices/<bus_id>` (e.g. `../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0` →
+/// `pci0000:00`), as the standard `resource.kubernetes.io/pcieRoot` attribute names it. `None` when the
+/// link is missing or has no such component. The bus id is matched lower-case.
+pub fn pcie_root(sysfs: &Path, bus_id: &str) -> Option<String> {
+    if bus_id.is_empty() || bus_id.contains('/') {
+        return None;
+    }
+    let link = std::fs::read_link(sysfs.join("bus/pci/devices").join(bus_id.to_ascii_lowercase())).ok()?;
+    link.components().find_map(|c| {
+        let part = c.as_os_str().to_str()?;
+        (part.starts_with("pci") && part.len() > 3).then(|| part.to_owned())
+    })
+}
+
 /// `memory_mib` MiB × `ratio` / 100 in bytes, at least 1 MiB.
 fn scaled_memory(device: &str, memory_mib: u64, ratio: u32) -> Result<u64, DeviceError> {
     let bytes = u128::from(memory_mib) * u128::from(MIB) * u128::from(ratio) / 100;
@@ -784,6 +816,33 @@ mod tests {
             (Some(1), "Ada Lovelace", "GeForce")
         );
         assert_eq!(devices.driver_versions().unwrap().cuda_version, Some((12, 8)));
+    }
+
+    #[test]
+    fn pcie_roots_from_sysfs() {
+        let sysfs = tempfile::tempdir().unwrap();
+        let devices_dir = sysfs.path().join("bus/pci/devices");
+        std::fs::create_dir_all(&devices_dir).unwrap();
+        std::os::unix::fs::symlink(
+            "../../../devices/pci0000:17/0000:17:00.0/0000:18:00.0",
+            devices_dir.join("0000:18:00.0"),
+        )
+        .unwrap();
+        assert_eq!(pcie_root(sysfs.path(), "0000:18:00.0").as_deref(), Some("pci0000:17"));
+        assert_eq!(
+            pcie_root(sysfs.path(), "0000:18:00.0".to_uppercase().as_str()).as_deref(),
+            Some("pci0000:17")
+        );
+        assert_eq!(pcie_root(sysfs.path(), "0000:19:00.0"), None);
+        assert_eq!(pcie_root(sysfs.path(), ""), None);
+        assert_eq!(pcie_root(sysfs.path(), "../../x"), None);
+
+        let mut one = gpu(0, "A", 1024);
+        one.bus_id = "0000:18:00.0".into();
+        let mut devices = AllocatableDevices::new(&DeviceConfig::default(), vec![(one, 0)], None).unwrap();
+        assert_eq!(devices.get("vgpu-0").unwrap().gpu.pcie_root, None);
+        devices.resolve_pcie_roots(sysfs.path());
+        assert_eq!(devices.get("vgpu-0").unwrap().gpu.pcie_root.as_deref(), Some("pci0000:17"));
     }
 
     proptest! {

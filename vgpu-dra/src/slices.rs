@@ -16,6 +16,7 @@
 //! | `coreRatio`, `memoryRatio` (int, vGPU only) | `--device-cores-ratio`, `--device-memory-ratio` |
 //! | `numaNode` (int; `ints: [n]` with `DRAListTypeAttributes`) | the GPU's NUMA node; absent when unknown |
 //! | `resource.kubernetes.io/pciBusID` (string) | the PCI bus id; absent when unknown |
+//! | `resource.kubernetes.io/pcieRoot` (string) | the PCIe root complex from sysfs (`pci0000:17`; [`crate::devices::pcie_root`]); absent when unknown (always for the mock backend) |
 //! | capacity `cores` (vGPU) | value = cores ratio; request policy default = min(ratio, 100), valid range 0..=min(ratio, 100) step 1 |
 //! | capacity `memory` (vGPU) | value = bytes × memory ratio / 100; default = all, valid range 1Mi..=all step 1Mi |
 //! | capacity `memory` (`--consumable-shares unlimited`) | value = bytes; default 0 |
@@ -24,8 +25,8 @@
 //! | `allowMultipleAllocations` | `true` for shared devices (every vGPU; whole GPUs with consumable shares) |
 //! | `taints` | the device's [`HealthSnapshot`] taints (`<driver>/xid`, `gpu-lost`, `unmonitored`) |
 //!
-//! `pcieRoot` is not published: the backend seam does not report the PCIe root complex. "All" memory in a
-//! policy is rounded down to whole MiB (a default and a max must be multiples of the step).
+//! "All" memory in a policy is rounded down to whole MiB (a default and a max must be multiples of the
+//! step).
 //!
 //! API limits (resource.k8s.io/v1 validation) the builder respects: at most 32 attributes and capacities
 //! per device ([`MAX_ATTRIBUTES_AND_CAPACITIES`], an error: never cut silently), 128 devices per slice, 64
@@ -100,6 +101,8 @@ pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
 pub const MAX_NAME_LEN: usize = 253;
 /// The standard PCI bus id attribute.
 pub const ATTRIBUTE_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+/// The standard PCIe root attribute.
+pub const ATTRIBUTE_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 
 /// Errors of the slice builder and publisher.
 #[derive(Debug, thiserror::Error)]
@@ -322,6 +325,9 @@ fn attributes(
     }
     if !gpu.bus_id.is_empty() {
         attrs.insert(ATTRIBUTE_PCI_BUS_ID.to_owned(), string_attr(&gpu.bus_id.to_ascii_lowercase()));
+    }
+    if let Some(root) = &gpu.pcie_root {
+        attrs.insert(ATTRIBUTE_PCIE_ROOT.to_owned(), string_attr(root));
     }
     attrs
 }
@@ -572,6 +578,25 @@ mod tests {
         );
         assert_eq!(device["allowMultipleAllocations"], true);
         assert!(device.get("taints").is_none());
+    }
+
+    #[test]
+    fn pcie_root_attribute_when_known() {
+        let sysfs = tempfile::tempdir().unwrap();
+        let dir = sysfs.path().join("bus/pci/devices");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(
+            "../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0",
+            dir.join("0000:01:00.0"),
+        )
+        .unwrap();
+        let mut devices = devices(&DeviceConfig::default(), 2);
+        devices.resolve_pcie_roots(sysfs.path());
+        let slices = build_slices(&SliceConfig::new("n"), &devices, &HealthSnapshot::default(), 1).unwrap();
+        let json = serde_json::to_value(&slices[0]).unwrap();
+        let attrs = |i: usize| json["spec"]["devices"][i]["attributes"].clone();
+        assert_eq!(attrs(0)[ATTRIBUTE_PCIE_ROOT], serde_json::json!({"string": "pci0000:00"}));
+        assert!(attrs(1).get(ATTRIBUTE_PCIE_ROOT).is_none(), "0000:02:00.0 is not in this sysfs");
     }
 
     #[test]
