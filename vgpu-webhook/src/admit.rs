@@ -401,7 +401,7 @@ impl<C: ClusterApi> Admission<C> {
     }
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct ClaimCache {
     claims: BTreeMap<String, Option<ResourceClaim>>,
     classes: BTreeMap<String, DeviceClass>,

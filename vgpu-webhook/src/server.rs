@@ -89,6 +89,15 @@ struct AppState<C> {
     read_timeout: Duration,
 }
 
+impl<C> std::fmt::Debug for AppState<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("admission", &self.admission)
+            .field("read_timeout", &self.read_timeout)
+            .finish()
+    }
+}
+
 impl<C> Clone for AppState<C> {
     fn clone(&self) -> Self {
         Self { admission: self.admission.clone(), read_timeout: self.read_timeout }

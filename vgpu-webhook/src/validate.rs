@@ -171,7 +171,7 @@ fn go_list<'a>(items: impl IntoIterator<Item = &'a String>) -> String {
     format!("[{}]", v.join(" "))
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Usage {
     init: BTreeSet<String>,
     app: BTreeSet<String>,
@@ -525,7 +525,7 @@ pub fn check_allocated_sharing(
     let claim_ns = claim.metadata.namespace.as_deref().unwrap_or_default();
     let claim_name = claim.metadata.name.as_deref().unwrap_or_default();
     let claim_uid = claim.metadata.uid.as_deref().unwrap_or(claim_name);
-    #[derive(Default)]
+    #[derive(Debug, Default)]
     struct AllocatedUsage {
         pods: BTreeSet<String>,
         init: BTreeSet<String>,
