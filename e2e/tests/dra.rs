@@ -299,11 +299,21 @@ async fn dra_consumable_shares_and_list_attributes() {
         consumable_shares: "2".parse().unwrap(),
         ..DeviceConfig::default()
     };
-    let devices = Arc::new(AllocatableDevices::from_backend(&backend, &config).unwrap());
+    let mut devices = AllocatableDevices::from_backend(&backend, &config).unwrap();
+    // A sysfs holding the mock GPU's bus id, so the standard pcieRoot attribute is published too.
+    let sysfs = env.workdir().join("sys");
+    std::fs::create_dir_all(sysfs.join("bus/pci/devices")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../../devices/pci0000:17/0000:17:00.0/0000:18:00.0",
+        sysfs.join("bus/pci/devices/0000:18:00.0"),
+    )
+    .unwrap();
+    devices.resolve_pcie_roots(&sysfs);
+    let devices = Arc::new(devices);
     let slice_config = SliceConfig { list_type_attributes: true, ..SliceConfig::new(NODE) };
     let health = tokio::sync::watch::channel(HealthSnapshot::unmonitored_default()).1;
     let store = KubeSliceStore::new(client.clone(), NODE, DRIVER_NAME);
-    let mut publisher = SlicePublisher::new(store, slice_config, devices, health);
+    let mut publisher = SlicePublisher::new(store, slice_config, Arc::clone(&devices), health);
     let outcome = publisher.sync().await.unwrap();
     assert_eq!(outcome, PublishOutcome::Published { generation: 1, created: 1, replaced: 0, deleted: 0 });
     // What the API server stored reads back as what was written: the next round changes nothing.
@@ -313,7 +323,7 @@ async fn dra_consumable_shares_and_list_attributes() {
     let mut restarted = SlicePublisher::new(
         KubeSliceStore::new(client.clone(), NODE, DRIVER_NAME),
         SliceConfig { list_type_attributes: true, ..SliceConfig::new(NODE) },
-        Arc::new(AllocatableDevices::from_backend(&backend, &config).unwrap()),
+        Arc::clone(&devices),
         tokio::sync::watch::channel(HealthSnapshot::unmonitored_default()).1,
     );
     assert_eq!(restarted.sync().await.unwrap(), PublishOutcome::Adopted { generation: 1 });
@@ -326,6 +336,8 @@ async fn dra_consumable_shares_and_list_attributes() {
     let attributes = device.attributes.unwrap();
     assert_eq!(attributes["numaNode"].ints, Some(vec![0]), "the list form survives the API server");
     assert_eq!(attributes["type"].string.as_deref(), Some("gpu"));
+    assert_eq!(attributes["resource.kubernetes.io/pcieRoot"].string.as_deref(), Some("pci0000:17"));
+    assert_eq!(attributes["resource.kubernetes.io/pciBusID"].string.as_deref(), Some("0000:18:00.0"));
     assert_eq!(device.capacity.unwrap()["shares"].value.0, "2");
 
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
