@@ -1,0 +1,1 @@
+//! vgpu-api: GPU module resource types (being built, issue #20).

@@ -1,0 +1,1 @@
+//! vgpu-node-agent: GPU module node agent (being built, issue #20).
