@@ -4,7 +4,7 @@
 //! `caBundle` instead of the in-cluster Service).
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -12,6 +12,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Api;
 use kube::api::PostParams;
 use rcgen::{
@@ -25,6 +28,8 @@ use crate::{TestEnv, free_port, vgpu_binary};
 pub const WEBHOOK: &str = "vgpu-webhook";
 /// The manifests registered by [`register_webhooks`].
 pub const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/webhook/webhooks.yaml");
+/// The webhook's ServiceAccount and RBAC, applied by [`service_account_kubeconfig`].
+pub const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/webhook/rbac.yaml");
 
 /// A running webhook: its port and the CA its certificate chains to.
 #[derive(Debug, Clone)]
@@ -55,8 +60,13 @@ pub fn webhook_pki() -> Result<(String, String, String)> {
 }
 
 /// Writes a fresh certificate to `<workdir>/webhook-certs/`, starts `vgpu-webhook` on a free loopback port with
-/// the environment's kubeconfig and `args`, and waits until it accepts connections.
-pub async fn start_webhook(env: &mut TestEnv, args: &[&str]) -> Result<RunningWebhook> {
+/// `kubeconfig` (default: the environment's admin kubeconfig) and `args`, and waits until it accepts
+/// connections.
+pub async fn start_webhook(
+    env: &mut TestEnv,
+    kubeconfig: Option<&Path>,
+    args: &[&str],
+) -> Result<RunningWebhook> {
     let (ca_pem, cert, key) = webhook_pki()?;
     let cert_dir = env.workdir().join("webhook-certs");
     std::fs::create_dir_all(&cert_dir).context("creating the webhook certificate folder")?;
@@ -64,7 +74,7 @@ pub async fn start_webhook(env: &mut TestEnv, args: &[&str]) -> Result<RunningWe
     std::fs::write(cert_dir.join("tls.key"), key).context("writing tls.key")?;
     let port = free_port()?;
     let mut all = vec![
-        format!("--kubeconfig={}", env.kubeconfig_path().display()),
+        format!("--kubeconfig={}", kubeconfig.unwrap_or(env.kubeconfig_path()).display()),
         format!("--server-bind-port={port}"),
         "--server-bind-address=127.0.0.1".to_owned(),
         format!("--cert-dir={}", cert_dir.display()),
@@ -127,4 +137,58 @@ pub async fn register_webhooks(client: &kube::Client, webhook: &RunningWebhook) 
         }
     }
     Ok(())
+}
+
+/// Applies [`RBAC`] (creating its namespace), requests a token of its ServiceAccount and writes a kubeconfig
+/// that acts as it (the admin kubeconfig with the user's credentials replaced); returns its path.
+pub async fn service_account_kubeconfig(env: &TestEnv, client: &kube::Client) -> Result<PathBuf> {
+    let text = std::fs::read_to_string(RBAC).with_context(|| format!("reading {RBAC}"))?;
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text).with_context(|| format!("parsing {RBAC}"))?;
+    let mut account: Option<(String, String)> = None;
+    for doc in docs {
+        match doc["kind"].as_str() {
+            Some("ServiceAccount") => {
+                let sa: ServiceAccount = serde_json::from_value(doc)?;
+                let ns = sa.metadata.namespace.clone().unwrap_or_default();
+                let ns_object: Namespace =
+                    serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?;
+                Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns_object).await?;
+                Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+                    .create(&PostParams::default(), &sa)
+                    .await?;
+                account = Some((ns, sa.metadata.name.unwrap_or_default()));
+            }
+            Some("ClusterRole") => {
+                let role: ClusterRole = serde_json::from_value(doc)?;
+                Api::<ClusterRole>::all(client.clone()).create(&PostParams::default(), &role).await?;
+            }
+            Some("ClusterRoleBinding") => {
+                let binding: ClusterRoleBinding = serde_json::from_value(doc)?;
+                Api::<ClusterRoleBinding>::all(client.clone())
+                    .create(&PostParams::default(), &binding)
+                    .await?;
+            }
+            other => bail!("{RBAC}: unexpected kind {other:?}"),
+        }
+    }
+    let Some((ns, name)) = account else { bail!("{RBAC} has no ServiceAccount") };
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
+        ..TokenRequest::default()
+    };
+    let answer = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+        .create_token_request(&name, &PostParams::default(), &request)
+        .await
+        .context("requesting the webhook's ServiceAccount token")?;
+    let token = answer.status.and_then(|s| s.token).context("no token in the TokenRequest status")?;
+    let mut config = kube::config::Kubeconfig::read_from(env.kubeconfig_path())?;
+    for user in &mut config.auth_infos {
+        user.auth_info =
+            Some(kube::config::AuthInfo { token: Some(token.clone().into()), ..Default::default() });
+    }
+    let path = env.workdir().join("webhook.kubeconfig");
+    // JSON is YAML: kube reads it back.
+    std::fs::write(&path, serde_json::to_vec(&config)?).context("writing the webhook kubeconfig")?;
+    Ok(path)
 }

@@ -11,7 +11,8 @@
 //!   labelled `vgpu-manager.io/ignore-webhook=true` is not sent to the webhook;
 //! * with `--default-convert2-dra`, the pod gets claims, the ResourceClaim exists with the exact request, and
 //!   deleting the pod deletes it; a pod breaking a sharing rule is refused with the rule's message; a claim
-//!   with an unknown opaque config kind is refused.
+//!   with an unknown opaque config kind is refused — the webhook acting as the ServiceAccount of
+//!   `deploy/webhook/rbac.yaml`.
 //!
 //! Needs the control-plane binaries and our binaries: run `e2e/run.sh webhook`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -26,7 +27,7 @@ use serde_json::{Value, json};
 use vgpu_e2e::TestEnv;
 use vgpu_e2e::fixtures::{self, VGPU_CORES, VGPU_NUMBER};
 use vgpu_e2e::plugin_node::start_vgpu_scheduling;
-use vgpu_e2e::webhook::{register_webhooks, start_webhook};
+use vgpu_e2e::webhook::{register_webhooks, service_account_kubeconfig, start_webhook};
 
 const NS: &str = "default";
 
@@ -76,6 +77,7 @@ async fn webhook_mutates_pods_through_the_api_server() {
     fixtures::create_vgpu_node(&client, "gpu-2", 4, 10).await.unwrap();
     let webhook = start_webhook(
         &mut env,
+        None,
         &[
             "--scheduler-name=vgpu-scheduler",
             "--default-node-policy=binpack",
@@ -166,8 +168,12 @@ async fn webhook_converts_pods_to_dra_and_enforces_sharing() {
     let mut env =
         TestEnv::builder("webhook_converts_pods_to_dra_and_enforces_sharing").start().await.unwrap();
     let client = env.client().await.unwrap();
+    // The webhook acts as the ServiceAccount of deploy/webhook/rbac.yaml: creating, reading and deleting the
+    // claims below proves that role is enough.
+    let kubeconfig = service_account_kubeconfig(&env, &client).await.unwrap();
     let webhook = start_webhook(
         &mut env,
+        Some(&kubeconfig),
         &[
             "--scheduler-name=vgpu-scheduler",
             "--default-convert2-dra",
