@@ -5,7 +5,7 @@
 //! |---|---|
 //! | GPUs, memory, health, minor numbers, MIG layout, driver versions | [`DeviceBackend`] |
 //! | processes and utilization samples per GPU | `watcher/sm_util.config` with `SharedSMUtilizationWatcher` (when present), else the backend |
-//! | pods and their containers | [`PodSource`]: pods with a `real-allocated` (else `pre-allocated`) claim, not Succeeded/Failed |
+//! | pods and their containers | [`PodSource`]: pods with a `real-allocated` (else `pre-allocated`) claim, not Succeeded/Failed; on the DRA path ([`NodeCollector::new_dra`]) the pods bound to the node with claims allocated from the driver's ResourceSlices ([`crate::dra`], which documents that path's rules) |
 //! | collectable containers | app containers, sidecars (restartable init), init containers that are running |
 //! | limits | `<manager-dir>/<podUID>_<ctr>/config/vgpu.config` ([`vgpu_config::read`]: plain read with the seqlock re-read; no mapping, `unsafe` is forbidden) |
 //! | container PIDs | `cgroup.procs` ([`CgroupLayout`]) |
@@ -35,12 +35,13 @@ use vgpu_core::{
     backend::{DeviceBackend, DriverVersions, MigMode, ProcessUtilizationSample},
     codec::pod_devices,
     domain::ResourceDomain,
-    model::{GpuDevice, PodDeviceClaim},
+    model::{ContainerDeviceClaim, DeviceClaim, GpuDevice, PodDeviceClaim},
     node_config::NodeSettings,
 };
 
 use crate::{
     cgroup::{CgroupLayout, QosClass, container_id},
+    dra::{ClaimIndex, ContainerAlloc, DraSource, NodeDevices, resolve_pod},
     pods::PodSource,
 };
 
@@ -94,6 +95,8 @@ pub struct MonitorConfig {
     pub stuck_grace_period: std::time::Duration,
     /// Build identity.
     pub build: BuildInfo,
+    /// The DRA driver whose slices and claims the DRA collector reads (`manager.nvidia.com`).
+    pub dra_driver: String,
 }
 
 impl MonitorConfig {
@@ -109,6 +112,7 @@ impl MonitorConfig {
             vmem_tracking: false,
             stuck_grace_period: std::time::Duration::from_secs(30),
             build: BuildInfo::current(),
+            dra_driver: vgpu_dra::DRIVER_NAME.to_owned(),
         }
     }
 }
@@ -261,6 +265,8 @@ pub struct NodeCollector {
     config: MonitorConfig,
     backend: Arc<dyn DeviceBackend>,
     pods: Arc<dyn PodSource>,
+    /// `Some` on the DRA path: limits and assignments from ResourceSlices and ResourceClaims.
+    dra: Option<Arc<dyn DraSource>>,
     warned: Mutex<HashSet<PathBuf>>,
     sm_missing_logged: AtomicBool,
 }
@@ -271,14 +277,35 @@ impl std::fmt::Debug for NodeCollector {
             .field("node", &self.config.node_name)
             .field("backend", &self.backend.name())
             .field("pods", &self.pods)
+            .field("dra", &self.dra)
             .finish_non_exhaustive()
     }
 }
 
 impl NodeCollector {
-    /// A collector over `backend` and `pods`.
+    /// A collector of the device-plugin path over `backend` and `pods` (pods labelled
+    /// `<domain>/metrics-node=<node>`, per-container `vgpu.config`).
     pub fn new(config: MonitorConfig, backend: Arc<dyn DeviceBackend>, pods: Arc<dyn PodSource>) -> Self {
-        Self { config, backend, pods, warned: Mutex::default(), sm_missing_logged: AtomicBool::new(false) }
+        Self {
+            config,
+            backend,
+            pods,
+            dra: None,
+            warned: Mutex::default(),
+            sm_missing_logged: AtomicBool::new(false),
+        }
+    }
+
+    /// A collector of the DRA path (`--enable-dra-monitor`): `pods` are the pods bound to the node, limits
+    /// and assigned totals come from `dra`'s ResourceSlices and ResourceClaims of
+    /// [`MonitorConfig::dra_driver`] ([`crate::dra`]); the vmem ledger is not read.
+    pub fn new_dra(
+        config: MonitorConfig,
+        backend: Arc<dyn DeviceBackend>,
+        pods: Arc<dyn PodSource>,
+        dra: Arc<dyn DraSource>,
+    ) -> Self {
+        Self { dra: Some(dra), ..Self::new(config, backend, pods) }
     }
 
     /// The configuration.
@@ -358,7 +385,10 @@ impl NodeCollector {
                 }
             }
         }
-        self.containers(&devices, &procs, &mut snap);
+        match &self.dra {
+            Some(dra) => self.dra_containers(dra.as_ref(), &devices, &procs, &mut snap),
+            None => self.containers(&devices, &procs, &mut snap),
+        }
         snap
     }
 
@@ -556,6 +586,178 @@ impl NodeCollector {
             }
         }
     }
+
+    /// The DRA path's containers and per-device totals ([`crate::dra`] module table).
+    fn dra_containers(
+        &self,
+        dra: &dyn DraSource,
+        devices: &[GpuDevice],
+        procs: &HashMap<u32, GpuProcs>,
+        snap: &mut Snapshot,
+    ) {
+        let cfg = &self.config;
+        let slices = dra.slices();
+        let node_devices =
+            NodeDevices::from_slices(slices.iter().map(AsRef::as_ref), &cfg.dra_driver, &cfg.node_name);
+        if let Some(first) =
+            node_devices.iter().find(|d| d.kind == vgpu_dra::devices::DeviceType::Vgpu.as_str())
+        {
+            snap.cores_scaling = first.core_ratio as f64 / 100.0;
+            snap.memory_scaling = first.memory_ratio as f64 / 100.0;
+        }
+        let claims = ClaimIndex::new(dra.claims());
+        let index_of =
+            |uuid: &str| devices.iter().find(|d| d.uuid.eq_ignore_ascii_case(uuid)).map(|d| d.index);
+        // GPU index → (assigned cores, assigned MiB, peak containers, running containers).
+        let mut assigned: HashMap<u32, (u64, u64, u32, u32)> = HashMap::new();
+        for pod in self.pods.pods() {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                continue;
+            }
+            let allocs = resolve_pod(&pod, &claims, &cfg.dra_driver, &cfg.node_name, &node_devices);
+            if allocs.iter().all(|a| a.results.is_empty()) {
+                continue;
+            }
+            let roles = roles(&pod);
+            let claim = PodDeviceClaim {
+                containers: allocs
+                    .iter()
+                    .map(|a| ContainerDeviceClaim {
+                        name: a.name.clone(),
+                        devices: a
+                            .results
+                            .iter()
+                            .filter_map(|r| {
+                                Some(DeviceClaim {
+                                    index: index_of(&r.uuid)?,
+                                    uuid: r.uuid.clone(),
+                                    cores: r.cores,
+                                    memory_mib: r.memory_bytes / (1 << 20),
+                                })
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            };
+            let footprint = PodFootprint::from_claim_with_roles(&claim, |n| {
+                roles.get(n).copied().unwrap_or(ContainerRole::App)
+            });
+            for (index, u) in footprint.devices() {
+                let e = assigned.entry(index).or_default();
+                e.0 += u.cores;
+                e.1 += u.memory_mib;
+                e.2 += u.number;
+            }
+            let running = running_containers(&pod);
+            for c in claim.containers.iter().filter(|c| running.contains(c.name.as_str())) {
+                let gpus: HashSet<u32> = c.devices.iter().map(|d| d.index).collect();
+                for g in gpus {
+                    assigned.entry(g).or_default().3 += 1;
+                }
+            }
+            self.dra_pod_containers(&pod, &allocs, &roles, &running, &node_devices, &index_of, procs, snap);
+        }
+        for d in devices.iter().filter(|d| !d.mig_enabled) {
+            let Some(sd) = node_devices.by_uuid(&d.uuid) else { continue };
+            let physical =
+                snap.physical.iter().find(|p| p.device.index == d.index).map_or(0, |p| p.total_bytes);
+            let (cores, mib, peak, current) = assigned.get(&d.index).copied().unwrap_or_default();
+            let assigned_memory = mib.saturating_mul(1 << 20);
+            snap.vgpu.push(VgpuDevice {
+                index: d.index,
+                uuid: d.uuid.clone(),
+                type_name: d.type_name.clone(),
+                total_cores: sd.cores.unwrap_or(100) as f64,
+                assigned_cores: cores,
+                peak_shared: peak,
+                current_shared: current,
+                total_memory: sd.memory_bytes.unwrap_or(physical),
+                total_physical_memory: physical,
+                assigned_memory,
+                assigned_physical_memory: sd.physical(assigned_memory),
+            });
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn dra_pod_containers(
+        &self,
+        pod: &Pod,
+        allocs: &[ContainerAlloc],
+        roles: &HashMap<String, ContainerRole>,
+        running: &HashSet<&str>,
+        node_devices: &NodeDevices,
+        index_of: &dyn Fn(&str) -> Option<u32>,
+        procs: &HashMap<u32, GpuProcs>,
+        snap: &mut Snapshot,
+    ) {
+        let cfg = &self.config;
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let status = pod.status.as_ref();
+        let qos = QosClass::parse(status.and_then(|s| s.qos_class.as_deref()));
+        for a in allocs.iter().filter(|a| !a.results.is_empty()) {
+            match roles.get(&a.name) {
+                Some(ContainerRole::App | ContainerRole::Sidecar) => {}
+                Some(ContainerRole::SequentialInit) if running.contains(a.name.as_str()) => {}
+                _ => continue,
+            }
+            let pids: HashSet<u32> = status
+                .into_iter()
+                .flat_map(|s| {
+                    s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten())
+                })
+                .find(|s| s.name == a.name)
+                .and_then(|s| s.container_id.as_deref())
+                .map(|id| cfg.cgroup.container_pids(uid, qos, container_id(id)))
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            let mut results: Vec<(u32, &crate::dra::ContainerResult)> =
+                a.results.iter().filter_map(|r| Some((index_of(&r.uuid)?, r))).collect();
+            results.sort_by(|(ia, a), (ib, b)| {
+                (ia, &a.request, &a.share_id, &a.claim_uid).cmp(&(ib, &b.request, &b.share_id, &b.claim_uid))
+            });
+            for (vdevice_idx, (index, r)) in results.into_iter().enumerate() {
+                let gpu = procs.get(&index);
+                let physical: u64 = gpu.map_or(0, |g| pids.iter().filter_map(|p| g.memory.get(p)).sum());
+                let load = gpu.map_or(0.0, |g| {
+                    pids.iter().filter_map(|p| g.samples.get(p)).map(sample_load).fold(0.0, |a, b| a + b)
+                });
+                let physical_limit =
+                    node_devices.get(&r.device).map_or(r.memory_bytes, |d| d.physical(r.memory_bytes));
+                snap.containers.push(ContainerDevice {
+                    pod_namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                    pod_name: pod.metadata.name.clone().unwrap_or_default(),
+                    container_name: a.name.clone(),
+                    vdevice_idx,
+                    device_uuid: devices_uuid(snap, index).unwrap_or_else(|| r.uuid.clone()),
+                    memory_limit: r.memory_bytes,
+                    physical_memory_limit: physical_limit,
+                    // No vmem ledger on DRA (contract §8): usage is the physical usage.
+                    memory_usage: physical,
+                    physical_memory_usage: physical,
+                    memory_percent: percent(physical, r.memory_bytes),
+                    core_percent: load.min(100.0),
+                });
+            }
+        }
+    }
+}
+
+/// The backend's spelling of GPU `index`'s UUID (the slice's `uuid` attribute is lower-case).
+fn devices_uuid(snap: &Snapshot, index: u32) -> Option<String> {
+    snap.physical.iter().find(|p| p.device.index == index).map(|p| p.device.uuid.clone())
+}
+
+/// Names of the pod's containers (app and init) whose state is running.
+fn running_containers(pod: &Pod) -> HashSet<&str> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()))
+        .filter(|s| s.state.as_ref().is_some_and(|x| x.running.is_some()))
+        .map(|s| s.name.as_str())
+        .collect()
 }
 
 /// The pod's claim: `real-allocated`, else `pre-allocated`; `None` when neither decodes.

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | [`pods`] | [`PodSource`](pods::PodSource): the node's pods (label `<domain>/metrics-node=<node>`) — [`KubePods`](pods::KubePods) (kube-runtime reflector), [`InMemoryPods`](pods::InMemoryPods) |
 //! | [`cgroup`] | container PIDs from `cgroup.procs` (v1/v2, systemd/cgroupfs) |
+//! | [`dra`] | `--enable-dra-monitor`: [`DraSource`](dra::DraSource) (ResourceSlices and ResourceClaims: [`KubeDra`](dra::KubeDra) reflectors, [`InMemoryDra`](dra::InMemoryDra)) and the claim → container → device resolution |
 //! | [`collect`] | [`NodeCollector`](collect::NodeCollector): one [`Snapshot`](collect::Snapshot) per scrape from the backend, the pods and the per-container files |
 //! | [`metrics`] | the families of contract §8 (table there), `service="vGPU"` on every series |
 //! | [`server`] | `/healthz`, `/readyz`, `/version`, `/metrics` (min scrape interval, OpenMetrics or Prometheus text, `--enable-rbac`) as an `axum::Router` |
@@ -69,6 +70,7 @@
 
 pub mod cgroup;
 pub mod collect;
+pub mod dra;
 pub mod metrics;
 pub mod pods;
 pub mod server;

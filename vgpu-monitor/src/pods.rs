@@ -3,7 +3,7 @@
 //!
 //! | impl | what it holds | synced (`/readyz`) |
 //! |---|---|---|
-//! | [`KubePods`] | a kube-runtime reflector of the pods labelled `<domain>/metrics-node=<node>` (the device plugin sets the label in `Allocate`) | after the first full list |
+//! | [`KubePods`] | a kube-runtime reflector of the pods labelled `<domain>/metrics-node=<node>` (the device plugin sets the label in `Allocate`; [`KubePods::start`]), or, on the DRA path, of the pods with field `spec.nodeName=<node>` ([`KubePods::start_on_node`]) | after the first full list |
 //! | [`InMemoryPods`] | whatever [`InMemoryPods::set`] last stored | from construction |
 //!
 //! Both hand out `Arc<Pod>` snapshots: a scrape reads the cache without copying pods.
@@ -55,8 +55,8 @@ impl PodSource for InMemoryPods {
     }
 }
 
-/// A watch cache of the node's pods (label `<domain>/metrics-node=<node>`), kept by a kube-runtime
-/// reflector that reconnects with backoff.
+/// A watch cache of the node's pods (label `<domain>/metrics-node=<node>`, or field `spec.nodeName=<node>`
+/// on the DRA path), kept by a kube-runtime reflector that reconnects with backoff.
 #[derive(Clone)]
 pub struct KubePods {
     store: reflector::Store<Pod>,
@@ -80,35 +80,64 @@ impl KubePods {
         format!("{label_key}={node}")
     }
 
-    /// Starts watching all namespaces' pods matching `selector` on the current tokio runtime; the watch
-    /// runs until the runtime stops. Watch errors are logged and retried with backoff.
+    /// The field selector of the DRA path: the pods bound to `node` (`spec.nodeName=<node>`).
+    pub fn node_field_selector(node: &str) -> String {
+        format!("spec.nodeName={node}")
+    }
+
+    /// Starts watching all namespaces' pods matching the label `selector` on the current tokio runtime; the
+    /// watch runs until the runtime stops. Watch errors are logged and retried with backoff.
     pub fn start(client: kube::Client, selector: String) -> Self {
-        let api: kube::Api<Pod> = kube::Api::all(client);
-        let (store, writer) = reflector::store();
-        let synced = Arc::new(AtomicBool::new(false));
-        let stream =
-            reflector(writer, watcher(api, watcher::Config::default().labels(&selector))).default_backoff();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) =
-                std::future::poll_fn(|cx| futures_core::Stream::poll_next(stream.as_mut(), cx)).await
-            {
-                if let Err(err) = event {
-                    tracing::warn!(%err, "pod watch failed; retrying");
-                }
-            }
-        });
-        {
-            let (store, synced) = (store.clone(), Arc::clone(&synced));
-            tokio::spawn(async move {
-                if store.wait_until_ready().await.is_ok() {
-                    synced.store(true, Ordering::Release);
-                    tracing::info!(pods = store.len(), "pod cache synced");
-                }
-            });
-        }
+        let (store, synced) =
+            watch(kube::Api::<Pod>::all(client), watcher::Config::default().labels(&selector), "pod");
         Self { store, synced, selector }
     }
+
+    /// Starts watching the pods bound to `node` (field `spec.nodeName=<node>`, the DRA path: no label is set
+    /// on DRA pods), as [`KubePods::start`] does.
+    pub fn start_on_node(client: kube::Client, node: &str) -> Self {
+        let selector = Self::node_field_selector(node);
+        let (store, synced) =
+            watch(kube::Api::<Pod>::all(client), watcher::Config::default().fields(&selector), "pod");
+        Self { store, synced, selector }
+    }
+}
+
+/// Runs a kube-runtime reflector of `api` under `config` on the current tokio runtime (errors logged as
+/// `<what> watch failed`, retried with backoff) and returns its store and a flag set once the first full
+/// list is in.
+pub(crate) fn watch<K>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+) -> (reflector::Store<K>, Arc<AtomicBool>)
+where
+    K: kube::Resource + Clone + fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (store, writer) = reflector::store();
+    let synced = Arc::new(AtomicBool::new(false));
+    let stream = reflector(writer, watcher(api, config)).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) =
+            std::future::poll_fn(|cx| futures_core::Stream::poll_next(stream.as_mut(), cx)).await
+        {
+            if let Err(err) = event {
+                tracing::warn!(%err, "{what} watch failed; retrying");
+            }
+        }
+    });
+    {
+        let (store, synced) = (store.clone(), Arc::clone(&synced));
+        tokio::spawn(async move {
+            if store.wait_until_ready().await.is_ok() {
+                synced.store(true, Ordering::Release);
+                tracing::info!(objects = store.len(), "{what} cache synced");
+            }
+        });
+    }
+    (store, synced)
 }
 
 impl PodSource for KubePods {

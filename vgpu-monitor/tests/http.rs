@@ -9,9 +9,8 @@
 mod support;
 
 use std::{
-    collections::HashMap,
-    io::{Read, Write},
-    net::{SocketAddr, TcpStream},
+    io::Write,
+    net::SocketAddr,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -21,7 +20,7 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::Pod;
-use support::{Claim, Container, Proc};
+use support::{Claim, Container, Proc, Reply, get};
 use vgpu_core::backend::mock::MockBackend;
 use vgpu_monitor::{
     cgroup::CgroupLayout,
@@ -31,34 +30,6 @@ use vgpu_monitor::{
     server::{MonitorServer, ServerConfig},
 };
 use vgpu_serve::authz::{Authorizer, MemoryReviewer, UserInfo};
-
-struct Reply {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: String,
-}
-
-fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: monitor\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let mut lines = head.lines();
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Reply { status, headers, body: body.to_owned() }
-}
 
 /// A pod source whose readiness the test flips, and whose `pods()` can be held until released.
 #[derive(Debug)]

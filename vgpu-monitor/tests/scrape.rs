@@ -11,7 +11,7 @@ mod support;
 
 use std::sync::Arc;
 
-use support::{Claim, Container, Proc};
+use support::{Claim, Container, Proc, value};
 use vgpu_core::{
     abi::sm_util::{self, DeviceProcesses, ProcessInfo, SmUtil},
     backend::{ProcessUtilizationSample, mock::MockBackend},
@@ -101,18 +101,6 @@ fn node(vmem_gate: bool, sm_gate: bool) -> Node {
     let mut registry = metrics::new_registry();
     metrics::register(&mut registry, collector);
     Node { dir, server: MonitorServer::new(registry, pods, ServerConfig::default()) }
-}
-
-/// The value of the one series of `name` whose labels include every `labels` pair.
-fn value(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let found: Vec<f64> = page
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
-        .map(|l| l.rsplit_once(' ').unwrap().1.parse().unwrap())
-        .collect();
-    assert_eq!(found.len(), 1, "{name} {labels:?} in\n{page}");
-    found[0]
 }
 
 fn ctr(pod: &'static str, idx: &'static str) -> [(&'static str, &'static str); 3] {

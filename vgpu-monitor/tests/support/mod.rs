@@ -5,8 +5,12 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
+    collections::HashMap,
     fmt::Write as _,
+    io::{Read, Write as _},
+    net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use k8s_openapi::api::core::v1::Pod;
@@ -152,4 +156,46 @@ pub fn scratch() -> tempfile::TempDir {
         return d;
     }
     tempfile::tempdir().unwrap()
+}
+
+/// An HTTP answer.
+pub struct Reply {
+    pub status: u16,
+    pub headers: HashMap<String, String>,
+    pub body: String,
+}
+
+/// `GET path` over a new loopback connection (HTTP/1.1, `Connection: close`).
+pub fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: monitor\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Reply { status, headers, body: body.to_owned() }
+}
+
+/// The value of the one series of `name` whose labels include every `labels` pair.
+pub fn value(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let found: Vec<f64> = page
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse().unwrap())
+        .collect();
+    assert_eq!(found.len(), 1, "{name} {labels:?} in\n{page}");
+    found[0]
 }
