@@ -11,7 +11,7 @@
 //! | 4 | vGPU pod | `schedulerName` set when empty or `default-scheduler`; `node-scheduler-policy` / `device-scheduler-policy` set when absent; `runtimeClassName` set when empty |
 //! | 5 | not a vGPU pod | `node-scheduler-policy`, `device-scheduler-policy`, `memory-scheduler-policy` removed |
 //! | 6 | a container with number > 1 | `device-topology-mode` set when absent |
-//! | 7 | vGPU pod, pod with `resourceClaims`, or any extended-resource limit > 0, with `spec.nodeName` | `nodeSelector[kubernetes.io/hostname]` = nodeName, nodeName cleared (so the scheduler and the extender account for it) |
+//! | 7 | vGPU pod, pod with `resourceClaims`, or any extended-resource limit > 0, with `spec.nodeName` | `nodeSelector[kubernetes.io/hostname]` = nodeName, nodeName cleared (so the scheduler and the extender account for it); not for mirror pods (annotation `kubernetes.io/config.mirror`), which the kubelet must create bound to itself (NodeRestriction refuses them otherwise; vgpu-manager moves them too) |
 //! | 8 | `--default-convert2-dra`, vGPU pod | vGPU limits (and requests) removed; container `resources.claims` and pod `resourceClaims` added; `vgpu-manager.io/original-resources` written ([`crate::convert`]) |
 //!
 //! A pod already converted (its `original-resources` record matches its claims) counts as a vGPU pod with the
@@ -39,6 +39,8 @@ use crate::review::Denial;
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
 /// Well-known node label holding the node name.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// Annotation of the mirror pods the kubelet creates for static pods.
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Init or app container, with its index: names the field in messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,8 +293,9 @@ pub fn mutate_pod(config: &WebhookConfig, request_uid: &str, original: &Pod) -> 
         set_annotation_if_absent(&mut pod, d.device_topology_mode(), mode.as_str());
     }
 
-    // 7. spec.nodeName → hostname nodeSelector.
+    // 7. spec.nodeName → hostname nodeSelector (not for mirror pods: the kubelet must create those bound).
     if (vgpu_pod || has_pod_claims(&pod) || has_extended_resource(&pod))
+        && annotation(&pod, MIRROR_POD_ANNOTATION).is_none()
         && let Some(spec) = pod.spec.as_mut()
         && let Some(node) = spec.node_name.take().filter(|n| !n.is_empty())
     {

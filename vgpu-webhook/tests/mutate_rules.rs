@@ -224,6 +224,13 @@ fn node_name_becomes_a_hostname_selector_for_vgpu_dra_and_extended_pods() {
             {"op": "remove", "path": "/spec/nodeName"},
         ])
     );
+    // A mirror pod (static pod of a kubelet) stays bound.
+    let mut mirror = with_node(
+        json!([ctr("main", json!({"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "1024"}))]),
+        json!({}),
+    );
+    mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "abc"});
+    assert_eq!(patch(&cfg, mirror), json!([]));
     // A pod without vGPU, claims or extended resources keeps its nodeName.
     let cpu = json!([ctr("main", json!({"cpu": "2", "hugepages-2Mi": "0"}))]);
     assert_eq!(patch(&cfg, with_node(cpu, json!({}))), json!([]));
