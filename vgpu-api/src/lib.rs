@@ -180,8 +180,8 @@ pub struct PhysicalGPUSpec {
     pub node_name: String,
     /// Position among the node's supported GPUs in PCI address order, from 0 (changes when a GPU is removed).
     pub index: u32,
-    /// PCI address, `dddd:bb:dd.f`, lower-case hex.
-    #[schemars(regex(pattern = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$"))]
+    /// PCI address, `dddd:bb:dd.f`, lower-case hex (the domain has 4 to 8 digits).
+    #[schemars(regex(pattern = r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$"))]
     pub pci_address: String,
     /// Vendor key from the vendor table (`nvidia`, `metax`), the `gpu.deckhouse.io/vendor` label value.
     #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"), length(max = 63))]
