@@ -199,12 +199,13 @@ fn device_monitor_checks_its_flags_after_the_gates() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"));
-    // The DRA collector is refused, saying why (never a silent empty page).
+    // The DRA collector starts (below); its driver name is checked like the kubelet plugin's.
+    device_monitor_dra_collector_starts();
     bin("vgpu-device-monitor")
-        .args(["--node-name", "n1", "--enable-dra-monitor"])
+        .args(["--node-name", "n1", "--enable-dra-monitor", "--driver-name", "gpu"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("--enable-dra-monitor is not available yet"));
+        .stderr(predicate::str::contains("--driver-name"));
     for (args, flag) in [
         (&["--min-scrape-interval", "500ms"][..], "--min-scrape-interval"),
         (&["--min-scrape-interval", "soon"][..], "--min-scrape-interval"),
@@ -223,4 +224,84 @@ fn device_monitor_checks_its_flags_after_the_gates() {
             .code(2)
             .stderr(predicate::str::contains(flag));
     }
+}
+
+/// `--enable-dra-monitor` on the mock backend against an API server that accepts connections and never
+/// answers: the process serves `/healthz`, `/readyz` says 503 (the pod, slice and claim caches cannot sync),
+/// and SIGTERM stops it with exit 0.
+fn device_monitor_dra_collector_starts() {
+    use std::io::{BufRead, Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{}\n\
+             contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n\
+             users:\n- name: u\n  user:\n    token: t\n",
+            api.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let mock = dir.path().join("mock.yaml");
+    std::fs::write(&mock, "gpus:\n  - { uuid: GPU-a, name: NVIDIA L4, memoryMiB: 23034 }\n").unwrap();
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("vgpu-device-monitor"))
+        .env_remove("FEATURE_GATES")
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG")
+        .env("NO_COLOR", "1")
+        .args(["--node-name", "n1", "--enable-dra-monitor", "--backend", "mock", "--server-bind-port", "0"])
+        .arg("--mock-config")
+        .arg(&mock)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (mut log, mut port) = (String::new(), None);
+    for line in (&mut stderr).lines() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("serving metrics")
+            && let Some(rest) = line.split("address=").nth(1)
+        {
+            let address = rest.split_whitespace().next().unwrap_or_default();
+            port = address.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+            break;
+        }
+    }
+    // Keep draining the log so the process never blocks on a full pipe.
+    let drain = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = stderr.read_to_string(&mut rest);
+        rest
+    });
+    let Some(port) = port else {
+        let _ = child.kill();
+        panic!("no 'serving metrics' line in the log:\n{log}");
+    };
+    assert!(log.contains("DRA collector"), "{log}");
+    let get = |path: &str| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        reply
+    };
+    let health = get("/healthz");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let ready = get("/readyz");
+    assert!(ready.starts_with("HTTP/1.1 503") && ready.ends_with("pod cache not synced"), "{ready}");
+    let status =
+        std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let exit = child.wait().unwrap();
+    let rest = drain.join().unwrap();
+    assert!(exit.success(), "{exit:?}\n{log}{rest}");
+    drop(api);
 }

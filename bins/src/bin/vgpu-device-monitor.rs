@@ -3,7 +3,12 @@
 //! Thin wiring: parse flags → validate gates → open the backend → watch the node's pods → serve
 //! `vgpu_monitor`'s router (`/healthz`, `/readyz`, `/version`, `/metrics`) with `vgpu_serve::http::serve`
 //! until SIGTERM/SIGINT. Gates: `SharedSMUtilizationWatcher` (read `watcher/sm_util.config`),
-//! `VirtualMemoryTracking` (add the containers' ledgers to memory usage).
+//! `VirtualMemoryTracking` (add the containers' ledgers to memory usage; not on the DRA path).
+//!
+//! | collector | pods watched | limits and assignments | `/readyz` |
+//! |---|---|---|---|
+//! | device plugin (default) | label `<domain>/metrics-node=<node>` | `vgpu.config`, pod annotations | pod cache synced |
+//! | DRA (`--enable-dra-monitor`) | field `spec.nodeName=<node>` | ResourceSlices of `--driver-name` for the node's pool, ResourceClaims (`vgpu_monitor::dra`) | pod, slice and claim caches synced |
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
@@ -18,6 +23,7 @@ use vgpu_gates::{CoreGate, FeatureGates};
 use vgpu_monitor::{
     cgroup::CgroupLayout,
     collect::{MonitorConfig, NodeCollector},
+    dra::{DraPods, DraSource, KubeDra},
     metrics,
     pods::{KubePods, PodSource},
     server::{MIN_SCRAPE_INTERVAL, MonitorServer, ServerConfig},
@@ -68,9 +74,13 @@ struct Cli {
     /// its library folders when present there, else from the loader path.
     #[arg(long, env = "DRIVER_ROOT_CTR_PATH", default_value = "/driver-root")]
     container_driver_root: PathBuf,
-    /// Collect from DRA ResourceClaims instead of the device-plugin files (not available yet).
+    /// Collect from DRA ResourceSlices and ResourceClaims of --driver-name (pods by spec.nodeName) instead of
+    /// the device-plugin files and annotations.
     #[arg(long)]
     enable_dra_monitor: bool,
+    /// The DRA driver whose slices and claims --enable-dra-monitor reads.
+    #[arg(long, default_value = vgpu_dra::DRIVER_NAME)]
+    driver_name: String,
     /// Where this process sees the manager directory (`<podUID>_<ctr>/config/vgpu.config`, `watcher/`).
     #[arg(long, env = "MANAGER_DIR", default_value = "/etc/vgpu-manager")]
     manager_dir: PathBuf,
@@ -108,13 +118,11 @@ struct Checked {
 }
 
 fn check(cli: &Cli) -> Result<Checked, ExitCode> {
-    if cli.enable_dra_monitor {
-        eprintln!(
-            "vgpu-device-monitor: --enable-dra-monitor is not available yet: the DRA collector (ResourceSlices \
-             of the driver, ResourceClaims) lands with the DRA kubelet plugin; run without it for the \
-             device-plugin path"
-        );
-        return Err(ExitCode::from(2));
+    if cli.driver_name.is_empty() || !cli.driver_name.contains('.') {
+        return Err(bad_flag(
+            "driver-name",
+            format!("{:?} (expected a DNS subdomain such as manager.nvidia.com)", cli.driver_name),
+        ));
     }
     if cli.min_scrape_interval < MIN_SCRAPE_INTERVAL {
         return Err(bad_flag(
@@ -168,11 +176,19 @@ async fn run(cli: Cli, gates: FeatureGates<'static, CoreGate>, checked: Checked)
     }
     let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
     let client = vgpu_bins::kube_client(cli.kubeconfig.as_deref()).await?;
-    let selector = KubePods::selector(&domain.metrics_node(), &node);
-    tracing::info!(%selector, "watching the node's pods");
-    let pods: Arc<dyn PodSource> = Arc::new(KubePods::start(client.clone(), selector));
+    let (pods, dra): (Arc<dyn PodSource>, Option<Arc<dyn DraSource>>) = if cli.enable_dra_monitor {
+        tracing::info!(selector = %KubePods::node_field_selector(&node), driver = %cli.driver_name,
+            "DRA collector: watching the node's pods, ResourceSlices and ResourceClaims");
+        let dra: Arc<dyn DraSource> = Arc::new(KubeDra::start(client.clone()));
+        (Arc::new(KubePods::start_on_node(client.clone(), &node)), Some(dra))
+    } else {
+        let selector = KubePods::selector(&domain.metrics_node(), &node);
+        tracing::info!(%selector, "watching the node's pods");
+        (Arc::new(KubePods::start(client.clone(), selector)), None)
+    };
 
     let mut config = MonitorConfig::new(node);
+    config.dra_driver.clone_from(&cli.driver_name);
     config.domain = domain;
     config.manager_dir.clone_from(&cli.manager_dir);
     config.cgroup = CgroupLayout { root: cli.host_cgroup_root.clone(), driver: settings.cgroup_driver };
@@ -186,13 +202,19 @@ async fn run(cli: Cli, gates: FeatureGates<'static, CoreGate>, checked: Checked)
         manager_dir = %config.manager_dir.display(),
         "collector configured"
     );
-    let collector = Arc::new(NodeCollector::new(config, backend, Arc::clone(&pods)));
+    let (collector, ready): (NodeCollector, Arc<dyn PodSource>) = match dra {
+        Some(dra) => (
+            NodeCollector::new_dra(config, backend, Arc::clone(&pods), Arc::clone(&dra)),
+            Arc::new(DraPods::new(pods, dra)),
+        ),
+        None => (NodeCollector::new(config, backend, Arc::clone(&pods)), pods),
+    };
     let mut registry = metrics::new_registry();
-    metrics::register(&mut registry, collector);
+    metrics::register(&mut registry, Arc::new(collector));
     let authorizer = cli.enable_rbac.then(|| Arc::new(Authorizer::kube(client)));
     let server = MonitorServer::new(
         registry,
-        pods,
+        ready,
         ServerConfig { min_scrape_interval: cli.min_scrape_interval, authorizer },
     );
     let tls = match &tls {
@@ -285,5 +307,7 @@ mod tests {
         assert_eq!(check(&cli).ok().unwrap().tls.unwrap().refresh_interval, Duration::from_secs(120));
         assert!(check(&parse(&["--node-name=n1", "--min-scrape-interval=999ms"])).is_err());
         assert!(check(&parse(&["--node-name=n1", "--min-scrape-interval=2s"])).is_ok());
+        assert!(check(&parse(&["--node-name=n1", "--enable-dra-monitor"])).is_ok());
+        assert!(check(&parse(&["--node-name=n1", "--enable-dra-monitor", "--driver-name=gpu"])).is_err());
     }
 }
