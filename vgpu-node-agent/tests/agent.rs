@@ -256,3 +256,17 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_sample_config_map_is_valid() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/gpu-module/gpu-supported-vendors.yaml");
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(cm.metadata.name.as_deref(), Some("gpu-supported-vendors"));
+    let table =
+        vgpu_node_agent::vendors::table_from_data("d8-gpu", "gpu-supported-vendors", &cm.data.unwrap())
+            .unwrap();
+    let keys: Vec<&str> = table.iter().map(|v| v.key.as_str()).collect();
+    assert_eq!(keys, ["nvidia", "metax"]);
+}

@@ -1,8 +1,120 @@
-//! `vgpu-node-agent`: the GPU module's node agent (being built, issue #20).
+//! `vgpu-node-agent`: the GPU module's node agent (issue #20; see the `vgpu_node_agent` crate docs).
+//!
+//! Thin wiring: parse and validate flags (exit 2 naming the flag) → Kubernetes client → refuse a
+//! control-plane node unless `--allow-control-plane` → scan sysfs every `--scan-interval`, keeping one
+//! PhysicalGPU per GPU and the node's vendor labels, until SIGTERM/SIGINT. It has no feature gates.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use vgpu_bins::{init_tracing, kube_client, parse_go_duration, shutdown_signal};
+use vgpu_node_agent::{AgentConfig, KubeCluster, NodeAgent, agent::parse_config_map_ref};
+
+/// The GPU module's node agent: one PhysicalGPU per GPU found in sysfs, and the vendor node labels.
+#[derive(Debug, Parser)]
+#[command(name = "vgpu-node-agent", version, about)]
+struct Cli {
+    /// This node's name (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The host's sysfs mount.
+    #[arg(long, default_value = vgpu_core::discovery::DEFAULT_SYSFS_ROOT)]
+    sysfs_root: PathBuf,
+    /// A pci.ids file; repeat for fallbacks (first readable wins). Default: the usual distribution paths.
+    #[arg(long = "pci-ids", value_name = "FILE")]
+    pci_ids: Vec<PathBuf>,
+    /// Time between scans (Go duration, e.g. 30s, 1m).
+    #[arg(long, default_value = "60s", value_parser = parse_go_duration)]
+    scan_interval: Duration,
+    /// API group of PhysicalGPU.
+    #[arg(long, default_value = vgpu_api::DEFAULT_GROUP)]
+    group: String,
+    /// Domain of the node and PhysicalGPU labels (`<domain>/vendor`); default: the --group.
+    #[arg(long)]
+    label_domain: Option<String>,
+    /// The gpu-supported-vendors ConfigMap, <namespace>/<name>; empty: the built-in vendor table only.
+    #[arg(long, env = "VENDORS_CONFIGMAP", default_value = "d8-gpu/gpu-supported-vendors")]
+    vendors_configmap: String,
+    /// Run on a control-plane node too (refused by default).
+    #[arg(long)]
+    allow_control_plane: bool,
+    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
+fn bad_flag(err: impl std::fmt::Display) -> ExitCode {
+    eprintln!("vgpu-node-agent: {err}");
+    ExitCode::from(2)
+}
+
+/// The resolved configuration, or the message naming the flag.
+fn agent_config(cli: &Cli) -> Result<AgentConfig, String> {
+    let node = cli.node_name.trim();
+    if node.is_empty() {
+        return Err("invalid --node-name \"\" (NODE_NAME): expected this node's name".to_owned());
+    }
+    if cli.scan_interval.is_zero() {
+        return Err("invalid --scan-interval 0s: expected a positive duration, e.g. 60s".to_owned());
+    }
+    vgpu_api::validate_group(&cli.group).map_err(|e| format!("invalid --group: {e}"))?;
+    let mut config = AgentConfig::new(node);
+    config.sysfs_root = cli.sysfs_root.clone();
+    if !cli.pci_ids.is_empty() {
+        config.pci_ids_paths = cli.pci_ids.clone();
+    }
+    config.scan_interval = cli.scan_interval;
+    config.group = cli.group.clone();
+    config.label_domain = match &cli.label_domain {
+        Some(domain) => {
+            vgpu_api::validate_group(domain).map_err(|_| {
+                format!("invalid --label-domain {domain:?}: expected a DNS subdomain such as gpu.example.com")
+            })?;
+            domain.clone()
+        }
+        None => cli.group.clone(),
+    };
+    let reference = cli.vendors_configmap.trim();
+    config.vendors_config_map = if reference.is_empty() {
+        None
+    } else {
+        Some(parse_config_map_ref(reference).map_err(|e| format!("invalid --vendors-configmap: {e}"))?)
+    };
+    config.allow_control_plane = cli.allow_control_plane;
+    Ok(config)
+}
+
+async fn run(cli: Cli, config: AgentConfig) -> anyhow::Result<()> {
+    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let cluster = KubeCluster::new(client, &config.group)?;
+    tracing::info!(config = ?config, "starting the node agent");
+    let shutdown = shutdown_signal()?;
+    NodeAgent::new(Arc::new(cluster), config).run(shutdown).await?;
+    Ok(())
+}
 
 fn main() -> ExitCode {
-    eprintln!("vgpu-node-agent: not implemented yet (issue #20)");
-    ExitCode::from(1)
+    let cli = Cli::parse();
+    init_tracing();
+    let config = match agent_config(&cli) {
+        Ok(c) => c,
+        Err(e) => return bad_flag(e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vgpu-node-agent: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-node-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
