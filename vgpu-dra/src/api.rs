@@ -12,6 +12,7 @@
 //! | [`dra_v1beta1`] | `k8s.io.kubelet.pkg.apis.dra.v1beta1` | the same under `…dra.v1beta1.DRAPlugin` (no `share_id`) |
 //! | [`health_v1alpha1`] | `v1alpha1` | `/v1alpha1.DRAResourceHealth/NodeWatchResources` |
 //! | [`health_v1`] | `v1` | `/v1.DRAResourceHealth/NodeWatchResources` (adds `health_check_timeout_seconds`, `message`) |
+//! | [`grpc_health`] | `grpc.health.v1` | `/grpc.health.v1.Health/Check` (the liveness probe on `--healthcheck-port`) |
 
 /// Plugin registration (package `pluginregistration`): `Registration`, served by the plugin on its
 /// registration socket, called by the kubelet's plugin watcher.
@@ -91,4 +92,18 @@ pub mod health_v1 {
 
     /// The service name listed in `PluginInfo.supported_versions`.
     pub const SERVICE: &str = "v1.DRAResourceHealth";
+}
+
+/// The standard gRPC health protocol (package `grpc.health.v1`), `Check` only: what a kubelet `grpc`
+/// liveness probe calls on `--healthcheck-port`.
+pub mod grpc_health {
+    #![allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic
+    )]
+    include!("gen/grpc.health.v1.rs");
 }

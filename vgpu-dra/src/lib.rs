@@ -1,10 +1,100 @@
-//! vgpu-dra: the DRA kubelet plugin of vgpu.
+//! vgpu-dra: the DRA kubelet plugin of vgpu (contract §9): ResourceSlices with consumable vGPU capacity,
+//! device health taints and the resource-health stream, NodePrepareResources / NodeUnprepareResources with a
+//! crash-safe checkpoint, per-claim CDI specs. The binary `vgpu-kubelet-plugin` only parses flags and wires
+//! these modules.
 //!
-//! This crate will hold the DRA kubelet plugin: ResourceSlice publishing, NodePrepareResources /
-//! NodeUnprepareResources, CDI spec generation, checkpoints, and device health taints, as the
-//! contract describes (`shared/reference/vgpu-manager-contract.md` §9). No issue tracks the plugin
-//! yet; for now the crate holds the driver's well-known names and its gate registry, whose
-//! start-up validation (Requires and Mutually-exclusive rules) is complete.
+//! # Module map
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`devices`] | the allocatable device model: GPU → `vgpu-<minor>` / `gpu-<minor>` with `cores` / `memory` / `shares` capacities; consumed capacity → share limits |
+//! | [`slices`] | ResourceSlice builder and [`SlicePublisher`](slices::SlicePublisher) (republish on change, pool generation bumped), DeviceClasses |
+//! | [`health`] | backend health events → per-device status and taints ([`HealthMonitor`](health::HealthMonitor), a watch channel) |
+//! | [`api`] | generated gRPC code: `pluginregistration`, DRA `v1` / `v1beta1`, dra-health `v1` / `v1alpha1` |
+//! | [`registration`] | `pluginregistration.Registration` (GetInfo, NotifyRegistrationStatus) |
+//! | [`service`] | `DRAPlugin` v1 + v1beta1 and `DRAResourceHealth` v1 + v1alpha1: translation only |
+//! | [`driver`] | [`Driver`](driver::Driver): both sockets bound atomically, re-bound when removed, the stale-claim sweep |
+//! | [`state`] | [`DeviceState`](state::DeviceState): Prepare / Unprepare, the claim state machine and the order of side effects |
+//! | [`checkpoint`] | `checkpoint.json`: v1/v2 layout, FNV-1a checksum, boot ID |
+//! | [`cdi`] | the per-claim CDI spec (typed), device names and their sanitizer |
+//! | [`lock`] | `pu.lock`, the node-wide Prepare/Unprepare flock (10 s acquire limit) |
+//! | [`claims`] | [`ClaimSource`](claims::ClaimSource): ResourceClaims by namespace/name ([`KubeClaims`](claims::KubeClaims), [`InMemoryClaims`](claims::InMemoryClaims)) |
+//! | [`config`] | [`DriverConfig`](config::DriverConfig), the resolved configuration and its paths |
+//! | [`gates`] | which gates this build refuses (not built) and why |
+//! | [`healthcheck`] | `grpc.health.v1.Health/Check` on `--healthcheck-port`: both sockets answer → `SERVING` |
+//!
+//! # Sockets and files
+//!
+//! | path (defaults) | what |
+//! |---|---|
+//! | `/var/lib/kubelet/plugins_registry/manager.nvidia.com-reg.sock` | registration: `GetInfo` → `DRAPlugin`, the driver name, the DRA socket, `v1.DRAPlugin`, `v1beta1.DRAPlugin`, `v1.DRAResourceHealth` |
+//! | `/var/lib/kubelet/plugins/manager.nvidia.com/dra.sock` | `NodePrepareResources`, `NodeUnprepareResources`, `NodeWatchResources` |
+//! | `/var/lib/kubelet/plugins/manager.nvidia.com/checkpoint.json` | the prepared claims |
+//! | `/var/lib/kubelet/plugins/manager.nvidia.com/pu.lock` | Prepare/Unprepare lock |
+//! | `<cdi-root>/k8s.manager.nvidia.com-claim_<claimUID>.json` | a prepared claim's CDI spec (`k8s.manager.nvidia.com/claim=<claimUID>-…`) |
+//! | `<host-manager-dir>/claims/<claimUID>/<request>/{config,vgpu_lock,vmem_node,sm_node}` | a vGPU claim's partition, mounted into its containers |
+//!
+//! # Prepare and Unprepare
+//!
+//! A claim goes absent → `PrepareStarted` → `PrepareCompleted` → absent. Prepare records `PrepareStarted`
+//! (with the paths it will create) before any side effect, then creates the partition directories, writes
+//! the CDI spec and records `PrepareCompleted`; a completed claim is answered from the checkpoint, a started
+//! one is rolled back first (and every started one at start-up; every one after a reboot). Unprepare removes
+//! the CDI spec, then the claim directory, then the entry; a claim that is not prepared is done. Each claim
+//! of a call succeeds or fails on its own. Details: [`state`].
+//!
+//! # Example
+//!
+//! A node in a temporary directory: the plugin serves, the test plays the kubelet.
+//!
+//! ```
+//! use std::{path::Path, sync::Arc, time::Duration};
+//! use vgpu_core::backend::{NvidiaAdapter, mock::MockBackend};
+//! use vgpu_dra::{
+//!     api::{dra_v1, pluginregistration as pr},
+//!     claims::{InMemoryClaims, allocated, allocation_result, claim},
+//!     config::DriverConfig,
+//!     devices::{AllocatableDevices, DeviceConfig},
+//!     driver::Driver,
+//!     health::HealthSnapshot,
+//!     state::DeviceState,
+//! };
+//! use vgpu_deviceplugin::registration::connect_unix;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let mut config = DriverConfig::under("node-1", dir.path());
+//! config.boot_id_path = dir.path().join("boot_id");
+//! let backend = MockBackend::from_yaml_str("gpus:\n  - { uuid: GPU-a, name: NVIDIA A30, memoryMiB: 24576 }\n")?;
+//! let devices = Arc::new(AllocatableDevices::from_backend(&backend, &DeviceConfig::default())?);
+//! let claims = Arc::new(InMemoryClaims::default());
+//! let share = allocation_result("gpu", "manager.nvidia.com", "node-1", "vgpu-0", Some("s1"), &[("cores", "10"), ("memory", "1Gi")]);
+//! claims.insert(allocated(claim("ns", "c1", "uid-1"), vec![share], &["pod-uid"]));
+//! let config = Arc::new(config);
+//! let state = DeviceState::new(config.clone(), devices, Arc::new(NvidiaAdapter), claims).await?;
+//! let (_health, feed) = tokio::sync::watch::channel(HealthSnapshot::unmonitored_default());
+//! let running = Driver::new(Arc::new(state), feed).serve()?;
+//!
+//! // The kubelet: GetInfo on the registration socket, then Prepare on the endpoint it names.
+//! let channel = connect_unix(&running.registration_socket, Duration::from_secs(5)).await?;
+//! let info = pr::registration_client::RegistrationClient::new(channel).get_info(pr::InfoRequest {}).await?.into_inner();
+//! let channel = connect_unix(Path::new(&info.endpoint), Duration::from_secs(5)).await?;
+//! let claim = dra_v1::Claim { namespace: "ns".into(), uid: "uid-1".into(), name: "c1".into() };
+//! let response = dra_v1::dra_plugin_client::DraPluginClient::new(channel)
+//!     .node_prepare_resources(dra_v1::NodePrepareResourcesRequest { claims: vec![claim] })
+//!     .await?
+//!     .into_inner();
+//! let device = &response.claims["uid-1"].devices[0];
+//! assert_eq!(device.cdi_device_ids, ["k8s.manager.nvidia.com/claim=uid-1-gpu-vgpu-0-share-s1"]);
+//! let spec = std::fs::read_to_string(config.cdi_spec_path("uid-1"))?;
+//! assert!(spec.contains("CUDA_MEM_LIMIT_0=1024m") && spec.contains("CUDA_CORE_LIMIT_0=10"));
+//! running.stop().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The gate registry (its start-up validation: Requires and Mutually-exclusive rules):
 //!
 //! ```
 //! use vgpu_dra::{DRIVER_NAME, feature_gates};
@@ -23,6 +113,7 @@ pub mod devices;
 pub mod driver;
 pub mod gates;
 pub mod health;
+pub mod healthcheck;
 pub mod lock;
 pub mod registration;
 pub mod service;

@@ -14,6 +14,7 @@ const PROTOS: &[(&str, &str)] = &[
     ("dra/v1beta1/api.proto", "k8s.io.kubelet.pkg.apis.dra.v1beta1.rs"),
     ("dra-health/v1alpha1/api.proto", "v1alpha1.rs"),
     ("dra-health/v1/api.proto", "v1.rs"),
+    ("grpc/health/v1/health.proto", "grpc.health.v1.rs"),
 ];
 
 #[test]

@@ -231,3 +231,31 @@ async fn the_registration_socket_is_re_created_when_deleted() {
     assert!(r.unwrap().into_inner().claims["u"].error.is_empty());
     running.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_grpc_health_check_follows_both_sockets() {
+    use vgpu_dra::{
+        api::grpc_health::{
+            HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+        },
+        healthcheck::{HealthCheck, serve},
+    };
+    let node = TestNode::new();
+    let running = node.serve().await;
+    let check = HealthCheck::new(running.registration_socket.clone(), running.dra_socket.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (addr, task) = serve(check, "127.0.0.1:0".parse().unwrap(), async {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    let mut client = HealthClient::connect(format!("http://{addr}")).await.unwrap();
+    let status =
+        |r: tonic::Response<vgpu_dra::api::grpc_health::HealthCheckResponse>| r.into_inner().status();
+    let ask = || HealthCheckRequest { service: String::new() };
+    assert_eq!(status(client.check(ask()).await.unwrap()), ServingStatus::Serving);
+    running.stop().await.unwrap();
+    assert_eq!(status(client.check(ask()).await.unwrap()), ServingStatus::NotServing);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
