@@ -101,6 +101,34 @@ pub fn crds(group: &str) -> Result<Vec<CustomResourceDefinition>, GroupError> {
     Ok(vec![crd_for_group(PhysicalGPU::crd(), group)?, crd_for_group(GPUClass::crd(), group)?])
 }
 
+/// The header line of every generated CRD file.
+pub const CRD_YAML_HEADER: &str = "# Generated from the vgpu-api types (`VGPU_REGEN=1 cargo test -p vgpu-api --test crds`, `vgpuctl crds`); do not edit.\n";
+
+/// A CRD that could not be printed as YAML.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CrdYamlError {
+    /// The group is invalid.
+    #[error(transparent)]
+    Group(#[from] GroupError),
+    /// The YAML serializer failed.
+    #[error("cannot print the CRD as YAML: {0}")]
+    Yaml(String),
+}
+
+/// One CRD as YAML, with [`CRD_YAML_HEADER`] first: the text of the committed files under
+/// `deploy/gpu-module/crds/`.
+pub fn crd_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdYamlError> {
+    let yaml = serde_saphyr::to_string(crd).map_err(|e| CrdYamlError::Yaml(e.to_string()))?;
+    Ok(format!("{CRD_YAML_HEADER}{yaml}"))
+}
+
+/// Both CRDs for `group` as one multi-document YAML stream (`---` between), for `kubectl apply -f -`.
+pub fn crds_yaml(group: &str) -> Result<String, CrdYamlError> {
+    let docs = crds(group)?.iter().map(crd_yaml).collect::<Result<Vec<_>, _>>()?;
+    Ok(docs.join("---\n"))
+}
+
 /// The [`ApiResource`] of `K` (one of this crate's kinds) under `group`, for `Api<DynamicObject>`.
 pub fn api_resource_for_group<K>(group: &str) -> Result<ApiResource, GroupError>
 where
