@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod crds;
 mod decode;
 mod devices;
 mod gates;
@@ -42,6 +43,8 @@ enum Command {
     Devices(devices::DevicesArgs),
     /// Stream a seeded mix of vGPU pods through the extender's filter and bind over an in-memory cluster.
     Simulate(simulate::SimulateArgs),
+    /// Print the GPU module's CRDs (PhysicalGPU, GPUClass) as YAML, for the default group or --group.
+    Crds(crds::CrdsArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,5 +56,6 @@ fn main() -> ExitCode {
         Command::Topology(cmd) => topology::run(cmd, max_bytes),
         Command::Devices(args) => devices::run(args, max_bytes),
         Command::Simulate(args) => simulate::run(args),
+        Command::Crds(args) => crds::run(args),
     }
 }
