@@ -18,6 +18,7 @@ use vgpu_dra::{
     devices::{AllocatableDevices, ConsumableShares, DeviceConfig},
     driver::Driver,
     health::{HealthConfig, HealthMonitor, HealthSnapshot},
+    healthcheck::HealthCheck,
     slices::{KubeSliceStore, SliceConfig, SlicePublisher},
     state::DeviceState,
 };
@@ -151,6 +152,8 @@ struct Resolved {
     config: DriverConfig,
     devices: DeviceConfig,
     xids: Vec<u64>,
+    /// `--healthcheck-port` unless -1.
+    healthcheck: Option<std::net::SocketAddr>,
 }
 
 fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved, String> {
@@ -188,6 +191,12 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
     if cli.stale_claim_sweep_interval.is_zero() {
         return Err("invalid --stale-claim-sweep-interval 0s: must be greater than 0".to_owned());
     }
+    let healthcheck = match cli.healthcheck_port {
+        -1 => None,
+        port => Some(u16::try_from(port).map(|p| std::net::SocketAddr::from(([0, 0, 0, 0], p))).map_err(|_| {
+            format!("invalid --healthcheck-port {port}: expected -1 (off), 0 (any free port) or a port up to 65535")
+        })?),
+    };
     let xids = vgpu_dra::health::parse_xid_list(&cli.additional_xids_to_ignore).map_err(|e| e.to_string())?;
     let host_driver_root = cli
         .nvidia_driver_root
@@ -215,11 +224,11 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
         consumable_shares: shares,
     };
     config.gates = gates;
-    Ok(Resolved { config, devices, xids })
+    Ok(Resolved { config, devices, xids, healthcheck })
 }
 
 async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
-    let Resolved { config, devices: device_config, xids } = resolved;
+    let Resolved { config, devices: device_config, xids, healthcheck } = resolved;
     let mut options = SelectOptions::default();
     options.mock_config.clone_from(&cli.mock_config);
     let opened = open_backend(cli.backend, &options).context("opening the device backend")?;
@@ -281,6 +290,11 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone()).spawn(stopped());
 
     let running = Driver::new(Arc::new(state), health).serve()?;
+    if let Some(addr) = healthcheck {
+        let check = HealthCheck::new(running.registration_socket.clone(), running.dra_socket.clone());
+        let (bound, _task) = vgpu_dra::healthcheck::serve(check, addr, stopped()).await?;
+        tracing::info!(%bound, "gRPC health check (grpc.health.v1) serving");
+    }
     tracing::info!(
         registration = %running.registration_socket.display(),
         endpoint = %running.dra_socket.display(),
