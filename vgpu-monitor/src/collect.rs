@@ -10,6 +10,7 @@
 //! | limits | `<manager-dir>/<podUID>_<ctr>/config/vgpu.config` ([`vgpu_config::read`]: plain read with the seqlock re-read; no mapping, `unsafe` is forbidden) |
 //! | container PIDs | `cgroup.procs` ([`CgroupLayout`]) |
 //! | virtual memory | `<podUID>_<ctr>/vmem_node/vmem_node.config` with `VirtualMemoryTracking` and `vmem_node=1` |
+//! | which container holds which MIG device | the kubelet's pod-resources API ([`crate::podres`]), with [`NodeCollector::with_pod_resources`] |
 //! | assigned totals | `ReducePodFootprint` ([`PodFootprint::from_claim_with_roles`]) over the pods' claims |
 //!
 //! Per container and active device slot (`activate=1`, in host-index order; `vdevice_idx` is the ordinal):
@@ -42,6 +43,7 @@ use vgpu_core::{
 use crate::{
     cgroup::{CgroupLayout, QosClass, container_id},
     dra::{ClaimIndex, ContainerAlloc, DraSource, NodeDevices, resolve_pod},
+    podres::{PodResourcesSource, mig_holders},
     pods::PodSource,
 };
 
@@ -205,6 +207,23 @@ pub struct MigDevice {
     pub total_memory: u64,
 }
 
+/// One MIG device held by one container (kubelet pod-resources).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MigAllocation {
+    /// Parent index.
+    pub device_idx: u32,
+    /// MIG UUID.
+    pub device_uuid: String,
+    /// Parent UUID.
+    pub parent_uuid: String,
+    /// Pod namespace.
+    pub pod_namespace: String,
+    /// Pod name.
+    pub pod_name: String,
+    /// Container name.
+    pub container_name: String,
+}
+
 /// Everything one scrape shows.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Snapshot {
@@ -230,6 +249,8 @@ pub struct Snapshot {
     pub containers: Vec<ContainerDevice>,
     /// MIG devices.
     pub mig: Vec<MigDevice>,
+    /// MIG devices held by containers (only with a pod-resources source, see [`NodeCollector::with_pod_resources`]).
+    pub mig_allocations: Vec<MigAllocation>,
     /// `Some(present)` with `SharedSMUtilizationWatcher` on: whether `watcher/sm_util.config` was read.
     pub sm_watcher_file_present: Option<bool>,
 }
@@ -267,6 +288,8 @@ pub struct NodeCollector {
     pods: Arc<dyn PodSource>,
     /// `Some` on the DRA path: limits and assignments from ResourceSlices and ResourceClaims.
     dra: Option<Arc<dyn DraSource>>,
+    /// The kubelet's pod resources: which container holds which MIG device.
+    pod_resources: Option<Arc<dyn PodResourcesSource>>,
     warned: Mutex<HashSet<PathBuf>>,
     sm_missing_logged: AtomicBool,
 }
@@ -291,6 +314,7 @@ impl NodeCollector {
             backend,
             pods,
             dra: None,
+            pod_resources: None,
             warned: Mutex::default(),
             sm_missing_logged: AtomicBool::new(false),
         }
@@ -306,6 +330,13 @@ impl NodeCollector {
         dra: Arc<dyn DraSource>,
     ) -> Self {
         Self { dra: Some(dra), ..Self::new(config, backend, pods) }
+    }
+
+    /// Reports `container_mig_device_allocation_info` from `source` (the kubelet's pod-resources API): MIG
+    /// devices of the MIG plugins' resources (`<domain>/mig-<profile>`) and the containers holding them.
+    pub fn with_pod_resources(mut self, source: Arc<dyn PodResourcesSource>) -> Self {
+        self.pod_resources = Some(source);
+        self
     }
 
     /// The configuration.
@@ -381,6 +412,24 @@ impl NodeCollector {
                         gi_id: m.gpu_instance_id,
                         profile: m.profile.to_string(),
                         total_memory: m.memory_mib << 20,
+                    });
+                }
+            }
+        }
+        if let Some(source) = &self.pod_resources
+            && !snap.mig.is_empty()
+        {
+            let pods = source.pod_resources();
+            for m in &snap.mig {
+                let resource = cfg.domain.mig_resource(&m.profile);
+                for (namespace, pod, container) in mig_holders(&pods, &resource, &m.uuid) {
+                    snap.mig_allocations.push(MigAllocation {
+                        device_idx: m.device_idx,
+                        device_uuid: m.uuid.clone(),
+                        parent_uuid: m.parent_uuid.clone(),
+                        pod_namespace: namespace.to_owned(),
+                        pod_name: pod.to_owned(),
+                        container_name: container.to_owned(),
                     });
                 }
             }

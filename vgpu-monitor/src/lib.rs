@@ -9,6 +9,7 @@
 //! | [`cgroup`] | container PIDs from `cgroup.procs` (v1/v2, systemd/cgroupfs) |
 //! | [`dra`] | `--enable-dra-monitor`: [`DraSource`](dra::DraSource) (ResourceSlices and ResourceClaims: [`KubeDra`](dra::KubeDra) reflectors, [`InMemoryDra`](dra::InMemoryDra)) and the claim → container → device resolution |
 //! | [`collect`] | [`NodeCollector`](collect::NodeCollector): one [`Snapshot`](collect::Snapshot) per scrape from the backend, the pods and the per-container files |
+//! | [`podres`] | which container holds which MIG device: the kubelet pod-resources API ([`KubeletPodResources`](podres::KubeletPodResources), [`InMemoryPodResources`](podres::InMemoryPodResources)) |
 //! | [`metrics`] | the families of contract §8 (table there), `service="vGPU"` on every series |
 //! | [`server`] | `/healthz`, `/readyz`, `/version`, `/metrics` (min scrape interval, OpenMetrics or Prometheus text, `--enable-rbac`) as an `axum::Router` |
 //!
@@ -72,5 +73,6 @@ pub mod cgroup;
 pub mod collect;
 pub mod dra;
 pub mod metrics;
+pub mod podres;
 pub mod pods;
 pub mod server;

@@ -32,7 +32,12 @@
 //! | `container_vgpu_device_memory_utilization_percent` | same | usage / limit × 100, capped at 100 |
 //! | `container_vgpu_device_core_utilization_percent` | same | Σ `sm + 0.85 × (enc + dec)` (terms ≤ 100), capped at 100 |
 //! | `mig_device_total_memory_in_bytes` | `node,device_idx,device_uuid,parent_uuid,ci_id,gi_id,profile` | MIG instance memory |
+//! | `container_mig_device_allocation_info` | `node,device_idx,device_uuid,parent_uuid,pod_namespace,pod_name,container_name` | 1 per container holding the MIG device (kubelet pod-resources; no series without a source) |
 //! | `sm_watcher_file_present` | `node` | with `SharedSMUtilizationWatcher` only: 1 when `watcher/sm_util.config` was read, 0 when the monitor fell back to the backend |
+//!
+//! Not exposed: `mig_device_memory_usage_in_bytes` and `mig_device_memory_utilization_percent` need the
+//! memory used inside each MIG instance, which `DeviceBackend` does not report (it has per-GPU memory and
+//! each instance's size only).
 //!
 //! Families without series (no GPUs, no containers) still get their `# HELP`/`# TYPE` lines, so a
 //! dashboard sees the family exists.
@@ -327,6 +332,27 @@ impl Snapshot {
             "mig_device_total_memory_in_bytes",
             "Total memory of the MIG device in bytes.",
             mig_rows.iter().zip(&self.mig).map(|(l, m)| (l, m.total_memory as f64)),
+        )?;
+        let alloc_rows: Vec<Labels> = self
+            .mig_allocations
+            .iter()
+            .map(|a| {
+                vec![
+                    node(),
+                    ("device_idx", s(a.device_idx)),
+                    ("device_uuid", a.device_uuid.clone()),
+                    ("parent_uuid", a.parent_uuid.clone()),
+                    ("pod_namespace", a.pod_namespace.clone()),
+                    ("pod_name", a.pod_name.clone()),
+                    ("container_name", a.container_name.clone()),
+                ]
+            })
+            .collect();
+        family(
+            &mut e,
+            "container_mig_device_allocation_info",
+            "MIG device allocated to the container (1).",
+            alloc_rows.iter().map(|l| (l, 1.0)),
         )?;
         if let Some(present) = self.sm_watcher_file_present {
             family(

@@ -9,6 +9,9 @@
 //! |---|---|---|---|
 //! | device plugin (default) | label `<domain>/metrics-node=<node>` | `vgpu.config`, pod annotations | pod cache synced |
 //! | DRA (`--enable-dra-monitor`) | field `spec.nodeName=<node>` | ResourceSlices of `--driver-name` for the node's pool, ResourceClaims (`vgpu_monitor::dra`) | pod, slice and claim caches synced |
+//!
+//! With a GPU in MIG mode at start-up (device-plugin path), `container_mig_device_allocation_info` comes
+//! from the kubelet's pod-resources API (`--pod-resources-socket`).
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
@@ -25,6 +28,7 @@ use vgpu_monitor::{
     collect::{MonitorConfig, NodeCollector},
     dra::{DraPods, DraSource, KubeDra},
     metrics,
+    podres::KubeletPodResources,
     pods::{KubePods, PodSource},
     server::{MIN_SCRAPE_INTERVAL, MonitorServer, ServerConfig},
 };
@@ -78,6 +82,11 @@ struct Cli {
     /// the device-plugin files and annotations.
     #[arg(long)]
     enable_dra_monitor: bool,
+    /// The kubelet pod-resources socket: which container holds which MIG device
+    /// (`container_mig_device_allocation_info`), polled every 5s when a GPU is in MIG mode at start-up
+    /// (device-plugin path only).
+    #[arg(long, default_value = vgpu_deviceplugin::POD_RESOURCES_SOCKET)]
+    pod_resources_socket: PathBuf,
     /// The DRA driver whose slices and claims --enable-dra-monitor reads.
     #[arg(long, default_value = vgpu_dra::DRIVER_NAME)]
     driver_name: String,
@@ -207,7 +216,21 @@ async fn run(cli: Cli, gates: FeatureGates<'static, CoreGate>, checked: Checked)
             NodeCollector::new_dra(config, backend, Arc::clone(&pods), Arc::clone(&dra)),
             Arc::new(DraPods::new(pods, dra)),
         ),
-        None => (NodeCollector::new(config, backend, Arc::clone(&pods)), pods),
+        None => {
+            let mig = backend.devices().is_ok_and(|d| d.iter().any(|g| g.mig_enabled));
+            let mut collector = NodeCollector::new(config, backend, Arc::clone(&pods));
+            if mig {
+                tracing::info!(socket = %cli.pod_resources_socket.display(),
+                    "MIG-enabled GPU: MIG allocations from the kubelet pod-resources API");
+                let source = KubeletPodResources::start(
+                    cli.pod_resources_socket.clone(),
+                    Duration::from_secs(5),
+                    Duration::from_secs(5),
+                );
+                collector = collector.with_pod_resources(Arc::new(source));
+            }
+            (collector, pods)
+        }
     };
     let mut registry = metrics::new_registry();
     metrics::register(&mut registry, Arc::new(collector));
