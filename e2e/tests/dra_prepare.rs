@@ -1,0 +1,201 @@
+//! The DRA driver's node side against the real control plane (issue #17): the `vgpu-kubelet-plugin` binary
+//! on the mock backend publishes its ResourceSlice (owned by the Node), the real kube-scheduler allocates a
+//! claim of `capacity.requests {cores: 10, memory: 1Gi}` of class `vgpu-manager` from it and binds the pod,
+//! then the test plays the kubelet over the plugin's real sockets: `GetInfo` and `NotifyRegistrationStatus`
+//! on the registration socket, `NodePrepareResources` on the endpoint it names (the plugin reads the claim
+//! from kube-apiserver), the CDI spec carrying `CUDA_MEM_LIMIT_0=1024m` and `CUDA_CORE_LIMIT_0=10` for that
+//! share, then `NodeUnprepareResources` removing the spec and the claim directory.
+//!
+//! Needs the control-plane binaries and `vgpu-kubelet-plugin` built: run `e2e/run.sh dra_prepare`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
+};
+use kube::{
+    Api,
+    api::{ListParams, ObjectMeta, PostParams},
+};
+use serde_json::json;
+use vgpu_deviceplugin::registration::connect_unix;
+use vgpu_dra::api::{dra_v1, pluginregistration as pr};
+use vgpu_e2e::{SCHEDULER_NAME, TestEnv, fixtures, scheduler_configuration, vgpu_binary};
+
+const NODE: &str = "dra-prepare-node";
+const NAMESPACE: &str = "default";
+const TIMEOUT: Duration = Duration::from_secs(60);
+const MOCK: &str =
+    "gpus:\n  - { uuid: GPU-DRA-0, name: NVIDIA A30, memoryMiB: 24576, computeCapability: '8.0' }\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn the_plugin_prepares_a_claim_the_scheduler_allocated() {
+    let mut env =
+        TestEnv::builder("the_plugin_prepares_a_claim_the_scheduler_allocated").start().await.unwrap();
+    let client = env.client().await.unwrap();
+    env.start_scheduler_with_config(&scheduler_configuration(env.kubeconfig_path(), &[])).await.unwrap();
+
+    // The node (the kubelet's part) and the DeviceClasses of the manifest.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.into()),
+            labels: Some(BTreeMap::from([("kubernetes.io/hostname".to_owned(), NODE.to_owned())])),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    let node = nodes.create(&PostParams::default(), &node).await.unwrap();
+    fixtures::set_node_capacity(&client, NODE, 0, 0, 0).await.unwrap();
+    let manifest =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/dra/deviceclasses.yaml"))
+            .unwrap();
+    let classes: Vec<DeviceClass> = serde_saphyr::from_multiple(&manifest).unwrap();
+    let class_api: Api<DeviceClass> = Api::all(client.clone());
+    for class in &classes {
+        class_api.create(&PostParams::default(), class).await.unwrap();
+    }
+
+    // The plugin, as a process.
+    let dir = env.workdir().join("node");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("mock.yaml"), MOCK).unwrap();
+    let path = |rel: &str| dir.join(rel).display().to_string();
+    let args = vec![
+        "--backend=mock".to_owned(),
+        format!("--mock-config={}", path("mock.yaml")),
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
+        format!("--kubelet-registrar-directory-path={}", path("plugins_registry")),
+        format!("--kubelet-plugins-directory-path={}", path("plugins")),
+        format!("--cdi-root={}", path("cdi")),
+        format!("--host-manager-dir={}", path("manager")),
+        "--healthcheck-port=0".to_owned(),
+    ];
+    let env_vars =
+        vec![("NODE_NAME".to_owned(), NODE.to_owned()), ("FEATURE_GATES".to_owned(), String::new())];
+    env.start_process("kubelet-plugin", &vgpu_binary("vgpu-kubelet-plugin").unwrap(), &args, &env_vars)
+        .unwrap();
+
+    // Its slice, owned by the Node.
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let slice = env
+        .poll("the plugin's ResourceSlice", TIMEOUT, || async {
+            let list =
+                slices.list(&ListParams::default().fields(&format!("spec.nodeName={NODE}"))).await.ok()?;
+            list.items.into_iter().next()
+        })
+        .await
+        .unwrap();
+    let owner = &slice.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", NODE));
+    assert_eq!(Some(&owner.uid), node.metadata.uid.as_ref());
+
+    // The kubelet registers the plugin.
+    let registration = dir.join("plugins_registry/manager.nvidia.com-reg.sock");
+    let info = env
+        .poll("the registration socket", TIMEOUT, || async {
+            let channel = connect_unix(&registration, Duration::from_secs(2)).await.ok()?;
+            let mut client = pr::registration_client::RegistrationClient::new(channel);
+            let info = client.get_info(pr::InfoRequest {}).await.ok()?.into_inner();
+            client
+                .notify_registration_status(pr::RegistrationStatus {
+                    plugin_registered: true,
+                    error: String::new(),
+                })
+                .await
+                .ok()?;
+            Some(info)
+        })
+        .await
+        .unwrap();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, "manager.nvidia.com");
+
+    // A claim of one vGPU share and its pod: allocated and bound by the real scheduler.
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": { "name": "share", "namespace": NAMESPACE },
+        "spec": { "devices": { "requests": [{
+            "name": "vgpu",
+            "exactly": {
+                "deviceClassName": "vgpu-manager",
+                "allocationMode": "ExactCount",
+                "count": 1,
+                "capacity": { "requests": { "cores": "10", "memory": "1Gi" } },
+            },
+        }] } },
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": "cuda", "namespace": NAMESPACE },
+        "spec": {
+            "schedulerName": SCHEDULER_NAME,
+            "containers": [{ "name": "cuda", "image": "example.invalid/cuda:never-pulled",
+                             "resources": { "claims": [{ "name": "gpu" }] } }],
+            "resourceClaims": [{ "name": "gpu", "resourceClaimName": "share" }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    assert_eq!(fixtures::wait_for_pod_node(&client, NAMESPACE, "cuda", TIMEOUT).await.unwrap(), NODE);
+    let allocated = claims.get("share").await.unwrap();
+    let uid = allocated.metadata.uid.clone().unwrap();
+
+    // The kubelet prepares it.
+    let endpoint = Path::new(&info.endpoint);
+    let channel = connect_unix(endpoint, Duration::from_secs(5)).await.unwrap();
+    let mut dra = dra_v1::dra_plugin_client::DraPluginClient::new(channel);
+    let wire = dra_v1::Claim { namespace: NAMESPACE.into(), uid: uid.clone(), name: "share".into() };
+    let response = dra
+        .node_prepare_resources(dra_v1::NodePrepareResourcesRequest { claims: vec![wire.clone()] })
+        .await
+        .unwrap()
+        .into_inner();
+    let prepared = &response.claims[&uid];
+    assert_eq!(prepared.error, "", "{}", env.log_tail("kubelet-plugin", 30));
+    assert_eq!(prepared.devices.len(), 1);
+    let device = &prepared.devices[0];
+    assert_eq!((device.pool_name.as_str(), device.device_name.as_str()), (NODE, "vgpu-0"));
+    assert_eq!(device.request_names, ["vgpu"]);
+    let result = &allocated.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap()[0];
+    assert_eq!(device.share_id, result.share_id, "the allocation's share");
+    let spec_path = dir.join("cdi").join(format!("k8s.manager.nvidia.com-claim_{uid}.json"));
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
+    println!("CDI spec of claim share ({uid}): {spec:#}");
+    let env_of_device: Vec<&str> = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(env_of_device.contains(&"CUDA_MEM_LIMIT_0=1024m"), "{env_of_device:?}");
+    assert!(env_of_device.contains(&"CUDA_CORE_LIMIT_0=10"), "{env_of_device:?}");
+    assert!(env_of_device.contains(&"MANAGER_VISIBLE_DEVICE_0=GPU-DRA-0"), "{env_of_device:?}");
+    assert_eq!(
+        format!("k8s.manager.nvidia.com/claim={}", spec["devices"][0]["name"].as_str().unwrap()),
+        device.cdi_device_ids[0]
+    );
+    assert!(dir.join("manager/claims").join(&uid).join("vgpu/config/pids.config").exists());
+
+    // And unprepares it.
+    let done = dra
+        .node_unprepare_resources(dra_v1::NodeUnprepareResourcesRequest { claims: vec![wire] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.claims[&uid].error, "");
+    assert!(!spec_path.exists());
+    assert!(!dir.join("manager/claims").join(&uid).exists());
+    env.check_process("kubelet-plugin").unwrap();
+    env.stop_process("kubelet-plugin").unwrap();
+    env.finish();
+}
