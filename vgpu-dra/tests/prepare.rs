@@ -81,7 +81,7 @@ async fn every_failing_claim_fails_alone_with_its_reason() {
 }
 
 #[tokio::test]
-async fn whole_gpu_devices_and_multi_device_requests() {
+async fn multi_device_requests_get_their_own_ordinals_and_partitions() {
     let node = TestNode::new();
     // Two shares in one request (ordinals 0 and 1) and one in another request.
     let results = vec![
@@ -161,4 +161,46 @@ async fn a_held_lock_times_out_every_claim_of_the_call() {
     assert!(results["uid-1"].is_err());
     drop(held);
     assert!(state.prepare(&[r("c1", "uid-1")]).await["uid-1"].is_ok());
+}
+
+#[tokio::test]
+async fn whole_gpus_get_device_nodes_only_and_are_exclusive() {
+    let node = TestNode::new();
+    let backend = vgpu_core::backend::mock::MockBackend::from_yaml_str(
+        "gpus:\n  - { uuid: GPU-a, name: NVIDIA A30, memoryMiB: 24576, minor: 3 }\n",
+    )
+    .unwrap();
+    let config = vgpu_dra::devices::DeviceConfig { vgpu_support: false, ..Default::default() };
+    let devices = vgpu_dra::devices::AllocatableDevices::from_backend(&backend, &config).unwrap();
+    let whole = |name: &str, uid: &str| {
+        let result = allocation_result("gpu", DRIVER, NODE, "gpu-3", None, &[]);
+        node.claims.insert(allocated(claim("ns", name, uid), vec![result], &["p1", "p2"]));
+    };
+    whole("w1", "u-w1");
+    whole("w2", "u-w2");
+    let state = vgpu_dra::state::DeviceState::new(
+        node.config.clone(),
+        std::sync::Arc::new(devices),
+        std::sync::Arc::new(vgpu_core::backend::NvidiaAdapter),
+        node.claims.clone(),
+    )
+    .await
+    .unwrap();
+    let results = state.prepare(&[r("w1", "u-w1"), r("w2", "u-w2")]).await;
+    let devices = results["u-w1"].as_ref().unwrap();
+    assert_eq!(devices[0].device_name, "gpu-3");
+    assert_eq!(devices[0].cdi_device_ids, ["k8s.manager.nvidia.com/claim=u-w1-gpu-gpu-3-0"]);
+    assert_eq!(
+        results["u-w2"].as_ref().unwrap_err().to_string(),
+        "ResourceClaim ns/w2: device gpu-3 is already prepared for claim ns/w1 (u-w1)"
+    );
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(node.config.cdi_spec_path("u-w1")).unwrap()).unwrap();
+    let edits = &spec["devices"][0]["containerEdits"];
+    assert_eq!(edits["deviceNodes"][0]["path"], "/dev/nvidia3");
+    assert!(edits.get("env").is_none() && edits.get("mounts").is_none(), "{edits}");
+    assert!(spec["containerEdits"].get("env").is_none(), "no vGPU library for whole GPUs");
+    assert!(node.claim_dirs().is_empty(), "whole GPUs have no partitions");
+    assert!(state.unprepare(&[r("w1", "u-w1")]).await["u-w1"].is_ok());
+    assert!(state.prepare(&[r("w2", "u-w2")]).await["u-w2"].is_ok(), "free again");
 }
