@@ -4,8 +4,9 @@
 //! a template claim used by an app and a finished init container, a claim reserved for another pod, a claim
 //! of another node's pool), pods bound to the node and their cgroups. The page shows the per-claim
 //! container numbers (limits from the consumed capacity, usage from the container's processes, no vmem
-//! ledger even with the gate on), the per-device assigned totals (lifecycle peak, not a plain sum), and
-//! `/readyz` waits for the DRA caches.
+//! ledger even with the gate on), the per-device assigned totals (lifecycle peak, not a plain sum),
+//! `promtool check metrics` accepts the page (skipped, saying so, only without promtool), and `/readyz` waits
+//! for the DRA caches.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
@@ -279,6 +280,10 @@ fn per_claim_container_numbers_and_assigned_totals() {
     );
     for line in page.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
         assert!(line.contains(r#"service="vGPU""#), "{line}");
+    }
+    if support::promtool_installed() {
+        support::promtool_check(&page, "DRA page, Prometheus text");
+        support::promtool_check(&node.server.render(true).unwrap(), "DRA page, OpenMetrics");
     }
 }
 

@@ -199,3 +199,38 @@ pub fn value(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     assert_eq!(found.len(), 1, "{name} {labels:?} in\n{page}");
     found[0]
 }
+
+/// Whether `promtool` runs here (says SKIPPED when not).
+pub fn promtool_installed() -> bool {
+    match std::process::Command::new("promtool").arg("--version").output() {
+        Ok(out) => {
+            assert!(out.status.success());
+            true
+        }
+        Err(_) => {
+            eprintln!(
+                "SKIPPED: promtool is not installed (Debian package `prometheus`; .ci/run installs it)"
+            );
+            false
+        }
+    }
+}
+
+/// `promtool check metrics` accepts `page` (`what` names it in the failure).
+pub fn promtool_check(page: &str, what: &str) {
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(page.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics ({what}) failed:\n{}{}\n{page}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
