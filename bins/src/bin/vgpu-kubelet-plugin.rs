@@ -139,8 +139,7 @@ fn consumable_shares(
 ) -> Result<ConsumableShares, String> {
     let shares: ConsumableShares =
         value.parse().map_err(|e: vgpu_dra::devices::DeviceError| e.to_string())?;
-    let gate_on = gates.registry().gate_by_name("ConsumableShares").is_some_and(|g| gates.enabled(g));
-    if shares.is_enabled() && !gate_on {
+    if shares.is_enabled() && !gates.enabled(DraGate::ConsumableShares) {
         return Err("--consumable-shares requires feature gate ConsumableShares to be enabled".to_owned());
     }
     Ok(shares)
@@ -242,6 +241,12 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
             .context("building the allocatable devices")?,
     );
     tracing::info!(devices = devices.len(), node = %config.node_name, driver = %config.driver_name, ?xids, "devices");
+    // IMEXDaemonsWithDNSNames says how IMEX daemons address each other; this driver starts none (see
+    // vgpu_dra::gates), so either value is honoured with nothing to address.
+    tracing::info!(
+        imex_daemons_with_dns_names = config.gates.enabled(DraGate::IMEXDaemonsWithDNSNames),
+        "IMEX daemons: none are started by this driver"
+    );
     if !cli.nvidia_cdi_hook_path.is_empty() {
         tracing::info!(path = %cli.nvidia_cdi_hook_path, "--nvidia-cdi-hook-path: this build writes no CDI hooks");
     }
@@ -389,14 +394,12 @@ mod tests {
         assert!(err("0").contains("invalid value for --consumable-shares: \"0\""));
         let ok = resolve(&parse(&["--node-name=n", "--consumable-shares=disabled"]), defaults()).unwrap();
         assert_eq!(ok.devices.consumable_shares, ConsumableShares::Disabled);
-        if let Some(gate) = vgpu_gates::kubelet_plugin().gate_by_name("ConsumableShares") {
-            let mut gates = vgpu_gates::kubelet_plugin().defaults();
-            gates.set_gate(DraGate::VGPUSupport, false).unwrap();
-            gates.set_gate(gate, true).unwrap();
-            let r = resolve(&parse(&["--node-name=n", "--consumable-shares=unlimited"]), gates).unwrap();
-            assert_eq!(r.devices.consumable_shares, ConsumableShares::Unlimited);
-            assert!(!r.devices.vgpu_support);
-        }
+        let mut gates = vgpu_gates::kubelet_plugin().defaults();
+        gates.set_gate(DraGate::VGPUSupport, false).unwrap();
+        gates.set_gate(DraGate::ConsumableShares, true).unwrap();
+        let r = resolve(&parse(&["--node-name=n", "--consumable-shares=unlimited"]), gates).unwrap();
+        assert_eq!(r.devices.consumable_shares, ConsumableShares::Unlimited);
+        assert!(!r.devices.vgpu_support);
     }
 
     #[test]
