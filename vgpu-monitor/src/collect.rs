@@ -664,7 +664,16 @@ impl NodeCollector {
             if matches!(phase, Some("Succeeded" | "Failed")) {
                 continue;
             }
-            let allocs = resolve_pod(&pod, &claims, &cfg.dra_driver, &cfg.node_name, &node_devices);
+            let mut allocs = resolve_pod(&pod, &claims, &cfg.dra_driver, &cfg.node_name, &node_devices);
+            // An exclusive whole GPU publishes no memory capacity: its limit is the GPU's memory.
+            for r in allocs.iter_mut().flat_map(|a| a.results.iter_mut()) {
+                if node_devices.get(&r.device).is_some_and(|d| d.memory_bytes.is_none())
+                    && let Some(p) =
+                        snap.physical.iter().find(|p| p.device.uuid.eq_ignore_ascii_case(&r.uuid))
+                {
+                    r.memory_bytes = p.total_bytes;
+                }
+            }
             if allocs.iter().all(|a| a.results.is_empty()) {
                 continue;
             }

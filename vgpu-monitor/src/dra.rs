@@ -14,7 +14,7 @@
 //! | node devices | devices of `spec.driver == <driver>` (`manager.nvidia.com` unless configured) and `spec.pool.name == <node>`, attribute `type` `vgpu` or `gpu`, with a `uuid` attribute (matched to the backend's GPU case-insensitively) |
 //! | pod claim → ResourceClaim | `spec.resourceClaims[].resourceClaimName`, or for a template the name in `status.resourceClaimStatuses`; the claim must be allocated and reserved for the pod (`status.reservedFor[].uid`) |
 //! | container → results | each `resources.claims[]` entry: every result of the claim, or with `request: r` the results of `r` and its subrequests (`r/<sub>`); plus DRA extended resources (`status.extendedResourceClaimStatus.requestMappings` of the container); only results of the driver on this node's pool and on a node device; each (claim, request, device, share) once |
-//! | limits | `consumedCapacity` `cores` and `memory` (names may be driver-qualified, `<driver>/cores`); absent → the device's whole capacity (`cores` 100 when the device has none) |
+//! | limits | `consumedCapacity` `cores` and `memory` (names may be driver-qualified, `<driver>/cores`); absent → the device's whole capacity (`cores` 100 when the device has none; `memory` 0 here, which the collector replaces by the GPU's memory for a device without a `memory` capacity: an exclusive whole GPU) |
 //!
 //! What [`NodeCollector`](crate::collect::NodeCollector) makes of it (same families and labels as the
 //! device-plugin path):

@@ -2,9 +2,9 @@
 //! HTTP on loopback): mock backend with process samples, the ResourceSlices the DRA plugin's own builder
 //! publishes for that backend (memory ratio 200), allocated ResourceClaims (a direct claim with two shares,
 //! a template claim used by an app and a finished init container, a claim reserved for another pod, a claim
-//! of another node's pool), pods bound to the node and their cgroups. The page shows the per-claim
-//! container numbers (limits from the consumed capacity, usage from the container's processes, no vmem
-//! ledger even with the gate on), the per-device assigned totals (lifecycle peak, not a plain sum),
+//! of another node's pool; and an exclusive whole GPU without capacities), pods bound to the node and their
+//! cgroups. The page shows the per-claim container numbers (limits from the consumed capacity, usage from
+//! the container's processes, no vmem ledger even with the gate on), the per-device assigned totals (lifecycle peak, not a plain sum),
 //! `promtool check metrics` accepts the page (skipped, saying so, only without promtool), and `/readyz` waits
 //! for the DRA caches.
 
@@ -332,4 +332,32 @@ async fn served_on_loopback_ready_once_synced() {
     );
     stop.send(()).unwrap();
     task.await.unwrap();
+}
+
+#[test]
+fn an_exclusive_whole_gpu_is_limited_by_the_gpus_memory() {
+    let backend = MockBackend::from_yaml_str(&support::mock_yaml(2, &procs())).unwrap();
+    // VGPUSupport off: gpu-<minor> devices without capacities, allocated exclusively.
+    let config = DeviceConfig { vgpu_support: false, ..DeviceConfig::default() };
+    let devices = AllocatableDevices::from_backend(&backend, &config).unwrap();
+    let slices = build_slices(&SliceConfig::new("node-1"), &devices, &HealthSnapshot::default(), 1).unwrap();
+    let whole = allocated(
+        claim("ns", "claim-a", "cuid-a"),
+        vec![allocation_result("gpu", DRIVER_NAME, "node-1", "gpu-0", None, &[])],
+        &["uid-a"],
+    );
+    let node = node(Arc::new(InMemoryPods::new(pods())), Arc::new(InMemoryDra::new(slices, [whole])));
+    let page = node.server.render(false).unwrap();
+    let a0 = ctr("a", "main", "0");
+    assert_eq!(value(&page, "container_vgpu_device_memory_limit_in_bytes", &a0), 24.0 * GIB);
+    assert_eq!(value(&page, "container_vgpu_device_physical_memory_limit_in_bytes", &a0), 24.0 * GIB);
+    assert_eq!(value(&page, "container_vgpu_device_physical_memory_usage_in_bytes", &a0), 1024.0 * MIB);
+    let percent = value(&page, "container_vgpu_device_memory_utilization_percent", &a0);
+    assert!((percent - 1024.0 / 24576.0 * 100.0).abs() < 1e-9, "{percent}");
+    let g0 = [("device_idx", "0"), ("device_uuid", "GPU-0000")];
+    assert_eq!(value(&page, "vgpu_device_total_cores_number", &g0), 100.0);
+    assert_eq!(value(&page, "vgpu_device_assigned_cores_number", &g0), 100.0);
+    assert_eq!(value(&page, "vgpu_device_assigned_memory_in_bytes", &g0), 24.0 * GIB);
+    assert_eq!(value(&page, "vgpu_device_total_memory_in_bytes", &g0), 24.0 * GIB);
+    assert!(page.contains(r#"cores_scaling="1.00",memory_scaling="1.00""#), "{page}");
 }
