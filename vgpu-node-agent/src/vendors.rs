@@ -1,7 +1,8 @@
 //! The `gpu-supported-vendors` ConfigMap: which PCI vendors' display controllers count as GPUs.
 //!
 //! Each `data` value is a vendors document (YAML or JSON; the format of [`vgpu_core::discovery::vendors`]);
-//! entries are merged over the built-in table (NVIDIA `10de`, MetaX `9999`), in key order:
+//! entries are merged over the built-in table (NVIDIA `10de`, MetaX `9999`), in key order. The sample is
+//! `deploy/gpu-module/gpu-supported-vendors.yaml` (checked by `tests/agent.rs`):
 //!
 //! ```yaml
 //! apiVersion: v1
