@@ -15,6 +15,7 @@
 //! | [`backend`] | the vendor-neutral [`DeviceBackend`](backend::DeviceBackend) seam (devices, memory, links, health, processes, MIG) and the mock backend |
 //! | [`discovery`] | vendor-neutral GPU scan of sysfs, `pci.ids` naming, vendor table, bare-metal detection |
 //! | [`alloc`] | vGPU allocation: pod request model, per-node placement (filters, policies, NUMA/link topology), reason codes, node ordering and scores |
+//! | [`dra`] | the DRA wire names (driver, CDI kind, capacity and attribute names) the plugin, the webhook and the monitor share |
 //! | [`clock`] | the time seam: [`Clock`](clock::Clock) (Unix nanoseconds), the wall clock and a manual clock for tests |
 //! | [`topology`] | P2P link types, the `node-device-topology` codec, pair/set scores and the exact best-effort GPU-set optimizer |
 //!
@@ -58,6 +59,7 @@ pub mod clock;
 pub mod codec;
 pub mod discovery;
 pub mod domain;
+pub mod dra;
 pub mod model;
 pub mod node_config;
 pub mod topology;

@@ -60,11 +60,11 @@ use vgpu_core::{
 /// One mebibyte, the memory capacity's step.
 pub const MIB: u64 = 1 << 20;
 /// Name of the cores capacity.
-pub const CAPACITY_CORES: &str = "cores";
+pub const CAPACITY_CORES: &str = vgpu_core::dra::CAPACITY_CORES;
 /// Name of the memory capacity.
-pub const CAPACITY_MEMORY: &str = "memory";
+pub const CAPACITY_MEMORY: &str = vgpu_core::dra::CAPACITY_MEMORY;
 /// Name of the shares capacity (`--consumable-shares N`).
-pub const CAPACITY_SHARES: &str = "shares";
+pub const CAPACITY_SHARES: &str = vgpu_core::dra::CAPACITY_SHARES;
 
 /// Errors of the device model.
 #[derive(Debug, thiserror::Error)]

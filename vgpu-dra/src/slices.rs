@@ -100,9 +100,9 @@ pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
 /// Longest object name.
 pub const MAX_NAME_LEN: usize = 253;
 /// The standard PCI bus id attribute.
-pub const ATTRIBUTE_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+pub const ATTRIBUTE_PCI_BUS_ID: &str = vgpu_core::dra::ATTRIBUTE_PCI_BUS_ID;
 /// The standard PCIe root attribute.
-pub const ATTRIBUTE_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+pub const ATTRIBUTE_PCIE_ROOT: &str = vgpu_core::dra::ATTRIBUTE_PCIE_ROOT;
 
 /// Errors of the slice builder and publisher.
 #[derive(Debug, thiserror::Error)]
@@ -294,8 +294,8 @@ fn attributes(
 ) -> BTreeMap<String, DeviceAttribute> {
     let gpu: &GpuInfo = &device.gpu;
     let mut attrs = BTreeMap::new();
-    attrs.insert("type".to_owned(), string_attr(device.kind.as_str()));
-    attrs.insert("uuid".to_owned(), string_attr(&gpu.uuid.to_ascii_lowercase()));
+    attrs.insert(vgpu_core::dra::ATTRIBUTE_TYPE.to_owned(), string_attr(device.kind.as_str()));
+    attrs.insert(vgpu_core::dra::ATTRIBUTE_UUID.to_owned(), string_attr(&gpu.uuid.to_ascii_lowercase()));
     attrs.insert("minor".to_owned(), int_attr(i64::from(gpu.minor)));
     attrs.insert("productName".to_owned(), string_attr(&gpu.product_name));
     attrs.insert("brand".to_owned(), string_attr(gpu.brand()));
@@ -321,7 +321,7 @@ fn attributes(
         } else {
             int_attr(i64::from(numa))
         };
-        attrs.insert("numaNode".to_owned(), attr);
+        attrs.insert(vgpu_core::dra::ATTRIBUTE_NUMA_NODE.to_owned(), attr);
     }
     if !gpu.bus_id.is_empty() {
         attrs.insert(ATTRIBUTE_PCI_BUS_ID.to_owned(), string_attr(&gpu.bus_id.to_ascii_lowercase()));

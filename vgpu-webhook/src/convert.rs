@@ -17,7 +17,7 @@
 //! | ownerReferences | the pod (controller), when its UID is known: the garbage collector deletes the claim with the pod, or when the pod is never stored |
 //! | `spec.devices.requests[]` | one per container: name = `requestName`, `exactly{deviceClassName, allocationMode: ExactCount, count: number, capacity.requests{cores, memory: MiB × 1Mi}}` (a zero quantity is left out) |
 //! | selectors (CEL) | `type == "vgpu"`; include/exclude UUIDs (lower-case `in`); include/exclude product names (upper-case `in`); memory policy `memoryRatio > 100` (virtual) or `<= 100` (physical) |
-//! | `spec.devices.constraints` | for a request of more than one device: distinct `manager.nvidia.com/uuid`; with topology mode `link*` also a matching `resource.kubernetes.io/pcieRoot`, with `numa*` a matching `resource.kubernetes.io/numaNode` |
+//! | `spec.devices.constraints` | for a request of more than one device: distinct `manager.nvidia.com/uuid`; with topology mode `link*` also a matching `resource.kubernetes.io/pcieRoot`, with `numa*` a matching `manager.nvidia.com/numaNode` |
 //!
 //! Values placed in CEL string literals are escaped (`\` and `"`), so an annotation cannot change the
 //! expression's meaning.
@@ -37,19 +37,13 @@ use vgpu_core::codec::device_filter::SubstringList;
 use vgpu_core::domain::{CREATE_TIMESTAMP_LABEL, OWNER_KEY_LABEL, ResourceDomain};
 use vgpu_core::model::{MemoryPolicy, TopologyMode};
 
-/// The DRA driver name of vGPU devices (`vgpu_dra::DRIVER_NAME`; kept here so the webhook does not build the
-/// kubelet plugin).
-pub const DRA_DRIVER_NAME: &str = "manager.nvidia.com";
+/// The DRA driver name of vGPU devices ([`vgpu_core::dra::DRIVER_NAME`], the name the kubelet plugin publishes).
+pub const DRA_DRIVER_NAME: &str = vgpu_core::dra::DRIVER_NAME;
 /// The DRA device type of vGPU devices (attribute `type`), also the request name of per-container claims.
-pub const VGPU_DEVICE_TYPE: &str = "vgpu";
-/// Capacity name of the cores share.
-pub const CAPACITY_CORES: &str = "cores";
-/// Capacity name of the memory share.
-pub const CAPACITY_MEMORY: &str = "memory";
-/// Standard attribute of a device's PCIe root.
-pub const PCIE_ROOT_ATTRIBUTE: &str = "resource.kubernetes.io/pcieRoot";
-/// Standard attribute of a device's NUMA node.
-pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
+pub const VGPU_DEVICE_TYPE: &str = vgpu_core::dra::DEVICE_TYPE_VGPU;
+use vgpu_core::dra::{
+    ATTRIBUTE_NUMA_NODE, ATTRIBUTE_PCIE_ROOT, ATTRIBUTE_UUID, CAPACITY_CORES, CAPACITY_MEMORY,
+};
 /// Longest accepted `original-resources` value (vgpu-manager's pod annotation cap).
 pub const MAX_RECORD_BYTES: usize = 1 << 20;
 
@@ -244,19 +238,19 @@ pub fn resource_claim(
         }
         constraints.push(DeviceConstraint {
             requests: Some(vec![request.name.clone()]),
-            distinct_attribute: Some(format!("{DRA_DRIVER_NAME}/uuid")),
+            distinct_attribute: Some(vgpu_core::dra::qualified(DRA_DRIVER_NAME, ATTRIBUTE_UUID)),
             match_attribute: None,
         });
         let matching = match mode {
-            TopologyMode::Link => Some(PCIE_ROOT_ATTRIBUTE),
-            TopologyMode::Numa => Some(NUMA_NODE_ATTRIBUTE),
+            TopologyMode::Link => Some(ATTRIBUTE_PCIE_ROOT),
+            TopologyMode::Numa => Some(ATTRIBUTE_NUMA_NODE),
             _ => None,
         };
         if let Some(attr) = matching {
             constraints.push(DeviceConstraint {
                 requests: Some(vec![request.name.clone()]),
                 distinct_attribute: None,
-                match_attribute: Some(attr.to_owned()),
+                match_attribute: Some(vgpu_core::dra::qualified(DRA_DRIVER_NAME, attr)),
             });
         }
     }

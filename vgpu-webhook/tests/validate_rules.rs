@@ -317,7 +317,7 @@ fn converted_pods_get_their_claims() {
                 ]}}],
             "constraints": [
                 {"requests": ["vgpu"], "distinctAttribute": "manager.nvidia.com/uuid"},
-                {"requests": ["vgpu"], "matchAttribute": "resource.kubernetes.io/numaNode"},
+                {"requests": ["vgpu"], "matchAttribute": "manager.nvidia.com/numaNode"},
             ]
         })
     );
