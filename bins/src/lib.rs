@@ -52,29 +52,6 @@ pub fn init_tracing() {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
-/// The whole `main` of a binary whose functionality has not landed yet: set up logging, validate the
-/// gates (exit 2 on error), then say so plainly and fail.
-pub fn gates_then_not_implemented<G: FeatureGate>(
-    registry: &'static Registry<G>,
-    values: &[String],
-    binary: &str,
-    tracking: &str,
-) -> ExitCode {
-    init_tracing();
-    match configure_gates(registry, values) {
-        Ok(_) => not_implemented(binary, tracking),
-        Err(code) => code,
-    }
-}
-
-/// Says plainly that a binary's functionality has not landed yet, and fails.
-///
-/// `tracking` says where the work is tracked (e.g. `issue #6`).
-pub fn not_implemented(binary: &str, tracking: &str) -> ExitCode {
-    eprintln!("{binary}: not implemented yet ({tracking}); only flag and feature-gate validation run");
-    ExitCode::FAILURE
-}
-
 /// The Kubernetes client configuration from `--kubeconfig`, or else the in-cluster config, `$KUBECONFIG` or
 /// `~/.kube/config`; errors name the file or what was tried.
 pub async fn kube_config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Config> {

@@ -1,4 +1,4 @@
-//! Every binary validates its gates first (exit 2 on error) and says plainly what is not built yet.
+//! Every binary validates its gates first (exit 2 on error, before anything else runs).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -25,20 +25,7 @@ fn bad_gates_exit_2_before_anything_else() {
             .arg(format!("--feature-gates={bad}"))
             .assert()
             .code(2)
-            .stderr(predicate::str::contains("not implemented").not());
-    }
-}
-
-#[test]
-fn good_gates_then_not_implemented_yet() {
-    let done =
-        ["vgpu-device-plugin", "vgpu-scheduler-extender", "vgpu-kubelet-plugin", "vgpu-device-monitor"];
-    for (name, good, _) in BINARIES.iter().filter(|(name, ..)| !done.contains(name)) {
-        bin(name)
-            .args(["--feature-gates", good])
-            .assert()
-            .code(1)
-            .stderr(predicate::str::contains(format!("{name}: not implemented yet")));
+            .stderr(predicate::str::contains("gate"));
     }
 }
 
