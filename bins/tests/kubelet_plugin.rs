@@ -1,7 +1,9 @@
 //! `vgpu-kubelet-plugin` as a process on the mock backend: it binds its registration and DRA sockets under
 //! temporary kubelet directories, answers the kubelet's `GetInfo` and an (empty) `NodePrepareResources` over
 //! real unix sockets, exits 0 on SIGTERM removing both sockets, and after a SIGKILL (stale socket files
-//! left behind) a new process replaces them and serves again.
+//! left behind) a new process replaces them and serves again. With `--http-endpoint` it serves `/healthz`,
+//! `/readyz` and the metrics page over real HTTP on loopback, and with gate `SharedSMUtilizationWatcher` it
+//! writes the shared SM watcher's file.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -133,4 +135,110 @@ async fn serves_the_kubelet_then_stops_on_sigterm_and_survives_sigkill() {
     let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
     assert!(status.success(), "{status}");
     assert!(!node.registration().exists() && !node.path("plugins/manager.nvidia.com/dra.sock").exists());
+}
+
+/// Removes ANSI colour sequences (`ESC [ … m`) from a log line.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One `GET` over a fresh loopback connection: (status, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.split(' ').nth(1).unwrap().parse().unwrap(), body.to_owned())
+}
+
+/// `--http-endpoint=127.0.0.1:0` (the plugin binds a free port and logs it) with gate
+/// `SharedSMUtilizationWatcher`: `/healthz`, `/readyz` before and after the kubelet registers the plugin,
+/// the metrics page at `--metrics-path`, and the shared SM watcher's file under the manager directory.
+#[tokio::test]
+async fn serves_metrics_and_runs_the_sm_watcher() {
+    use std::io::BufRead;
+    let node = Node::new();
+    let arg = |flag: &str, rel: &str| format!("--{flag}={}", node.path(rel).display());
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("vgpu-kubelet-plugin"))
+        .env_remove("FEATURE_GATES")
+        .env("NODE_NAME", "node-1")
+        .env("RUST_LOG", "info")
+        .args([
+            "--backend=mock".to_owned(),
+            arg("mock-config", "mock.yaml"),
+            arg("kubeconfig", "kubeconfig"),
+            arg("kubelet-registrar-directory-path", "registry"),
+            arg("kubelet-plugins-directory-path", "plugins"),
+            arg("cdi-root", "cdi"),
+            arg("host-manager-dir", "manager"),
+            "--http-endpoint=127.0.0.1:0".to_owned(),
+            "--metrics-path=/plugin-metrics".to_owned(),
+            "--feature-gates=SharedSMUtilizationWatcher=true".to_owned(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let line = strip_ansi(&line);
+            eprintln!("{line}");
+            let _ = tx.send(line);
+        }
+    });
+    let addr: std::net::SocketAddr = loop {
+        let line =
+            rx.recv_timeout(Duration::from_secs(30)).expect("the plugin never logged its metrics address");
+        if line.contains("metrics, /healthz and /readyz serving")
+            && let Some(rest) = line.split("bound=").nth(1)
+        {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    wait_for_socket(&node.registration(), &mut child);
+    assert_eq!(http_get(addr, "/healthz").await, (200, "ok".to_owned()));
+    assert_eq!(http_get(addr, "/readyz").await.0, 503);
+
+    kubelet(&node.registration()).await;
+    let channel = connect_unix(&node.registration(), Duration::from_secs(5)).await.unwrap();
+    pr::registration_client::RegistrationClient::new(channel)
+        .notify_registration_status(pr::RegistrationStatus { plugin_registered: true, error: String::new() })
+        .await
+        .unwrap();
+    assert_eq!(http_get(addr, "/readyz").await, (200, "ok".to_owned()));
+    let (status, page) = http_get(addr, "/plugin-metrics").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("vgpu_kubelet_plugin_prepared_claims 0\n"), "{page}");
+    assert!(
+        page.contains("vgpu_kubelet_plugin_request_duration_seconds_count{operation=\"prepare\"} 1\n"),
+        "{page}"
+    );
+    assert!(page.contains("process_open_fds "), "{page}");
+
+    let watcher = node.path("manager/watcher/sm_util.config");
+    assert_eq!(std::fs::metadata(&watcher).unwrap().len(), vgpu_core::abi::sm_util::FILE_SIZE as u64);
+    vgpu_core::abi::sm_util::read(&watcher).unwrap();
+
+    signal(&child, "-TERM");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "{status}");
 }

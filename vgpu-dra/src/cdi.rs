@@ -13,7 +13,7 @@
 //!
 //! | where | env | mounts (container ← host) | device nodes |
 //! |---|---|---|---|
-//! | spec-wide | `LD_PRELOAD=/etc/vgpu-manager/driver/libvgpu-control.so`, `MANAGER_COMPATIBILITY_MODE`, `MANAGER_VISIBLE_DEVICES=`, `CUDA_MEM_RATIO=<ratio/100 %.2f>`, `CUDA_CORE_LIMIT=`, `CUDA_CORE_SOFT_LIMIT=`, `CUDA_MEM_LIMIT=`, `CUDA_MEM_OVERSOLD=TRUE\|FALSE`, `VMEMORY_NODE_ENABLED=TRUE`, `CUDA_SM_SHARED_BUCKET=TRUE`, `MANAGER_VGPU_CLAIM_UID=<uid>`, `EXTERNAL_SM_WATCHER_ENABLED=FALSE`, `MANAGER_CLIENT_REGISTER_UUID=` | `/etc/vgpu-manager/driver/libvgpu-control.so` ← `<host>/libvgpu-control.so.<ver>` (ro), `/etc/ld.so.preload` ← `<host>/ld.so.preload` (ro), `/etc/vgpu-manager/.host_proc` ← `/proc` (ro) | the control nodes present under the container driver root |
+//! | spec-wide | `LD_PRELOAD=/etc/vgpu-manager/driver/libvgpu-control.so`, `MANAGER_COMPATIBILITY_MODE`, `MANAGER_VISIBLE_DEVICES=`, `CUDA_MEM_RATIO=<ratio/100 %.2f>`, `CUDA_CORE_LIMIT=`, `CUDA_CORE_SOFT_LIMIT=`, `CUDA_MEM_LIMIT=`, `CUDA_MEM_OVERSOLD=TRUE\|FALSE`, `VMEMORY_NODE_ENABLED=TRUE`, `CUDA_SM_SHARED_BUCKET=TRUE`, `MANAGER_VGPU_CLAIM_UID=<uid>`, `EXTERNAL_SM_WATCHER_ENABLED=FALSE` (`TRUE` with gate `SharedSMUtilizationWatcher`), `MANAGER_CLIENT_REGISTER_UUID=` | `/etc/vgpu-manager/driver/libvgpu-control.so` ← `<host>/libvgpu-control.so.<ver>` (ro), `/etc/ld.so.preload` ← `<host>/ld.so.preload` (ro), `/etc/vgpu-manager/.host_proc` ← `/proc` (ro); with gate `SharedSMUtilizationWatcher` also `/etc/vgpu-manager/watcher` ← `<host>/watcher` (ro) | the control nodes present under the container driver root |
 //! | per device `i` (its ordinal within its request) | `MANAGER_VISIBLE_DEVICE_<i>=<uuid>`, `CUDA_MEM_RATIO_<i>`, `CUDA_MEM_OVERSOLD_<i>`, `CUDA_MEM_LIMIT_<i>=<MiB>m` (empty: no limit), `CUDA_CORE_LIMIT_<i>`, `CUDA_CORE_SOFT_LIMIT_<i>` (from the consumed `cores` and the claim's `…/vgpu-compute-policy` annotation: fixed → both, balance → soft 100, none or ≥ 100 → empty) | `/etc/vgpu-manager/config` ← `<part>/config` (rw), `/tmp/.vgpu_lock` ← `<part>/vgpu_lock`, `/tmp/.vmem_node` ← `<part>/vmem_node`, `/tmp/.sm_node` ← `<part>/sm_node` (rw), `/etc/vgpu-manager/config/pids.config` ← `<part>/config/pids.config` (ro) | the GPU's nodes (`/dev/nvidia<minor>`) |
 //!
 //! Whole-GPU devices (`gpu-<minor>`) get only their device nodes and the control nodes. No `vgpu.config` is
@@ -39,6 +39,8 @@ pub const KIND: &str = "k8s.manager.nvidia.com/claim";
 pub const SPEC_VERSION: &str = vgpu_deviceplugin::cdi::SPEC_VERSION;
 /// Container path of the vGPU control library.
 pub const CONTROL_LIBRARY: &str = "/etc/vgpu-manager/driver/libvgpu-control.so";
+/// Container path of the shared SM watcher's directory (gate `SharedSMUtilizationWatcher`).
+pub const CONTAINER_WATCHER_DIR: &str = "/etc/vgpu-manager/watcher";
 /// Container path of a partition's config directory.
 pub const CONTAINER_CONFIG_DIR: &str = "/etc/vgpu-manager/config";
 

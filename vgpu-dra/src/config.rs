@@ -8,6 +8,7 @@
 //! | [`DriverConfig::checkpoint_path`] | `/var/lib/kubelet/plugins/manager.nvidia.com/checkpoint.json` | the prepared claims ([`crate::checkpoint`]) |
 //! | [`DriverConfig::lock_path`] | `/var/lib/kubelet/plugins/manager.nvidia.com/pu.lock` | the Prepare/Unprepare flock ([`crate::lock`]) |
 //! | [`DriverConfig::claim_dir`] | `/etc/vgpu-manager/claims/<claimUID>` | per-claim partitions (written under `manager_dir`, mounted from `host_manager_dir`) |
+//! | [`DriverConfig::sm_watcher_file`] | `/etc/vgpu-manager/watcher/sm_util.config` | the shared SM watcher's samples (gate `SharedSMUtilizationWatcher`; mounted read-only into vGPU claims from `host_manager_dir`) |
 //! | [`DriverConfig::cdi_spec_path`] | `/etc/cdi/k8s.manager.nvidia.com-claim_<claimUID>.json` | the claim's CDI spec ([`crate::cdi`]) |
 
 use std::{
@@ -81,6 +82,9 @@ pub struct DriverConfig {
     pub stale_sweep_interval: Duration,
     /// Registration-socket guard period ([`REGISTRATION_GUARD_INTERVAL`]).
     pub registration_guard_interval: Duration,
+    /// Sampling period of the shared SM watcher (gate `SharedSMUtilizationWatcher`; default
+    /// [`vgpu_deviceplugin::sm_watcher::DEFAULT_PERIOD`]).
+    pub sm_watcher_period: Duration,
 }
 
 impl DriverConfig {
@@ -105,6 +109,7 @@ impl DriverConfig {
             lock_timeout: LOCK_TIMEOUT,
             stale_sweep_interval: STALE_SWEEP_INTERVAL,
             registration_guard_interval: REGISTRATION_GUARD_INTERVAL,
+            sm_watcher_period: vgpu_deviceplugin::sm_watcher::DEFAULT_PERIOD,
         }
     }
 
@@ -159,6 +164,17 @@ impl DriverConfig {
     /// `<cdi_root>/`[`crate::cdi::spec_file_name`]`(claim_uid)`.
     pub fn cdi_spec_path(&self, claim_uid: &str) -> PathBuf {
         self.cdi_root.join(crate::cdi::spec_file_name(claim_uid))
+    }
+
+    /// Gate `SharedSMUtilizationWatcher`: the plugin runs the node-wide SM watcher on `manager_dir` and vGPU
+    /// claims read its samples.
+    pub fn sm_watcher(&self) -> bool {
+        self.gates.enabled(DraGate::SharedSMUtilizationWatcher)
+    }
+
+    /// `<manager_dir>/watcher/sm_util.config`: the shared SM watcher's file as this process writes it.
+    pub fn sm_watcher_file(&self) -> PathBuf {
+        vgpu_deviceplugin::sm_watcher::SmWatcher::file_path(&self.manager_dir)
     }
 
     /// `--device-memory-ratio` > 100: the GPUs' memory is oversold.

@@ -8,6 +8,12 @@
 //! Both are bound atomically ([`vgpu_deviceplugin::server::bind_atomic`]: bind a temporary name, chmod
 //! 0660, rename into place), and the DRA socket exists before the registration socket appears, so the kubelet
 //! never dials an endpoint that is not there yet. On shutdown both files are removed.
+//!
+//! With gate `SharedSMUtilizationWatcher` the driver also runs the device plugin's node-wide SM watcher
+//! ([`vgpu_deviceplugin::sm_watcher::SmWatcher`], the same code, not a copy) on the manager directory
+//! ([`crate::config::DriverConfig::sm_watcher_file`]) until stopped: vGPU claims are told to read its samples,
+//! so a file that cannot be set up (or a driver without a backend, see [`Driver::with_sm_watcher`]) fails
+//! [`Driver::serve`] before any socket is bound.
 
 use std::{
     path::{Path, PathBuf},
@@ -22,7 +28,10 @@ use tokio::{
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Router;
-use vgpu_deviceplugin::server::{bind_atomic, socket_identity};
+use vgpu_deviceplugin::{
+    server::{bind_atomic, socket_identity},
+    sm_watcher::SmWatcher,
+};
 
 use crate::{
     api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration},
@@ -52,16 +61,28 @@ pub enum DriverError {
     /// Binding or serving a socket failed.
     #[error(transparent)]
     Server(#[from] vgpu_deviceplugin::error::ServerError),
+    /// Gate `SharedSMUtilizationWatcher` is on but the watcher cannot run.
+    #[error("SharedSMUtilizationWatcher=true: {0}")]
+    SmWatcher(String),
     /// A serve task panicked or was cancelled.
     #[error("serve task for {0}: {1}")]
     Join(PathBuf, String),
 }
 
 /// The DRA kubelet plugin's servers over a [`DeviceState`] and a [`HealthFeed`].
-#[derive(Debug)]
 pub struct Driver {
     state: Arc<DeviceState>,
     health: HealthFeed,
+    backend: Option<Arc<dyn vgpu_core::backend::DeviceBackend>>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("state", &self.state)
+            .field("sm_watcher_backend", &self.backend.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A running [`Driver`]: [`stop`](Self::stop) it, watch the kubelet's registration reports.
@@ -73,6 +94,8 @@ pub struct RunningDriver {
     pub dra_socket: PathBuf,
     /// The kubelet's registration reports.
     pub registration: watch::Receiver<RegistrationState>,
+    /// The shared SM watcher's file while the watcher runs (gate `SharedSMUtilizationWatcher`).
+    pub sm_watcher_file: Option<PathBuf>,
     stop: watch::Sender<bool>,
     tasks: Vec<(PathBuf, JoinHandle<Result<(), DriverError>>)>,
 }
@@ -126,13 +149,35 @@ impl RunningDriver {
 impl Driver {
     /// A driver over `state` reporting `health`.
     pub fn new(state: Arc<DeviceState>, health: HealthFeed) -> Self {
-        Self { state, health }
+        Self { state, health, backend: None }
     }
 
-    /// Binds the DRA socket, then the registration socket, and serves both (and the stale-claim sweep) in
-    /// tasks.
+    /// The device backend the shared SM watcher samples (needed when gate `SharedSMUtilizationWatcher` is
+    /// on; unused otherwise).
+    #[must_use]
+    pub fn with_sm_watcher(mut self, backend: Arc<dyn vgpu_core::backend::DeviceBackend>) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// Binds the DRA socket, then the registration socket, and serves both (and the stale-claim sweep, and
+    /// with gate `SharedSMUtilizationWatcher` the shared SM watcher) in tasks.
     pub fn serve(self) -> Result<RunningDriver, DriverError> {
         let config = self.state.config().clone();
+        let watcher = if config.sm_watcher() {
+            let backend = self.backend.clone().ok_or_else(|| {
+                DriverError::SmWatcher(
+                    "no device backend was given to sample (Driver::with_sm_watcher)".into(),
+                )
+            })?;
+            let watcher = SmWatcher::open(backend, &config.manager_dir).map_err(|e| {
+                DriverError::SmWatcher(format!("cannot set up the shared SM watcher file: {e}"))
+            })?;
+            tracing::info!(file = %watcher.path().display(), period = ?config.sm_watcher_period, "shared SM watcher started");
+            Some(watcher)
+        } else {
+            None
+        };
         let dra_socket = config.dra_socket();
         let registration_socket = config.registration_socket();
         for dir in [config.plugin_dir(), config.registry_dir.clone()] {
@@ -171,6 +216,22 @@ impl Driver {
                 registration_router,
             )),
         ));
+        let sm_watcher_file = watcher.as_ref().map(|w| w.path().to_path_buf());
+        if let Some(watcher) = watcher {
+            let mut watch_stop = stop_rx.clone();
+            let period = config.sm_watcher_period;
+            tasks.push((
+                config.sm_watcher_file(),
+                tokio::spawn(async move {
+                    watcher
+                        .run(period, async move {
+                            let _ = watch_stop.wait_for(|s| *s).await;
+                        })
+                        .await;
+                    Ok(())
+                }),
+            ));
+        }
         let state = Arc::clone(&self.state);
         let mut sweep_stop = stop_rx;
         tasks.push((
@@ -184,7 +245,14 @@ impl Driver {
                 Ok(())
             }),
         ));
-        Ok(RunningDriver { registration_socket, dra_socket, registration: registration_status, stop, tasks })
+        Ok(RunningDriver {
+            registration_socket,
+            dra_socket,
+            registration: registration_status,
+            sm_watcher_file,
+            stop,
+            tasks,
+        })
     }
 }
 

@@ -13,7 +13,7 @@
 //! | [`api`] | generated gRPC code: `pluginregistration`, DRA `v1` / `v1beta1`, dra-health `v1` / `v1alpha1` |
 //! | [`registration`] | `pluginregistration.Registration` (GetInfo, NotifyRegistrationStatus) |
 //! | [`service`] | `DRAPlugin` v1 + v1beta1 and `DRAResourceHealth` v1 + v1alpha1: translation only |
-//! | [`driver`] | [`Driver`](driver::Driver): both sockets bound atomically, re-bound when removed, the stale-claim sweep |
+//! | [`driver`] | [`Driver`](driver::Driver): both sockets bound atomically, re-bound when removed, the stale-claim sweep, the shared SM watcher (gate `SharedSMUtilizationWatcher`) |
 //! | [`state`] | [`DeviceState`](state::DeviceState): Prepare / Unprepare, the claim state machine and the order of side effects |
 //! | [`checkpoint`] | `checkpoint.json`: v1/v2 layout, FNV-1a checksum, boot ID |
 //! | [`cdi`] | the per-claim CDI spec (typed), device names and their sanitizer |
@@ -22,6 +22,7 @@
 //! | [`config`] | [`DriverConfig`](config::DriverConfig), the resolved configuration and its paths |
 //! | [`gates`] | which gates this build refuses (not built) and why |
 //! | [`healthcheck`] | `grpc.health.v1.Health/Check` on `--healthcheck-port`: both sockets answer → `SERVING` |
+//! | [`metrics`] | `--http-endpoint`: `/healthz`, `/readyz` (sockets + kubelet registration), `--metrics-path` (prepared claims, Prepare/Unprepare counters and durations, `process_*`) |
 //!
 //! # Sockets and files
 //!
@@ -115,6 +116,7 @@ pub mod gates;
 pub mod health;
 pub mod healthcheck;
 pub mod lock;
+pub mod metrics;
 pub mod registration;
 pub mod service;
 pub mod slices;

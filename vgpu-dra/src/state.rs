@@ -199,6 +199,7 @@ pub struct DeviceState {
     boot_id: String,
     serial: tokio::sync::Mutex<()>,
     fault: Option<FaultHook>,
+    metrics: Option<Arc<crate::metrics::DriverMetrics>>,
 }
 
 impl std::fmt::Debug for DeviceState {
@@ -243,6 +244,7 @@ impl DeviceState {
             boot_id,
             serial: tokio::sync::Mutex::new(()),
             fault: None,
+            metrics: None,
         };
         state.recover().await?;
         Ok(state)
@@ -253,6 +255,42 @@ impl DeviceState {
     pub fn with_fault_hook(mut self, hook: FaultHook) -> Self {
         self.fault = Some(hook);
         self
+    }
+
+    /// Records every Prepare/Unprepare in `metrics` ([`crate::metrics`]) and sets its prepared-claims gauge
+    /// from the checkpoint now.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::DriverMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self.record_prepared();
+        self
+    }
+
+    /// Sets the prepared-claims gauge from the checkpoint (completed entries); the caller holds `serial`
+    /// or nothing else runs yet.
+    fn record_prepared(&self) {
+        let Some(metrics) = &self.metrics else { return };
+        match Checkpoint::load(&self.config.checkpoint_path()) {
+            Ok(cp) => metrics.set_prepared_claims(
+                cp.claims().values().filter(|c| c.checkpoint_state == ClaimState::PrepareCompleted).count(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: cannot read the checkpoint to count prepared claims")
+            }
+        }
+    }
+
+    /// Counts one request's results and duration.
+    fn record<T>(
+        &self,
+        operation: crate::metrics::Operation,
+        out: &BTreeMap<String, Result<T, ClaimFailure>>,
+        timer: &crate::metrics::Timer,
+    ) {
+        let Some(metrics) = &self.metrics else { return };
+        let ok = out.values().filter(|r| r.is_ok()).count();
+        metrics.request(operation, ok, out.len() - ok, timer.elapsed());
+        self.record_prepared();
     }
 
     /// The configuration.
@@ -300,6 +338,7 @@ impl DeviceState {
 
     /// Prepares every claim; each gets its own result (one failing claim fails only its entry).
     pub async fn prepare(&self, claims: &[ClaimRef]) -> PrepareResults {
+        let timer = crate::metrics::Timer::start();
         let mut out = BTreeMap::new();
         let _serial = self.serial.lock().await;
         let _lock = match PuLock::acquire(&self.config.lock_path(), self.config.lock_timeout).await {
@@ -309,6 +348,7 @@ impl DeviceState {
                 for c in claims {
                     out.insert(c.uid.clone(), Err(ClaimFailure::Batch(text.clone())));
                 }
+                self.record(crate::metrics::Operation::Prepare, &out, &timer);
                 return out;
             }
         };
@@ -321,6 +361,7 @@ impl DeviceState {
                 break;
             }
         }
+        self.record(crate::metrics::Operation::Prepare, &out, &timer);
         out
     }
 
@@ -546,7 +587,7 @@ impl DeviceState {
                 ("VMEMORY_NODE_ENABLED", "TRUE".to_owned()),
                 ("CUDA_SM_SHARED_BUCKET", "TRUE".to_owned()),
                 ("MANAGER_VGPU_CLAIM_UID", claim.uid.clone()),
-                ("EXTERNAL_SM_WATCHER_ENABLED", "FALSE".to_owned()),
+                ("EXTERNAL_SM_WATCHER_ENABLED", if cfg.sm_watcher() { "TRUE" } else { "FALSE" }.to_owned()),
                 ("MANAGER_CLIENT_REGISTER_UUID", String::new()),
             ]
             .into_iter()
@@ -561,6 +602,9 @@ impl DeviceState {
                 Mount::bind("/etc/ld.so.preload", &host.join("ld.so.preload"), true),
                 Mount::bind("/etc/vgpu-manager/.host_proc", Path::new("/proc"), true),
             ];
+            if cfg.sm_watcher() {
+                common.mounts.push(Mount::bind(cdi::CONTAINER_WATCHER_DIR, &host.join("watcher"), true));
+            }
         }
         let host_claim = cfg.host_claim_dir(&claim.uid);
         let devices = planned
@@ -654,6 +698,7 @@ impl DeviceState {
     /// Unprepares every claim: removes what Prepare made (the CDI spec, the claim directory) and the
     /// checkpoint entry; a claim that is not prepared is already done.
     pub async fn unprepare(&self, claims: &[ClaimRef]) -> UnprepareResults {
+        let timer = crate::metrics::Timer::start();
         let mut out = BTreeMap::new();
         let _serial = self.serial.lock().await;
         let lock = PuLock::acquire(&self.config.lock_path(), self.config.lock_timeout).await;
@@ -664,12 +709,14 @@ impl DeviceState {
                 for c in claims {
                     out.insert(c.uid.clone(), Err(ClaimFailure::Batch(text.clone())));
                 }
+                self.record(crate::metrics::Operation::Unprepare, &out, &timer);
                 return out;
             }
         };
         for claim in claims {
             out.insert(claim.uid.clone(), self.unprepare_one(&claim.uid));
         }
+        self.record(crate::metrics::Operation::Unprepare, &out, &timer);
         out
     }
 

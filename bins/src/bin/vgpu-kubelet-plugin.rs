@@ -153,6 +153,8 @@ struct Resolved {
     xids: Vec<u64>,
     /// `--healthcheck-port` unless -1.
     healthcheck: Option<std::net::SocketAddr>,
+    /// `--http-endpoint` unless empty.
+    http_endpoint: Option<std::net::SocketAddr>,
 }
 
 fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved, String> {
@@ -178,14 +180,15 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
     {
         return Err(format!("invalid --nri-plugin-idx {:?}: must be two digits", cli.nri_plugin_idx));
     }
-    if !cli.http_endpoint.is_empty() {
-        return Err(format!(
-            "--http-endpoint {:?}: the kubelet plugin's metrics server is not built yet; leave it empty (HTTP_ENDPOINT=\"\")",
-            cli.http_endpoint
-        ));
-    }
+    let http_endpoint = vgpu_dra::metrics::parse_http_endpoint(&cli.http_endpoint)?;
     if !cli.metrics_path.starts_with('/') {
         return Err(format!("invalid --metrics-path {:?}: must start with '/'", cli.metrics_path));
+    }
+    if cli.metrics_path == "/healthz" || cli.metrics_path == "/readyz" {
+        return Err(format!(
+            "invalid --metrics-path {:?}: must differ from /healthz and /readyz",
+            cli.metrics_path
+        ));
     }
     if cli.stale_claim_sweep_interval.is_zero() {
         return Err("invalid --stale-claim-sweep-interval 0s: must be greater than 0".to_owned());
@@ -223,11 +226,11 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
         consumable_shares: shares,
     };
     config.gates = gates;
-    Ok(Resolved { config, devices, xids, healthcheck })
+    Ok(Resolved { config, devices, xids, healthcheck, http_endpoint })
 }
 
 async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
-    let Resolved { config, devices: device_config, xids, healthcheck } = resolved;
+    let Resolved { config, devices: device_config, xids, healthcheck, http_endpoint } = resolved;
     let mut options = SelectOptions::default();
     options.mock_config.clone_from(&cli.mock_config);
     let opened = open_backend(cli.backend, &options).context("opening the device backend")?;
@@ -253,9 +256,11 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     let client = vgpu_bins::kube_client(cli.kubeconfig.as_deref()).await?;
     let claims = Arc::new(KubeClaims::new(client.clone()));
     let config = Arc::new(config);
+    let metrics = Arc::new(vgpu_dra::metrics::DriverMetrics::new());
     let state = DeviceState::new(Arc::clone(&config), Arc::clone(&devices), vendor, claims)
         .await
-        .context("opening the prepared-claims checkpoint")?;
+        .context("opening the prepared-claims checkpoint")?
+        .with_metrics(Arc::clone(&metrics));
 
     // Health (gate NVMLDeviceHealthCheck): backend events → per-device status and taints.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -294,7 +299,22 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     let publisher =
         SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone()).spawn(stopped());
 
-    let running = Driver::new(Arc::new(state), health).serve()?;
+    // Gate SharedSMUtilizationWatcher: the driver runs the device plugin's SM watcher on this backend.
+    let running = Driver::new(Arc::new(state), health).with_sm_watcher(Arc::clone(&backend)).serve()?;
+    let mut http_task = None;
+    if let Some(addr) = http_endpoint {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --http-endpoint {addr}"))?;
+        let bound = listener.local_addr().context("reading the metrics listener's address")?;
+        let readiness = vgpu_dra::metrics::Readiness::of(&running);
+        let path = cli.metrics_path.clone();
+        let shutdown = stopped();
+        http_task = Some(tokio::spawn(async move {
+            vgpu_dra::metrics::serve(listener, metrics, readiness, &path, shutdown).await
+        }));
+        tracing::info!(%bound, path = %cli.metrics_path, "metrics, /healthz and /readyz serving");
+    }
     if let Some(addr) = healthcheck {
         let check = HealthCheck::new(running.registration_socket.clone(), running.dra_socket.clone());
         let (bound, _task) = vgpu_dra::healthcheck::serve(check, addr, stopped()).await?;
@@ -309,6 +329,13 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     if let Err(e) = publisher.await {
         tracing::warn!(error = %e, "the ResourceSlice publisher task failed");
+    }
+    if let Some(task) = http_task {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "the metrics server failed"),
+            Err(e) => tracing::warn!(error = %e, "the metrics server task failed"),
+        }
     }
     result?;
     Ok(())
@@ -439,7 +466,13 @@ mod tests {
             err(&["--node-name=n", "--additional-xids-to-ignore=48,x"])
                 .contains("invalid --additional-xids-to-ignore")
         );
-        assert!(err(&["--node-name=n", "--http-endpoint=:8080"]).contains("metrics server is not built yet"));
+        assert!(
+            err(&["--node-name=n", "--http-endpoint=8080"]).starts_with("invalid --http-endpoint \"8080\"")
+        );
+        assert!(err(&["--node-name=n", "--metrics-path=/readyz"]).contains("must differ from /healthz"));
+        let r = resolve(&parse(&["--node-name=n", "--http-endpoint=:8080"]), defaults()).unwrap();
+        assert_eq!(r.http_endpoint, Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(resolve(&parse(&["--node-name=n"]), defaults()).unwrap().http_endpoint, None);
         assert!(err(&["--node-name=n", "--metrics-path=metrics"]).contains("--metrics-path"));
         assert!(err(&["--node-name=n", "--driver-name=nodots"]).contains("--driver-name"));
         assert!(

@@ -1,0 +1,384 @@
+//! The kubelet plugin's HTTP endpoint (`--http-endpoint`, `--metrics-path`, contract §1.5): health,
+//! readiness and Prometheus metrics, served by [`vgpu_serve::http::serve`].
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /healthz` | `200 ok` while the process serves HTTP |
+//! | `GET /readyz` | `200 ok` once both sockets exist and the kubelet reported a successful registration; `503` with the reason before (or after a failed registration, or while a socket file is missing) |
+//! | `GET <metrics-path>` (`/metrics`) | the families below, then the `process_*` ones ([`vgpu_serve::process_metrics`]), OpenMetrics 1.0 text ([`CONTENT_TYPE`]) |
+//!
+//! | metric | type | labels | what |
+//! |---|---|---|---|
+//! | `vgpu_kubelet_plugin_prepared_claims` | gauge | | claims prepared on this node (completed checkpoint entries), after each Prepare/Unprepare |
+//! | `vgpu_kubelet_plugin_claim_operations_total` | counter | `operation` = `prepare`\|`unprepare`, `result` = `success`\|`failure` | claims handled, one per claim of a request |
+//! | `vgpu_kubelet_plugin_request_duration_seconds` | histogram | `operation` | time of one NodePrepareResources/NodeUnprepareResources call (lock wait included) |
+//!
+//! Every `operation`/`result` series exists from the start (zero), so rates work before the first claim.
+//! The published ResourceSlices are not counted here: the slice publisher reports no progress to read.
+
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    body::Body,
+    extract::Request,
+    http::{HeaderValue, Method, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+use tokio::{net::TcpListener, sync::watch};
+use vgpu_serve::http::{HEALTHZ_PATH, HttpTimeouts, READYZ_PATH};
+
+use crate::{driver::RunningDriver, registration::RegistrationState};
+
+/// Content type of the metrics page.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Metric name prefix.
+pub const PREFIX: &str = "vgpu_kubelet_plugin";
+/// Request-duration histogram buckets (seconds): 1 ms … ~16 s.
+pub const DURATION_BUCKETS: [f64; 15] = [
+    0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096, 8.192, 16.384,
+];
+
+/// Which kubelet call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// NodePrepareResources.
+    Prepare,
+    /// NodeUnprepareResources.
+    Unprepare,
+}
+
+impl Operation {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prepare => "prepare",
+            Self::Unprepare => "unprepare",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpResult {
+    operation: &'static str,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    operation: &'static str,
+}
+
+/// The metrics endpoint could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetricsError {
+    /// The metrics path is not usable.
+    #[error("invalid --metrics-path {path:?}: {reason}")]
+    Path {
+        /// The path given.
+        path: String,
+        /// What was expected.
+        reason: &'static str,
+    },
+}
+
+/// `--http-endpoint` as Go's `net.Listen` reads it: `""` = no server, `:<port>` = every interface,
+/// `<ip>:<port>`, `[<ipv6>]:<port>` or `localhost:<port>`.
+pub fn parse_http_endpoint(value: &str) -> Result<Option<std::net::SocketAddr>, String> {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let bad = || {
+        format!(
+            "invalid --http-endpoint {value:?}: expected \":<port>\", \"<ip>:<port>\", \"[<ipv6>]:<port>\" or \"localhost:<port>\" (\"\" = no metrics server)"
+        )
+    };
+    let (host, port) = value.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    match host {
+        "" => Ok(Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))),
+        "localhost" => Ok(Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port))),
+        _ => value.parse::<SocketAddr>().map(Some).map_err(|_| bad()),
+    }
+}
+
+/// The driver's metric families (cheap to share: every family is reference-counted).
+#[derive(Debug)]
+pub struct DriverMetrics {
+    registry: Registry,
+    process: Registry,
+    prepared_claims: Gauge,
+    operations: Family<OpResult, Counter>,
+    duration: Family<OpLabel, Histogram, fn() -> Histogram>,
+}
+
+fn histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+impl Default for DriverMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DriverMetrics {
+    /// Every family registered, every `operation`/`result` series at zero.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix(PREFIX);
+        let prepared_claims = Gauge::default();
+        let operations = Family::<OpResult, Counter>::default();
+        let duration: Family<OpLabel, Histogram, fn() -> Histogram> = Family::new_with_constructor(histogram);
+        registry.register("prepared_claims", "Claims prepared on this node", prepared_claims.clone());
+        registry.register(
+            "claim_operations",
+            "Claims handled by Prepare and Unprepare, by result",
+            operations.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Duration of one NodePrepareResources or NodeUnprepareResources call",
+            duration.clone(),
+        );
+        for operation in [Operation::Prepare, Operation::Unprepare].map(Operation::as_str) {
+            for result in ["success", "failure"] {
+                let _ = operations.get_or_create(&OpResult { operation, result });
+            }
+            let _ = duration.get_or_create(&OpLabel { operation });
+        }
+        let mut process = Registry::default();
+        process.register_collector(Box::new(vgpu_serve::process_metrics::ProcessCollector));
+        Self { registry, process, prepared_claims, operations, duration }
+    }
+
+    /// One request: `successes` and `failures` claims, taking `elapsed`.
+    pub fn request(&self, operation: Operation, successes: usize, failures: usize, elapsed: Duration) {
+        let op = operation.as_str();
+        for (result, n) in [("success", successes), ("failure", failures)] {
+            if n > 0 {
+                self.operations.get_or_create(&OpResult { operation: op, result }).inc_by(n as u64);
+            }
+        }
+        self.duration.get_or_create(&OpLabel { operation: op }).observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets the number of prepared claims.
+    pub fn set_prepared_claims(&self, n: usize) {
+        self.prepared_claims.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The OpenMetrics text: the driver's families, then the `process_*` ones.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        use prometheus_client::encoding::text;
+        let mut out = String::new();
+        text::encode_registry(&mut out, &self.registry)?;
+        text::encode_registry(&mut out, &self.process)?;
+        text::encode_eof(&mut out)?;
+        Ok(out)
+    }
+}
+
+/// What `/readyz` looks at: both socket files and the kubelet's registration report.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    sockets: Vec<PathBuf>,
+    registration: watch::Receiver<RegistrationState>,
+}
+
+impl Readiness {
+    /// Readiness of a running driver.
+    pub fn of(driver: &RunningDriver) -> Self {
+        Self::new(
+            vec![driver.registration_socket.clone(), driver.dra_socket.clone()],
+            driver.registration.clone(),
+        )
+    }
+
+    /// Ready when every socket in `sockets` exists and `registration` says registered.
+    pub fn new(sockets: Vec<PathBuf>, registration: watch::Receiver<RegistrationState>) -> Self {
+        Self { sockets, registration }
+    }
+
+    /// `Ok` when ready, else why not.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(missing) = self.sockets.iter().find(|s| !crate::driver::socket_exists(s)) {
+            return Err(format!("socket {} is not served", missing.display()));
+        }
+        let state = self.registration.borrow();
+        if state.registered {
+            Ok(())
+        } else if state.notifications == 0 {
+            Err("the kubelet has not reported the plugin's registration yet".to_owned())
+        } else {
+            Err(format!("the kubelet reported a failed registration: {}", state.error))
+        }
+    }
+}
+
+/// The routes of the module table; `metrics_path` must start with `/` and differ from `/healthz` and
+/// `/readyz`.
+pub fn router(
+    metrics: Arc<DriverMetrics>,
+    readiness: Readiness,
+    metrics_path: &str,
+) -> Result<Router, MetricsError> {
+    let bad = |reason| MetricsError::Path { path: metrics_path.to_owned(), reason };
+    if !metrics_path.starts_with('/') {
+        return Err(bad("must start with '/'"));
+    }
+    if metrics_path == HEALTHZ_PATH || metrics_path == READYZ_PATH {
+        return Err(bad("must differ from /healthz and /readyz"));
+    }
+    let path = metrics_path.to_owned();
+    let router = Router::new()
+        .route(HEALTHZ_PATH, get(|| async { "ok" }))
+        .route(
+            READYZ_PATH,
+            get(move || {
+                let readiness = readiness.clone();
+                async move {
+                    match readiness.check() {
+                        Ok(()) => (StatusCode::OK, "ok".to_owned()),
+                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                    }
+                }
+            }),
+        )
+        // The metrics path is matched exactly in the fallback: any string is a valid path there (a route
+        // pattern with `{` or `*` would mean something else).
+        .fallback(move |request: Request| {
+            let metrics = Arc::clone(&metrics);
+            let path = path.clone();
+            async move { metrics_page(&metrics, &path, &request) }
+        });
+    Ok(router)
+}
+
+fn metrics_page(metrics: &DriverMetrics, path: &str, request: &Request) -> Response {
+    if request.uri().path() != path {
+        return (StatusCode::NOT_FOUND, "not found").into_response();
+    }
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return (StatusCode::METHOD_NOT_ALLOWED, "only GET").into_response();
+    }
+    match metrics.encode() {
+        Ok(text) => {
+            let mut r = Response::new(Body::from(text));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+            r
+        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}")).into_response(),
+    }
+}
+
+/// Serves [`router`] on `listener` until `shutdown` (the upstream HTTP timeouts, no TLS).
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<DriverMetrics>,
+    readiness: Readiness,
+    metrics_path: &str,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), MetricsError> {
+    let app = router(metrics, readiness, metrics_path)?;
+    vgpu_serve::http::serve(listener, app, None, &HttpTimeouts::default(), shutdown).await;
+    Ok(())
+}
+
+/// Times one request for [`DriverMetrics::request`].
+#[derive(Debug)]
+pub struct Timer(Instant);
+
+impl Timer {
+    /// Starts now.
+    pub fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    /// Time since start.
+    pub fn elapsed(&self) -> Duration {
+        self.0.elapsed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn families_start_at_zero_and_count() {
+        let m = DriverMetrics::new();
+        let text = m.encode().unwrap();
+        assert!(
+            text.contains(
+                "vgpu_kubelet_plugin_claim_operations_total{operation=\"unprepare\",result=\"failure\"} 0"
+            ),
+            "{text}"
+        );
+        m.request(Operation::Prepare, 2, 1, Duration::from_millis(3));
+        m.set_prepared_claims(2);
+        let text = m.encode().unwrap();
+        assert!(
+            text.contains("claim_operations_total{operation=\"prepare\",result=\"success\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("claim_operations_total{operation=\"prepare\",result=\"failure\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("vgpu_kubelet_plugin_prepared_claims 2"), "{text}");
+        assert!(text.contains("request_duration_seconds_count{operation=\"prepare\"} 1"), "{text}");
+        assert!(
+            text.contains("request_duration_seconds_bucket{le=\"0.004\",operation=\"prepare\"} 1"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn http_endpoints() {
+        assert_eq!(parse_http_endpoint("").unwrap(), None);
+        assert_eq!(parse_http_endpoint(":8080").unwrap(), Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(parse_http_endpoint("127.0.0.1:0").unwrap(), Some("127.0.0.1:0".parse().unwrap()));
+        assert_eq!(parse_http_endpoint("localhost:9").unwrap(), Some("127.0.0.1:9".parse().unwrap()));
+        assert_eq!(parse_http_endpoint("[::1]:80").unwrap(), Some("[::1]:80".parse().unwrap()));
+        for bad in ["8080", ":x", ":70000", "example.com:80", "::1:80", "1.2.3.4:"] {
+            let e = parse_http_endpoint(bad).unwrap_err();
+            assert!(e.starts_with(&format!("invalid --http-endpoint {bad:?}: expected")), "{e}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parsed_endpoints_round_trip(ip: std::net::IpAddr, port: u16) {
+            let addr = std::net::SocketAddr::new(ip, port);
+            proptest::prop_assert_eq!(parse_http_endpoint(&addr.to_string()).unwrap(), Some(addr));
+        }
+    }
+
+    #[test]
+    fn bad_metrics_paths_are_named() {
+        let (_tx, rx) = watch::channel(RegistrationState::default());
+        let r = || Readiness::new(Vec::new(), rx.clone());
+        let m = Arc::new(DriverMetrics::new());
+        let e = router(Arc::clone(&m), r(), "metrics").unwrap_err().to_string();
+        assert_eq!(e, "invalid --metrics-path \"metrics\": must start with '/'");
+        assert!(
+            router(Arc::clone(&m), r(), "/readyz").unwrap_err().to_string().contains("/healthz and /readyz")
+        );
+        assert!(router(m, r(), "/my{metrics}").is_ok());
+    }
+}
