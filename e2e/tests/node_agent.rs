@@ -9,7 +9,7 @@
 //! Needs the control-plane binaries and our binaries: run `e2e/run.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{collections::BTreeMap, fs, os::unix::fs::symlink, path::Path, time::Duration};
+use std::{collections::BTreeMap, fs, path::Path, time::Duration};
 
 use k8s_openapi::{
     api::core::v1::{ConfigMap, Node},
@@ -21,39 +21,10 @@ use kube::{
     core::{ApiResource, GroupVersionKind},
 };
 use vgpu_e2e::{TestEnv, vgpu_binary};
+use vgpu_node_agent::fake_sysfs::FakeSysfs;
 
 const NODE: &str = "agent-node";
 const CONTROL_PLANE_NODE: &str = "agent-cp";
-const PCI_IDS: &str = "\
-10de  NVIDIA Corporation
-\t20b0  GA100 [A100 SXM4 40GB]
-9999  MetaX Integrated Circuits (Shanghai) Co., Ltd.
-\t4001  MXC500
-8086  Intel Corporation
-\t1572  Ethernet Controller X710 for 10GbE SFP+
-C 03  Display controller
-\t02  3D controller
-";
-
-/// Lays out one PCI device as the kernel does (the same layout as `vgpu_node_agent::fake_sysfs`).
-fn add_device(sys: &Path, address: &str, vendor: &str, device: &str, class: &str, driver: &str) {
-    let real = sys.join("devices/pci0000:00").join(address);
-    fs::create_dir_all(&real).unwrap();
-    for (file, value) in [("vendor", vendor), ("device", device), ("class", class), ("numa_node", "0")] {
-        let value = if file == "numa_node" { value.to_owned() } else { format!("0x{value}") };
-        fs::write(real.join(file), format!("{value}\n")).unwrap();
-    }
-    let target = sys.join("bus/pci/drivers").join(driver);
-    fs::create_dir_all(&target).unwrap();
-    symlink(&target, real.join("driver")).unwrap();
-    symlink(&real, sys.join("bus/pci/devices").join(address)).unwrap();
-}
-
-fn remove_device(sys: &Path, address: &str) {
-    fs::remove_file(sys.join("bus/pci/devices").join(address)).unwrap();
-    fs::remove_dir_all(sys.join("devices/pci0000:00").join(address)).unwrap();
-}
-
 fn node(name: &str, labels: &[(&str, &str)]) -> Node {
     let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
     serde_json::from_value(serde_json::json!({
@@ -151,13 +122,9 @@ async fn node_agent_keeps_one_physical_gpu_per_gpu_and_the_vendor_labels() {
 
     // The fake sysfs: two NVIDIA A100s, one MetaX MXC500, one Intel NIC.
     let dir = tempfile::tempdir().unwrap();
-    let sys = dir.path().join("sys");
-    fs::create_dir_all(sys.join("bus/pci/devices")).unwrap();
-    fs::write(dir.path().join("pci.ids"), PCI_IDS).unwrap();
-    add_device(&sys, "0000:18:00.0", "8086", "1572", "020000", "i40e");
-    add_device(&sys, "0000:3b:00.0", "10de", "20b0", "030200", "nvidia");
-    add_device(&sys, "0000:5e:00.0", "9999", "4001", "030200", "metax");
-    add_device(&sys, "0000:86:00.0", "10de", "20b0", "030200", "nvidia");
+    let fake = FakeSysfs::create(dir.path()).unwrap();
+    fake.two_nvidia_one_metax_one_nic().unwrap();
+    let sys = fake.sysfs_root();
 
     let binary = vgpu_binary("vgpu-node-agent").unwrap();
     let args = |node: &str| -> Vec<String> {
@@ -167,7 +134,7 @@ async fn node_agent_keeps_one_physical_gpu_per_gpu_and_the_vendor_labels() {
             "--sysfs-root",
             sys.to_str().unwrap(),
             "--pci-ids",
-            dir.path().join("pci.ids").to_str().unwrap(),
+            fake.pci_ids().to_str().unwrap(),
             "--scan-interval",
             "500ms",
             "--vendors-configmap",
@@ -275,7 +242,7 @@ async fn node_agent_keeps_one_physical_gpu_per_gpu_and_the_vendor_labels() {
     .unwrap();
 
     // The MetaX GPU leaves: its PhysicalGPU and its label go at the next scan.
-    remove_device(&sys, "0000:5e:00.0");
+    fake.remove("0000:5e:00.0").unwrap();
     let mut remaining = vec![a.to_owned(), b.to_owned()];
     remaining.sort();
     env.poll("the MetaX PhysicalGPU deleted", Duration::from_secs(30), || {
