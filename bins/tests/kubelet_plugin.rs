@@ -233,6 +233,8 @@ async fn serves_metrics_and_runs_the_sm_watcher() {
         "{page}"
     );
     assert!(page.contains("process_open_fds "), "{page}");
+    // The API server of this test is unreachable: nothing was ever published.
+    assert!(page.contains("vgpu_kubelet_plugin_resource_slice_pool_generation 0\n"), "{page}");
 
     let watcher = node.path("manager/watcher/sm_util.config");
     assert_eq!(std::fs::metadata(&watcher).unwrap().len(), vgpu_core::abi::sm_util::FILE_SIZE as u64);

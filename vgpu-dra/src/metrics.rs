@@ -13,8 +13,14 @@
 //! | `vgpu_kubelet_plugin_claim_operations_total` | counter | `operation` = `prepare`\|`unprepare`, `result` = `success`\|`failure` | claims handled, one per claim of a request |
 //! | `vgpu_kubelet_plugin_request_duration_seconds` | histogram | `operation` | time of one NodePrepareResources/NodeUnprepareResources call (lock wait included) |
 //!
+//! | `vgpu_kubelet_plugin_resource_slice_pool_generation` | gauge | | the pool generation the API holds from this plugin (0 before the first successful round) |
+//! | `vgpu_kubelet_plugin_resource_slice_publish_rounds_total` | counter | | publishing rounds finished, successful or not |
+//! | `vgpu_kubelet_plugin_resource_slice_publish_failing` | gauge | | 1 while the last publishing round failed |
+//!
 //! Every `operation`/`result` series exists from the start (zero), so rates work before the first claim.
-//! The published ResourceSlices are not counted here: the slice publisher reports no progress to read.
+//! The `resource_slice_*` ones are read at scrape time from the slice publisher's progress channel
+//! ([`crate::slices::publisher::SlicePublisher::status`], given by [`DriverMetrics::set_publisher`]) and are
+//! absent until it is given.
 
 use std::{
     path::PathBuf,
@@ -31,6 +37,11 @@ use axum::{
     routing::get,
 };
 use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+};
+use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
@@ -38,7 +49,7 @@ use prometheus_client::{
 use tokio::{net::TcpListener, sync::watch};
 use vgpu_serve::http::{HEALTHZ_PATH, HttpTimeouts, READYZ_PATH};
 
-use crate::{driver::RunningDriver, registration::RegistrationState};
+use crate::{driver::RunningDriver, registration::RegistrationState, slices::publisher::PublisherStatus};
 
 /// Content type of the metrics page.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -122,6 +133,42 @@ pub struct DriverMetrics {
     prepared_claims: Gauge,
     operations: Family<OpResult, Counter>,
     duration: Family<OpLabel, Histogram, fn() -> Histogram>,
+    publisher: Arc<std::sync::OnceLock<watch::Receiver<PublisherStatus>>>,
+}
+
+/// The `resource_slice_*` families, read from the publisher's progress channel once it is set.
+#[derive(Debug)]
+struct PublisherCollector(Arc<std::sync::OnceLock<watch::Receiver<PublisherStatus>>>);
+
+impl Collector for PublisherCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(status) = self.0.get() else { return Ok(()) };
+        let status = status.borrow().clone();
+        let rounds = ConstCounter::new(status.rounds);
+        rounds.encode(encoder.encode_descriptor(
+            "vgpu_kubelet_plugin_resource_slice_publish_rounds",
+            "ResourceSlice publishing rounds finished, successful or not",
+            None,
+            rounds.metric_type(),
+        )?)?;
+        let gauges = [
+            (
+                "vgpu_kubelet_plugin_resource_slice_pool_generation",
+                "Pool generation of this node's ResourceSlices in the API (0 before the first success)",
+                status.generation,
+            ),
+            (
+                "vgpu_kubelet_plugin_resource_slice_publish_failing",
+                "1 while the last ResourceSlice publishing round failed",
+                i64::from(status.last_error.is_some()),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let g = ConstGauge::new(value);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        Ok(())
+    }
 }
 
 fn histogram() -> Histogram {
@@ -158,9 +205,16 @@ impl DriverMetrics {
             }
             let _ = duration.get_or_create(&OpLabel { operation });
         }
+        let publisher = Arc::new(std::sync::OnceLock::new());
         let mut process = Registry::default();
+        process.register_collector(Box::new(PublisherCollector(Arc::clone(&publisher))));
         process.register_collector(Box::new(vgpu_serve::process_metrics::ProcessCollector));
-        Self { registry, process, prepared_claims, operations, duration }
+        Self { registry, process, prepared_claims, operations, duration, publisher }
+    }
+
+    /// Reads the `resource_slice_*` families from `status` from now on (the first call wins).
+    pub fn set_publisher(&self, status: watch::Receiver<PublisherStatus>) {
+        let _ = self.publisher.set(status);
     }
 
     /// One request: `successes` and `failures` claims, taking `elapsed`.
@@ -179,7 +233,7 @@ impl DriverMetrics {
         self.prepared_claims.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    /// The OpenMetrics text: the driver's families, then the `process_*` ones.
+    /// The OpenMetrics text: the driver's families, the `resource_slice_*` ones, then the `process_*` ones.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         use prometheus_client::encoding::text;
         let mut out = String::new();
@@ -346,6 +400,30 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));
+        assert!(!text.contains("resource_slice"), "absent until the publisher is set");
+    }
+
+    #[test]
+    fn publisher_progress_is_read_at_scrape_time() {
+        let m = DriverMetrics::new();
+        let (tx, rx) = watch::channel(PublisherStatus::default());
+        m.set_publisher(rx);
+        let text = m.encode().unwrap();
+        assert!(text.contains("vgpu_kubelet_plugin_resource_slice_publish_rounds_total 0\n"), "{text}");
+        assert!(text.contains("vgpu_kubelet_plugin_resource_slice_pool_generation 0\n"), "{text}");
+        tx.send_replace(PublisherStatus {
+            rounds: 3,
+            generation: 2,
+            last_error: Some("list: refused".into()),
+        });
+        let text = m.encode().unwrap();
+        assert!(
+            text.contains("# TYPE vgpu_kubelet_plugin_resource_slice_publish_rounds counter\n"),
+            "{text}"
+        );
+        assert!(text.contains("vgpu_kubelet_plugin_resource_slice_publish_rounds_total 3\n"), "{text}");
+        assert!(text.contains("vgpu_kubelet_plugin_resource_slice_pool_generation 2\n"), "{text}");
+        assert!(text.contains("vgpu_kubelet_plugin_resource_slice_publish_failing 1\n"), "{text}");
     }
 
     #[test]

@@ -296,8 +296,9 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         }
     }
     let store = KubeSliceStore::new(client, &config.node_name, &config.driver_name);
-    let publisher =
-        SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone()).spawn(stopped());
+    let publisher = SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone());
+    metrics.set_publisher(publisher.status());
+    let publisher = publisher.spawn(stopped());
 
     // Gate SharedSMUtilizationWatcher: the driver runs the device plugin's SM watcher on this backend.
     let running = Driver::new(Arc::new(state), health).with_sm_watcher(Arc::clone(&backend)).serve()?;
