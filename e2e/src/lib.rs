@@ -37,6 +37,7 @@ pub mod known_pid;
 pub mod kubelet;
 mod net;
 pub mod plugin_node;
+pub mod rbac;
 pub mod webhook;
 mod process;
 mod scheduler;

@@ -15,18 +15,14 @@
 
 use std::{path::Path, time::Duration};
 
-use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::{Pod, ServiceAccount},
-    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject},
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
 };
 use vgpu_core::abi::vgpu_config::{self, DeviceConfig, VgpuConfig};
-use vgpu_e2e::{TestEnv, free_port, http_get, http_get_with_headers, vgpu_binary, wait_ready};
+use vgpu_e2e::rbac::{allow_metrics, assert_metrics_rbac, service_account_token};
+use vgpu_e2e::{TestEnv, free_port, http_get, vgpu_binary, wait_ready};
 
 const MONITOR: &str = "vgpu-device-monitor";
 const NODE: &str = "node-1";
@@ -241,9 +237,9 @@ async fn monitor_metrics_rbac_401_403_200() {
     let mut env = TestEnv::builder("monitor_metrics_rbac_401_403_200").start().await.unwrap();
     let client = env.client().await.unwrap();
     // RBAC first, so that no refusal of the scraper is cached (2 s) before its binding exists.
-    allow_metrics(&client, "scraper").await;
-    let scraper = service_account_token(&client, "scraper").await;
-    let nobody = service_account_token(&client, "nobody").await;
+    allow_metrics(&client, "scraper").await.unwrap();
+    let scraper = service_account_token(&client, "scraper").await.unwrap();
+    let nobody = service_account_token(&client, "nobody").await.unwrap();
 
     let root = env.workdir().join("node");
     std::fs::create_dir_all(root.join("manager")).unwrap();
@@ -252,30 +248,7 @@ async fn monitor_metrics_rbac_401_403_200() {
     if let Err(e) = wait_ready(port, Duration::from_secs(60)).await {
         panic!("{e}\n{MONITOR} log:\n{}", env.log_tail(MONITOR, 30));
     }
-    assert_eq!(http_get(port, "/healthz").await.unwrap().0, 200, "probes need no token");
-    let (status, body) = http_get(port, "/metrics").await.unwrap();
-    assert_eq!(status, 401, "no token: {body}");
-    let bearer = |t: &str| format!("Bearer {t}");
-    let (status, body) =
-        http_get_with_headers(port, "/metrics", &[("Authorization", &bearer("not-a-token"))]).await.unwrap();
-    assert_eq!(status, 401, "invalid token: {body}");
-    let (status, body) =
-        http_get_with_headers(port, "/metrics", &[("Authorization", &bearer(&nobody))]).await.unwrap();
-    assert_eq!(status, 403, "ServiceAccount without RBAC: {body}");
-    assert!(body.contains("user=system:serviceaccount:default:nobody, verb=get, path=/metrics"), "{body}");
-    let header = bearer(&scraper);
-    let body = env
-        .poll("/metrics with the scraper's token answers 200", Duration::from_secs(20), || {
-            let header = header.clone();
-            async move {
-                match http_get_with_headers(port, "/metrics", &[("Authorization", &header)]).await {
-                    Ok((200, body)) => Some(body),
-                    _ => None,
-                }
-            }
-        })
-        .await
-        .unwrap();
+    let body = assert_metrics_rbac(&env, port, &nobody, &scraper).await.unwrap();
     assert!(body.contains("exporter_build_info{service=\"vGPU\",node=\"node-1\""), "{body:.400}");
     env.check_process(MONITOR).unwrap();
     env.finish();
@@ -288,52 +261,4 @@ fn which(name: &str) -> Result<std::path::PathBuf, ()> {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
         .ok_or(())
-}
-
-/// A token of ServiceAccount `default/<name>` (created first), from the TokenRequest API.
-async fn service_account_token(client: &kube::Client, name: &str) -> String {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
-    let account = ServiceAccount {
-        metadata: ObjectMeta { name: Some(name.to_owned()), ..ObjectMeta::default() },
-        ..ServiceAccount::default()
-    };
-    accounts.create(&PostParams::default(), &account).await.unwrap();
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(600), ..TokenRequestSpec::default() }),
-        ..TokenRequest::default()
-    };
-    let answer = accounts.create_token_request(name, &PostParams::default(), &request).await.unwrap();
-    answer.status.and_then(|s| s.token).expect("a token in the TokenRequest status")
-}
-
-/// ClusterRole `vgpu-monitor-metrics-reader` (`get` on `/metrics`) bound to ServiceAccount `default/<account>`.
-async fn allow_metrics(client: &kube::Client, account: &str) {
-    let name = "vgpu-monitor-metrics-reader";
-    let roles: Api<ClusterRole> = Api::all(client.clone());
-    let role = ClusterRole {
-        metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
-        rules: Some(vec![PolicyRule {
-            non_resource_urls: Some(vec!["/metrics".into()]),
-            verbs: vec!["get".into()],
-            ..PolicyRule::default()
-        }]),
-        ..ClusterRole::default()
-    };
-    roles.create(&PostParams::default(), &role).await.unwrap();
-    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: name.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: account.into(),
-            namespace: Some("default".into()),
-            ..Subject::default()
-        }]),
-    };
-    bindings.create(&PostParams::default(), &binding).await.unwrap();
 }
