@@ -123,11 +123,11 @@ pub mod slices;
 pub mod state;
 
 /// The DRA driver name.
-pub const DRIVER_NAME: &str = "manager.nvidia.com";
+pub const DRIVER_NAME: &str = vgpu_core::dra::DRIVER_NAME;
 /// CDI vendor of the DRA plugin's devices.
-pub const CDI_VENDOR: &str = "k8s.manager.nvidia.com";
+pub const CDI_VENDOR: &str = vgpu_core::dra::CDI_VENDOR;
 /// CDI class of the DRA plugin's devices.
-pub const CDI_CLASS: &str = "claim";
+pub const CDI_CLASS: &str = vgpu_core::dra::CDI_CLASS;
 /// Environment variable the plugin reads its gates from.
 pub const FEATURE_GATES_ENV: &str = vgpu_gates::FEATURE_GATES_ENV;
 
