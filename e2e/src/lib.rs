@@ -37,11 +37,11 @@ pub mod known_pid;
 pub mod kubelet;
 mod net;
 pub mod plugin_node;
-pub mod rbac;
-pub mod webhook;
 mod process;
+pub mod rbac;
 mod scheduler;
 mod vgpu;
+pub mod webhook;
 
 pub use binaries::{BIN_DIR_ENV, Binaries, CACHE_ENV, ETCD_VERSION, K8S_VERSION, default_bin_dir};
 pub use env::{TestEnv, TestEnvBuilder};

@@ -596,7 +596,8 @@ mod tests {
         );
         assert_eq!(HealthSnapshot::unmonitored_default().status("vgpu-0"), HealthStatus::Unknown);
         assert_eq!(
-            [HealthStatus::Healthy, HealthStatus::Unhealthy, HealthStatus::Unknown].map(HealthStatus::healthy),
+            [HealthStatus::Healthy, HealthStatus::Unhealthy, HealthStatus::Unknown]
+                .map(HealthStatus::healthy),
             [Some(true), Some(false), None]
         );
         assert!(HealthSnapshot::unmonitored_default().device_taints("vgpu-0").is_empty());
