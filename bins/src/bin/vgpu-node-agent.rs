@@ -35,7 +35,7 @@ struct Cli {
     /// Domain of the node and PhysicalGPU labels (`<domain>/vendor`); default: the --group.
     #[arg(long)]
     label_domain: Option<String>,
-    /// The gpu-supported-vendors ConfigMap, <namespace>/<name>; empty: the built-in vendor table only.
+    /// The gpu-supported-vendors ConfigMap, `<namespace>/<name>`; empty: the built-in vendor table only.
     #[arg(long, env = "VENDORS_CONFIGMAP", default_value = "d8-gpu/gpu-supported-vendors")]
     vendors_configmap: String,
     /// Run on a control-plane node too (refused by default).
