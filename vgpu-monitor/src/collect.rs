@@ -205,6 +205,8 @@ pub struct MigDevice {
     pub profile: String,
     /// Memory, bytes.
     pub total_memory: u64,
+    /// Memory in use inside the instance, bytes, when the backend reports it.
+    pub used_memory: Option<u64>,
 }
 
 /// One MIG device held by one container (kubelet pod-resources).
@@ -277,7 +279,7 @@ fn sample_load(s: &ProcessUtilizationSample) -> f64 {
     v(s.sm_percent) + 0.85 * (v(s.encoder_percent) + v(s.decoder_percent))
 }
 
-fn percent(num: u64, den: u64) -> f64 {
+pub(crate) fn percent(num: u64, den: u64) -> f64 {
     if den == 0 { 0.0 } else { (num as f64 * 100.0 / den as f64).min(100.0) }
 }
 
@@ -412,6 +414,7 @@ impl NodeCollector {
                         gi_id: m.gpu_instance_id,
                         profile: m.profile.to_string(),
                         total_memory: m.memory_mib << 20,
+                        used_memory: m.memory_used_bytes,
                     });
                 }
             }

@@ -32,12 +32,10 @@
 //! | `container_vgpu_device_memory_utilization_percent` | same | usage / limit × 100, capped at 100 |
 //! | `container_vgpu_device_core_utilization_percent` | same | Σ `sm + 0.85 × (enc + dec)` (terms ≤ 100), capped at 100 |
 //! | `mig_device_total_memory_in_bytes` | `node,device_idx,device_uuid,parent_uuid,ci_id,gi_id,profile` | MIG instance memory |
+//! | `mig_device_memory_usage_in_bytes` | same | memory used inside the instance (only instances whose backend reports it) |
+//! | `mig_device_memory_utilization_percent` | same | used / total × 100, capped at 100 (same instances) |
 //! | `container_mig_device_allocation_info` | `node,device_idx,device_uuid,parent_uuid,pod_namespace,pod_name,container_name` | 1 per container holding the MIG device (kubelet pod-resources; no series without a source) |
 //! | `sm_watcher_file_present` | `node` | with `SharedSMUtilizationWatcher` only: 1 when `watcher/sm_util.config` was read, 0 when the monitor fell back to the backend |
-//!
-//! Not exposed: `mig_device_memory_usage_in_bytes` and `mig_device_memory_utilization_percent` need the
-//! memory used inside each MIG instance, which `DeviceBackend` does not report (it has per-GPU memory and
-//! each instance's size only).
 //!
 //! Families without series (no GPUs, no containers) still get their `# HELP`/`# TYPE` lines, so a
 //! dashboard sees the family exists.
@@ -51,7 +49,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::collect::{NodeCollector, Snapshot};
+use crate::collect::{NodeCollector, Snapshot, percent};
 
 /// The constant label on every series.
 pub const SERVICE_LABEL: (&str, &str) = ("service", "vGPU");
@@ -332,6 +330,19 @@ impl Snapshot {
             "mig_device_total_memory_in_bytes",
             "Total memory of the MIG device in bytes.",
             mig_rows.iter().zip(&self.mig).map(|(l, m)| (l, m.total_memory as f64)),
+        )?;
+        let mig_used = || mig_rows.iter().zip(&self.mig).filter_map(|(l, m)| Some((l, m, m.used_memory?)));
+        family(
+            &mut e,
+            "mig_device_memory_usage_in_bytes",
+            "Memory usage of the MIG device in bytes.",
+            mig_used().map(|(l, _, used)| (l, used as f64)),
+        )?;
+        family(
+            &mut e,
+            "mig_device_memory_utilization_percent",
+            "Memory utilization of the MIG device (0-100).",
+            mig_used().map(|(l, m, used)| (l, percent(used, m.total_memory))),
         )?;
         let alloc_rows: Vec<Labels> = self
             .mig_allocations

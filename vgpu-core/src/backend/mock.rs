@@ -24,7 +24,8 @@
 //!       mode: Enabled              # NotSupported | Disabled | Enabled
 //!       instances:
 //!         - { uuid: MIG-0, profile: 3g.40gb, gpuInstanceId: 1, computeInstanceId: 0,
-//!             placementStart: 0, placementSize: 4, memoryMiB: 40320 }
+//!             placementStart: 0, placementSize: 4, memoryMiB: 40320,
+//!             usedMemoryMiB: 1024 }   # memory in use inside the instance; default: not reported
 //!     processes:
 //!       - { pid: 4242, usedMemoryMiB: 20480, kind: compute }
 //! topology:                        # default: every pair UNKNOWN
@@ -159,6 +160,8 @@ struct MigInstanceSpec {
     placement_size: u32,
     #[serde(rename = "memoryMiB")]
     memory_mib: u64,
+    #[serde(default, rename = "usedMemoryMiB")]
+    used_memory_mib: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -529,6 +532,11 @@ impl Validator<'_> {
             if inst.placement_size == 0 {
                 return Err(self.invalid(field("placementSize"), "must be at least 1"));
             }
+            if inst.used_memory_mib.is_some_and(|used| used > inst.memory_mib) {
+                return Err(
+                    self.invalid(field("usedMemoryMiB"), "must not be more than the instance's memoryMiB")
+                );
+            }
             total = total.saturating_add(inst.memory_mib);
             instances.push(MigInstance {
                 uuid: inst.uuid,
@@ -538,6 +546,7 @@ impl Validator<'_> {
                 placement_start: inst.placement_start,
                 placement_size: inst.placement_size,
                 memory_mib: inst.memory_mib,
+                memory_used_bytes: inst.used_memory_mib.map(|mib| mib.saturating_mul(MIB)),
             });
         }
         if total > memory_mib {
@@ -740,7 +749,9 @@ gpus:
     mig:
       mode: Enabled
       instances:
-        - { uuid: MIG-a, profile: 3g.40gb, gpuInstanceId: 2, placementStart: 0, placementSize: 4, memoryMiB: 40320 }
+        - { uuid: MIG-a, profile: 3g.40gb, gpuInstanceId: 2, placementStart: 0, placementSize: 4, memoryMiB: 40320,
+            usedMemoryMiB: 2048 }
+        - { uuid: MIG-b, profile: 1g.10gb, gpuInstanceId: 9, placementStart: 6, placementSize: 1, memoryMiB: 9856 }
   - uuid: GPU-b
     name: NVIDIA A100-SXM4-80GB
     vendor: nvidia
@@ -786,6 +797,8 @@ utilization:
         assert_eq!(backend.process_utilization(0, 0).unwrap()[0].timestamp_us, 100);
         let mig = backend.mig_layout(0).unwrap();
         assert_eq!(mig.instances[0].profile.to_string(), "3g.40gb");
+        assert_eq!(mig.instances[0].memory_used_bytes, Some(2048 * MIB));
+        assert_eq!(mig.instances[1].memory_used_bytes, None, "not scripted: not reported");
         assert_eq!(backend.mig_layout(1).unwrap().mode, MigMode::NotSupported);
         assert_eq!(backend.inventory().unwrap().by_uuid("GPU-b").map(|d| d.index), Some(1));
         assert_eq!(backend.driver_versions().unwrap(), None);
@@ -857,6 +870,10 @@ utilization:
             (
                 "gpus:\n  - { uuid: a, name: x, memoryMiB: 1, mig: { mode: Disabled, instances: [ { uuid: m, profile: 1g.5gb, gpuInstanceId: 1, placementStart: 0, placementSize: 1, memoryMiB: 1 } ] } }\n",
                 "gpus[0].mig.instances",
+            ),
+            (
+                "gpus:\n  - { uuid: a, name: x, memoryMiB: 4, mig: { mode: Enabled, instances: [ { uuid: m, profile: 1g.5gb, gpuInstanceId: 1, placementStart: 0, placementSize: 1, memoryMiB: 2, usedMemoryMiB: 3 } ] } }\n",
+                "gpus[0].mig.instances[0].usedMemoryMiB",
             ),
             ("driver: { version: '570', cudaVersion: twelve }\ngpus: []\n", "driver.cudaVersion"),
             ("driver: { version: ' ' }\ngpus: []\n", "driver.version"),

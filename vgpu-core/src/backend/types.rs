@@ -139,6 +139,9 @@ pub struct MigInstance {
     pub placement_size: u32,
     /// Memory of the instance, MiB.
     pub memory_mib: u64,
+    /// Memory in use inside the instance, bytes; `None` when the backend cannot tell (the monitor then
+    /// exports no usage series for the instance).
+    pub memory_used_bytes: Option<u64>,
 }
 
 /// The driver versions a backend reports (written to `vgpu.config` and the node labels).

@@ -438,7 +438,14 @@ impl DeviceBackend for NvmlBackend {
                 };
                 let uuid = mig.uuid().map_err(lib("nvmlDeviceGetUUID"))?;
                 let name = mig.name().unwrap_or_default();
-                let memory_mib = mig.memory_info().map(|m| m.total >> 20).unwrap_or(0);
+                let memory = match mig.memory_info() {
+                    Ok(memory) => Some(memory),
+                    Err(NvmlError::GpuLost) => {
+                        return Err(lib("nvmlDeviceGetMemoryInfo")(NvmlError::GpuLost));
+                    }
+                    Err(_) => None,
+                };
+                let memory_mib = memory.as_ref().map_or(0, |m| m.total >> 20);
                 let profile = profile_from_mig_name(&name).unwrap_or(MigProfile {
                     compute_slices: 0,
                     memory_gb: 0,
@@ -452,6 +459,7 @@ impl DeviceBackend for NvmlBackend {
                     placement_start: 0,
                     placement_size: 0,
                     memory_mib,
+                    memory_used_bytes: memory.map(|m| m.used),
                 });
             }
         }
