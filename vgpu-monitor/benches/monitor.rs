@@ -1,17 +1,18 @@
 //! One scrape of a node with 100 containers × 8 GPUs (files on tmpfs when `/dev/shm` exists, mock
 //! backend with one process and one sample per container and GPU): `NodeCollector::gather` plus the
 //! Prometheus text encoding, as `/metrics` does it, with `VirtualMemoryTracking` off and on. Prints the
-//! page size once. Allocations are not counted: a counting global allocator needs `unsafe impl
-//! GlobalAlloc`, and the workspace forbids `unsafe_code`.
+//! page size and the heap allocations of one scrape once (counted by `stats_alloc`'s instrumented system
+//! allocator, which this bench installs as its global allocator).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::{hint::black_box, sync::Arc};
+use std::{alloc::System, hint::black_box, sync::Arc};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use support::{Claim, Container, Proc};
 use vgpu_core::backend::mock::MockBackend;
 use vgpu_monitor::{
@@ -21,6 +22,9 @@ use vgpu_monitor::{
     pods::InMemoryPods,
     server::{MonitorServer, ServerConfig},
 };
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 const GPUS: u32 = 8;
 const CONTAINERS: u32 = 100;
@@ -69,11 +73,17 @@ fn scrape(c: &mut Criterion) {
             page.matches("container_vgpu_device_memory_limit_in_bytes{").count(),
             (CONTAINERS * GPUS) as usize
         );
+        let region = Region::new(GLOBAL);
+        black_box(server.render(false).unwrap());
+        let allocs = region.change();
         eprintln!(
-            "monitor scrape (vmem={vmem}): {} bytes Prometheus text, {} bytes OpenMetrics, {} lines",
+            "monitor scrape (vmem={vmem}): {} bytes Prometheus text, {} bytes OpenMetrics, {} lines; one scrape: {} allocations, {} reallocations, {} bytes allocated",
             page.len(),
             server.render(true).unwrap().len(),
-            page.lines().count()
+            page.lines().count(),
+            allocs.allocations,
+            allocs.reallocations,
+            allocs.bytes_allocated,
         );
         if !vmem {
             c.bench_function("gather_100x8", |b| b.iter(|| black_box(collector.gather())));
