@@ -194,6 +194,40 @@ pub async fn wait_for_pod_node(
     }
 }
 
+/// The node a DRA driver publishes for (the kubelet's part: `kubernetes.io/hostname` label, Ready, zero
+/// capacity) and the DeviceClasses of `deploy/dra/deviceclasses.yaml`, created through the API. Returns the
+/// created Node and the classes.
+pub async fn create_dra_node_and_classes(
+    client: &kube::Client,
+    node: &str,
+) -> Result<(Node, Vec<k8s_openapi::api::resource::v1::DeviceClass>)> {
+    use anyhow::Context as _;
+    use k8s_openapi::api::resource::v1::DeviceClass;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let object = Node {
+        metadata: ObjectMeta {
+            name: Some(node.into()),
+            labels: Some(BTreeMap::from([("kubernetes.io/hostname".to_owned(), node.to_owned())])),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    let created = nodes
+        .create(&PostParams::default(), &object)
+        .await
+        .with_context(|| format!("creating node {node}"))?;
+    set_node_capacity(client, node, 0, 0, 0).await?;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/dra/deviceclasses.yaml");
+    let manifest = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let classes: Vec<DeviceClass> =
+        serde_saphyr::from_multiple(&manifest).with_context(|| format!("parsing {path}"))?;
+    let class_api: Api<DeviceClass> = Api::all(client.clone());
+    for class in &classes {
+        class_api.create(&PostParams::default(), class).await.context("creating a DeviceClass")?;
+    }
+    Ok((created, classes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

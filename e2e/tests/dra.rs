@@ -26,12 +26,12 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use k8s_openapi::api::{
-    core::v1::{Node, Pod},
-    resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
+    core::v1::Pod,
+    resource::v1::{ResourceClaim, ResourceSlice},
 };
 use kube::{
     Api,
-    api::{ListParams, ObjectMeta, PostParams},
+    api::{ListParams, PostParams},
 };
 use serde_json::json;
 use vgpu_core::backend::{HealthEvent, HealthEventKind, mock::MockBackend};
@@ -119,26 +119,8 @@ async fn slice_device_taints(slices: &Api<ResourceSlice>, device: &str) -> Optio
 
 /// The node (the kubelet's part: capacity and Ready) and the DeviceClasses from the manifest.
 async fn setup_node_and_classes(client: &kube::Client) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(NODE.into()),
-            labels: Some(BTreeMap::from([("kubernetes.io/hostname".to_owned(), NODE.to_owned())])),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    };
-    nodes.create(&PostParams::default(), &node).await.unwrap();
-    fixtures::set_node_capacity(client, NODE, 0, 0, 0).await.unwrap();
-    let manifest =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/dra/deviceclasses.yaml"))
-            .unwrap();
-    let classes: Vec<DeviceClass> = serde_saphyr::from_multiple(&manifest).unwrap();
+    let (_, classes) = fixtures::create_dra_node_and_classes(client, NODE).await.unwrap();
     assert_eq!(classes.len(), 4);
-    let class_api: Api<DeviceClass> = Api::all(client.clone());
-    for class in &classes {
-        class_api.create(&PostParams::default(), class).await.unwrap();
-    }
 }
 
 /// Waits until `pod` is reported unschedulable by the scheduler and returns the condition's message.

@@ -9,15 +9,15 @@
 //! Needs the control-plane binaries and `vgpu-kubelet-plugin` built: run `e2e/run.sh dra_prepare`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{collections::BTreeMap, path::Path, time::Duration};
+use std::{path::Path, time::Duration};
 
 use k8s_openapi::api::{
-    core::v1::{Node, Pod},
-    resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
+    core::v1::Pod,
+    resource::v1::{ResourceClaim, ResourceSlice},
 };
 use kube::{
     Api,
-    api::{ListParams, ObjectMeta, PostParams},
+    api::{ListParams, PostParams},
 };
 use serde_json::json;
 use vgpu_deviceplugin::registration::connect_unix;
@@ -39,25 +39,7 @@ async fn the_plugin_prepares_a_claim_the_scheduler_allocated() {
     env.start_scheduler_with_config(&scheduler_configuration(env.kubeconfig_path(), &[])).await.unwrap();
 
     // The node (the kubelet's part) and the DeviceClasses of the manifest.
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(NODE.into()),
-            labels: Some(BTreeMap::from([("kubernetes.io/hostname".to_owned(), NODE.to_owned())])),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    };
-    let node = nodes.create(&PostParams::default(), &node).await.unwrap();
-    fixtures::set_node_capacity(&client, NODE, 0, 0, 0).await.unwrap();
-    let manifest =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/dra/deviceclasses.yaml"))
-            .unwrap();
-    let classes: Vec<DeviceClass> = serde_saphyr::from_multiple(&manifest).unwrap();
-    let class_api: Api<DeviceClass> = Api::all(client.clone());
-    for class in &classes {
-        class_api.create(&PostParams::default(), class).await.unwrap();
-    }
+    let (node, _) = fixtures::create_dra_node_and_classes(&client, NODE).await.unwrap();
 
     // The plugin, as a process.
     let dir = env.workdir().join("node");

@@ -11,15 +11,15 @@
 //! Needs the control-plane binaries and ours: run `e2e/run.sh monitor_dra`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{collections::BTreeMap, path::Path, time::Duration};
+use std::{path::Path, time::Duration};
 
 use k8s_openapi::api::{
-    core::v1::{Node, Pod},
-    resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
+    core::v1::Pod,
+    resource::v1::{ResourceClaim, ResourceSlice},
 };
 use kube::{
     Api,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 use vgpu_core::backend::mock::MockBackend;
@@ -63,25 +63,7 @@ utilization:
 ";
 
 async fn setup_node_classes_and_slices(client: &kube::Client) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(NODE.into()),
-            labels: Some(BTreeMap::from([("kubernetes.io/hostname".to_owned(), NODE.to_owned())])),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    };
-    nodes.create(&PostParams::default(), &node).await.unwrap();
-    fixtures::set_node_capacity(client, NODE, 0, 0, 0).await.unwrap();
-    let manifest =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/dra/deviceclasses.yaml"))
-            .unwrap();
-    let classes: Vec<DeviceClass> = serde_saphyr::from_multiple(&manifest).unwrap();
-    let class_api: Api<DeviceClass> = Api::all(client.clone());
-    for class in &classes {
-        class_api.create(&PostParams::default(), class).await.unwrap();
-    }
+    fixtures::create_dra_node_and_classes(client, NODE).await.unwrap();
     let backend = MockBackend::from_yaml_str(MOCK).unwrap();
     let config = DeviceConfig { cores_ratio: 100, memory_ratio: 200, ..DeviceConfig::default() };
     let devices = AllocatableDevices::from_backend(&backend, &config).unwrap();
