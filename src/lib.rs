@@ -12,6 +12,11 @@
 //! | `scheduler` | `scheduler` | `vgpu-scheduler`: scheduler extender |
 //! | `dra` | `dra` | `vgpu-dra`: DRA kubelet plugin |
 //! | `serve` | `serve` | `vgpu-serve`: TLS reload and client authentication, TokenReview/SubjectAccessReview |
+//! | `monitor` | `monitor` | `vgpu-monitor`: device monitor (per-container and physical GPU metrics) |
+//! | `webhook` | `webhook` | `vgpu-webhook`: admission webhook (pod mutation and validation) |
+//! | `api` | `api` | `vgpu-api`: GPU module resource types (PhysicalGPU, GPUClass) |
+//! | `node-agent` | `node_agent` | `vgpu-node-agent`: GPU module node agent |
+//! | `controller` | `controller` | `vgpu-controller`: GPU module controller |
 //! | `full` | all of the above | |
 //!
 //! ```
@@ -60,3 +65,28 @@ pub use vgpu_dra as dra;
 #[cfg_attr(docsrs, doc(cfg(feature = "serve")))]
 #[doc(inline)]
 pub use vgpu_serve as serve;
+
+#[cfg(feature = "monitor")]
+#[cfg_attr(docsrs, doc(cfg(feature = "monitor")))]
+#[doc(inline)]
+pub use vgpu_monitor as monitor;
+
+#[cfg(feature = "webhook")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+#[doc(inline)]
+pub use vgpu_webhook as webhook;
+
+#[cfg(feature = "api")]
+#[cfg_attr(docsrs, doc(cfg(feature = "api")))]
+#[doc(inline)]
+pub use vgpu_api as api;
+
+#[cfg(feature = "node-agent")]
+#[cfg_attr(docsrs, doc(cfg(feature = "node-agent")))]
+#[doc(inline)]
+pub use vgpu_node_agent as node_agent;
+
+#[cfg(feature = "controller")]
+#[cfg_attr(docsrs, doc(cfg(feature = "controller")))]
+#[doc(inline)]
+pub use vgpu_controller as controller;
