@@ -17,6 +17,7 @@
 //! | `api` | `api` | `vgpu-api`: GPU module resource types (PhysicalGPU, GPUClass) |
 //! | `node-agent` | `node_agent` | `vgpu-node-agent`: GPU module node agent |
 //! | `controller` | `controller` | `vgpu-controller`: GPU module controller |
+//! | `mig-manager` | `mig_manager` | `vgpu-mig-manager`: MIG manager of the device-plugin mode |
 //! | `full` | all of the above | |
 //!
 //! ```
@@ -90,3 +91,8 @@ pub use vgpu_node_agent as node_agent;
 #[cfg_attr(docsrs, doc(cfg(feature = "controller")))]
 #[doc(inline)]
 pub use vgpu_controller as controller;
+
+#[cfg(feature = "mig-manager")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mig-manager")))]
+#[doc(inline)]
+pub use vgpu_mig_manager as mig_manager;
