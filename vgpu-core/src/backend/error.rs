@@ -40,6 +40,16 @@ pub enum BackendError {
         /// Why.
         message: String,
     },
+    /// A MIG request was refused (unknown profile, bad or overlapping placement, mode change with
+    /// instances, ...).
+    #[error("GPU {index}: {source}")]
+    Mig {
+        /// The GPU.
+        index: u32,
+        /// Why.
+        #[source]
+        source: super::mig::MigError,
+    },
     /// The mock description is invalid.
     #[error(transparent)]
     Mock(#[from] MockConfigError),

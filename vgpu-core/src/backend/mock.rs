@@ -21,7 +21,8 @@
 //!     splitCount: 10               # default 10
 //!     healthy: true                # default true
 //!     mig:                         # default: MIG not supported
-//!       mode: Enabled              # NotSupported | Disabled | Enabled
+//!       mode: Enabled              # NotSupported | Disabled | Enabled (MIG control needs a known model,
+//!                                  #   see backend::mig: A100, H100 80GB, H200, A30 by name and memory)
 //!       instances:
 //!         - { uuid: MIG-0, profile: 3g.40gb, gpuInstanceId: 1, computeInstanceId: 0,
 //!             placementStart: 0, placementSize: 4, memoryMiB: 40320,
@@ -37,23 +38,44 @@
 //!   # kinds: xid | eccUncorrectable | deviceLost | recovered
 //! utilization:
 //!   - { gpu: 0, pid: 4242, timestampUs: 1700000000000000, smPercent: 50, memoryPercent: 20 }
+//! migStateFile: /run/mock-mig.json # default none: MIG changes live in this process only
+//! ```
+//!
+//! ## MIG state machine
+//!
+//! [`DeviceBackend::set_mig_mode`], [`DeviceBackend::create_mig_device`] and
+//! [`DeviceBackend::destroy_mig_device`] change the MIG layout by the rules of [`super::mig`]: creating needs
+//! mode `Enabled` and a known model, a profile of that model at one of its allowed starts, and no overlap
+//! with an existing instance; the mode cannot change while instances exist; every refusal is a
+//! [`BackendError::Mig`] naming the rule. New instances get the lowest free GPU instance id (from 1),
+//! compute instance 0 and the UUID `MIG-<gpu uuid without GPU->-<gi>`.
+//!
+//! With `migStateFile`, the layouts are shared between processes (the MIG manager changes them, the device
+//! plugin reads them): each MIG read loads the file when it exists (it overrides the description's `mig`
+//! for the GPUs it names, by UUID) and each change rewrites it atomically, as JSON:
+//!
+//! ```json
+//! {"gpus": {"GPU-0": {"mode": "Enabled", "instances": [{"uuid": "MIG-0-1", "profile": "1g.10gb",
+//!   "gpuInstanceId": 1, "computeInstanceId": 0, "placementStart": 0, "placementSize": 1, "memoryMiB": 9856}]}}}
 //! ```
 //!
 //! Ready descriptions live in `examples/mock/` at the workspace root.
 
 use std::{
-    collections::HashSet,
-    path::Path,
+    collections::{BTreeMap, HashSet},
+    path::{Path, PathBuf},
     sync::{Mutex, PoisonError},
     time::Duration,
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     BackendError, DeviceBackend, DriverVersions, GpuProcess, HealthEvent, HealthEventKind, HealthEventSender,
-    HealthEvents, LinkMatrix, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, MockConfigError,
-    ProcessKind, ProcessUtilizationSample, health_channel, links::parse_link,
+    HealthEvents, LinkMatrix, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, MigProfileInfo,
+    MockConfigError, ProcessKind, ProcessUtilizationSample, health_channel,
+    links::parse_link,
+    mig::{MigError, MigModel},
 };
 use crate::{
     discovery::PciAddress,
@@ -79,6 +101,8 @@ struct Description {
     health_events: Vec<HealthSpec>,
     #[serde(default)]
     utilization: Vec<SampleSpec>,
+    #[serde(default)]
+    mig_state_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -133,7 +157,7 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct MigSpec {
     mode: MigModeSpec,
@@ -141,14 +165,14 @@ struct MigSpec {
     instances: Vec<MigInstanceSpec>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
 enum MigModeSpec {
     NotSupported,
     Disabled,
     Enabled,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct MigInstanceSpec {
     uuid: String,
@@ -160,8 +184,42 @@ struct MigInstanceSpec {
     placement_size: u32,
     #[serde(rename = "memoryMiB")]
     memory_mib: u64,
-    #[serde(default, rename = "usedMemoryMiB")]
+    #[serde(default, rename = "usedMemoryMiB", skip_serializing_if = "Option::is_none")]
     used_memory_mib: Option<u64>,
+}
+
+/// The `migStateFile` document.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MigStateFile {
+    #[serde(default)]
+    gpus: BTreeMap<String, MigSpec>,
+}
+
+impl MigSpec {
+    fn from_layout(layout: &MigLayout) -> Self {
+        Self {
+            mode: match layout.mode {
+                MigMode::NotSupported => MigModeSpec::NotSupported,
+                MigMode::Disabled => MigModeSpec::Disabled,
+                MigMode::Enabled => MigModeSpec::Enabled,
+            },
+            instances: layout
+                .instances
+                .iter()
+                .map(|i| MigInstanceSpec {
+                    uuid: i.uuid.clone(),
+                    profile: i.profile.to_string(),
+                    gpu_instance_id: i.gpu_instance_id,
+                    compute_instance_id: i.compute_instance_id,
+                    placement_start: i.placement_start,
+                    placement_size: i.placement_size,
+                    memory_mib: i.memory_mib,
+                    used_memory_mib: i.memory_used_bytes.map(|b| b / MIB),
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -282,6 +340,7 @@ impl Validator<'_> {
         let mut gpus = Vec::with_capacity(count);
         let mut uuids = HashSet::new();
         let mut bus_ids = HashSet::new();
+        let mut mig_models = Vec::with_capacity(count);
         for (i, spec) in description.gpus.into_iter().enumerate() {
             let field = |name: &str| format!("gpus[{i}].{name}");
             if spec.uuid.trim().is_empty() {
@@ -360,6 +419,7 @@ impl Validator<'_> {
                 ));
             }
 
+            mig_models.push(MigModel::detect(&spec.name, spec.memory_mib));
             devices.push(GpuDevice {
                 index: index_of(i)?,
                 uuid: spec.uuid.clone(),
@@ -496,7 +556,8 @@ impl Validator<'_> {
             }
         };
 
-        Ok(MockBackend {
+        let layouts = gpus.iter().map(|g| g.mig.clone()).collect();
+        let backend = MockBackend {
             node_name: description.name,
             driver,
             devices,
@@ -504,7 +565,16 @@ impl Validator<'_> {
             topology,
             scripted,
             subscribers: Mutex::new(Vec::new()),
-        })
+            mig: Mutex::new(layouts),
+            mig_models,
+            mig_state_file: description.mig_state_file,
+        };
+        if let Some(path) = &backend.mig_state_file {
+            let mut layouts = backend.mig.lock().unwrap_or_else(PoisonError::into_inner);
+            backend.load_mig_state(path, &mut layouts)?;
+            drop(layouts);
+        }
+        Ok(backend)
     }
 
     fn mig(&self, gpu: usize, spec: MigSpec, memory_mib: u64) -> Result<MigLayout, MockConfigError> {
@@ -561,6 +631,14 @@ impl Validator<'_> {
 
 // === impl MockBackend ===
 
+fn layout_at(layouts: &mut [MigLayout], index: u32) -> Result<&mut MigLayout, BackendError> {
+    let count = layouts.len();
+    usize::try_from(index)
+        .ok()
+        .and_then(|i| layouts.get_mut(i))
+        .ok_or(BackendError::NoSuchDevice { index, count })
+}
+
 #[derive(Debug)]
 struct GpuState {
     minor: u32,
@@ -590,6 +668,10 @@ pub struct MockBackend {
     topology: LinkMatrix,
     scripted: Vec<(Duration, HealthEvent)>,
     subscribers: Mutex<Vec<HealthEventSender>>,
+    /// The current MIG layouts, by index (the state machine).
+    mig: Mutex<Vec<MigLayout>>,
+    mig_models: Vec<Option<&'static MigModel>>,
+    mig_state_file: Option<PathBuf>,
 }
 
 impl MockBackend {
@@ -641,6 +723,89 @@ impl MockBackend {
         subscribers.iter().filter(|tx| tx.send(event.clone())).count()
     }
 
+    /// Replaces `layouts` entries with those the state file names (a missing file changes nothing).
+    fn load_mig_state(&self, path: &Path, layouts: &mut [MigLayout]) -> Result<(), MockConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => return Err(MockConfigError::Read { path: path.to_path_buf(), source }),
+        };
+        let source_name = path.display().to_string();
+        let state: MigStateFile = serde_json::from_str(&text).map_err(|err| MockConfigError::Parse {
+            source_name: source_name.clone(),
+            message: err.to_string(),
+        })?;
+        let validator = Validator { source_name: &source_name };
+        for (uuid, spec) in state.gpus {
+            let Some(i) = self.devices.iter().position(|d| d.uuid == uuid) else {
+                return Err(
+                    validator.invalid(format!("gpus.{uuid}"), "no GPU of the description has this UUID")
+                );
+            };
+            let memory = self.devices.get(i).map_or(0, |d| d.memory_mib);
+            if let Some(slot) = layouts.get_mut(i) {
+                *slot = validator.mig(i, spec, memory)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn save_mig_state(&self, path: &Path, layouts: &[MigLayout]) -> Result<(), BackendError> {
+        let state = MigStateFile {
+            gpus: self
+                .devices
+                .iter()
+                .zip(layouts)
+                .map(|(d, l)| (d.uuid.clone(), MigSpec::from_layout(l)))
+                .collect(),
+        };
+        let text = serde_json::to_vec_pretty(&state).map_err(|err| BackendError::Library {
+            operation: "writing the mock MIG state",
+            source: Box::new(err),
+        })?;
+        crate::abi::atomic::write_atomic(path, &text, 0o644).map_err(|err| BackendError::Library {
+            operation: "writing the mock MIG state",
+            source: Box::new(err),
+        })
+    }
+
+    /// Runs `f` on the current MIG layouts (re-read from the state file first, if any); with `write`, saves
+    /// them afterwards when `f` succeeded.
+    fn with_mig<R>(
+        &self,
+        write: bool,
+        f: impl FnOnce(&mut [MigLayout]) -> Result<R, BackendError>,
+    ) -> Result<R, BackendError> {
+        let mut layouts = self.mig.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(path) = &self.mig_state_file {
+            self.load_mig_state(path, &mut layouts)?;
+        }
+        let result = f(&mut layouts)?;
+        if write && let Some(path) = &self.mig_state_file {
+            self.save_mig_state(path, &layouts)?;
+        }
+        Ok(result)
+    }
+
+    /// The MIG model of a MIG-capable GPU, or the refusal.
+    fn mig_model(&self, index: u32, layout: &MigLayout) -> Result<&'static MigModel, BackendError> {
+        let mig = |source| BackendError::Mig { index, source };
+        if layout.mode == MigMode::NotSupported {
+            return Err(mig(MigError::NotCapable));
+        }
+        let device = self.device(index)?;
+        self.mig_models.get(usize::try_from(index).unwrap_or(usize::MAX)).copied().flatten().ok_or_else(
+            || mig(MigError::UnknownModel { name: device.type_name.clone(), memory_mib: device.memory_mib }),
+        )
+    }
+
+    fn device(&self, index: u32) -> Result<&GpuDevice, BackendError> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or(BackendError::NoSuchDevice { index, count: self.devices.len() })
+    }
+
     fn gpu(&self, index: u32) -> Result<&GpuState, BackendError> {
         usize::try_from(index)
             .ok()
@@ -674,7 +839,13 @@ impl DeviceBackend for MockBackend {
     }
 
     fn devices(&self) -> Result<Vec<GpuDevice>, BackendError> {
-        Ok(self.devices.clone())
+        self.with_mig(false, |layouts| {
+            let mut devices = self.devices.clone();
+            for (device, layout) in devices.iter_mut().zip(layouts.iter()) {
+                device.mig_enabled = layout.mode == MigMode::Enabled;
+            }
+            Ok(devices)
+        })
     }
 
     fn minor_number(&self, index: u32) -> Result<u32, BackendError> {
@@ -722,7 +893,79 @@ impl DeviceBackend for MockBackend {
     }
 
     fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {
-        self.gpu(index).map(|g| g.mig.clone())
+        self.gpu(index)?;
+        self.with_mig(false, |layouts| Ok(layout_at(layouts, index)?.clone()))
+    }
+
+    fn mig_profiles(&self, index: u32) -> Result<Vec<MigProfileInfo>, BackendError> {
+        let layout = self.mig_layout(index)?;
+        Ok(self.mig_model(index, &layout)?.profile_infos())
+    }
+
+    fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<(), BackendError> {
+        self.gpu(index)?;
+        self.with_mig(true, |layouts| {
+            let layout = layout_at(layouts, index)?;
+            if layout.mode == MigMode::NotSupported {
+                return Err(BackendError::Mig { index, source: MigError::NotCapable });
+            }
+            let wanted = if enabled { MigMode::Enabled } else { MigMode::Disabled };
+            if layout.mode != wanted && !layout.instances.is_empty() {
+                return Err(BackendError::Mig {
+                    index,
+                    source: MigError::InstancesExist { count: layout.instances.len() },
+                });
+            }
+            layout.mode = wanted;
+            Ok(())
+        })
+    }
+
+    fn create_mig_device(
+        &self,
+        index: u32,
+        profile: &MigProfile,
+        placement_start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        let gpu_uuid = self.device(index)?.uuid.clone();
+        self.with_mig(true, |layouts| {
+            let layout = layout_at(layouts, index)?;
+            let model = self.mig_model(index, layout)?;
+            if layout.mode != MigMode::Enabled {
+                return Err(BackendError::Mig { index, source: MigError::NotEnabled });
+            }
+            let rule = model
+                .check_create(&layout.instances, profile, placement_start)
+                .map_err(|source| BackendError::Mig { index, source })?;
+            let gpu_instance_id =
+                (1..).find(|id| layout.instances.iter().all(|i| i.gpu_instance_id != *id)).unwrap_or(0);
+            let instance = MigInstance {
+                uuid: format!("MIG-{}-{gpu_instance_id}", gpu_uuid.strip_prefix("GPU-").unwrap_or(&gpu_uuid)),
+                profile: profile.clone(),
+                gpu_instance_id,
+                compute_instance_id: 0,
+                placement_start,
+                placement_size: rule.memory_slices,
+                memory_mib: model.instance_memory_mib(rule),
+                memory_used_bytes: Some(0),
+            };
+            layout.instances.push(instance.clone());
+            layout.instances.sort_by_key(|i| (i.placement_start, i.gpu_instance_id));
+            Ok(instance)
+        })
+    }
+
+    fn destroy_mig_device(&self, index: u32, gpu_instance_id: u32) -> Result<(), BackendError> {
+        self.gpu(index)?;
+        self.with_mig(true, |layouts| {
+            let layout = layout_at(layouts, index)?;
+            let before = layout.instances.len();
+            layout.instances.retain(|i| i.gpu_instance_id != gpu_instance_id);
+            if layout.instances.len() == before {
+                return Err(BackendError::Mig { index, source: MigError::NoSuchInstance(gpu_instance_id) });
+            }
+            Ok(())
+        })
     }
 
     fn driver_versions(&self) -> Result<Option<DriverVersions>, BackendError> {
@@ -915,6 +1158,150 @@ utilization:
                 "gpus:\n  - {{ uuid: a, name: x, memoryMiB: {memory}, usedMemoryMiB: {used}, computeCapability: '{cap}' }}\n  - {{ uuid: b, name: x, memoryMiB: 1 }}\ntopology: {{ rules: [ {{ gpus: [0, {gpu}], links: [{link}] }} ] }}\nhealthEvents: [ {{ gpu: {gpu}, kind: deviceLost }} ]\n"
             );
             let _ = MockBackend::from_yaml_str(&text);
+        }
+    }
+
+    const A100: &str = "\
+gpus:
+  - { uuid: GPU-a, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, mig: { mode: Disabled } }
+  - { uuid: GPU-t, name: Tesla T4, memoryMiB: 15360, mig: { mode: Disabled } }
+  - { uuid: GPU-n, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920 }
+";
+
+    fn profile(name: &str) -> MigProfile {
+        name.parse().unwrap()
+    }
+
+    #[test]
+    fn mig_state_machine_follows_the_rules() {
+        let backend = MockBackend::from_yaml_str(A100).unwrap();
+        let refusal = |r: Result<MigInstance, BackendError>| match r {
+            Err(BackendError::Mig { source, .. }) => source,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refusal(backend.create_mig_device(0, &profile("1g.10gb"), 0)), MigError::NotEnabled);
+        backend.set_mig_mode(0, true).unwrap();
+        assert!(backend.devices().unwrap()[0].mig_enabled);
+        let a = backend.create_mig_device(0, &profile("3g.40gb"), 4).unwrap();
+        assert_eq!((a.gpu_instance_id, a.placement_size, a.uuid.as_str()), (1, 4, "MIG-a-1"));
+        let b = backend.create_mig_device(0, &profile("1g.10gb"), 0).unwrap();
+        assert_eq!(b.gpu_instance_id, 2);
+        assert!(matches!(
+            refusal(backend.create_mig_device(0, &profile("2g.20gb"), 4)),
+            MigError::Overlap { other_id: 1, .. }
+        ));
+        assert!(matches!(
+            refusal(backend.create_mig_device(0, &profile("3g.40gb"), 2)),
+            MigError::BadPlacement { .. }
+        ));
+        assert!(matches!(
+            refusal(backend.create_mig_device(0, &profile("1g.5gb"), 1)),
+            MigError::UnknownProfile { .. }
+        ));
+        let layout = backend.mig_layout(0).unwrap();
+        assert_eq!(layout.instances.iter().map(|i| i.placement_start).collect::<Vec<_>>(), vec![0, 4]);
+        match backend.set_mig_mode(0, false) {
+            Err(err @ BackendError::Mig { source: MigError::InstancesExist { count: 2 }, .. }) => {
+                assert_eq!(
+                    err.to_string(),
+                    "GPU 0: cannot change the MIG mode while 2 MIG instance(s) exist; destroy them first"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        backend.destroy_mig_device(0, 1).unwrap();
+        assert!(matches!(
+            backend.destroy_mig_device(0, 1),
+            Err(BackendError::Mig { source: MigError::NoSuchInstance(1), .. })
+        ));
+        backend.destroy_mig_device(0, 2).unwrap();
+        backend.set_mig_mode(0, false).unwrap();
+        assert!(!backend.devices().unwrap()[0].mig_enabled);
+        assert_eq!(backend.mig_profiles(0).unwrap().len(), 7);
+        // Unknown model: mode may change, nothing can be created; no MIG at all: refused.
+        backend.set_mig_mode(1, true).unwrap();
+        assert!(matches!(
+            refusal(backend.create_mig_device(1, &profile("1g.5gb"), 0)),
+            MigError::UnknownModel { .. }
+        ));
+        assert!(matches!(
+            backend.set_mig_mode(2, true),
+            Err(BackendError::Mig { source: MigError::NotCapable, .. })
+        ));
+        assert!(matches!(backend.set_mig_mode(3, true), Err(BackendError::NoSuchDevice { .. })));
+        let boxed: Box<dyn DeviceBackend> = Box::new(backend);
+        assert_eq!(boxed.mig_profiles(0).unwrap()[0].placements.len(), 7, "Box forwards MIG control");
+    }
+
+    #[test]
+    fn mig_state_file_is_shared_between_backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("mig.json");
+        let text = format!("{A100}migStateFile: {}\n", state.display());
+        let writer = MockBackend::from_yaml_str(&text).unwrap();
+        let reader = MockBackend::from_yaml_str(&text).unwrap();
+        writer.set_mig_mode(0, true).unwrap();
+        writer.create_mig_device(0, &profile("7g.80gb"), 0).unwrap();
+        let seen = reader.mig_layout(0).unwrap();
+        assert_eq!((seen.mode, seen.instances.len()), (MigMode::Enabled, 1));
+        assert!(reader.devices().unwrap()[0].mig_enabled);
+        assert!(matches!(reader.create_mig_device(0, &profile("1g.10gb"), 0), Err(BackendError::Mig { .. })));
+        let fresh = MockBackend::from_yaml_str(&text).unwrap();
+        assert_eq!(fresh.mig_layout(0).unwrap().instances[0].profile.to_string(), "7g.80gb");
+        std::fs::write(&state, r#"{"gpus": {"GPU-zz": {"mode": "Disabled"}}}"#).unwrap();
+        assert!(matches!(MockBackend::from_yaml_str(&text), Err(MockConfigError::Invalid { .. })));
+        std::fs::write(&state, "not json").unwrap();
+        assert!(matches!(reader.mig_layout(0), Err(BackendError::Mock(MockConfigError::Parse { .. }))));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Create(usize, u32),
+        Destroy(u32),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![(0usize..7, 0u32..8).prop_map(|(p, s)| Op::Create(p, s)), (1u32..9).prop_map(Op::Destroy)]
+    }
+
+    proptest::proptest! {
+        /// Random create/destroy sequences on an A100 80GB: instances never overlap, stay at allowed starts,
+        /// and free + occupied memory slices always add up to 8 (compute slices never exceed 7).
+        #[test]
+        fn mig_sequences_keep_the_invariants(ops in proptest::collection::vec(op(), 0..40)) {
+            let backend = MockBackend::from_yaml_str(A100).unwrap();
+            backend.set_mig_mode(0, true).unwrap();
+            let model = &crate::backend::mig::A100_80GB;
+            for op in ops {
+                let before = backend.mig_layout(0).unwrap();
+                let result = match op {
+                    Op::Create(p, start) => {
+                        let rule = model.profiles[p];
+                        let expected = model.check_create(&before.instances, &profile(rule.name), start);
+                        let got = backend.create_mig_device(0, &profile(rule.name), start);
+                        proptest::prop_assert_eq!(expected.is_ok(), got.is_ok());
+                        got.map(|_| ())
+                    }
+                    Op::Destroy(gi) => backend.destroy_mig_device(0, gi),
+                };
+                let after = backend.mig_layout(0).unwrap();
+                if result.is_err() {
+                    proptest::prop_assert_eq!(&before, &after);
+                }
+                let mut occupied = 0u64;
+                let mut used_slices = 0;
+                for i in &after.instances {
+                    let rule = model.rule(&i.profile).unwrap();
+                    proptest::prop_assert!(rule.starts.contains(&i.placement_start));
+                    proptest::prop_assert_eq!(rule.mask(i.placement_start) & occupied, 0);
+                    occupied |= rule.mask(i.placement_start);
+                    used_slices += i.placement_size;
+                }
+                proptest::prop_assert_eq!(model.free_memory_slices(&after.instances) + used_slices, 8);
+                proptest::prop_assert!(model.free_compute_slices(&after.instances) <= 7);
+                proptest::prop_assert!(after.instances.iter().map(|i| i.profile.compute_slices).sum::<u32>() <= 7);
+            }
         }
     }
 

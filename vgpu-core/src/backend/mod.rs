@@ -8,7 +8,8 @@
 //! vendor-neutral sysfs scan that backends can use to find PCI facts the vendor library does not give.
 //!
 //! Submodules: [`health`] (events and their runtime-agnostic channel), [`links`] (link codes and matrix),
-//! [`types`] (memory, processes, samples, MIG), [`vendor`] (the container edits of each vendor:
+//! [`types`] (memory, processes, samples, MIG), [`mig`] (MIG profiles and placement rules of each model,
+//! the packing of a requested layout), [`vendor`] (the container edits of each vendor:
 //! [`VendorAdapter`], chosen by [`DeviceBackend::vendor_adapter`]), [`mock`], [`error`].
 //!
 //! ```
@@ -26,6 +27,7 @@
 pub mod error;
 pub mod health;
 pub mod links;
+pub mod mig;
 pub mod mock;
 pub mod types;
 pub mod vendor;
@@ -37,8 +39,8 @@ pub use self::{
     health::{HealthEvent, HealthEventKind, HealthEventSender, HealthEvents, health_channel},
     links::{LinkCode, LinkMatrix},
     types::{
-        DriverVersions, GpuProcess, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, ProcessKind,
-        ProcessUtilizationSample,
+        DriverVersions, GpuProcess, MemoryUsage, MigInstance, MigLayout, MigMode, MigPlacement, MigProfile,
+        MigProfileInfo, ProcessKind, ProcessUtilizationSample,
     },
     vendor::{MetaxAdapter, NvidiaAdapter, VendorAdapter},
 };
@@ -78,6 +80,38 @@ pub trait DeviceBackend: Send + Sync {
 
     /// MIG mode and instances of one GPU ([`MigMode::NotSupported`] for GPUs that cannot be partitioned).
     fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError>;
+
+    /// The MIG profiles one GPU offers, with their placements. MIG control (this and the next three
+    /// methods) is optional: the defaults answer [`BackendError::NotSupported`].
+    fn mig_profiles(&self, index: u32) -> Result<Vec<MigProfileInfo>, BackendError> {
+        let _ = index;
+        Err(BackendError::NotSupported { backend: self.name(), operation: "listing MIG profiles" })
+    }
+
+    /// Turns MIG mode on or off. Refused ([`BackendError::Mig`]) while MIG instances exist.
+    fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<(), BackendError> {
+        let _ = (index, enabled);
+        Err(BackendError::NotSupported { backend: self.name(), operation: "setting the MIG mode" })
+    }
+
+    /// Creates one MIG device: a GPU instance of `profile` at memory slice `placement_start` and one compute
+    /// instance spanning it. Refused ([`BackendError::Mig`]) for an unknown profile, a start the profile does
+    /// not allow, or a placement that overlaps an existing instance.
+    fn create_mig_device(
+        &self,
+        index: u32,
+        profile: &MigProfile,
+        placement_start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        let _ = (index, profile, placement_start);
+        Err(BackendError::NotSupported { backend: self.name(), operation: "creating MIG instances" })
+    }
+
+    /// Destroys a MIG device: the compute instances of GPU instance `gpu_instance_id`, then the GPU instance.
+    fn destroy_mig_device(&self, index: u32, gpu_instance_id: u32) -> Result<(), BackendError> {
+        let _ = (index, gpu_instance_id);
+        Err(BackendError::NotSupported { backend: self.name(), operation: "destroying MIG instances" })
+    }
 
     /// The character-device minor number of one GPU (`/dev/nvidia<minor>`, used for the device plugin's
     /// `DeviceSpecs`). The default, for backends without device nodes of that shape, is the index.
@@ -133,6 +167,23 @@ impl<B: DeviceBackend + ?Sized> DeviceBackend for Box<B> {
     }
     fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {
         (**self).mig_layout(index)
+    }
+    fn mig_profiles(&self, index: u32) -> Result<Vec<MigProfileInfo>, BackendError> {
+        (**self).mig_profiles(index)
+    }
+    fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<(), BackendError> {
+        (**self).set_mig_mode(index, enabled)
+    }
+    fn create_mig_device(
+        &self,
+        index: u32,
+        profile: &MigProfile,
+        placement_start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        (**self).create_mig_device(index, profile, placement_start)
+    }
+    fn destroy_mig_device(&self, index: u32, gpu_instance_id: u32) -> Result<(), BackendError> {
+        (**self).destroy_mig_device(index, gpu_instance_id)
     }
     fn driver_versions(&self) -> Result<Option<DriverVersions>, BackendError> {
         (**self).driver_versions()

@@ -144,6 +144,32 @@ pub struct MigInstance {
     pub memory_used_bytes: Option<u64>,
 }
 
+/// Where a GPU instance sits: `size` memory slices from `start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MigPlacement {
+    /// First memory slice.
+    pub start: u32,
+    /// Number of memory slices.
+    pub size: u32,
+}
+
+/// A MIG profile a GPU offers, with its allowed placements ([`super::DeviceBackend::mig_profiles`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MigProfileInfo {
+    /// The profile.
+    pub profile: MigProfile,
+    /// GPU instance profile id (`nvidia-smi mig -lgip`).
+    pub profile_id: u32,
+    /// Compute slices.
+    pub compute_slices: u32,
+    /// Memory slices.
+    pub memory_slices: u32,
+    /// Memory of one instance, MiB.
+    pub memory_mib: u64,
+    /// Every placement an instance of this profile may take on an empty GPU.
+    pub placements: Vec<MigPlacement>,
+}
+
 /// The driver versions a backend reports (written to `vgpu.config` and the node labels).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct DriverVersions {

@@ -9,6 +9,14 @@
 //! MIG GPU-instance / compute-instance ids and placements ([`MigInstance`] gets `0` for them; the profile
 //! comes from the MIG device name), and `nvmlDeviceGetNvLinkRemoteDeviceType` (wrapped, but the wrapper
 //! always answers "unknown"; the remote kind is inferred, see [`crate::topology::classify_remote`]).
+//!
+//! MIG control: [`DeviceBackend::set_mig_mode`] is `nvmlDeviceSetMigMode` (refused while MIG devices exist;
+//! a mode that is only pending — GPU reset needed — is an error naming the pending mode);
+//! [`DeviceBackend::mig_profiles`] answers from the static table of [`vgpu_core::backend::mig`] for the
+//! GPU's model (nvml-wrapper's `possible_placements` wrapper never sets its vector's length, so it always
+//! answers empty). Creating and destroying GPU/compute instances (`nvmlDeviceCreateGpuInstanceWithPlacement`,
+//! `nvmlGpuInstanceCreateComputeInstance`, `nvmlComputeInstanceDestroy`, `nvmlGpuInstanceDestroy`) is not
+//! wrapped by nvml-wrapper 0.13 and would need raw FFI: it answers [`BackendError::NotSupported`] for now.
 
 mod health;
 
@@ -417,6 +425,58 @@ impl DeviceBackend for NvmlBackend {
             }
             Err(err) => Err(lib("nvmlDeviceGetProcessUtilization")(err)),
         }
+    }
+
+    fn mig_profiles(&self, index: u32) -> Result<Vec<vgpu_core::backend::MigProfileInfo>, BackendError> {
+        let described = self.describe(index)?;
+        if self.mig_layout(index)?.mode == MigMode::NotSupported {
+            return Err(BackendError::Mig { index, source: vgpu_core::backend::mig::MigError::NotCapable });
+        }
+        vgpu_core::backend::mig::MigModel::detect(&described.type_name, described.memory_mib)
+            .map(|model| model.profile_infos())
+            .ok_or(BackendError::Mig {
+                index,
+                source: vgpu_core::backend::mig::MigError::UnknownModel {
+                    name: described.type_name,
+                    memory_mib: described.memory_mib,
+                },
+            })
+    }
+
+    fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<(), BackendError> {
+        let layout = self.mig_layout(index)?;
+        let wanted = if enabled { MigMode::Enabled } else { MigMode::Disabled };
+        match layout.mode {
+            MigMode::NotSupported => {
+                return Err(BackendError::Mig {
+                    index,
+                    source: vgpu_core::backend::mig::MigError::NotCapable,
+                });
+            }
+            mode if mode == wanted => return Ok(()),
+            _ if !layout.instances.is_empty() => {
+                return Err(BackendError::Mig {
+                    index,
+                    source: vgpu_core::backend::mig::MigError::InstancesExist {
+                        count: layout.instances.len(),
+                    },
+                });
+            }
+            _ => {}
+        }
+        let device = self.device(index)?;
+        device.set_mig_mode(enabled).map_err(lib("nvmlDeviceSetMigMode"))?;
+        let mode = device.mig_mode().map_err(lib("nvmlDeviceGetMigMode"))?;
+        if (mode.current == 1) != enabled {
+            return Err(BackendError::Unavailable {
+                backend: "nvml",
+                message: format!(
+                    "GPU {index}: MIG mode {} is pending (current {}); reset the GPU or reboot the node",
+                    mode.pending, mode.current
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {

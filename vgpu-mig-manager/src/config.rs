@@ -1,0 +1,367 @@
+//! The MIG configuration file in the mig-parted format (the `config.yaml` key of the ConfigMap):
+//!
+//! ```yaml
+//! version: v1
+//! mig-configs:
+//!   all-disabled:
+//!     - devices: all            # `all`, or a list of GPU indexes [0, 1]
+//!       mig-enabled: false
+//!   all-1g.10gb:
+//!     - devices: all
+//!       mig-enabled: true
+//!       mig-devices:            # profile → count per GPU (absent or empty: MIG on, no instances)
+//!         "1g.10gb": 7
+//! ```
+//!
+//! `device-filter` (PCI device ids such as `0x20B010DE`) is parsed but a selected configuration that uses
+//! it is refused ([`ConfigError::DeviceFilter`]): this manager selects GPUs by index only. GPUs no entry
+//! names are left as they are. An index named by two entries is an error.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use vgpu_core::backend::MigProfile;
+
+/// The configuration file is unusable, or the selected configuration cannot apply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// Not YAML of the expected shape.
+    #[error("cannot parse the MIG configuration {source_name}: {message}")]
+    Parse {
+        /// Where the text came from (`<namespace>/<configmap>[<key>]`).
+        source_name: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// `version` is not `v1`.
+    #[error("MIG configuration {source_name}: version {version:?} is not supported (expected v1)")]
+    Version {
+        /// Where the text came from.
+        source_name: String,
+        /// The version found.
+        version: String,
+    },
+    /// A field holds a bad value.
+    #[error("MIG configuration {source_name}: {field}: {message}")]
+    Invalid {
+        /// Where the text came from.
+        source_name: String,
+        /// The field, e.g. `mig-configs.all-1g.10gb[0].mig-devices.1g.1gb`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The node asks for a configuration the file does not have.
+    #[error("MIG configuration {name:?} does not exist (known: {known})")]
+    UnknownConfig {
+        /// The name from the node label.
+        name: String,
+        /// The names the file has, comma-separated.
+        known: String,
+    },
+    /// The selected configuration filters devices by PCI id, which is not supported.
+    #[error(
+        "MIG configuration {name:?}: entry {entry} uses device-filter, which this manager does not support (select GPUs by index)"
+    )]
+    DeviceFilter {
+        /// The configuration.
+        name: String,
+        /// The entry index.
+        entry: usize,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSpec {
+    version: String,
+    #[serde(rename = "mig-configs")]
+    mig_configs: BTreeMap<String, Vec<EntrySpec>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntrySpec {
+    devices: DevicesSpec,
+    #[serde(rename = "device-filter", default)]
+    device_filter: Option<DeviceFilterSpec>,
+    #[serde(rename = "mig-enabled")]
+    mig_enabled: bool,
+    #[serde(rename = "mig-devices", default)]
+    mig_devices: BTreeMap<String, u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum DevicesSpec {
+    Word(String),
+    List(Vec<u32>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum DeviceFilterSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Which GPUs an entry applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSelector {
+    /// Every GPU of the node.
+    All,
+    /// These indexes.
+    Indexes(Vec<u32>),
+}
+
+impl DeviceSelector {
+    /// Whether GPU `index` is selected.
+    pub fn selects(&self, index: u32) -> bool {
+        match self {
+            Self::All => true,
+            Self::Indexes(list) => list.contains(&index),
+        }
+    }
+}
+
+/// One entry of a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigConfigEntry {
+    /// The GPUs.
+    pub devices: DeviceSelector,
+    /// The `device-filter` values (PCI ids), if any.
+    pub device_filter: Vec<String>,
+    /// MIG mode wanted.
+    pub mig_enabled: bool,
+    /// Instances per GPU: profile → count.
+    pub mig_devices: BTreeMap<MigProfile, u32>,
+}
+
+/// A parsed configuration file: name → entries.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MigConfigFile {
+    /// The configurations.
+    pub configs: BTreeMap<String, Vec<MigConfigEntry>>,
+}
+
+/// What one GPU should look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuTarget {
+    /// MIG on or off.
+    pub mig_enabled: bool,
+    /// Instances: profile → count (empty when off).
+    pub mig_devices: BTreeMap<MigProfile, u32>,
+}
+
+impl MigConfigFile {
+    /// Parses the YAML text; `source_name` names it in errors.
+    pub fn parse(text: &str, source_name: &str) -> Result<Self, ConfigError> {
+        let spec: FileSpec = serde_saphyr::from_str(text).map_err(|err| ConfigError::Parse {
+            source_name: source_name.to_owned(),
+            message: err.to_string(),
+        })?;
+        if spec.version != "v1" {
+            return Err(ConfigError::Version { source_name: source_name.to_owned(), version: spec.version });
+        }
+        let invalid = |field: String, message: String| ConfigError::Invalid {
+            source_name: source_name.to_owned(),
+            field,
+            message,
+        };
+        let mut configs = BTreeMap::new();
+        for (name, entries) in spec.mig_configs {
+            let mut parsed = Vec::with_capacity(entries.len());
+            for (e, entry) in entries.into_iter().enumerate() {
+                let field = |f: &str| format!("mig-configs.{name}[{e}].{f}");
+                let devices = match entry.devices {
+                    DevicesSpec::Word(w) if w == "all" => DeviceSelector::All,
+                    DevicesSpec::Word(w) => {
+                        return Err(invalid(
+                            field("devices"),
+                            format!("{w:?} is neither `all` nor a list of GPU indexes"),
+                        ));
+                    }
+                    DevicesSpec::List(list) if list.is_empty() => {
+                        return Err(invalid(field("devices"), "the list is empty".to_owned()));
+                    }
+                    DevicesSpec::List(list) => DeviceSelector::Indexes(list),
+                };
+                let mut mig_devices = BTreeMap::new();
+                for (profile, count) in entry.mig_devices {
+                    let parsed_profile = profile
+                        .parse::<MigProfile>()
+                        .map_err(|err| invalid(field(&format!("mig-devices.{profile}")), err.to_string()))?;
+                    if count == 0 {
+                        continue;
+                    }
+                    if !entry.mig_enabled {
+                        return Err(invalid(
+                            field("mig-devices"),
+                            "instances are only allowed with mig-enabled: true".to_owned(),
+                        ));
+                    }
+                    mig_devices.insert(parsed_profile, count);
+                }
+                let device_filter = match entry.device_filter {
+                    None => Vec::new(),
+                    Some(DeviceFilterSpec::One(one)) => vec![one],
+                    Some(DeviceFilterSpec::Many(many)) => many,
+                };
+                parsed.push(MigConfigEntry {
+                    devices,
+                    device_filter,
+                    mig_enabled: entry.mig_enabled,
+                    mig_devices,
+                });
+            }
+            configs.insert(name, parsed);
+        }
+        Ok(Self { configs })
+    }
+
+    /// The target of each selected GPU of a node with `gpu_count` GPUs under configuration `name` (GPUs no
+    /// entry selects are absent).
+    pub fn targets(&self, name: &str, gpu_count: u32) -> Result<BTreeMap<u32, GpuTarget>, ConfigError> {
+        let entries = self.configs.get(name).ok_or_else(|| ConfigError::UnknownConfig {
+            name: name.to_owned(),
+            known: self.configs.keys().cloned().collect::<Vec<_>>().join(", "),
+        })?;
+        let mut targets = BTreeMap::new();
+        for (e, entry) in entries.iter().enumerate() {
+            if !entry.device_filter.is_empty() {
+                return Err(ConfigError::DeviceFilter { name: name.to_owned(), entry: e });
+            }
+            let field = format!("mig-configs.{name}[{e}].devices");
+            if let DeviceSelector::Indexes(list) = &entry.devices
+                && let Some(bad) = list.iter().find(|i| **i >= gpu_count)
+            {
+                return Err(ConfigError::Invalid {
+                    source_name: "the selected configuration".to_owned(),
+                    field,
+                    message: format!("GPU index {bad} does not exist (the node has {gpu_count} GPUs)"),
+                });
+            }
+            for index in (0..gpu_count).filter(|i| entry.devices.selects(*i)) {
+                let target =
+                    GpuTarget { mig_enabled: entry.mig_enabled, mig_devices: entry.mig_devices.clone() };
+                if targets.insert(index, target).is_some() {
+                    return Err(ConfigError::Invalid {
+                        source_name: "the selected configuration".to_owned(),
+                        field: field.clone(),
+                        message: format!("GPU {index} is selected by more than one entry"),
+                    });
+                }
+            }
+        }
+        Ok(targets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    pub(crate) const FILE: &str = r#"
+version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+  all-1g.10gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.10gb": 7
+  mixed:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: { "3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1, "1g.20gb": 0 }
+    - devices: [1]
+      mig-enabled: false
+  filtered:
+    - device-filter: ["0x20B010DE", "0x20B110DE"]
+      devices: all
+      mig-enabled: true
+"#;
+
+    #[test]
+    fn parses_the_mig_parted_format() {
+        let file = MigConfigFile::parse(FILE, "test").unwrap();
+        assert_eq!(file.configs.len(), 4);
+        let all = file.targets("all-1g.10gb", 2).unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[&1].mig_devices[&"1g.10gb".parse().unwrap()], 7);
+        let mixed = file.targets("mixed", 3).unwrap();
+        assert_eq!(mixed.keys().copied().collect::<Vec<_>>(), vec![0, 1], "GPU 2 is left alone");
+        assert_eq!(mixed[&0].mig_devices.len(), 3, "a zero count is dropped");
+        assert!(!mixed[&1].mig_enabled);
+        assert_eq!(file.targets("all-disabled", 1).unwrap()[&0].mig_devices.len(), 0);
+    }
+
+    #[test]
+    fn errors_name_the_input() {
+        let file = MigConfigFile::parse(FILE, "test").unwrap();
+        assert_eq!(
+            file.targets("nope", 1).unwrap_err().to_string(),
+            "MIG configuration \"nope\" does not exist (known: all-1g.10gb, all-disabled, filtered, mixed)"
+        );
+        assert!(matches!(file.targets("filtered", 1), Err(ConfigError::DeviceFilter { entry: 0, .. })));
+        assert!(matches!(file.targets("mixed", 1), Err(ConfigError::Invalid { .. })));
+        let cases = [
+            ("version: v2\nmig-configs: {}\n", "version \"v2\" is not supported"),
+            (
+                "version: v1\nmig-configs: { a: [ { devices: some, mig-enabled: true } ] }\n",
+                "mig-configs.a[0].devices",
+            ),
+            (
+                "version: v1\nmig-configs: { a: [ { devices: [], mig-enabled: true } ] }\n",
+                "mig-configs.a[0].devices: the list is empty",
+            ),
+            (
+                "version: v1\nmig-configs: { a: [ { devices: all, mig-enabled: true, mig-devices: { 1g.big: 1 } } ] }\n",
+                "mig-configs.a[0].mig-devices.1g.big: \"1g.big\" is not a MIG profile",
+            ),
+            (
+                "version: v1\nmig-configs: { a: [ { devices: all, mig-enabled: false, mig-devices: { 1g.10gb: 1 } } ] }\n",
+                "only allowed with mig-enabled: true",
+            ),
+            ("version: v1\nmig-configs: { a: [ { devices: all } ] }\n", "cannot parse"),
+            (
+                "version: v1\nmig-configs: { a: [ { devices: all, mig-enabled: true, extra: 1 } ] }\n",
+                "cannot parse",
+            ),
+            ("::", "cannot parse"),
+        ];
+        for (text, expected) in cases {
+            let err = MigConfigFile::parse(text, "ns/cm[config.yaml]").unwrap_err().to_string();
+            assert!(err.contains(expected), "{text}: {err}");
+            assert!(err.contains("ns/cm[config.yaml]"), "{err}");
+        }
+        let twice = "version: v1\nmig-configs: { a: [ { devices: all, mig-enabled: false }, { devices: [0], mig-enabled: true } ] }\n";
+        let err = MigConfigFile::parse(twice, "t").unwrap().targets("a", 1).unwrap_err().to_string();
+        assert!(err.contains("GPU 0 is selected by more than one entry"), "{err}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parsing_never_panics(text in proptest::prelude::any::<String>()) {
+            let _ = MigConfigFile::parse(&text, "p");
+        }
+
+        #[test]
+        fn parsing_plausible_configs_never_panics(
+            devices in "(all|\\[[0-9]\\]|\\[\\]|some)",
+            profile in "[0-9]{1,2}g\\.[0-9]{1,3}gb|x",
+            count in 0u32..10,
+            enabled in proptest::prelude::any::<bool>(),
+        ) {
+            let text = format!("version: v1\nmig-configs:\n  c:\n    - devices: {devices}\n      mig-enabled: {enabled}\n      mig-devices: {{ \"{profile}\": {count} }}\n");
+            if let Ok(file) = MigConfigFile::parse(&text, "p") {
+                let _ = file.targets("c", 4);
+            }
+        }
+    }
+}
