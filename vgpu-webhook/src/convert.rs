@@ -129,7 +129,9 @@ impl ResourceInfo {
     }
 }
 
-fn cel_string(value: &str) -> String {
+/// `value` as a CEL double-quoted string literal: `\\`, `"`, line feed and carriage return escaped, so the value
+/// cannot end the literal or change the expression (public for the GPU module controller's selectors).
+pub fn cel_string(value: &str) -> String {
     let mut out = String::with_capacity(value.len() + 2);
     out.push('"');
     for c in value.chars() {

@@ -364,8 +364,9 @@ pub fn pod_patch(
     Ok(json_patch::diff(&before, &after))
 }
 
-/// `{"metadata": …, "spec": …}` of a pod, `managedFields` left out.
-fn comparable(pod: &Pod) -> Result<serde_json::Value, Denial> {
+/// `{"metadata": …, "spec": …}` of a pod, `managedFields` left out: the two sides a pod patch is the diff of
+/// (public for the GPU module controller's pod mutation).
+pub fn comparable(pod: &Pod) -> Result<serde_json::Value, Denial> {
     let encode = |e: serde_json::Error| Denial::new(format!("cannot encode the pod: {e}"));
     let mut metadata = serde_json::to_value(&pod.metadata).map_err(encode)?;
     if let Some(m) = metadata.as_object_mut() {

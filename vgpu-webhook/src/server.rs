@@ -127,7 +127,9 @@ async fn body_of<C>(
         .map_err(|e| (e.status(), format!("{e}\n")).into_response())
 }
 
-fn answer(result: Result<AdmissionReview<DynamicObject>, ReviewError>) -> Response {
+/// The HTTP answer of an admission route: the review as JSON (200), or 400 with the reason for a body that is
+/// not an AdmissionReview request (public for the GPU module controller's routes).
+pub fn answer(result: Result<AdmissionReview<DynamicObject>, ReviewError>) -> Response {
     match result {
         Ok(review) => match serde_json::to_vec(&review) {
             Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),

@@ -1,0 +1,207 @@
+//! The controller's view of the cluster ([`ControllerCluster`]): a snapshot of what it reads (GPUClasses,
+//! PhysicalGPUs, node labels, ResourceClaims, ResourceSlices, the DeviceClasses it manages) and the four
+//! writes it makes. [`crate::kube_cluster::KubeCluster`] reads from watch-fed caches and writes with
+//! server-side apply; [`InMemoryCluster`] serves tests and benches, with failure injection
+//! ([`InMemoryCluster::fail_next`]).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::ResourceExt;
+use vgpu_api::{GPUClass, GPUClassStatus, PhysicalGPU, PhysicalGPUStatus};
+
+use crate::desired::NodeLabels;
+use crate::occupancy::GpuStatus;
+
+/// A failed API call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// The API server answered with an error or could not be reached.
+    #[error("{operation}: {message}")]
+    Api {
+        /// What was attempted (`apply DeviceClass a100-shared.gpu.deckhouse.io`).
+        operation: String,
+        /// The client's or server's message.
+        message: String,
+    },
+}
+
+/// Everything one reconcile pass reads.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// GPUClasses.
+    pub classes: Vec<GPUClass>,
+    /// PhysicalGPUs.
+    pub gpus: Vec<PhysicalGPU>,
+    /// Node name → labels.
+    pub nodes: NodeLabels,
+    /// ResourceClaims of all namespaces.
+    pub claims: Vec<ResourceClaim>,
+    /// ResourceSlices.
+    pub slices: Vec<ResourceSlice>,
+    /// The DeviceClasses carrying the controller's GPUClass label.
+    pub device_classes: Vec<DeviceClass>,
+}
+
+/// The cluster calls of the controller.
+pub trait ControllerCluster: Send + Sync + 'static {
+    /// What the cluster holds now (from caches: no request per call in the kube implementation).
+    fn snapshot(&self) -> impl Future<Output = Result<Snapshot, ClusterError>> + Send;
+    /// Applies a DeviceClass (labels, owner, spec).
+    fn apply_device_class(
+        &self,
+        class: &DeviceClass,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Deletes a DeviceClass; one already gone is no error.
+    fn delete_device_class(&self, name: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Applies the controller's GPUClass status fields (`valid`, `message`, `deviceClassName`, `Valid`).
+    fn apply_class_status(
+        &self,
+        class: &str,
+        status: &GPUClassStatus,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Applies the controller's PhysicalGPU status fields (`state`, `occupancy`).
+    fn apply_gpu_status(
+        &self,
+        gpu: &str,
+        status: &GpuStatus,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+}
+
+// === impl InMemoryCluster ===
+
+/// Objects held in memory; writes apply at once.
+#[derive(Debug, Default)]
+pub struct InMemoryCluster {
+    state: Mutex<MemoryState>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryState {
+    snapshot: Snapshot,
+    fail_next: u32,
+    writes: Vec<String>,
+}
+
+impl InMemoryCluster {
+    /// An empty cluster.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, MemoryState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds or replaces a GPUClass.
+    pub fn put_class(&self, class: GPUClass) {
+        let mut s = self.lock();
+        s.snapshot.classes.retain(|c| c.name_any() != class.name_any());
+        s.snapshot.classes.push(class);
+    }
+
+    /// Removes a GPUClass.
+    pub fn remove_class(&self, name: &str) {
+        self.lock().snapshot.classes.retain(|c| c.name_any() != name);
+    }
+
+    /// Adds or replaces a PhysicalGPU.
+    pub fn put_gpu(&self, gpu: PhysicalGPU) {
+        let mut s = self.lock();
+        s.snapshot.gpus.retain(|g| g.name_any() != gpu.name_any());
+        s.snapshot.gpus.push(gpu);
+    }
+
+    /// Sets a node's labels.
+    pub fn put_node(&self, node: &str, labels: BTreeMap<String, String>) {
+        self.lock().snapshot.nodes.insert(node.to_owned(), labels);
+    }
+
+    /// Adds or replaces a ResourceClaim.
+    pub fn put_claim(&self, claim: ResourceClaim) {
+        let mut s = self.lock();
+        let key = (claim.namespace(), claim.name_any());
+        s.snapshot.claims.retain(|c| (c.namespace(), c.name_any()) != key);
+        s.snapshot.claims.push(claim);
+    }
+
+    /// Removes a ResourceClaim.
+    pub fn remove_claim(&self, namespace: &str, name: &str) {
+        self.lock()
+            .snapshot
+            .claims
+            .retain(|c| !(c.namespace().as_deref() == Some(namespace) && c.name_any() == name));
+    }
+
+    /// Adds a ResourceSlice.
+    pub fn put_slice(&self, slice: ResourceSlice) {
+        self.lock().snapshot.slices.push(slice);
+    }
+
+    /// The stored snapshot.
+    pub fn state(&self) -> Snapshot {
+        self.lock().snapshot.clone()
+    }
+
+    /// The writes made so far (`apply DeviceClass x`, `status GPUClass y`, `status PhysicalGPU z`, `delete DeviceClass x`).
+    pub fn writes(&self) -> Vec<String> {
+        self.lock().writes.clone()
+    }
+
+    /// The next `n` writes fail.
+    pub fn fail_next(&self, n: u32) {
+        self.lock().fail_next = n;
+    }
+
+    fn write(&self, operation: String, f: impl FnOnce(&mut Snapshot)) -> Result<(), ClusterError> {
+        let mut s = self.lock();
+        if s.fail_next > 0 {
+            s.fail_next -= 1;
+            return Err(ClusterError::Api { operation, message: "injected failure".into() });
+        }
+        f(&mut s.snapshot);
+        s.writes.push(operation);
+        Ok(())
+    }
+}
+
+impl ControllerCluster for InMemoryCluster {
+    async fn snapshot(&self) -> Result<Snapshot, ClusterError> {
+        Ok(self.state())
+    }
+
+    async fn apply_device_class(&self, class: &DeviceClass) -> Result<(), ClusterError> {
+        let name = class.name_any();
+        self.write(format!("apply DeviceClass {name}"), |s| {
+            s.device_classes.retain(|c| c.name_any() != name);
+            s.device_classes.push(class.clone());
+        })
+    }
+
+    async fn delete_device_class(&self, name: &str) -> Result<(), ClusterError> {
+        self.write(format!("delete DeviceClass {name}"), |s| {
+            s.device_classes.retain(|c| c.name_any() != name)
+        })
+    }
+
+    async fn apply_class_status(&self, class: &str, status: &GPUClassStatus) -> Result<(), ClusterError> {
+        self.write(format!("status GPUClass {class}"), |s| {
+            if let Some(c) = s.classes.iter_mut().find(|c| c.name_any() == class) {
+                c.status = Some(status.clone());
+            }
+        })
+    }
+
+    async fn apply_gpu_status(&self, gpu: &str, status: &GpuStatus) -> Result<(), ClusterError> {
+        self.write(format!("status PhysicalGPU {gpu}"), |s| {
+            if let Some(g) = s.gpus.iter_mut().find(|g| g.name_any() == gpu) {
+                let st = g.status.get_or_insert_with(PhysicalGPUStatus::default);
+                st.state = Some(status.state);
+                st.occupancy = Some(status.occupancy.clone());
+            }
+        })
+    }
+}
