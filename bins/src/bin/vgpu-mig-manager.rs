@@ -1,0 +1,151 @@
+//! `vgpu-mig-manager`: device-plugin mode's MIG manager (issue #20 item 6; see the `vgpu_mig_manager` crate
+//! docs).
+//!
+//! Thin wiring: parse and validate flags (exit 2 naming the flag) → open the device backend → Kubernetes
+//! client → one reconcile pass every `--interval` (every `--retry-interval` while GPU pods are being
+//! evicted) until SIGTERM/SIGINT. It has no feature gates.
+
+use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use clap::Parser;
+use vgpu_bins::{init_tracing, kube_client, parse_go_duration, shutdown_signal};
+use vgpu_core::node_config::MigStrategy;
+use vgpu_mig_manager::{ManagerConfig, MigManager, kube_cluster::KubeCluster};
+use vgpu_nvml::select::{BackendChoice, SelectOptions, open_backend};
+
+/// Applies the MIG layout named by the node's `nvidia.com/mig.config` label, with the node in maintenance.
+#[derive(Debug, Parser)]
+#[command(name = "vgpu-mig-manager", version, about)]
+struct Cli {
+    /// This node's name (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The mig-parted configuration ConfigMap, `<namespace>/<name>`.
+    #[arg(long, env = "MIG_CONFIGMAP", default_value = "d8-gpu/default-mig-parted-config")]
+    config_map: String,
+    /// The key of the configuration file in the ConfigMap.
+    #[arg(long, default_value = "config.yaml")]
+    config_key: String,
+    /// Resource name prefix that makes a pod a GPU pod (evicted before a change); repeatable.
+    #[arg(long = "gpu-resource-prefix", default_value = "nvidia.com/")]
+    gpu_resource_prefixes: Vec<String>,
+    /// Label selector `k=v[,k=v]` of the device plugin pods deleted after a change (so they re-advertise);
+    /// empty: none.
+    #[arg(long, default_value = "app.kubernetes.io/name=vgpu-device-plugin")]
+    device_plugin_selector: String,
+    /// Publish GPU feature labels compatible with gpu-feature-discovery.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    gfd_labels: bool,
+    /// The device plugin's MIG strategy, for the labels: none, single or mixed.
+    #[arg(long, env = "MIG_STRATEGY", default_value = "mixed")]
+    mig_strategy: String,
+    /// The machine's DMI product name file, for `nvidia.com/gpu.machine` (absent: no label).
+    #[arg(long, default_value = "/sys/class/dmi/id/product_name")]
+    machine_type_file: PathBuf,
+    /// Time between passes (Go duration).
+    #[arg(long, default_value = "10s", value_parser = parse_go_duration)]
+    interval: Duration,
+    /// Time between passes while GPU pods are being evicted (Go duration).
+    #[arg(long, default_value = "2s", value_parser = parse_go_duration)]
+    retry_interval: Duration,
+    /// Device backend: auto, nvml, metax or mock.
+    #[arg(long, default_value = "auto")]
+    backend: BackendChoice,
+    /// The mock backend's description file (`--backend mock`).
+    #[arg(long, value_name = "FILE")]
+    mock_config: Option<PathBuf>,
+    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
+fn bad_flag(err: impl std::fmt::Display) -> ExitCode {
+    eprintln!("vgpu-mig-manager: {err}");
+    ExitCode::from(2)
+}
+
+fn parse_selector(text: &str) -> Result<BTreeMap<String, String>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
+            _ => Err(format!("invalid --device-plugin-selector {text:?}: expected key=value[,key=value]")),
+        })
+        .collect()
+}
+
+/// The resolved configuration, or the message naming the flag.
+fn manager_config(cli: &Cli) -> Result<ManagerConfig, String> {
+    let node = cli.node_name.trim();
+    if node.is_empty() {
+        return Err("invalid --node-name \"\" (NODE_NAME): expected this node's name".to_owned());
+    }
+    let (namespace, name) = cli
+        .config_map
+        .split_once('/')
+        .filter(|(ns, n)| !ns.trim().is_empty() && !n.trim().is_empty() && !n.contains('/'))
+        .ok_or_else(|| format!("invalid --config-map {:?}: expected <namespace>/<name>", cli.config_map))?;
+    if cli.config_key.trim().is_empty() {
+        return Err("invalid --config-key \"\": expected a ConfigMap key such as config.yaml".to_owned());
+    }
+    for (flag, d) in [("--interval", cli.interval), ("--retry-interval", cli.retry_interval)] {
+        if d.is_zero() {
+            return Err(format!("invalid {flag} 0s: expected a positive duration, e.g. 10s"));
+        }
+    }
+    if cli.gpu_resource_prefixes.iter().any(|p| p.trim().is_empty()) {
+        return Err("invalid --gpu-resource-prefix \"\": expected a prefix such as nvidia.com/".to_owned());
+    }
+    let mut config = ManagerConfig::new(node, namespace.trim());
+    config.config_map_name = name.trim().to_owned();
+    config.config_key = cli.config_key.trim().to_owned();
+    config.gpu_resource_prefixes = cli.gpu_resource_prefixes.clone();
+    config.device_plugin_selector = parse_selector(&cli.device_plugin_selector)?;
+    config.gfd_labels = cli.gfd_labels;
+    config.mig_strategy = MigStrategy::parse(&cli.mig_strategy)
+        .map_err(|e| format!("invalid --mig-strategy {:?}: {e}", cli.mig_strategy))?;
+    config.machine = std::fs::read_to_string(&cli.machine_type_file).ok().map(|s| s.trim().to_owned());
+    config.period = cli.interval;
+    config.retry_period = cli.retry_interval;
+    Ok(config)
+}
+
+async fn run(cli: Cli, config: ManagerConfig) -> anyhow::Result<()> {
+    let mut options = SelectOptions::default();
+    options.mock_config.clone_from(&cli.mock_config);
+    let opened = open_backend(cli.backend, &options).context("opening the device backend")?;
+    for w in &opened.warnings {
+        tracing::warn!("{w}");
+    }
+    let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
+    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    tracing::info!(config = ?config, backend = backend.name(), "starting the MIG manager");
+    let shutdown = shutdown_signal()?;
+    MigManager::new(config, KubeCluster::new(client), backend).run(shutdown).await;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let config = match manager_config(&cli) {
+        Ok(c) => c,
+        Err(e) => return bad_flag(e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vgpu-mig-manager: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-mig-manager: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
