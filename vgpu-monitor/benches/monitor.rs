@@ -103,6 +103,33 @@ fn scrape(c: &mut Criterion) {
     }
 }
 
+/// The `vgpu.config` files of the 100 containers, read the two ways: `std::fs::read` each time
+/// (`vgpu_config::read`) against mappings kept between scrapes (`MappedConfigs`).
+fn readers(c: &mut Criterion) {
+    let (dir, _collector, _server) = node(false);
+    let paths: Vec<_> = (0..CONTAINERS)
+        .map(|i| dir.path().join(format!("manager/uid-{i}_main/config/vgpu.config")))
+        .collect();
+    let mut group = c.benchmark_group("vgpu_config_100");
+    group.bench_function("read", |b| {
+        b.iter(|| {
+            for p in &paths {
+                black_box(vgpu_core::abi::vgpu_config::read(p).unwrap());
+            }
+        })
+    });
+    let mut maps = vgpu_monitor::mapped::MappedConfigs::new();
+    group.bench_function("mapped", |b| {
+        b.iter(|| {
+            for p in &paths {
+                black_box(maps.read(p).unwrap());
+            }
+            maps.retain_read();
+        })
+    });
+    group.finish();
+}
+
 /// A collector that encodes a fixed snapshot (the encoding's share of a scrape).
 #[derive(Debug)]
 struct Fixed(vgpu_monitor::collect::Snapshot);
@@ -116,6 +143,6 @@ impl prometheus_client::collector::Collector for Fixed {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30);
-    targets = scrape
+    targets = scrape, readers
 }
 criterion_main!(benches);

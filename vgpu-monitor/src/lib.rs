@@ -72,6 +72,7 @@
 pub mod cgroup;
 pub mod collect;
 pub mod dra;
+pub mod mapped;
 pub mod metrics;
 pub mod podres;
 pub mod pods;
