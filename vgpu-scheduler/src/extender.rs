@@ -298,14 +298,45 @@ pub struct Stats {
 }
 
 /// A timed stage of a live filter call (reported to [`ExtenderObserver::filter_stage`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// `LockWait`, `Node` and `Device` are the contract's `stage` label values (`lock_wait`, `node`, `device`);
+/// `Patch` and `CacheUpdate` are finer steps for diagnosis (`vgpuctl simulate --json`) that the metrics
+/// leave out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum FilterStage {
     /// Waiting for the `SerializedNodeFilter` lock (only reported when the gate is on).
     LockWait,
-    /// Node gates and ranking of the candidates.
+    /// Node gates and ranking of the candidates (expiry sweep included).
     Node,
     /// Allocation on the ranked nodes until one fits, including its reservation.
     Device,
+    /// The pre-allocation patch round trip (retries included), after a node was chosen.
+    Patch,
+    /// Recording the reservation for expiry and the patched pod in the cache.
+    CacheUpdate,
+}
+
+impl FilterStage {
+    /// Every stage, in call order.
+    pub const ALL: [FilterStage; 5] = [
+        FilterStage::LockWait,
+        FilterStage::Node,
+        FilterStage::Device,
+        FilterStage::Patch,
+        FilterStage::CacheUpdate,
+    ];
+
+    /// A short name (`lock_wait`, `rank`, `allocation`, `patch`, `cache_update`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FilterStage::LockWait => "lock_wait",
+            FilterStage::Node => "rank",
+            FilterStage::Device => "allocation",
+            FilterStage::Patch => "patch",
+            FilterStage::CacheUpdate => "cache_update",
+        }
+    }
 }
 
 /// Hooks into the verbs for metrics; every method defaults to a no-op. Set with
@@ -637,7 +668,9 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             return Ok(FilterResult::from_outcome(nodes, &outcome));
         };
         let node = nodes[pos].clone();
+        let t_stage = Instant::now();
         self.cache.track_reservation(&node, &pod.uid, expires);
+        self.observe(FilterStage::CacheUpdate, t_stage);
         let encoded = match pod_devices::encode(&alloc.claim) {
             Ok(e) => e,
             Err(e) => {
@@ -652,8 +685,15 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             .annotation(d.pre_allocated(), encoded)
             .annotation(d.real_allocated(), "")
             .annotation(d.predicate_time(), now.to_string());
-        match self.patch(&pod, &patch).await {
-            Ok(updated) => self.cache.upsert_pod(updated, now),
+        let t_stage = Instant::now();
+        let patched = self.patch(&pod, &patch).await;
+        self.observe(FilterStage::Patch, t_stage);
+        match patched {
+            Ok(updated) => {
+                let t_stage = Instant::now();
+                self.cache.upsert_pod(updated, now);
+                self.observe(FilterStage::CacheUpdate, t_stage);
+            }
             Err(e) => {
                 self.cache.release(&node, &pod.uid);
                 return Err(e);

@@ -127,12 +127,15 @@ impl Stage {
     }
 }
 
-impl From<FilterStage> for Stage {
-    fn from(s: FilterStage) -> Self {
+impl Stage {
+    /// The contract stage of a filter stage; `None` for the diagnosis-only steps (patch, cache update),
+    /// which have no `stage` label value.
+    pub fn of_filter(s: FilterStage) -> Option<Self> {
         match s {
-            FilterStage::LockWait => Stage::LockWait,
-            FilterStage::Node => Stage::Node,
-            FilterStage::Device => Stage::Device,
+            FilterStage::LockWait => Some(Stage::LockWait),
+            FilterStage::Node => Some(Stage::Node),
+            FilterStage::Device => Some(Stage::Device),
+            FilterStage::Patch | FilterStage::CacheUpdate => None,
         }
     }
 }
@@ -558,7 +561,9 @@ impl Metrics {
 
 impl ExtenderObserver for Metrics {
     fn filter_stage(&self, stage: FilterStage, elapsed: Duration) {
-        self.stage(Verb::Filter, stage.into(), elapsed);
+        if let Some(stage) = Stage::of_filter(stage) {
+            self.stage(Verb::Filter, stage, elapsed);
+        }
     }
 
     fn crosspod_window(&self, window: AlignmentWindow) {

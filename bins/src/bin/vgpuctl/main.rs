@@ -10,10 +10,14 @@ use clap::{Parser, Subcommand};
 mod crds;
 mod decode;
 mod devices;
+mod from_cluster;
 mod gates;
 mod input;
 mod output;
+mod pod_shape;
+mod progress;
 mod simulate;
+mod stages;
 mod topology;
 
 /// Inspect and check vgpu configuration, annotations and placement.
@@ -41,7 +45,8 @@ enum Command {
     Topology(topology::TopologyCommand),
     /// List the GPUs a backend sees (table or JSON), optionally with the link matrix.
     Devices(devices::DevicesArgs),
-    /// Stream a seeded mix of vGPU pods through the extender's filter and bind over an in-memory cluster.
+    /// Stream a seeded mix of vGPU pods through the extender's filter and bind over an in-memory cluster, or
+    /// (`--from-cluster`) pods of one shape through a read-only snapshot of a live cluster.
     Simulate(simulate::SimulateArgs),
     /// Print the GPU module's CRDs (PhysicalGPU, GPUClass) as YAML, for the default group or --group.
     Crds(crds::CrdsArgs),

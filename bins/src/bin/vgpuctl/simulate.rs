@@ -1,8 +1,9 @@
 //! `vgpuctl simulate`: stream a seeded mix of vGPU pods through the extender's filter and bind over an
-//! in-memory cluster of DGX-like nodes, and report placement, utilization, fragmentation and latency.
+//! in-memory cluster of DGX-like nodes, and report placement, utilization, fragmentation and latency
+//! (per stage: module [`stages`](crate::stages)); or, with `--from-cluster`, stream one pod shape through a
+//! snapshot of a live cluster (module [`from_cluster`](crate::from_cluster)).
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +17,11 @@ use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::{DeviceTopology, GpuLinks};
 use vgpu_scheduler::fixture::{topology_of, vgpu_node, vgpu_pod};
 use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster};
+
+use crate::from_cluster::{self, FromClusterArgs};
+use crate::pod_shape::PodShape;
+use crate::progress::Progress;
+use crate::stages::StageHistograms;
 
 const DGX: &str = include_str!("../../../../examples/mock/dgx-h100-8gpu.yaml");
 const POLICIES: [&str; 3] = ["binpack", "spread", "none"];
@@ -48,6 +54,20 @@ pub struct SimulateArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Snapshot the live cluster's vGPU nodes and pods (read-only) and stream `--count` pods of the `--pod`
+    /// shape through it instead of the synthetic cluster.
+    #[arg(long, requires = "pod")]
+    pub from_cluster: bool,
+    /// Kubeconfig for `--from-cluster` (default: in-cluster config, $KUBECONFIG or ~/.kube/config).
+    #[arg(long, value_name = "PATH", requires = "from_cluster")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Pod shape for `--from-cluster`: `gpus=<n>[,cores=<pct>][,memory=<n>Mi|Gi|Ti][,topology=<mode>]`
+    /// `[,node-policy=<p>][,device-policy=<p>]`.
+    #[arg(long, value_name = "SHAPE", value_parser = PodShape::parse, requires = "from_cluster")]
+    pub pod: Option<PodShape>,
+    /// How many pods of the `--pod` shape to stream (`--from-cluster`).
+    #[arg(long, default_value_t = 1, requires = "from_cluster")]
+    pub count: usize,
 }
 
 fn parse_policy(s: &str) -> Result<String, String> {
@@ -97,6 +117,25 @@ impl Rng {
 
 /// Runs the simulation; exit 0, 1 on over-commit, 2 on a setup error.
 pub fn run(args: SimulateArgs) -> ExitCode {
+    if args.from_cluster {
+        let Some(shape) = args.pod.clone() else {
+            eprintln!("error: --from-cluster needs --pod <SHAPE>");
+            return ExitCode::from(2);
+        };
+        let fc = FromClusterArgs {
+            kubeconfig: args.kubeconfig.clone(),
+            shape,
+            count: args.count,
+            json: args.json,
+        };
+        return match from_cluster::run(&fc) {
+            Ok(text) => crate::output::print(&text, ExitCode::SUCCESS),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     match simulate(&args) {
         Ok((text, ok)) => crate::output::print(&text, if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
         Err(e) => {
@@ -169,7 +208,8 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
     let cluster = MemoryCluster::new().without_event_log();
     let config = ExtenderConfig { emit_events: false, ..ExtenderConfig::default() };
     let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
-    let ext = Extender::new(cluster.clone(), clock.clone(), config);
+    let stages = Arc::new(StageHistograms::default());
+    let ext = Extender::new(cluster.clone(), clock.clone(), config).with_observer(stages.clone());
     ext.attach();
     let mut names = Vec::with_capacity(args.nodes);
     let mut inventories = BTreeMap::new();
@@ -200,7 +240,7 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
     }
     let cores = [(0u32, 20), (10, 15), (25, 20), (50, 25), (100, 20)];
     let memory = [(0u64, 30), (4096, 20), (8192, 20), (20480, 20), (40960, 10)];
-    let progress = std::io::stderr().is_terminal();
+    let mut progress = Progress::new(args.pods as u64, "pods");
     let mut latencies = Vec::with_capacity(args.pods);
     let mut placed = 0usize;
     let mut rejected: BTreeMap<String, usize> = BTreeMap::new();
@@ -222,12 +262,18 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
         let pod = cluster.upsert_pod(pod);
         // The server gets the candidates as an owned list from the request body; copying them is not filter time.
         let candidates = names.clone();
+        let sched = crate::stages::thread_schedstat();
         let t = Instant::now();
         let r = rt.block_on(ext.filter(Some(&pod), candidates));
-        latencies.push(t.elapsed().as_nanos() as u64);
+        let took = t.elapsed();
+        stages.record_sched(sched);
+        stages.record("filter", took);
+        latencies.push(took.as_nanos() as u64);
         clock.advance(1_000_000);
         if let Some(node) = r.node_names.first() {
+            let t = Instant::now();
             let b = rt.block_on(ext.bind(&pod.namespace, &pod.name, &pod.uid, node));
+            stages.record("bind", t.elapsed());
             if b.error.is_empty() {
                 placed += 1;
             } else {
@@ -244,14 +290,10 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
                 counts.into_iter().max_by_key(|(_, c)| *c).map(|(k, _)| k.to_owned()).unwrap_or_default();
             *rejected.entry(top).or_default() += 1;
         }
-        if progress && (i + 1) % 250 == 0 {
-            eprint!("\r{} / {} pods", i + 1, args.pods);
-        }
+        progress.inc();
     }
     let elapsed = started.elapsed().as_secs_f64();
-    if progress {
-        eprintln!();
-    }
+    progress.finish();
 
     // Ground truth from the cluster's bound pods, independent of the cache.
     let mut used: BTreeMap<(String, u32), (u32, u64, u64)> = BTreeMap::new();
@@ -307,6 +349,7 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
         "fragmentation_pct": pct(partial, gpus_used),
         "filter_p50_us": percentile(&sorted, 0.5) as f64 / 1000.0,
         "filter_p99_us": percentile(&sorted, 0.99) as f64 / 1000.0,
+        "stages": stages.to_json(),
         "filters_per_second": if elapsed > 0.0 { args.pods as f64 / elapsed } else { 0.0 },
         "overcommitted_gpus": violations,
         "overcommit_ok": violations == 0,
@@ -339,6 +382,8 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
             percentile(&sorted, 0.99) as f64 / 1000.0,
             if elapsed > 0.0 { args.pods as f64 / elapsed } else { 0.0 }
         ));
+        s.push_str("  per-stage latency:\n");
+        s.push_str(&stages.to_text());
         s.push_str(&format!(
             "  over-commit check: {}\n",
             if violations == 0 { "ok".to_owned() } else { format!("VIOLATED on {violations} GPUs") }
