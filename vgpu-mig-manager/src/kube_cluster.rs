@@ -7,7 +7,7 @@
 //! | cordon/taint | `PATCH /api/v1/nodes/<n>`, merge patch `{"metadata":{"resourceVersion":rv},"spec":{"unschedulable":b,"taints":[..]}}` | 409 when the node changed since it was read |
 //! | get ConfigMap | `GET /api/v1/namespaces/<ns>/configmaps/<name>` | 404 → `None` |
 //! | list pods on the node | `GET /api/v1/pods?fieldSelector=spec.nodeName%3D<n>` | |
-//! | evict | `POST /api/v1/namespaces/<ns>/pods/<name>/eviction` (policy/v1) | 404 → `NotFound`, 429 → `Refused` |
+//! | evict | `POST /api/v1/namespaces/<ns>/pods/<name>/eviction`, `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name","namespace"}}` | 404 → `NotFound`, 429 → `Refused`; no answer in [`EVICTION_TIMEOUT`] → error (retried) |
 //! | delete | `DELETE /api/v1/namespaces/<ns>/pods/<name>` | 404 → done |
 //!
 //! RBAC: `nodes` get, patch; `configmaps` get (the configuration's namespace); `pods` list, delete;
@@ -20,10 +20,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::{
     Api, Client,
-    api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 
 use crate::cluster::{ClusterError, EvictOutcome, MetadataPatch, MigCluster, NodeState, NodeTaint, PodState};
+
+/// How long one eviction call may take before the pass gives up (and retries on the next).
+pub const EVICTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Cluster access through the Kubernetes API server.
 #[derive(Clone)]
@@ -170,16 +173,24 @@ impl MigCluster for KubeCluster {
     }
 
     async fn evict_pod(&self, namespace: &str, name: &str) -> Result<EvictOutcome, ClusterError> {
-        match Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .evict(name, &EvictParams::default())
-            .await
-        {
-            Ok(_) => Ok(EvictOutcome::Evicted),
-            Err(e) if status_code(&e) == Some(404) => Ok(EvictOutcome::NotFound),
-            Err(kube::Error::Api(status)) if status.code == 429 => {
+        // Not `Api::evict`: kube 5 writes `delete_options` (snake case) in the body.
+        let body = serde_json::json!({
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": { "name": name, "namespace": namespace },
+        });
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let params = PostParams::default();
+        let call = api.create_subresource::<_, serde_json::Value>("eviction", name, &params, &body);
+        let operation = format!("evict pod {namespace}/{name}");
+        match tokio::time::timeout(EVICTION_TIMEOUT, call).await {
+            Err(_) => Err(ClusterError::new(operation, format!("no answer within {EVICTION_TIMEOUT:?}"))),
+            Ok(Ok(_)) => Ok(EvictOutcome::Evicted),
+            Ok(Err(e)) if status_code(&e) == Some(404) => Ok(EvictOutcome::NotFound),
+            Ok(Err(kube::Error::Api(status))) if status.code == 429 => {
                 Ok(EvictOutcome::Refused(status.message.clone()))
             }
-            Err(e) => Err(err(format!("evict pod {namespace}/{name}"))(e)),
+            Ok(Err(e)) => Err(err(operation)(e)),
         }
     }
 
