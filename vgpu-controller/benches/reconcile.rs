@@ -53,13 +53,13 @@ fn bench(c: &mut Criterion) {
     assert_eq!(settled.gpus.len(), 1000);
     assert_eq!(plan(&config, &settled).writes(), 0);
 
-    // The change: one class's share count changes, so its status and the occupancy of its 500 GPUs change.
+    // The change: one class's share count changes, so its status and the occupancy of its 504 GPUs (63 nodes × 8) change.
     let mut changed = settled.clone();
     let class = changed.classes.iter_mut().find(|c| c.metadata.name.as_deref() == Some("c0-16")).unwrap();
     class.spec.sharing.shares = Some(32);
     class.metadata.generation = Some(2);
     let p = plan(&config, &changed);
-    assert_eq!((p.class_statuses.len(), p.gpu_statuses.len()), (1, 500));
+    assert_eq!((p.class_statuses.len(), p.gpu_statuses.len()), (1, 504));
 
     let mut g = c.benchmark_group("reconcile_1000_gpus");
     g.bench_function("desired_classes", |b| {

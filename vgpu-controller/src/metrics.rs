@@ -60,6 +60,14 @@ impl Metrics {
         m
     }
 
+    /// A registry holding these families and the `process_*` collector, and the families.
+    pub fn with_registry() -> (Registry, Self) {
+        let mut registry = Registry::default();
+        let m = Self::register(&mut registry);
+        registry.register_collector(Box::new(vgpu_serve::process_metrics::ProcessCollector));
+        (registry, m)
+    }
+
     /// Counts one admission answer.
     pub fn admitted(&self, route: &str, allowed: bool) {
         self.admission

@@ -1,0 +1,218 @@
+//! `vgpu-controller`: the GPU module's controller (issue #20; library `vgpu_controller`).
+//!
+//! Thin wiring: parse and validate flags (exit 2 naming the flag) → Kubernetes client → watch caches of
+//! GPUClass, PhysicalGPU, Node, ResourceClaim, ResourceSlice and our DeviceClasses → reconcile passes (only on
+//! the Lease leader with `--leader-elect`, vgpu-scheduler's election) → one HTTPS server for the admission
+//! routes, `/healthz`, `/readyz` (caches synced), `/version` and `/metrics` (TokenReview +
+//! SubjectAccessReview with `--enable-rbac`), with the certificate `<--cert-dir>/<--tls-cert-name>` re-read
+//! when it changes. Every replica serves admission; SIGTERM/SIGINT stop everything. No feature gates.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use vgpu_bins::{init_tracing, kube_client, shutdown_signal};
+use vgpu_controller::admission::Admission;
+use vgpu_controller::config::{ControllerConfig, parse_driver_flag};
+use vgpu_controller::kube_cluster::KubeCluster;
+use vgpu_controller::metrics::Metrics;
+use vgpu_controller::reconcile::Reconciler;
+use vgpu_controller::server::{self, ControllerServer};
+use vgpu_scheduler::{LeaderConfig, LeaderMode, Readiness, Role, leader};
+use vgpu_serve::authz::Authorizer;
+use vgpu_serve::http::HttpTimeouts;
+use vgpu_serve::tls::TlsFiles;
+use vgpu_webhook::api::KubeApi;
+
+/// The GPU module controller: GPUClass → DeviceClass, PhysicalGPU occupancy, admission for DRA objects.
+#[derive(Debug, Parser)]
+#[command(name = "vgpu-controller", version, about)]
+struct Cli {
+    /// Port of the HTTPS server (admission, health, metrics; 1-65535).
+    #[arg(long, default_value_t = 9443)]
+    server_bind_port: u16,
+    /// Address of the HTTPS server.
+    #[arg(long, value_name = "IP", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
+    server_bind_address: IpAddr,
+    /// Directory holding the serving certificate and key.
+    #[arg(long, default_value = "/tmp/k8s-webhook-server/serving-certs")]
+    cert_dir: PathBuf,
+    /// Certificate file name in --cert-dir (PEM chain, leaf first).
+    #[arg(long, default_value = "tls.crt")]
+    tls_cert_name: String,
+    /// Key file name in --cert-dir (PEM).
+    #[arg(long, default_value = "tls.key")]
+    tls_key_name: String,
+    /// API group of PhysicalGPU and GPUClass.
+    #[arg(long, default_value = vgpu_api::DEFAULT_GROUP)]
+    group: String,
+    /// DRA driver of a vendor, `<vendor>=<driver>` (repeatable; adds to or overrides nvidia=manager.nvidia.com, metax=gpu.metax-tech.com).
+    #[arg(long = "driver", value_name = "VENDOR=DRIVER")]
+    drivers: Vec<String>,
+    /// Authorize /metrics scrapes with TokenReview + SubjectAccessReview (`get` on the non-resource URL /metrics).
+    #[arg(long)]
+    enable_rbac: bool,
+    /// Elect one reconciling replica on a Lease (admission runs on every replica).
+    #[arg(long)]
+    leader_elect: bool,
+    /// Prefix of this replica's identity in the Lease (default: POD_NAME, HOSTNAME or the host name).
+    #[arg(long)]
+    leader_identity_prefix: Option<String>,
+    /// Name of the Lease.
+    #[arg(long, default_value = "vgpu-controller")]
+    leader_elect_resource_name: String,
+    /// Namespace of the Lease (default: POD_NAMESPACE, else kube-system).
+    #[arg(long)]
+    leader_elect_resource_namespace: Option<String>,
+    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
+fn bad_flag(err: impl std::fmt::Display) -> ExitCode {
+    eprintln!("vgpu-controller: {err}");
+    ExitCode::from(2)
+}
+
+/// The resolved configuration, or the message naming the flag.
+fn resolve(cli: &Cli) -> Result<(ControllerConfig, LeaderConfig), String> {
+    if cli.server_bind_port == 0 {
+        return Err("invalid --server-bind-port 0: expected a port in 1..65535".to_owned());
+    }
+    let mut config = ControllerConfig::with_group(&cli.group).map_err(|e| format!("invalid --group: {e}"))?;
+    for value in &cli.drivers {
+        let (vendor, driver) = parse_driver_flag(value).map_err(|e| e.to_string())?;
+        config.drivers.insert(vendor, driver);
+    }
+    for (flag, name) in [("tls-cert-name", &cli.tls_cert_name), ("tls-key-name", &cli.tls_key_name)] {
+        if name.trim().is_empty() {
+            return Err(format!("invalid --{flag} \"\": expected a file name in --cert-dir"));
+        }
+    }
+    let leader = if cli.leader_elect {
+        let namespace = cli
+            .leader_elect_resource_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "kube-system".to_owned());
+        let mut l = LeaderConfig::new(LeaderMode::Elect, namespace, cli.leader_elect_resource_name.clone());
+        if let Some(prefix) = cli.leader_identity_prefix.clone().filter(|p| !p.trim().is_empty()) {
+            l.identity_prefix = prefix;
+        }
+        // The scheduler's role label is the extender's; the controller's pod gets none.
+        l.pod_name = None;
+        l.pod_namespace = None;
+        l.validate().map_err(|e| format!("invalid --leader-elect-resource-name/namespace: {e}"))?;
+        l
+    } else {
+        LeaderConfig::off()
+    };
+    Ok((config, leader))
+}
+
+async fn run(cli: Cli, config: ControllerConfig, leader_config: LeaderConfig) -> anyhow::Result<()> {
+    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let tls = TlsFiles::new(cli.cert_dir.join(&cli.tls_cert_name), cli.cert_dir.join(&cli.tls_key_name));
+    // Load the certificate before binding, so a bad file fails before the port is taken.
+    drop(tls.start().context("the serving certificate")?);
+    let address = SocketAddr::new(cli.server_bind_address, cli.server_bind_port);
+    let listener = TcpListener::bind(address).await.with_context(|| format!("listening on {address}"))?;
+
+    let (registry, metrics) = Metrics::with_registry();
+    let (cluster, watches) = KubeCluster::new(client.clone(), config.clone()).context("--group")?;
+    let cluster = Arc::new(cluster);
+    let changes = Arc::new(Notify::new());
+    let synced = Arc::new(AtomicBool::new(false));
+    let readiness = Readiness::new(leader_config.initial_role());
+
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let watch_task = {
+        let changes = changes.clone();
+        let stop = stopped(stopping.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = watches.run(changes) => {}
+                () = stop => {}
+            }
+        })
+    };
+    let elector = tokio::spawn(leader::run(
+        client.clone(),
+        leader_config,
+        readiness.clone(),
+        stopped(stopping.clone()),
+    ));
+    let reconciler = {
+        let cluster = cluster.clone();
+        let synced = synced.clone();
+        let readiness = readiness.clone();
+        let metrics = metrics.clone();
+        let config = config.clone();
+        let stop = stopped(stopping.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                r = cluster.wait_synced() => {
+                    if r.is_err() {
+                        return;
+                    }
+                }
+                () = stop => return,
+            }
+            synced.store(true, Ordering::Release);
+            tracing::info!("caches synced; reconciling");
+            let r = Reconciler::new(config, cluster, metrics);
+            let leading = move || matches!(readiness.role(), Role::Leader | Role::Standalone);
+            r.run(changes, leading, std::future::pending()).await;
+        })
+    };
+
+    let authorizer = cli.enable_rbac.then(|| Arc::new(Authorizer::kube(client.clone())));
+    let admission = Arc::new(Admission::new(config, cluster, KubeApi::new(client), metrics));
+    let timeouts = HttpTimeouts::default();
+    let routes = ControllerServer::new(admission, registry, authorizer, synced, timeouts.read_timeout);
+    let shutdown = shutdown_signal()?;
+    tracing::info!(%address, rbac = cli.enable_rbac, "serving the controller");
+    let served = server::serve(listener, routes, &tls, timeouts, async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    })
+    .await;
+    drop(stopping);
+    reconciler.abort();
+    watch_task.await.context("the watches panicked")?;
+    elector.await.context("the leader elector panicked")?.context("leader election")?;
+    served.context("the HTTPS server")?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let (config, leader_config) = match resolve(&cli) {
+        Ok(c) => c,
+        Err(e) => return bad_flag(e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vgpu-controller: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli, config, leader_config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-controller: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

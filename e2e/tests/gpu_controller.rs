@@ -1,0 +1,344 @@
+//! `vgpu-controller` against the real API server (issue #20 §3): the generated CRDs from
+//! `deploy/gpu-module/crds/` are created, three PhysicalGPUs (two `a100-sxm4-40gb` on `w1`, one `t4` on `w2`,
+//! memory in their status) and the binary started on a loopback HTTPS port, with the webhook configurations of
+//! `deploy/gpu-module/controller.yaml` registered (clientConfig pointed at it, like `tests/webhook.rs`).
+//!
+//! * GPUClass `a100-shared` → DeviceClass `a100-shared.gpu.deckhouse.io` (the API server compiles its CEL
+//!   selector), ownerReference to the GPUClass (asserted; no controller-manager runs, so no cascade), status
+//!   `valid: true` with the DeviceClass name; a class matching no GPU gets `valid: false` and the reason.
+//! * Admission: a GPUClass of a vendor without a DRA driver, a DeviceClass and a ResourceClaim naming a
+//!   missing GPUClass, and a claim asking more devices than one node has are refused with the message.
+//! * A pod asking for `gpu.deckhouse.io/a100-shared: 1` is mutated (pod claim, no extended resource) and its
+//!   ResourceClaim exists.
+//! * Occupancy: the allocation is written through the API (`resourceclaims/status`) as the scheduler would
+//!   (no kubelet publishes slices here, so the real allocator is not involved); PhysicalGPU `w1-1` becomes
+//!   `Allocated` with the claim, and is `Available` again when the claim is deleted.
+//!
+//! Needs the control-plane binaries and our binaries: run `e2e/run.sh`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use vgpu_e2e::webhook::webhook_pki;
+use vgpu_e2e::{TestEnv, free_port, vgpu_binary};
+
+const CONTROLLER: &str = "vgpu-controller";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn ar(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("gpu.deckhouse.io", "v1alpha1", kind), plural)
+}
+
+fn object(value: Value) -> DynamicObject {
+    serde_json::from_value(value).unwrap()
+}
+
+async fn put_gpu(
+    gpus: &Api<DynamicObject>,
+    name: &str,
+    node: &str,
+    index: u32,
+    model: &str,
+    memory_mib: u64,
+) {
+    let spec = json!({
+        "nodeName": node, "index": index, "pciAddress": format!("0000:{:02x}:00.0", index + 1),
+        "vendor": "nvidia", "vendorId": "10de", "vendorName": "NVIDIA Corporation",
+        "deviceId": "20b0", "deviceName": model, "model": model, "classCode": "030200"
+    });
+    let gpu = object(json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU",
+        "metadata": {"name": name}, "spec": spec}));
+    gpus.create(&PostParams::default(), &gpu).await.unwrap();
+    let status = json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU", "metadata": {"name": name},
+        "status": {"driver": "nvidia", "memoryMiB": memory_mib, "computeCapability": "8.0"}});
+    gpus.patch_status(name, &PatchParams::apply("e2e-adapter").force(), &Patch::Apply(&status))
+        .await
+        .unwrap();
+}
+
+fn client_config(port: u16, ca_pem: &str, path: Option<&str>) -> WebhookClientConfig {
+    WebhookClientConfig {
+        url: Some(format!("https://127.0.0.1:{port}{}", path.unwrap_or_default())),
+        ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
+        service: None,
+    }
+}
+
+/// The webhook configurations of `controller.yaml`, clientConfig pointed at the loopback server.
+async fn register_webhooks(client: &kube::Client, manifest: &Path, port: u16, ca_pem: &str) {
+    let text = std::fs::read_to_string(manifest).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let mut registered = 0;
+    for doc in docs {
+        match doc["kind"].as_str() {
+            Some("ValidatingWebhookConfiguration") => {
+                let mut config: ValidatingWebhookConfiguration = serde_json::from_value(doc).unwrap();
+                for hook in config.webhooks.iter_mut().flatten() {
+                    let path = hook.client_config.service.as_ref().and_then(|s| s.path.clone());
+                    hook.client_config = client_config(port, ca_pem, path.as_deref());
+                }
+                Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .create(&PostParams::default(), &config)
+                    .await
+                    .unwrap();
+                registered += 1;
+            }
+            Some("MutatingWebhookConfiguration") => {
+                let mut config: MutatingWebhookConfiguration = serde_json::from_value(doc).unwrap();
+                for hook in config.webhooks.iter_mut().flatten() {
+                    let path = hook.client_config.service.as_ref().and_then(|s| s.path.clone());
+                    hook.client_config = client_config(port, ca_pem, path.as_deref());
+                }
+                Api::<MutatingWebhookConfiguration>::all(client.clone())
+                    .create(&PostParams::default(), &config)
+                    .await
+                    .unwrap();
+                registered += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(registered, 2, "controller.yaml holds one validating and one mutating configuration");
+}
+
+fn claim(name: &str, device_class: &str, count: i64) -> ResourceClaim {
+    serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, "count": count}}]}}}))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
+    let mut env = TestEnv::builder("gpu_controller_makes_device_classes_admits_and_tracks_occupancy")
+        .start()
+        .await
+        .unwrap();
+    let client = env.client().await.unwrap();
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/gpu-module");
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for file in ["physicalgpus.gpu.deckhouse.io.yaml", "gpuclasses.gpu.deckhouse.io.yaml"] {
+        let crd: CustomResourceDefinition =
+            serde_saphyr::from_str(&std::fs::read_to_string(deploy.join("crds").join(file)).unwrap())
+                .unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    for name in ["physicalgpus.gpu.deckhouse.io", "gpuclasses.gpu.deckhouse.io"] {
+        env.poll(&format!("CRD {name} Established"), WAIT, || {
+            let crds = crds.clone();
+            async move {
+                let crd = crds.get(name).await.ok()?;
+                crd.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await
+        .unwrap();
+    }
+    let gpus: Api<DynamicObject> = Api::all_with(client.clone(), &ar("PhysicalGPU", "physicalgpus"));
+    let classes: Api<DynamicObject> = Api::all_with(client.clone(), &ar("GPUClass", "gpuclasses"));
+    // The CRDs may serve a moment after Established.
+    env.poll("PhysicalGPU API served", WAIT, || {
+        let gpus = gpus.clone();
+        async move { gpus.list(&Default::default()).await.ok().map(drop) }
+    })
+    .await
+    .unwrap();
+    put_gpu(&gpus, "w1-0", "w1", 0, "a100-sxm4-40gb", 40960).await;
+    put_gpu(&gpus, "w1-1", "w1", 1, "a100-sxm4-40gb", 40960).await;
+    put_gpu(&gpus, "w2-0", "w2", 0, "t4", 15360).await;
+
+    // The controller on a loopback HTTPS port, and its webhooks.
+    let (ca_pem, cert, key) = webhook_pki().unwrap();
+    let cert_dir = env.workdir().join("controller-certs");
+    std::fs::create_dir_all(&cert_dir).unwrap();
+    std::fs::write(cert_dir.join("tls.crt"), cert).unwrap();
+    std::fs::write(cert_dir.join("tls.key"), key).unwrap();
+    let port = free_port().unwrap();
+    let args = vec![
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
+        format!("--server-bind-port={port}"),
+        "--server-bind-address=127.0.0.1".to_owned(),
+        format!("--cert-dir={}", cert_dir.display()),
+        "--leader-elect".to_owned(),
+        "--leader-elect-resource-namespace=default".to_owned(),
+    ];
+    env.start_process(
+        CONTROLLER,
+        &vgpu_binary(CONTROLLER).unwrap(),
+        &args,
+        &[("RUST_LOG".into(), "info".into())],
+    )
+    .unwrap();
+    env.poll("vgpu-controller listening", WAIT, || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(drop)
+    })
+    .await
+    .unwrap();
+    register_webhooks(&client, &deploy.join("controller.yaml"), port, &ca_pem).await;
+
+    // GPUClass a100-shared → DeviceClass.
+    let a100 = object(
+        json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "a100-shared"},
+        "spec": {"vendor": "nvidia", "deviceType": "a100-sxm4-40gb", "requirements": {"minMemoryMiB": 20480},
+            "sharing": {"mode": "Shared", "shares": 4}}}),
+    );
+    let created = classes.create(&PostParams::default(), &a100).await.unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    let device_classes: Api<DeviceClass> = Api::all(client.clone());
+    let dc = env
+        .poll("DeviceClass a100-shared.gpu.deckhouse.io", WAIT, || {
+            let device_classes = device_classes.clone();
+            async move { device_classes.get_opt("a100-shared.gpu.deckhouse.io").await.ok().flatten() }
+        })
+        .await
+        .unwrap();
+    let owner = &dc.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+        ("GPUClass", "a100-shared", uid.as_str())
+    );
+    assert_eq!(owner.controller, Some(true));
+    let expression =
+        &dc.spec.as_ref().unwrap().selectors.as_ref().unwrap()[0].cel.as_ref().unwrap().expression;
+    assert!(expression.starts_with("device.driver == \"manager.nvidia.com\""), "{expression}");
+    assert!(expression.contains("quantity(\"20480Mi\")"), "{expression}");
+    let status = env
+        .poll("GPUClass a100-shared valid", WAIT, || {
+            let classes = classes.clone();
+            async move {
+                let c = classes.get("a100-shared").await.ok()?;
+                let s = c.data.get("status")?.clone();
+                (s["valid"] == true).then_some(s)
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(status["deviceClassName"], "a100-shared.gpu.deckhouse.io");
+    assert_eq!(status["message"], "matches 2 PhysicalGPUs on 1 node");
+
+    // A class no GPU matches: valid false with the reason.
+    let h100 = object(
+        json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "h100"},
+        "spec": {"vendor": "nvidia", "deviceType": "h100-sxm5-80gb", "sharing": {"mode": "Exclusive"}}}),
+    );
+    classes.create(&PostParams::default(), &h100).await.unwrap();
+    let status = env
+        .poll("GPUClass h100 invalid", WAIT, || {
+            let classes = classes.clone();
+            async move {
+                let s = classes.get("h100").await.ok()?.data.get("status")?.clone();
+                (s["valid"] == false).then_some(s)
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(status["message"], "matches no PhysicalGPU of 3: 3 of another device type");
+
+    // Admission refusals, with the message.
+    let amd = object(
+        json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "amd"},
+        "spec": {"vendor": "amd", "sharing": {"mode": "Exclusive"}}}),
+    );
+    let err = classes.create(&PostParams::default(), &amd).await.unwrap_err().to_string();
+    assert!(
+        err.contains("denied the request: GPUClass \"amd\": spec.vendor: Unsupported value: \"amd\": supported values: \"metax\", \"nvidia\""),
+        "{err}"
+    );
+    let orphan: DeviceClass =
+        serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": "gone.gpu.deckhouse.io"}, "spec": {}}))
+        .unwrap();
+    let err = device_classes.create(&PostParams::default(), &orphan).await.unwrap_err().to_string();
+    assert!(err.contains("GPUClass \"gone\" does not exist"), "{err}");
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    let err = claims
+        .create(&PostParams::default(), &claim("x", "gone.gpu.deckhouse.io", 1))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "deviceClassName: Invalid value: \"gone.gpu.deckhouse.io\": GPUClass \"gone\" does not exist"
+        ),
+        "{err}"
+    );
+    let err = claims
+        .create(&PostParams::default(), &claim("y", "a100-shared.gpu.deckhouse.io", 3))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "count: Invalid value: 3: GPUClass \"a100-shared\" has at most 2 matching GPUs on one node"
+        ),
+        "{err}"
+    );
+
+    // Pod mutation: the extended resource becomes a pod claim, and its ResourceClaim exists.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod: Pod =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer"},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+            "resources": {"limits": {"gpu.deckhouse.io/a100-shared": "1"}}}]}}))
+        .unwrap();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let spec = pod.spec.unwrap();
+    let pod_claim = &spec.resource_claims.as_ref().unwrap()[0];
+    let claim_name = pod_claim.resource_claim_name.clone().unwrap();
+    let container = &spec.containers[0];
+    assert_eq!(container.resources.as_ref().unwrap().claims.as_ref().unwrap()[0].name, pod_claim.name);
+    assert!(container.resources.as_ref().unwrap().limits.as_ref().is_none_or(|l| l.is_empty()));
+    let generated = claims.get(&claim_name).await.unwrap();
+    let request = &generated.spec.as_ref().unwrap().devices.as_ref().unwrap().requests.as_ref().unwrap()[0];
+    assert_eq!(request.exactly.as_ref().unwrap().device_class_name, "a100-shared.gpu.deckhouse.io");
+
+    // Occupancy follows the claim's allocation (written as the scheduler writes it) and release.
+    claims.create(&PostParams::default(), &claim("job", "a100-shared.gpu.deckhouse.io", 1)).await.unwrap();
+    let allocation = json!({"status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "manager.nvidia.com", "pool": "w1", "device": "vgpu-1"}]}}}});
+    claims.patch_status("job", &PatchParams::default(), &Patch::Merge(&allocation)).await.unwrap();
+    let occupancy = env
+        .poll("PhysicalGPU w1-1 Allocated", WAIT, || {
+            let gpus = gpus.clone();
+            async move {
+                let s = gpus.get("w1-1").await.ok()?.data.get("status")?.clone();
+                (s["state"] == "Allocated").then_some(s["occupancy"].clone())
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(occupancy, json!({"totalShares": 4, "usedShares": 1, "claims": ["default/job"]}));
+    let other = gpus.get("w1-0").await.unwrap().data["status"].clone();
+    assert_eq!(other["state"], "Available");
+    claims.delete("job", &DeleteParams::default()).await.unwrap();
+    env.poll("PhysicalGPU w1-1 released", WAIT, || {
+        let gpus = gpus.clone();
+        async move {
+            let s = gpus.get("w1-1").await.ok()?.data.get("status")?.clone();
+            (s["state"] == "Available" && s["occupancy"]["usedShares"] == 0).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+
+    env.check_process(CONTROLLER).unwrap();
+    env.finish();
+}

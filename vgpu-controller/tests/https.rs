@@ -1,0 +1,249 @@
+//! The controller's routes over real HTTPS on loopback (`server::serve` with `vgpu_serve` TLS): GPUClass,
+//! DeviceClass and ResourceClaim reviews allowed and denied with the field named, a pod mutated with a patch
+//! and its ResourceClaim created through vgpu-webhook's `MemoryApi`, a malformed body answered 400, `/readyz`
+//! following the caches, and `/metrics` behind TokenReview + SubjectAccessReview (401, 403, 200).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../vgpu-serve/tests/support/test_ca.rs"]
+mod test_ca;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use test_ca::TestCa;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio_rustls::TlsConnector;
+use vgpu_controller::admission::Admission;
+use vgpu_controller::cluster::InMemoryCluster;
+use vgpu_controller::config::ControllerConfig;
+use vgpu_controller::fixture;
+use vgpu_controller::metrics::Metrics;
+use vgpu_controller::server::{self, ControllerServer};
+use vgpu_serve::authz::{Authorizer, MemoryReviewer, UserInfo};
+use vgpu_serve::http::HttpTimeouts;
+use vgpu_serve::tls::TlsFiles;
+use vgpu_webhook::api::MemoryApi;
+
+fn connector(ca: &TestCa) -> TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(vgpu_serve::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    TlsConnector::from(Arc::new(config))
+}
+
+async fn call(
+    connector: &TlsConnector,
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> (StatusCode, String) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let tls = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = sender.send_request(req.body(Full::new(Bytes::copy_from_slice(body))).unwrap()).await.unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn review(
+    kind: (&str, &str, &str),
+    resource: &str,
+    operation: &str,
+    namespace: Option<&str>,
+    object: Value,
+) -> Vec<u8> {
+    let (group, version, k) = kind;
+    serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-1", "kind": {"group": group, "version": version, "kind": k},
+        "resource": {"group": group, "version": version, "resource": resource},
+        "operation": operation, "userInfo": {}, "namespace": namespace, "name": object["metadata"]["name"], "object": object}}))
+    .unwrap()
+}
+
+fn response(body: &str) -> Value {
+    serde_json::from_str::<Value>(body).unwrap()["response"].clone()
+}
+
+#[tokio::test]
+async fn routes_over_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("controller-test-ca");
+    let (cert, key) = ca.leaf("vgpu-controller", true);
+    std::fs::write(dir.path().join("tls.key"), key).unwrap();
+    std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
+
+    let inventory = Arc::new(InMemoryCluster::new());
+    inventory.put_class(fixture::class("a100-shared", "nvidia", Some("a100-sxm4-40gb"), Some(4)));
+    inventory.put_gpu(fixture::gpu("w1", 0, "nvidia", "a100-sxm4-40gb", Some(40960)));
+    let api = MemoryApi::new();
+    let (registry, metrics) = Metrics::with_registry();
+    let admission = Arc::new(Admission::new(ControllerConfig::default(), inventory, api.clone(), metrics));
+    let reviewer = Arc::new(MemoryReviewer::new());
+    reviewer.add_token("t-prom", UserInfo::new("system:serviceaccount:monitoring:prometheus"));
+    reviewer.add_token("t-other", UserInfo::new("system:serviceaccount:default:other"));
+    reviewer.allow("system:serviceaccount:monitoring:prometheus", "/metrics", "get");
+    let synced = Arc::new(AtomicBool::new(false));
+    let routes = ControllerServer::new(
+        admission,
+        registry,
+        Some(Arc::new(Authorizer::new(reviewer))),
+        synced.clone(),
+        Duration::from_secs(10),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let tls = TlsFiles::new(dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        server::serve(listener, routes, &tls, HttpTimeouts::default(), async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    let c = connector(&ca);
+
+    // Probes.
+    assert_eq!(call(&c, addr, Method::GET, "/healthz", None, b"").await, (StatusCode::OK, "ok".into()));
+    assert_eq!(call(&c, addr, Method::GET, "/readyz", None, b"").await.0, StatusCode::SERVICE_UNAVAILABLE);
+    synced.store(true, Ordering::Release);
+    assert_eq!(call(&c, addr, Method::GET, "/readyz", None, b"").await.0, StatusCode::OK);
+
+    // GPUClass: an unsupported vendor is denied with the field; a good class is allowed.
+    let gpuclass = ("gpu.deckhouse.io", "v1alpha1", "GPUClass");
+    let bad = json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "amd"},
+        "spec": {"vendor": "amd", "sharing": {"mode": "Exclusive"}}});
+    let (status, body) = call(
+        &c,
+        addr,
+        Method::POST,
+        "/gpuclasses/validate",
+        None,
+        &review(gpuclass, "gpuclasses", "CREATE", None, bad),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let r = response(&body);
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 422);
+    assert_eq!(
+        r["status"]["message"],
+        "GPUClass \"amd\": spec.vendor: Unsupported value: \"amd\": supported values: \"metax\", \"nvidia\""
+    );
+    let good = json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "t4"},
+        "spec": {"vendor": "nvidia", "deviceType": "t4", "sharing": {"mode": "Exclusive"}}});
+    let (_, body) = call(
+        &c,
+        addr,
+        Method::POST,
+        "/gpuclasses/validate",
+        None,
+        &review(gpuclass, "gpuclasses", "CREATE", None, good),
+    )
+    .await;
+    assert_eq!(response(&body)["allowed"], true);
+
+    // DeviceClass naming a missing GPUClass.
+    let dc = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "h100.gpu.deckhouse.io"}, "spec": {}});
+    let (_, body) = call(
+        &c,
+        addr,
+        Method::POST,
+        "/deviceclasses/validate",
+        None,
+        &review(("resource.k8s.io", "v1", "DeviceClass"), "deviceclasses", "CREATE", None, dc),
+    )
+    .await;
+    assert_eq!(
+        response(&body)["status"]["message"],
+        "DeviceClass \"h100.gpu.deckhouse.io\": metadata.name: Not found: GPUClass \"h100\" does not exist"
+    );
+
+    // ResourceClaim asking more devices than one node has.
+    let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "big", "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "a100-shared.gpu.deckhouse.io", "count": 2}}]}}});
+    let (_, body) = call(
+        &c,
+        addr,
+        Method::POST,
+        "/resourceclaims/validate",
+        None,
+        &review(("resource.k8s.io", "v1", "ResourceClaim"), "resourceclaims", "CREATE", Some("ml"), claim),
+    )
+    .await;
+    assert_eq!(
+        response(&body)["status"]["message"],
+        "ResourceClaim \"big\": spec.devices.requests[0].exactly: count: Invalid value: 2: GPUClass \"a100-shared\" has at most 1 matching GPU on one node"
+    );
+
+    // Pod mutation: a patch, and the claim created.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "ml"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"gpu.deckhouse.io/a100-shared": "1"}}}]}});
+    let (_, body) = call(
+        &c,
+        addr,
+        Method::POST,
+        "/pods/mutate",
+        None,
+        &review(("", "v1", "Pod"), "pods", "CREATE", Some("ml"), pod),
+    )
+    .await;
+    let r = response(&body);
+    assert_eq!(r["allowed"], true, "{body}");
+    assert_eq!(r["patchType"], "JSONPatch");
+    let claims = api.claims();
+    assert_eq!(claims.len(), 1);
+    assert_eq!(
+        claims[0].metadata.name.as_deref(),
+        Some(vgpu_webhook::names::safe_resource_name(&["web", "main", "a100-shared"]).as_str())
+    );
+
+    // A body that is not a review.
+    let (status, body) = call(&c, addr, Method::POST, "/gpuclasses/validate", None, b"{").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.starts_with("malformed AdmissionReview"), "{body}");
+
+    // Metrics: 401 without a token, 403 for a user RBAC does not allow, the page for one it does.
+    assert_eq!(call(&c, addr, Method::GET, "/metrics", None, b"").await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(call(&c, addr, Method::GET, "/metrics", Some("t-other"), b"").await.0, StatusCode::FORBIDDEN);
+    let (status, page) = call(&c, addr, Method::GET, "/metrics", Some("t-prom"), b"").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.contains("vgpu_controller_admission_total{route=\"/gpuclasses/validate\",allowed=\"false\"} 1"),
+        "{page}"
+    );
+    assert!(
+        page.contains("vgpu_controller_admission_total{route=\"/pods/mutate\",allowed=\"true\"} 1"),
+        "{page}"
+    );
+    assert!(page.contains("process_"), "{page}");
+
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
