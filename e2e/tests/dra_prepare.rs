@@ -4,7 +4,8 @@
 //! then the test plays the kubelet over the plugin's real sockets: `GetInfo` and `NotifyRegistrationStatus`
 //! on the registration socket, `NodePrepareResources` on the endpoint it names (the plugin reads the claim
 //! from kube-apiserver), the CDI spec carrying `CUDA_MEM_LIMIT_0=1024m` and `CUDA_CORE_LIMIT_0=10` for that
-//! share, then `NodeUnprepareResources` removing the spec and the claim directory.
+//! share and the partition directory of the pod's container (`claims/<uid>/pod-<hash>-app/cuda`: the plugin
+//! reads the consumer pod), then `NodeUnprepareResources` removing the spec and the claim directory.
 //!
 //! Needs the control-plane binaries and `vgpu-kubelet-plugin` built: run `e2e/run.sh dra_prepare`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -166,7 +167,17 @@ async fn the_plugin_prepares_a_claim_the_scheduler_allocated() {
         format!("k8s.manager.nvidia.com/claim={}", spec["devices"][0]["name"].as_str().unwrap()),
         device.cdi_device_ids[0]
     );
-    assert!(dir.join("manager/claims").join(&uid).join("vgpu/config/pids.config").exists());
+    // The partition of the pod's one container (the plugin read the pod: contract §9's partition walk).
+    let pod_uid = pods.get("cuda").await.unwrap().metadata.uid.unwrap();
+    let key = vgpu_dra::partition::single_key(&vgpu_dra::partition::ContainerRef {
+        pod_uid,
+        kind: vgpu_dra::partition::Kind::App,
+        name: "cuda".into(),
+    });
+    assert!(key.ends_with("-app/cuda"), "{key}");
+    assert!(dir.join("manager/claims").join(&uid).join(&key).join("config/pids.config").exists(), "{key}");
+    let mounts = spec["devices"][0]["containerEdits"]["mounts"].to_string();
+    assert!(mounts.contains(&format!("claims/{uid}/{key}/config")), "{mounts}");
 
     // And unprepares it.
     let done = dra

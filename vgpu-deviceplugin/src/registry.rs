@@ -34,7 +34,17 @@
 //! their primary or a supplementary group (`securityContext.supplementalGroups` of the vGPU pods), or
 //! they cannot connect. It is republished by a guard when it is unlinked, and removed on stop only if it
 //! is still the one this server bound.
-//! Register UUIDs (DRA claims) are not served here.
+//!
+//! # Register UUIDs (DRA claim partitions)
+//!
+//! A request with `register_uuid` names a partition of a DRA claim instead of a pod and container: the DRA
+//! kubelet plugin (gate `DevicePluginClientMode`) serves this same registry with a [`RegisterResolver`]
+//! ([`serve_registry_with`]) that maps the UUID to the partition's `config/` directory
+//! (`<manager-dir>/claims/<claimUID>/<partitionKey>/config`) and the pods the claim is reserved for. Steps 2
+//! and 4–6 are the same; step 3 becomes: the UUID must be known (`NotFound`: `register UUID … names no
+//! prepared claim partition on this node`) and the caller's pod one of the claim's consumers
+//! (`PermissionDenied`, the same message as above). Without a resolver (the device plugin) a request with
+//! a register UUID is `Unimplemented`.
 
 use std::{
     collections::HashMap,
@@ -187,6 +197,27 @@ pub fn cgroup_path_of(text: &str) -> Option<(String, bool)> {
     v1
 }
 
+/// Where a register UUID's PIDs are written, and who may write them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisterTarget {
+    /// The partition's `config/` directory as this process sees it (`pids.config` is written into it).
+    pub config_dir: PathBuf,
+    /// The UIDs of the pods whose containers may register this UUID (the claim's consumers).
+    pub pod_uids: Vec<String>,
+}
+
+/// Resolves register UUIDs (DRA claim partitions) to their [`RegisterTarget`]; the DRA kubelet plugin
+/// provides one from its prepared claims.
+pub trait RegisterResolver: Send + Sync + std::fmt::Debug {
+    /// The target of `uuid`, or `None` when no prepared claim partition has it.
+    fn resolve(&self, uuid: &str) -> Option<RegisterTarget>;
+}
+
+/// Whether `uuid` may be a register UUID: 1 to 64 ASCII letters, digits and `-`.
+fn plain_uuid(uuid: &str) -> bool {
+    (1..=64).contains(&uuid.len()) && uuid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+}
+
 struct Budget {
     global: usize,
     per_caller: HashMap<u32, usize>,
@@ -215,12 +246,84 @@ impl Drop for Slot<'_> {
 pub struct RegistryService {
     config: RegistryConfig,
     budget: Mutex<Budget>,
+    resolver: Option<Arc<dyn RegisterResolver>>,
 }
 
 impl RegistryService {
-    /// A service over `config`.
+    /// A service over `config` (register UUIDs refused: no resolver).
     pub fn new(config: RegistryConfig) -> Self {
-        Self { config, budget: Mutex::new(Budget { global: 0, per_caller: HashMap::new() }) }
+        Self { config, budget: Mutex::new(Budget { global: 0, per_caller: HashMap::new() }), resolver: None }
+    }
+
+    /// Serves register UUIDs through `resolver` (the DRA kubelet plugin's prepared claims).
+    #[must_use]
+    pub fn with_resolver(mut self, resolver: Arc<dyn RegisterResolver>) -> Self {
+        self.resolver = Some(resolver);
+        self
+    }
+
+    /// The `config/` directory of the request's target, after the authorization of step 3 (module docs).
+    fn target(&self, cgroup: &CallerCgroup, req: &ContainerDeviceRequest) -> Result<PathBuf, Status> {
+        let caller_pod = cgroup.pod_uid.as_deref().unwrap_or_default();
+        let refused = || {
+            Status::permission_denied(format!(
+                "caller pod {caller_pod:?} is not authorized for this register request"
+            ))
+        };
+        if !req.register_uuid.is_empty() {
+            let Some(resolver) = &self.resolver else {
+                return Err(Status::unimplemented(
+                    "register_uuid (DRA claims) is not served by the device plugin; send pod_uid and container_name",
+                ));
+            };
+            if !plain_uuid(&req.register_uuid) {
+                return Err(Status::invalid_argument(format!(
+                    "register_uuid {:?}: expected 1 to 64 letters, digits and '-'",
+                    req.register_uuid
+                )));
+            }
+            let target = resolver.resolve(&req.register_uuid).ok_or_else(|| {
+                Status::not_found(format!(
+                    "register UUID {} names no prepared claim partition on this node",
+                    req.register_uuid
+                ))
+            })?;
+            if caller_pod.is_empty() || !target.pod_uids.iter().any(|p| p == caller_pod) {
+                return Err(refused());
+            }
+            if !target.config_dir.is_dir() {
+                return Err(Status::not_found(format!(
+                    "register UUID {}: the partition directory {} is missing",
+                    req.register_uuid,
+                    target.config_dir.display()
+                )));
+            }
+            return Ok(target.config_dir);
+        }
+        if req.pod_uid.is_empty() || req.container_name.is_empty() {
+            return Err(Status::invalid_argument("pod_uid and container_name are required"));
+        }
+        if req.container_name.contains('/') || req.pod_uid.contains('/') || req.container_name.contains("..")
+        {
+            return Err(Status::invalid_argument(format!(
+                "container_name {:?} / pod_uid {:?}: expected plain names",
+                req.container_name, req.pod_uid
+            )));
+        }
+        if caller_pod != req.pod_uid {
+            return Err(refused());
+        }
+        let config_dir =
+            self.config.manager_dir.join(format!("{}_{}", req.pod_uid, req.container_name)).join("config");
+        if !config_dir.is_dir() {
+            return Err(Status::not_found(format!(
+                "container {} of pod {} was not allocated on this node ({} is missing)",
+                req.container_name,
+                req.pod_uid,
+                config_dir.display()
+            )));
+        }
+        Ok(config_dir)
     }
 
     fn acquire(&self, pid: u32) -> Result<Slot<'_>, Status> {
@@ -242,37 +345,7 @@ impl RegistryService {
         req: &ContainerDeviceRequest,
     ) -> Result<(), Status> {
         let cfg = &self.config;
-        if !req.register_uuid.is_empty() {
-            return Err(Status::unimplemented(
-                "register_uuid (DRA claims) is not served by the device plugin; send pod_uid and container_name",
-            ));
-        }
-        if req.pod_uid.is_empty() || req.container_name.is_empty() {
-            return Err(Status::invalid_argument("pod_uid and container_name are required"));
-        }
-        if req.container_name.contains('/') || req.pod_uid.contains('/') || req.container_name.contains("..")
-        {
-            return Err(Status::invalid_argument(format!(
-                "container_name {:?} / pod_uid {:?}: expected plain names",
-                req.container_name, req.pod_uid
-            )));
-        }
-        let caller_pod = cgroup.pod_uid.as_deref().unwrap_or_default();
-        if caller_pod != req.pod_uid {
-            return Err(Status::permission_denied(format!(
-                "caller pod {caller_pod:?} is not authorized for this register request"
-            )));
-        }
-        let config_dir =
-            cfg.manager_dir.join(format!("{}_{}", req.pod_uid, req.container_name)).join("config");
-        if !config_dir.is_dir() {
-            return Err(Status::not_found(format!(
-                "container {} of pod {} was not allocated on this node ({} is missing)",
-                req.container_name,
-                req.pod_uid,
-                config_dir.display()
-            )));
-        }
+        let config_dir = self.target(cgroup, req)?;
         let base = if cgroup.v2 { cfg.cgroup_root.clone() } else { cfg.cgroup_root.join("memory") };
         let procs = base.join(cgroup.path.trim_start_matches('/')).join("cgroup.procs");
         let deadline = Instant::now() + cfg.poll_timeout;
@@ -382,11 +455,11 @@ impl VDeviceRegistry for RegistryService {
         };
         match result {
             Ok(()) => {
-                tracing::info!(pod = %req.pod_uid, container = %req.container_name, pid, uid = caller.uid, "container PIDs registered");
+                tracing::info!(pod = %req.pod_uid, container = %req.container_name, register_uuid = %req.register_uuid, pid, uid = caller.uid, "container PIDs registered");
                 Ok(Response::new(ContainerDeviceResponse {}))
             }
             Err(status) => {
-                tracing::warn!(pod = %req.pod_uid, container = %req.container_name, pid, uid = caller.uid, %status, "register refused");
+                tracing::warn!(pod = %req.pod_uid, container = %req.container_name, register_uuid = %req.register_uuid, pid, uid = caller.uid, %status, "register refused");
                 Err(status)
             }
         }
@@ -452,13 +525,23 @@ pub const GUARD_INTERVAL: Duration = Duration::from_millis(500);
 /// when it is accepted ([`peer`]). A guard republishes the socket when it is unlinked (checked every
 /// [`GUARD_INTERVAL`]).
 pub fn serve_registry(config: RegistryConfig) -> Result<RunningRegistry, ServerError> {
-    serve_registry_with_guard(config, GUARD_INTERVAL)
+    serve_registry_with(config, GUARD_INTERVAL, None)
 }
 
 /// [`serve_registry`] with the guard checking every `guard` period.
 pub fn serve_registry_with_guard(
     config: RegistryConfig,
     guard: Duration,
+) -> Result<RunningRegistry, ServerError> {
+    serve_registry_with(config, guard, None)
+}
+
+/// [`serve_registry`] with the guard period and, for the DRA kubelet plugin, the [`RegisterResolver`] of
+/// register UUIDs (`None`: they are refused, as the device plugin does).
+pub fn serve_registry_with(
+    config: RegistryConfig,
+    guard: Duration,
+    resolver: Option<Arc<dyn RegisterResolver>>,
 ) -> Result<RunningRegistry, ServerError> {
     let socket = config.socket();
     let dir = socket.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
@@ -484,7 +567,11 @@ pub fn serve_registry_with_guard(
         proc_root: config.proc_root.clone(),
         cgroup_driver: config.cgroup_driver,
     });
-    let service = Arc::new(RegistryService::new(config));
+    let service = RegistryService::new(config);
+    let service = Arc::new(match resolver {
+        Some(resolver) => service.with_resolver(resolver),
+        None => service,
+    });
     let path = socket.clone();
     let ids = Arc::clone(&identity_cell);
     let handle = tokio::spawn(async move {

@@ -2,7 +2,8 @@
 //! process (this test binary run again in a helper mode, see [`helper_process`]): its `SO_PEERCRED` PID is
 //! looked up under a fake `/proc` whose `cgroup` file puts it in a pod, and that pod's fake cgroup lists
 //! the PIDs that end up in `pids.config` (with fake `status` files naming their uids). The process handle
-//! and the caller's own uids come from the real `/proc`.
+//! and the caller's own uids come from the real `/proc`. Register UUIDs (DRA claim partitions) go through a
+//! resolver given to the server, as the DRA kubelet plugin gives its prepared claims.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -18,7 +19,10 @@ use vgpu_core::node_config::CgroupDriver;
 use vgpu_deviceplugin::{
     api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient},
     registration::connect_unix,
-    registry::{RegistryConfig, serve_registry, serve_registry_with_guard},
+    registry::{
+        RegisterResolver, RegisterTarget, RegistryConfig, serve_registry, serve_registry_with,
+        serve_registry_with_guard,
+    },
 };
 
 const UID: &str = "0b1a22cd-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
@@ -119,6 +123,59 @@ async fn registers_the_callers_container_pids() {
 
     running.stop().await;
     assert!(!socket.exists(), "socket removed on stop");
+}
+
+/// A resolver of fixed register UUIDs (the DRA kubelet plugin provides one from its prepared claims).
+#[derive(Debug)]
+struct Fixed(Vec<(&'static str, RegisterTarget)>);
+
+impl RegisterResolver for Fixed {
+    fn resolve(&self, uuid: &str) -> Option<RegisterTarget> {
+        self.0.iter().find(|(u, _)| *u == uuid).map(|(_, t)| t.clone())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_uuids_go_through_the_resolver() {
+    let root = tempfile::tempdir().unwrap();
+    let config = setup(root.path(), CgroupDriver::Systemd);
+    let part = root.path().join("manager/claims/claim-1/pod-abc-app/main/config");
+    std::fs::create_dir_all(&part).unwrap();
+    let target = |dir: PathBuf, pod: &str| RegisterTarget { config_dir: dir, pod_uids: vec![pod.to_owned()] };
+    let resolver = Fixed(vec![
+        ("11111111-2222-4333-8444-555555555555", target(part.clone(), UID)),
+        ("22222222-2222-4333-8444-555555555555", target(part.clone(), "another-pod")),
+        ("33333333-2222-4333-8444-555555555555", target(root.path().join("gone/config"), UID)),
+    ]);
+    let running =
+        serve_registry_with(config, Duration::from_millis(50), Some(std::sync::Arc::new(resolver))).unwrap();
+    let mut client =
+        VDeviceRegistryClient::new(connect_unix(&running.socket, Duration::from_secs(5)).await.unwrap());
+    let by_uuid = |uuid: &str| ContainerDeviceRequest {
+        pod_uid: String::new(),
+        container_name: String::new(),
+        register_uuid: uuid.into(),
+    };
+
+    client.register_container_device(by_uuid("11111111-2222-4333-8444-555555555555")).await.unwrap();
+    assert_eq!(std::fs::read_to_string(part.join("pids.config")).unwrap(), "17\n4242\n");
+    let err =
+        client.register_container_device(by_uuid("22222222-2222-4333-8444-555555555555")).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert_eq!(err.message(), format!("caller pod {UID:?} is not authorized for this register request"));
+    let err =
+        client.register_container_device(by_uuid("33333333-2222-4333-8444-555555555555")).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("partition directory"), "{}", err.message());
+    let err =
+        client.register_container_device(by_uuid("99999999-2222-4333-8444-555555555555")).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("names no prepared claim partition on this node"), "{}", err.message());
+    let err = client.register_container_device(by_uuid("a/b")).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    // Pod and container requests are still served beside UUIDs.
+    client.register_container_device(request(UID, "main")).await.unwrap();
+    running.stop().await;
 }
 
 #[tokio::test]

@@ -9,15 +9,16 @@
 //! | qualified ID (returned to the kubelet) | `k8s.manager.nvidia.com/claim=<device name>` |
 //!
 //! Container edits of a claim with vGPU devices (`vgpu-<minor>`), `<host>` = `--host-manager-dir`,
-//! `<part>` = `<host>/claims/<claimUID>/<partition>` (one partition per request):
+//! `<part>` = `<host>/claims/<claimUID>/<partitionKey>` (the device's partition: [`crate::partition`]):
 //!
 //! | where | env | mounts (container ← host) | device nodes |
 //! |---|---|---|---|
-//! | spec-wide | `LD_PRELOAD=/etc/vgpu-manager/driver/libvgpu-control.so`, `MANAGER_COMPATIBILITY_MODE`, `MANAGER_VISIBLE_DEVICES=`, `CUDA_MEM_RATIO=<ratio/100 %.2f>`, `CUDA_CORE_LIMIT=`, `CUDA_CORE_SOFT_LIMIT=`, `CUDA_MEM_LIMIT=`, `CUDA_MEM_OVERSOLD=TRUE\|FALSE`, `VMEMORY_NODE_ENABLED=TRUE`, `CUDA_SM_SHARED_BUCKET=TRUE`, `MANAGER_VGPU_CLAIM_UID=<uid>`, `EXTERNAL_SM_WATCHER_ENABLED=FALSE` (`TRUE` with gate `SharedSMUtilizationWatcher`), `MANAGER_CLIENT_REGISTER_UUID=` | `/etc/vgpu-manager/driver/libvgpu-control.so` ← `<host>/libvgpu-control.so.<ver>` (ro), `/etc/ld.so.preload` ← `<host>/ld.so.preload` (ro), `/etc/vgpu-manager/.host_proc` ← `/proc` (ro); with gate `SharedSMUtilizationWatcher` also `/etc/vgpu-manager/watcher` ← `<host>/watcher` (ro) | the control nodes present under the container driver root |
-//! | per device `i` (its ordinal within its request) | `MANAGER_VISIBLE_DEVICE_<i>=<uuid>`, `CUDA_MEM_RATIO_<i>`, `CUDA_MEM_OVERSOLD_<i>`, `CUDA_MEM_LIMIT_<i>=<MiB>m` (empty: no limit), `CUDA_CORE_LIMIT_<i>`, `CUDA_CORE_SOFT_LIMIT_<i>` (from the consumed `cores` and the claim's `…/vgpu-compute-policy` annotation: fixed → both, balance → soft 100, none or ≥ 100 → empty) | `/etc/vgpu-manager/config` ← `<part>/config` (rw), `/tmp/.vgpu_lock` ← `<part>/vgpu_lock`, `/tmp/.vmem_node` ← `<part>/vmem_node`, `/tmp/.sm_node` ← `<part>/sm_node` (rw), `/etc/vgpu-manager/config/pids.config` ← `<part>/config/pids.config` (ro) | the GPU's nodes (`/dev/nvidia<minor>`) |
+//! | spec-wide | `LD_PRELOAD=/etc/vgpu-manager/driver/libvgpu-control.so`, `MANAGER_COMPATIBILITY_MODE`, `MANAGER_VISIBLE_DEVICES=`, `CUDA_MEM_RATIO=<ratio/100 %.2f>`, `CUDA_CORE_LIMIT=`, `CUDA_CORE_SOFT_LIMIT=`, `CUDA_MEM_LIMIT=`, `CUDA_MEM_OVERSOLD=TRUE\|FALSE`, `VMEMORY_NODE_ENABLED=TRUE`, `CUDA_SM_SHARED_BUCKET=TRUE`, `MANAGER_VGPU_CLAIM_UID=<uid>`, `EXTERNAL_SM_WATCHER_ENABLED=FALSE` (`TRUE` with gate `SharedSMUtilizationWatcher`) | `/etc/vgpu-manager/driver/libvgpu-control.so` ← `<host>/libvgpu-control.so.<ver>` (ro), `/etc/ld.so.preload` ← `<host>/ld.so.preload` (ro), `/etc/vgpu-manager/.host_proc` ← `/proc` (ro; with gate `DevicePluginClientMode` instead `/etc/vgpu-manager/registry` ← `<host>/registry` (ro)); with gate `SharedSMUtilizationWatcher` also `/etc/vgpu-manager/watcher` ← `<host>/watcher` (ro) | the control nodes present under the container driver root |
+//! | per device `i` (its ordinal within its request) | `MANAGER_VISIBLE_DEVICE_<i>=<uuid>`, `CUDA_MEM_RATIO_<i>`, `CUDA_MEM_OVERSOLD_<i>`, `CUDA_MEM_LIMIT_<i>=<MiB>m` (empty: no limit), `CUDA_CORE_LIMIT_<i>`, `CUDA_CORE_SOFT_LIMIT_<i>` (from the consumed `cores` and the claim's `…/vgpu-compute-policy` annotation: fixed → both, balance → soft 100, none or ≥ 100 → empty); with gate `DevicePluginClientMode` `MANAGER_CLIENT_REGISTER_UUID=<uuid of the partition>` ([`crate::client_mode`]) | `/etc/vgpu-manager/config` ← `<part>/config` (rw), `/tmp/.vgpu_lock` ← `<part>/vgpu_lock`, `/tmp/.vmem_node` ← `<part>/vmem_node`, `/tmp/.sm_node` ← `<part>/sm_node` (rw), `/etc/vgpu-manager/config/pids.config` ← `<part>/config/pids.config` (ro) | the GPU's nodes (`/dev/nvidia<minor>`) |
 //!
 //! Whole-GPU devices (`gpu-<minor>`) get only their device nodes and the control nodes. No `vgpu.config` is
-//! written: the in-container library builds it from this env.
+//! written: the in-container library builds it from this env. Every spec is checked with [`validate`]
+//! (the CDI specification's rules for these fields) before [`write_spec`] writes it.
 //!
 //! ```
 //! use vgpu_dra::cdi::{device_name, qualified, sanitize, spec_file_name};
@@ -137,6 +138,179 @@ pub enum CdiError {
     /// The atomic write failed.
     #[error(transparent)]
     Write(#[from] vgpu_core::abi::AbiError),
+    /// The spec breaks the CDI specification; nothing was written.
+    #[error("CDI spec of claim {claim_uid} is not valid: {source}")]
+    Invalid {
+        /// The claim.
+        claim_uid: String,
+        /// The first rule broken.
+        #[source]
+        source: SpecError,
+    },
+}
+
+/// A rule of the CDI specification (v0.5.0 and later) that a [`Spec`] breaks, naming the field and what
+/// was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    /// `cdiVersion` is not a released CDI version.
+    #[error("cdiVersion {0:?}: expected one of {versions}", versions = CDI_VERSIONS.join(", "))]
+    Version(String),
+    /// `kind` is not `vendor/class` with valid names.
+    #[error(
+        "kind {0:?}: expected <vendor>/<class>, the vendor a letter then letters, digits, '-', '_', '.' \
+         ending in a letter or digit, the class a letter then letters, digits, '-', '_' ending in a letter or digit"
+    )]
+    Kind(String),
+    /// The spec has no device.
+    #[error("devices: expected at least one device")]
+    NoDevices,
+    /// A device name breaks the name rule.
+    #[error(
+        "devices[{index}].name {name:?}: expected a letter or digit first and last, otherwise letters, digits, \
+         '_', '-', '.', ':'"
+    )]
+    DeviceName {
+        /// The device's position.
+        index: usize,
+        /// The name.
+        name: String,
+    },
+    /// Two devices share a name.
+    #[error("devices[{index}].name {name:?}: duplicate device name")]
+    DuplicateName {
+        /// The second device's position.
+        index: usize,
+        /// The name.
+        name: String,
+    },
+    /// A device has no container edits.
+    #[error("devices[{index}] ({name}): containerEdits: expected at least one env, device node or mount")]
+    EmptyDevice {
+        /// The device's position.
+        index: usize,
+        /// The name.
+        name: String,
+    },
+    /// An env entry is not `KEY=value` with a non-empty key.
+    #[error("{place}.env {entry:?}: expected KEY=value with a non-empty KEY")]
+    Env {
+        /// `containerEdits` or `devices[i].containerEdits`.
+        place: String,
+        /// The entry.
+        entry: String,
+    },
+    /// A device node path is not absolute.
+    #[error("{place}.deviceNodes {field} {path:?}: expected an absolute path")]
+    DeviceNode {
+        /// Where.
+        place: String,
+        /// `path` or `hostPath`.
+        field: &'static str,
+        /// The path.
+        path: String,
+    },
+    /// A mount path is not absolute.
+    #[error("{place}.mounts {field} {path:?}: expected an absolute path")]
+    Mount {
+        /// Where.
+        place: String,
+        /// `hostPath` or `containerPath`.
+        field: &'static str,
+        /// The path.
+        path: String,
+    },
+}
+
+/// The released CDI specification versions a spec may declare.
+pub const CDI_VERSIONS: [&str; 8] = ["0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"];
+
+/// The CDI vendor-name rule: a letter first, a letter or digit last, otherwise letters, digits, `-`, `_`, `.`.
+pub fn valid_vendor_name(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// The CDI class-name rule: a letter first, a letter or digit last, otherwise letters, digits, `-`, `_`.
+pub fn valid_class_name(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+}
+
+/// Checks `spec` against the CDI specification's rules for the fields this plugin writes: `cdiVersion`
+/// released, `kind` `vendor/class`, at least one device, device names valid and unique, every device with
+/// some edit, env `KEY=value`, device-node and mount paths absolute. Returns the first rule broken.
+///
+/// ```
+/// use vgpu_dra::cdi::{ContainerEdits, Device, KIND, SPEC_VERSION, Spec, SpecError, validate};
+///
+/// let device = |name: &str, env: &str| Device {
+///     name: name.into(),
+///     container_edits: ContainerEdits { env: vec![env.into()], ..ContainerEdits::default() },
+/// };
+/// let mut spec = Spec {
+///     cdi_version: SPEC_VERSION.into(),
+///     kind: KIND.into(),
+///     devices: vec![device("uid-1-gpu-0", "A=1")],
+///     container_edits: ContainerEdits::default(),
+/// };
+/// assert_eq!(validate(&spec), Ok(()));
+/// spec.devices.push(device("uid-1-gpu-1", "=1"));
+/// assert!(matches!(validate(&spec), Err(SpecError::Env { .. })));
+/// ```
+pub fn validate(spec: &Spec) -> Result<(), SpecError> {
+    if !CDI_VERSIONS.contains(&spec.cdi_version.as_str()) {
+        return Err(SpecError::Version(spec.cdi_version.clone()));
+    }
+    match spec.kind.split_once('/') {
+        Some((vendor, class)) if valid_vendor_name(vendor) && valid_class_name(class) => {}
+        _ => return Err(SpecError::Kind(spec.kind.clone())),
+    }
+    if spec.devices.is_empty() {
+        return Err(SpecError::NoDevices);
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for (index, device) in spec.devices.iter().enumerate() {
+        if !valid_device_name(&device.name) {
+            return Err(SpecError::DeviceName { index, name: device.name.clone() });
+        }
+        if !names.insert(device.name.as_str()) {
+            return Err(SpecError::DuplicateName { index, name: device.name.clone() });
+        }
+        let edits = &device.container_edits;
+        if edits.env.is_empty() && edits.device_nodes.is_empty() && edits.mounts.is_empty() {
+            return Err(SpecError::EmptyDevice { index, name: device.name.clone() });
+        }
+        validate_edits(&format!("devices[{index}].containerEdits"), edits)?;
+    }
+    validate_edits("containerEdits", &spec.container_edits)
+}
+
+fn validate_edits(place: &str, edits: &ContainerEdits) -> Result<(), SpecError> {
+    for entry in &edits.env {
+        if entry.find('=').is_none_or(|at| at == 0) {
+            return Err(SpecError::Env { place: place.to_owned(), entry: entry.clone() });
+        }
+    }
+    let absolute = |p: &str| p.starts_with('/');
+    for node in &edits.device_nodes {
+        for (field, path) in [("path", &node.path), ("hostPath", &node.host_path)] {
+            if !absolute(path) {
+                return Err(SpecError::DeviceNode { place: place.to_owned(), field, path: path.clone() });
+            }
+        }
+    }
+    for mount in &edits.mounts {
+        for (field, path) in [("hostPath", &mount.host_path), ("containerPath", &mount.container_path)] {
+            if !absolute(path) {
+                return Err(SpecError::Mount { place: place.to_owned(), field, path: path.clone() });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every character outside `[A-Za-z0-9_.-]` turned into `-` (upstream's CDI device-ID rule).
@@ -187,8 +361,10 @@ pub fn spec_file_name(claim_uid: &str) -> String {
     format!("{}_{}.json", KIND.replace('/', "-"), claim_uid.replace('/', "_"))
 }
 
-/// Writes `spec` to `path` atomically (mode 0644), creating the directory.
+/// Checks `spec` ([`validate`]), then writes it to `path` atomically (mode 0644), creating the directory. An
+/// invalid spec is refused ([`CdiError::Invalid`]) and nothing is written.
 pub fn write_spec(path: &Path, claim_uid: &str, spec: &Spec) -> Result<(), CdiError> {
+    validate(spec).map_err(|source| CdiError::Invalid { claim_uid: claim_uid.to_owned(), source })?;
     let text = serde_json::to_vec_pretty(spec)
         .map_err(|source| CdiError::Serialize { claim_uid: claim_uid.to_owned(), source })?;
     if let Some(dir) = path.parent() {
@@ -249,6 +425,75 @@ mod tests {
         write_spec(&path, "u", &spec).unwrap();
         let back: Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(back, spec);
+    }
+
+    fn valid_spec() -> Spec {
+        Spec {
+            cdi_version: SPEC_VERSION.into(),
+            kind: KIND.into(),
+            devices: vec![Device {
+                name: "u-x".into(),
+                container_edits: ContainerEdits {
+                    env: vec!["A=".into()],
+                    device_nodes: vec![DeviceNode {
+                        host_path: "/dev/nvidia0".into(),
+                        path: "/dev/nvidia0".into(),
+                    }],
+                    mounts: vec![Mount::bind("/c", Path::new("/h"), true)],
+                },
+            }],
+            container_edits: ContainerEdits { env: vec!["B=x=y".into()], ..ContainerEdits::default() },
+        }
+    }
+
+    #[test]
+    fn the_validator_names_each_broken_rule() {
+        assert_eq!(validate(&valid_spec()), Ok(()));
+        let broken = |edit: &dyn Fn(&mut Spec)| {
+            let mut spec = valid_spec();
+            edit(&mut spec);
+            validate(&spec).unwrap_err()
+        };
+        assert_eq!(broken(&|s| s.cdi_version = "0.5".into()), SpecError::Version("0.5".into()));
+        for kind in
+            ["claim", "k8s.manager.nvidia.com/", "/claim", "1vendor/claim", "v/cla.ss", "v-/c", "v/c-"]
+        {
+            assert_eq!(broken(&|s| s.kind = kind.into()), SpecError::Kind(kind.into()), "{kind}");
+        }
+        assert_eq!(broken(&|s| s.devices.clear()), SpecError::NoDevices);
+        assert!(matches!(
+            broken(&|s| s.devices[0].name = "-x".into()),
+            SpecError::DeviceName { index: 0, .. }
+        ));
+        let twice = broken(&|s| s.devices.push(s.devices[0].clone()));
+        assert_eq!(twice, SpecError::DuplicateName { index: 1, name: "u-x".into() });
+        assert!(matches!(
+            broken(&|s| s.devices[0].container_edits = ContainerEdits::default()),
+            SpecError::EmptyDevice { .. }
+        ));
+        let env = broken(&|s| s.devices[0].container_edits.env.push("NOEQUALS".into()));
+        assert_eq!(
+            env.to_string(),
+            "devices[0].containerEdits.env \"NOEQUALS\": expected KEY=value with a non-empty KEY"
+        );
+        assert!(matches!(broken(&|s| s.container_edits.env.push("=v".into())), SpecError::Env { .. }));
+        let node = broken(&|s| s.devices[0].container_edits.device_nodes[0].path = "dev/x".into());
+        assert!(matches!(node, SpecError::DeviceNode { field: "path", .. }), "{node}");
+        let node = broken(&|s| {
+            s.container_edits.device_nodes.push(DeviceNode { host_path: "x".into(), path: "/x".into() })
+        });
+        assert!(matches!(node, SpecError::DeviceNode { field: "hostPath", .. }), "{node}");
+        let mount = broken(&|s| s.devices[0].container_edits.mounts[0].container_path = "c".into());
+        assert!(matches!(mount, SpecError::Mount { field: "containerPath", .. }), "{mount}");
+        let mount = broken(&|s| s.devices[0].container_edits.mounts[0].host_path = String::new());
+        assert!(matches!(mount, SpecError::Mount { field: "hostPath", .. }), "{mount}");
+        // write_spec refuses an invalid spec and writes nothing.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(spec_file_name("u"));
+        let mut spec = valid_spec();
+        spec.kind = "bad".into();
+        assert!(matches!(write_spec(&path, "u", &spec), Err(CdiError::Invalid { .. })));
+        assert!(!path.exists());
     }
 
     proptest! {

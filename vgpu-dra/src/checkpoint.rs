@@ -2,17 +2,18 @@
 //!
 //! ```text
 //! {
-//!   "checksum": <u32>,                      // FNV-1a 32 of this object serialised with checksum = 0
+//!   "checksum": <u32>,                      // kubelet checksum of this object serialised with checksum = 0
 //!   "v1": { "preparedClaims": { "<claimUID>": [PreparedDevice, ...] } },   // completed claims, for readers of v1
 //!   "v2": {
-//!     "checksum": <u32>,                    // FNV-1a 32 of v2 serialised with its checksum = 0
+//!     "checksum": <u32>,                    // kubelet checksum of v2 serialised with its checksum = 0
 //!     "preparedClaims": {
 //!       "<claimUID>": {
 //!         "checkpointState": "PrepareStarted" | "PrepareCompleted",
 //!         "status": <ResourceClaimStatus JSON, optional>,
 //!         "preparedDevices": [PreparedDevice, ...],
 //!         "name": "<claim name>", "namespace": "<claim namespace>",
-//!         "paths": ["<file or directory Prepare creates>", ...]
+//!         "paths": ["<file or directory Prepare creates>", ...],
+//!         "registerUUIDs": { "<uuid>": "<partitionKey>" }   // client mode only, absent when empty
 //!       }
 //!     },
 //!     "nodeBootID": "<content of /proc/sys/kernel/random/boot_id>"
@@ -24,7 +25,7 @@
 //! | rule | behaviour |
 //! |---|---|
 //! | missing file | an empty checkpoint ([`Checkpoint::load`]) |
-//! | checksum | kubelet-style: a 32-bit FNV-1a over the canonical serialisation (our struct, compact JSON, map keys sorted) with the checksum fields zeroed. Go's kubelet hashes its in-memory object with `spew`, which has no Rust counterpart, so a file written by upstream vgpu-manager does not verify and is refused rather than trusted |
+//! | checksum | the kubelet checkpoint manager's ([`kubelet_checksum`]), as upstream computes it: the object is serialised as Go's `json.Marshal` does (compact, fields in declaration order, map keys sorted, `<`, `>`, `&`, U+2028, U+2029 escaped as `\u003c`… : [`go_json`]) with the checksum field 0, and those bytes are hashed as `checksum.New([]byte)` hashes them: 32-bit FNV-1a over `hashutil.DeepHashObject`'s rendering of a byte slice, spew's `%#v` = `([]uint8)[123 34 …]` (decimal bytes separated by one space). `v2.checksum` covers `v2` alone the same way |
 //! | `v1` only | upgraded: every claim becomes `PrepareCompleted` with its devices, no name, namespace or boot ID |
 //! | `v2` present | `v1` is ignored on read; it is rewritten from the completed claims on every write |
 //! | boot ID | a recorded, non-empty `nodeBootID` other than this boot's means the node rebooted: [`Checkpoint::rebooted`] (the driver then rolls every entry back) |
@@ -156,6 +157,10 @@ pub struct PreparedClaim {
     /// and rollback remove exactly these.
     #[serde(default)]
     pub paths: Vec<String>,
+    /// Client mode (gate `DevicePluginClientMode`): register UUID → partition key, one per vGPU partition;
+    /// also the claim's `manager.nvidia.com/<uuid>` annotations. Absent when empty.
+    #[serde(default, rename = "registerUUIDs", skip_serializing_if = "BTreeMap::is_empty")]
+    pub register_uuids: BTreeMap<String, String>,
 }
 
 impl PreparedClaim {
@@ -168,6 +173,7 @@ impl PreparedClaim {
             name: name.to_owned(),
             namespace: namespace.to_owned(),
             paths,
+            register_uuids: BTreeMap::new(),
         }
     }
 }
@@ -212,7 +218,87 @@ pub struct Checkpoint {
 
 /// 32-bit FNV-1a, the hash of the kubelet's checkpoint checksums.
 pub fn fnv1a32(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+    fnv1a32_more(FNV_OFFSET, bytes)
+}
+
+const FNV_OFFSET: u32 = 0x811c_9dc5;
+
+fn fnv1a32_more(hash: u32, bytes: &[u8]) -> u32 {
+    bytes.iter().fold(hash, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+}
+
+/// The kubelet checkpoint manager's checksum of serialised checkpoint bytes, `checksum.New(data []byte)`:
+/// `hashutil.DeepHashObject` writes `dump.ForHash(data)` (spew `%#v` with sorted keys, no methods) into a
+/// 32-bit FNV-1a. For a byte slice that rendering is `([]uint8)[` + each byte in decimal, separated by one
+/// space + `]`; this hashes exactly that text, without building it.
+///
+/// ```
+/// use vgpu_dra::checkpoint::{fnv1a32, kubelet_checksum};
+///
+/// assert_eq!(kubelet_checksum(b"{}"), fnv1a32(b"([]uint8)[123 125]"));
+/// ```
+pub fn kubelet_checksum(json: &[u8]) -> u32 {
+    let mut hash = fnv1a32_more(FNV_OFFSET, b"([]uint8)[");
+    let mut digits = [0_u8; 3];
+    for (i, byte) in json.iter().enumerate() {
+        if i > 0 {
+            hash = fnv1a32_more(hash, b" ");
+        }
+        let mut n = *byte;
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + n % 10;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        hash = fnv1a32_more(hash, &digits[at..]);
+    }
+    fnv1a32_more(hash, b"]")
+}
+
+/// Go's `encoding/json` string escaping on top of serde_json's compact output: `<`, `>`, `&`, U+2028 and
+/// U+2029 become `\u003c`, `\u003e`, `\u0026`, `\u2028`, `\u2029` (Go's `json.Marshal` HTML-escapes).
+#[derive(Debug, Clone, Copy, Default)]
+struct GoFormatter;
+
+impl serde_json::ser::Formatter for GoFormatter {
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        let mut start = 0;
+        for (i, c) in fragment.char_indices() {
+            let escaped = match c {
+                '<' => "\\u003c",
+                '>' => "\\u003e",
+                '&' => "\\u0026",
+                '\u{2028}' => "\\u2028",
+                '\u{2029}' => "\\u2029",
+                _ => continue,
+            };
+            writer.write_all(&fragment.as_bytes()[start..i])?;
+            writer.write_all(escaped.as_bytes())?;
+            start = i + c.len_utf8();
+        }
+        writer.write_all(&fragment.as_bytes()[start..])
+    }
+}
+
+/// `value` serialised as Go's `json.Marshal` would serialise the same Go structure (compact, Go's string
+/// escaping); the bytes the checksums cover and the bytes written.
+pub fn go_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, GoFormatter);
+    value.serialize(&mut ser)?;
+    Ok(out)
+}
+
+fn checksum_of<T: Serialize>(value: &T) -> Result<u32, CheckpointError> {
+    Ok(kubelet_checksum(&go_json(value).map_err(CheckpointError::Serialize)?))
 }
 
 impl Checkpoint {
@@ -270,11 +356,11 @@ impl Checkpoint {
                 .collect(),
         });
         v2.checksum = 0;
-        v2.checksum = fnv1a32(&serde_json::to_vec(&v2).map_err(CheckpointError::Serialize)?);
+        v2.checksum = checksum_of(&v2)?;
         out.v2 = Some(v2);
         out.checksum = 0;
-        out.checksum = fnv1a32(&serde_json::to_vec(&out).map_err(CheckpointError::Serialize)?);
-        serde_json::to_vec(&out).map_err(CheckpointError::Serialize)
+        out.checksum = checksum_of(&out)?;
+        go_json(&out).map_err(CheckpointError::Serialize)
     }
 
     /// Parses and verifies `bytes`; a `v1`-only file is upgraded (see the module docs).
@@ -282,7 +368,7 @@ impl Checkpoint {
         let mut cp: Self = serde_json::from_slice(bytes).map_err(CheckpointError::Syntax)?;
         let recorded = cp.checksum;
         cp.checksum = 0;
-        let computed = fnv1a32(&serde_json::to_vec(&cp).map_err(CheckpointError::Serialize)?);
+        let computed = checksum_of(&cp)?;
         if computed != recorded {
             return Err(CheckpointError::Checksum { which: "checksum", recorded, computed });
         }
@@ -290,7 +376,7 @@ impl Checkpoint {
             Some(v2) => {
                 let recorded = v2.checksum;
                 v2.checksum = 0;
-                let computed = fnv1a32(&serde_json::to_vec(&*v2).map_err(CheckpointError::Serialize)?);
+                let computed = checksum_of(&*v2)?;
                 if computed != recorded {
                     return Err(CheckpointError::Checksum { which: "v2.checksum", recorded, computed });
                 }
@@ -310,6 +396,7 @@ impl Checkpoint {
                                 name: String::new(),
                                 namespace: String::new(),
                                 paths: Vec::new(),
+                                register_uuids: BTreeMap::new(),
                             };
                             (uid, claim)
                         })
@@ -370,6 +457,26 @@ mod tests {
         assert_eq!(fnv1a32(b""), 0x811c_9dc5);
         assert_eq!(fnv1a32(b"a"), 0xe40c_292c);
         assert_eq!(fnv1a32(b"foobar"), 0xbf9c_f968);
+    }
+
+    #[test]
+    fn kubelet_checksum_known_vectors() {
+        // checksum.New([]byte("{}")): FNV-1a 32 of the text `([]uint8)[123 125]`, computed by hand from
+        // the algorithm's definition (offset 0x811c9dc5, prime 0x01000193).
+        assert_eq!(kubelet_checksum(b"{}"), 1_558_789_936);
+        assert_eq!(kubelet_checksum(b""), fnv1a32(b"([]uint8)[]"));
+        assert_eq!(kubelet_checksum(&[0, 9, 10, 99, 100, 255]), fnv1a32(b"([]uint8)[0 9 10 99 100 255]"));
+        let rendered: String = format!(
+            "([]uint8)[{}]",
+            br#"{"checksum":0}"#.iter().map(u8::to_string).collect::<Vec<_>>().join(" ")
+        );
+        assert_eq!(kubelet_checksum(br#"{"checksum":0}"#), fnv1a32(rendered.as_bytes()));
+    }
+
+    #[test]
+    fn go_json_escapes_as_go_does() {
+        let text = go_json(&serde_json::json!({"b": "<a&b>\u{2028}\u{2029}é\n", "a": 1})).unwrap();
+        assert_eq!(String::from_utf8(text).unwrap(), r#"{"a":1,"b":"\u003ca\u0026b\u003e\u2028\u2029é\n"}"#);
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! | call | request | result |
 //! |---|---|---|
 //! | [`ClaimSource::get`] | `GET /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>` | `Ok(Some)`; 404 → `Ok(None)`; anything else → [`ClaimError`] |
+//! | [`ClaimSource::pod`] | `GET /api/v1/namespaces/<ns>/pods/<name>` (a consumer, for the partition walk) | as above |
+//! | [`ClaimSource::annotate`] | `PATCH` (merge) `/apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>` `{"metadata":{"annotations":{k: v or null}}}` (client mode's `manager.nvidia.com/<uuid>`) | 404 → `Ok(())` |
 //!
 //! The caller checks the UID: a claim of the same name but another UID is a different (re-created) claim.
 //!
@@ -28,7 +30,7 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
 
 /// Reading a claim failed (not a 404).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,6 +49,23 @@ pub struct ClaimError {
 pub trait ClaimSource: Send + Sync + std::fmt::Debug + 'static {
     /// The claim, or `None` when it does not exist.
     async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, ClaimError>;
+
+    /// The pod `namespace/name` (a claim's consumer, for [`crate::partition`]), or `None` when it does not
+    /// exist. The default reads nothing (every request then gets its fallback partition).
+    async fn pod(&self, _namespace: &str, _name: &str) -> Result<Option<Pod>, ClaimError> {
+        Ok(None)
+    }
+
+    /// Sets (`Some`) or removes (`None`) annotations of the claim `namespace/name`; a claim that no longer
+    /// exists is fine. The default does nothing.
+    async fn annotate(
+        &self,
+        _namespace: &str,
+        _name: &str,
+        _changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), ClaimError> {
+        Ok(())
+    }
 }
 
 // === impl KubeClaims ===
@@ -80,6 +99,34 @@ impl ClaimSource for KubeClaims {
             message: e.to_string(),
         })
     }
+
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, ClaimError> {
+        let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name).await.map_err(|e| ClaimError {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            message: format!("get Pod: {e}"),
+        })
+    }
+
+    async fn annotate(
+        &self,
+        namespace: &str,
+        name: &str,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), ClaimError> {
+        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
+        let patch = serde_json::json!({ "metadata": { "annotations": changes } });
+        match api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(ClaimError {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                message: format!("patch annotations: {e}"),
+            }),
+        }
+    }
 }
 
 // === impl InMemoryClaims ===
@@ -88,6 +135,7 @@ impl ClaimSource for KubeClaims {
 #[derive(Debug, Default)]
 pub struct InMemoryClaims {
     claims: Mutex<BTreeMap<(String, String), ResourceClaim>>,
+    pods: Mutex<BTreeMap<(String, String), Pod>>,
     failures: Mutex<Vec<String>>,
 }
 
@@ -109,6 +157,15 @@ impl InMemoryClaims {
             .remove(&(namespace.to_owned(), name.to_owned()));
     }
 
+    /// Adds or replaces a pod (keyed by its namespace and name).
+    pub fn insert_pod(&self, pod: Pod) {
+        let key = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        self.pods.lock().unwrap_or_else(PoisonError::into_inner).insert(key, pod);
+    }
+
     /// The next `get` fails with `message`.
     pub fn fail_next(&self, message: &str) {
         self.failures.lock().unwrap_or_else(PoisonError::into_inner).push(message.to_owned());
@@ -127,6 +184,30 @@ impl ClaimSource for InMemoryClaims {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned())
+    }
+
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, ClaimError> {
+        let pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(pods.get(&(namespace.to_owned(), name.to_owned())).cloned())
+    }
+
+    async fn annotate(
+        &self,
+        namespace: &str,
+        name: &str,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), ClaimError> {
+        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(claim) = claims.get_mut(&(namespace.to_owned(), name.to_owned())) {
+            let annotations = claim.metadata.annotations.get_or_insert_with(BTreeMap::new);
+            for (key, value) in changes {
+                match value {
+                    Some(v) => annotations.insert(key.clone(), v.clone()),
+                    None => annotations.remove(key),
+                };
+            }
+        }
+        Ok(())
     }
 }
 

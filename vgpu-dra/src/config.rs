@@ -172,6 +172,12 @@ impl DriverConfig {
         self.gates.enabled(DraGate::SharedSMUtilizationWatcher)
     }
 
+    /// Gate `DevicePluginClientMode`: containers register their PIDs through the registry socket with their
+    /// partition's register UUID (`MANAGER_CLIENT_REGISTER_UUID`) instead of reading `/proc`.
+    pub fn client_mode(&self) -> bool {
+        self.gates.enabled(DraGate::DevicePluginClientMode)
+    }
+
     /// `<manager_dir>/watcher/sm_util.config`: the shared SM watcher's file as this process writes it.
     pub fn sm_watcher_file(&self) -> PathBuf {
         vgpu_deviceplugin::sm_watcher::SmWatcher::file_path(&self.manager_dir)

@@ -12,12 +12,13 @@
 //! | `DeviceMetadata` | the device metadata files (KEP-5304) are not written |
 //! | `NRISupport` | the NRI `CreateContainer` hook is not built: partitions are mounted through CDI |
 //! | `FabricManagerPartitioning` | Fabric Manager partition activation is not built |
-//! | `DevicePluginClientMode` | the registry socket and per-partition `MANAGER_CLIENT_REGISTER_UUID` are not wired into the DRA path |
 //!
 //! Honoured: `VGPUSupport` (vGPU vs whole-GPU devices and their CDI edits), `NVMLDeviceHealthCheck` (device
 //! taints and the health service), `SharedSMUtilizationWatcher` (the device plugin's node-wide SM watcher,
 //! [`vgpu_deviceplugin::sm_watcher::SmWatcher`], runs on the manager directory and vGPU claims get
-//! `EXTERNAL_SM_WATCHER_ENABLED=TRUE` and the read-only `watcher/` mount), `DRAListTypeAttributes` and `ConsumableShares` (how devices are
+//! `EXTERNAL_SM_WATCHER_ENABLED=TRUE` and the read-only `watcher/` mount), `DevicePluginClientMode` (the
+//! device plugin's registry server, [`vgpu_deviceplugin::registry`], serves the partitions' register UUIDs:
+//! [`crate::client_mode`]), `DRAListTypeAttributes` and `ConsumableShares` (how devices are
 //! published), and `IMEXDaemonsWithDNSNames`. The last one says how IMEX daemons of a compute domain address
 //! each other (DNS names rather than raw IPs); this driver starts no IMEX daemons and publishes no compute
 //! domains, so there is no address to write either way: both values are honoured trivially, and the gate
@@ -43,7 +44,7 @@ pub struct UnbuiltGate {
 }
 
 /// The refused gates and their reasons (the table above).
-pub const UNBUILT: [(DraGate, &str); 8] = [
+pub const UNBUILT: [(DraGate, &str); 7] = [
     (DraGate::TimeSlicingSettings, "per-claim time-slicing settings are not built yet"),
     (DraGate::MPSSupport, "the per-claim MPS control daemon is not built yet"),
     (DraGate::PassthroughSupport, "binding GPUs to vfio-pci (vfio devices) is not built yet"),
@@ -54,7 +55,6 @@ pub const UNBUILT: [(DraGate, &str); 8] = [
         "the NRI CreateContainer hook is not built yet; partitions are mounted through CDI",
     ),
     (DraGate::FabricManagerPartitioning, "Fabric Manager partition activation is not built yet"),
-    (DraGate::DevicePluginClientMode, "the client-mode registry socket is not wired into the DRA driver yet"),
 ];
 
 /// Every gate that is on but not built (empty when all enabled gates are honoured).
@@ -108,7 +108,7 @@ mod tests {
             assert_eq!(unbuilt_gates(&gates).len(), 1, "{gate}");
         }
         let honoured = registry
-            .configure(["VGPUSupport=true,NVMLDeviceHealthCheck=true,DRAListTypeAttributes=true,IMEXDaemonsWithDNSNames=false,SharedSMUtilizationWatcher=true"])
+            .configure(["VGPUSupport=true,NVMLDeviceHealthCheck=true,DRAListTypeAttributes=true,IMEXDaemonsWithDNSNames=false,SharedSMUtilizationWatcher=true,DevicePluginClientMode=true"])
             .unwrap();
         assert!(check_gates(&honoured).is_ok());
     }

@@ -19,9 +19,11 @@
 //! | [`cdi`] | the per-claim CDI spec (typed), device names and their sanitizer |
 //! | [`lock`] | `pu.lock`, the node-wide Prepare/Unprepare flock (10 s acquire limit) |
 //! | [`claims`] | [`ClaimSource`](claims::ClaimSource): ResourceClaims by namespace/name ([`KubeClaims`](claims::KubeClaims), [`InMemoryClaims`](claims::InMemoryClaims)) |
+//! | [`client_mode`] | gate `DevicePluginClientMode`: register UUIDs per vGPU partition, the claim annotations, the registry's resolver ([`RegisterTable`](client_mode::RegisterTable)) |
 //! | [`config`] | [`DriverConfig`](config::DriverConfig), the resolved configuration and its paths |
 //! | [`gates`] | which gates this build refuses (not built) and why |
 //! | [`healthcheck`] | `grpc.health.v1.Health/Check` on `--healthcheck-port`: both sockets answer → `SERVING` |
+//! | [`partition`] | partition keys: which consumer containers share a vGPU partition directory (graph walk, `pod-…` / `cg-…` keys) |
 //! | [`metrics`] | `--http-endpoint`: `/healthz`, `/readyz` (sockets + kubelet registration), `--metrics-path` (prepared claims, Prepare/Unprepare counters and durations, `process_*`) |
 //!
 //! # Sockets and files
@@ -33,7 +35,7 @@
 //! | `/var/lib/kubelet/plugins/manager.nvidia.com/checkpoint.json` | the prepared claims |
 //! | `/var/lib/kubelet/plugins/manager.nvidia.com/pu.lock` | Prepare/Unprepare lock |
 //! | `<cdi-root>/k8s.manager.nvidia.com-claim_<claimUID>.json` | a prepared claim's CDI spec (`k8s.manager.nvidia.com/claim=<claimUID>-…`) |
-//! | `<host-manager-dir>/claims/<claimUID>/<request>/{config,vgpu_lock,vmem_node,sm_node}` | a vGPU claim's partition, mounted into its containers |
+//! | `<host-manager-dir>/claims/<claimUID>/<partitionKey>/{config,vgpu_lock,vmem_node,sm_node}` | a vGPU claim's partition, mounted into its containers |
 //!
 //! # Prepare and Unprepare
 //!
@@ -109,6 +111,7 @@ pub mod api;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claims;
+pub mod client_mode;
 pub mod config;
 pub mod devices;
 pub mod driver;
@@ -117,6 +120,7 @@ pub mod health;
 pub mod healthcheck;
 pub mod lock;
 pub mod metrics;
+pub mod partition;
 pub mod registration;
 pub mod service;
 pub mod slices;

@@ -19,8 +19,9 @@
 //! | 2 | `PrepareCompleted` → return the recorded devices; `PrepareStarted` → roll it back first | absent → done (NotFound is success) |
 //! | 3 | read the ResourceClaim (API), check UID, allocation, pool, the sharing rule; resolve devices and limits; reject devices prepared for another claim — no side effect yet | remove the CDI spec (NotFound is fine) |
 //! | 4 | write `PrepareStarted` with the paths it will create and the planned devices | remove `<manager>/claims/<uid>` (NotFound is fine) |
-//! | 5 | create `<manager>/claims/<uid>/<partition>/{config,vgpu_lock,vmem_node,sm_node}`, `config/pids.config` | drop the entry, write the checkpoint |
-//! | 6 | write the CDI spec atomically | |
+//! | 5 | create `<manager>/claims/<uid>/<partition>/{config,vgpu_lock,vmem_node,sm_node}`, `config/pids.config` (partition keys: [`crate::partition`], from the consumer pods read in step 3) | drop the entry, write the checkpoint |
+//! | 6 | write the CDI spec atomically (checked against the CDI rules first: [`cdi::validate`]) | client mode: remove the claim's `<driver>/<uuid>` annotations (best effort) |
+//! | 6a | client mode (gate `DevicePluginClientMode`): annotate the claim `<driver>/<uuid>: <partition>` (UUIDs minted in step 3, recorded in step 4) | |
 //! | 7 | write `PrepareCompleted` with the devices; a failure in 5–7 rolls the claim back and fails only its entry | |
 //!
 //! At start-up ([`DeviceState::new`]) every `PrepareStarted` entry is rolled back, and when the recorded boot
@@ -45,6 +46,7 @@ use crate::{
     cdi::{self, ContainerEdits, DeviceNode, Mount},
     checkpoint::{Checkpoint, CheckpointError, ClaimState, PreparedClaim, PreparedDevice},
     claims::ClaimSource,
+    client_mode::{self, RegisterTable},
     config::DriverConfig,
     devices::{AllocatableDevices, DeviceError, DeviceType},
     lock::{LockError, PuLock},
@@ -176,6 +178,42 @@ pub enum FaultPoint {
 /// any cleanup, as a crash would.
 pub type FaultHook = Arc<dyn Fn(FaultPoint, &str) -> bool + Send + Sync>;
 
+/// **Test only.** The env variable that makes the `vgpu-kubelet-plugin` binary hang at a fault point so a
+/// test can SIGKILL it there: `prepare-started` ([`FaultPoint::AfterPrepareStarted`]) or `side-effects`
+/// ([`FaultPoint::AfterSideEffects`]). Never set it in a deployment: the first Prepare that reaches the
+/// point blocks forever (its thread sleeps) and holds `pu.lock`.
+pub const TEST_PAUSE_ENV: &str = "VGPU_DRA_TEST_PAUSE_AT";
+
+/// **Test only.** The hook of [`TEST_PAUSE_ENV`] when it is set (`None` when unset or empty): at its point
+/// it logs, then blocks the calling thread for good, as if the process had stopped there.
+pub fn test_pause_hook_from_env() -> Result<Option<FaultHook>, String> {
+    let value = std::env::var(TEST_PAUSE_ENV).unwrap_or_default();
+    let point = match value.as_str() {
+        "" => return Ok(None),
+        "prepare-started" => FaultPoint::AfterPrepareStarted,
+        "side-effects" => FaultPoint::AfterSideEffects,
+        other => {
+            return Err(format!(
+                "{TEST_PAUSE_ENV}={other:?}: expected prepare-started or side-effects (test only; unset it)"
+            ));
+        }
+    };
+    tracing::warn!(env = TEST_PAUSE_ENV, ?point, "test-only fault injection armed: Prepare will hang there");
+    Ok(Some(Arc::new(move |at, uid| {
+        if at == point {
+            tracing::error!(
+                ?point,
+                claim = uid,
+                "{TEST_PAUSE_ENV}: Prepare paused here for good (test only)"
+            );
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+        false
+    })))
+}
+
 /// Start-up recovery or the stale-claim sweep failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -200,6 +238,7 @@ pub struct DeviceState {
     serial: tokio::sync::Mutex<()>,
     fault: Option<FaultHook>,
     metrics: Option<Arc<crate::metrics::DriverMetrics>>,
+    register: Arc<RegisterTable>,
 }
 
 impl std::fmt::Debug for DeviceState {
@@ -220,6 +259,7 @@ struct Planned {
     index: u32,
     minor: u32,
     partition: String,
+    register_uuid: String,
     ordinal: usize,
     cores: Option<u64>,
     memory_mib: Option<u64>,
@@ -245,8 +285,10 @@ impl DeviceState {
             serial: tokio::sync::Mutex::new(()),
             fault: None,
             metrics: None,
+            register: Arc::new(RegisterTable::default()),
         };
         state.recover().await?;
+        state.refresh();
         Ok(state)
     }
 
@@ -262,20 +304,32 @@ impl DeviceState {
     #[must_use]
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::DriverMetrics>) -> Self {
         self.metrics = Some(metrics);
-        self.record_prepared();
+        self.refresh();
         self
     }
 
-    /// Sets the prepared-claims gauge from the checkpoint (completed entries); the caller holds `serial`
-    /// or nothing else runs yet.
-    fn record_prepared(&self) {
-        let Some(metrics) = &self.metrics else { return };
+    /// The register UUIDs of the prepared claims (client mode): the resolver the registry server uses.
+    pub fn register_table(&self) -> Arc<RegisterTable> {
+        Arc::clone(&self.register)
+    }
+
+    /// Sets the prepared-claims gauge and rebuilds the register table from the checkpoint (completed
+    /// entries); the caller holds `serial` or nothing else runs yet.
+    fn refresh(&self) {
         match Checkpoint::load(&self.config.checkpoint_path()) {
-            Ok(cp) => metrics.set_prepared_claims(
-                cp.claims().values().filter(|c| c.checkpoint_state == ClaimState::PrepareCompleted).count(),
-            ),
+            Ok(cp) => {
+                if let Some(metrics) = &self.metrics {
+                    metrics.set_prepared_claims(
+                        cp.claims()
+                            .values()
+                            .filter(|c| c.checkpoint_state == ClaimState::PrepareCompleted)
+                            .count(),
+                    );
+                }
+                self.register.rebuild(&cp, &self.config);
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "metrics: cannot read the checkpoint to count prepared claims")
+                tracing::warn!(error = %e, "cannot read the checkpoint to count prepared claims and register UUIDs")
             }
         }
     }
@@ -287,10 +341,11 @@ impl DeviceState {
         out: &BTreeMap<String, Result<T, ClaimFailure>>,
         timer: &crate::metrics::Timer,
     ) {
-        let Some(metrics) = &self.metrics else { return };
-        let ok = out.values().filter(|r| r.is_ok()).count();
-        metrics.request(operation, ok, out.len() - ok, timer.elapsed());
-        self.record_prepared();
+        if let Some(metrics) = &self.metrics {
+            let ok = out.values().filter(|r| r.is_ok()).count();
+            metrics.request(operation, ok, out.len() - ok, timer.elapsed());
+        }
+        self.refresh();
     }
 
     /// The configuration.
@@ -322,7 +377,7 @@ impl DeviceState {
         for uid in &doomed {
             if let Some(claim) = cp.claims_mut().remove(uid) {
                 tracing::info!(claim = %uid, state = ?claim.checkpoint_state, "rolling back");
-                self.remove_paths(uid, &claim)?;
+                self.undo(uid, &claim).await?;
             }
         }
         cp.set_boot_id(&self.boot_id);
@@ -375,14 +430,14 @@ impl DeviceState {
             Some(_) => {
                 tracing::info!(claim = %claim.uid, "rolling back a Prepare that did not complete");
                 if let Some(started) = cp.claims_mut().remove(&claim.uid) {
-                    self.remove_paths(&claim.uid, &started)?;
+                    self.undo(&claim.uid, &started).await?;
                 }
                 cp.store(&path)?;
             }
             None => {}
         }
         let object = self.fetch(claim).await?;
-        let planned = self.plan(claim, &object)?;
+        let mut planned = self.plan(claim, &object)?;
         if planned.is_empty() {
             return Ok(Vec::new());
         }
@@ -390,6 +445,13 @@ impl DeviceState {
         let claim_dir = self.config.claim_dir(&claim.uid);
         let spec_path = self.config.cdi_spec_path(&claim.uid);
         let has_vgpu = planned.iter().any(|p| p.kind == DeviceType::Vgpu);
+        let mut register_uuids = BTreeMap::new();
+        if has_vgpu {
+            self.assign_partitions(claim, &object, &mut planned).await;
+            if self.config.client_mode() {
+                register_uuids = self.mint_register_uuids(&mut planned)?;
+            }
+        }
         let mut paths = Vec::new();
         if has_vgpu {
             paths.push(claim_dir.display().to_string());
@@ -398,13 +460,28 @@ impl DeviceState {
         let mut entry = PreparedClaim::started(&claim.namespace, &claim.name, paths);
         entry.prepared_devices = planned.iter().map(|p| p.device.clone()).collect();
         entry.status = object.status.as_ref().and_then(|s| serde_json::to_value(s).ok());
+        entry.register_uuids = register_uuids;
         cp.claims_mut().insert(claim.uid.clone(), entry.clone());
         cp.store(&path)?;
         self.fault_point(FaultPoint::AfterPrepareStarted, &claim.uid)?;
 
-        if let Err(e) = self.side_effects(claim, &object, &planned, &claim_dir, &spec_path) {
+        let mut done = self.side_effects(claim, &object, &planned, &claim_dir, &spec_path);
+        if done.is_ok() && !entry.register_uuids.is_empty() {
+            let driver = &self.config.driver_name;
+            let changes = entry
+                .register_uuids
+                .iter()
+                .map(|(uuid, key)| (client_mode::annotation_key(driver, uuid), Some(key.clone())))
+                .collect();
+            done = self
+                .claims
+                .annotate(&claim.namespace, &claim.name, &changes)
+                .await
+                .map_err(ClaimFailure::from);
+        }
+        if let Err(e) = done {
             tracing::warn!(claim = %claim.uid, error = %e, "prepare failed; rolling back");
-            self.remove_paths(&claim.uid, &entry)?;
+            self.undo(&claim.uid, &entry).await?;
             cp.claims_mut().remove(&claim.uid);
             cp.store(&path)?;
             return Err(e);
@@ -415,6 +492,73 @@ impl DeviceState {
         cp.claims_mut().insert(claim.uid.clone(), entry);
         cp.store(&path)?;
         Ok(devices)
+    }
+
+    /// Sets each vGPU device's partition from the claim's consumer pods ([`crate::partition`]); a consumer
+    /// that cannot be read is left out (its requests get their fallback partition).
+    async fn assign_partitions(&self, claim: &ClaimRef, object: &ResourceClaim, planned: &mut [Planned]) {
+        let requests: std::collections::BTreeSet<String> = planned
+            .iter()
+            .filter(|p| p.kind == DeviceType::Vgpu)
+            .filter_map(|p| p.device.request_names.first())
+            .map(|r| crate::partition::main_request(r).to_owned())
+            .collect();
+        let consumers = object.status.as_ref().and_then(|s| s.reserved_for.as_ref());
+        let mut pods = Vec::new();
+        for consumer in consumers.into_iter().flatten().filter(|c| c.resource == "pods") {
+            match self.claims.pod(&claim.namespace, &consumer.name).await {
+                Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(consumer.uid.as_str()) => pods.push(pod),
+                Ok(_) => {
+                    tracing::warn!(claim = %claim.uid, pod = %consumer.name, "consumer pod not found (or re-created): its containers get per-request partitions")
+                }
+                Err(e) => {
+                    tracing::warn!(claim = %claim.uid, pod = %consumer.name, error = %e, "cannot read the consumer pod: its containers get per-request partitions")
+                }
+            }
+        }
+        let partitions = crate::partition::resolve(object, &requests, &pods);
+        for p in planned.iter_mut().filter(|p| p.kind == DeviceType::Vgpu) {
+            let main =
+                p.device.request_names.first().map(|r| crate::partition::main_request(r)).unwrap_or_default();
+            if let Some(key) = partitions.by_request.get(main) {
+                p.partition.clone_from(key);
+            }
+        }
+    }
+
+    /// Client mode: one fresh register UUID per vGPU partition, set on its devices; returns UUID → key.
+    fn mint_register_uuids(&self, planned: &mut [Planned]) -> Result<BTreeMap<String, String>, ClaimFailure> {
+        let mut by_key: BTreeMap<String, String> = BTreeMap::new();
+        for p in planned.iter_mut().filter(|p| p.kind == DeviceType::Vgpu) {
+            if !by_key.contains_key(&p.partition) {
+                let source = Path::new(client_mode::KERNEL_UUID);
+                let uuid = client_mode::mint_uuid(source).map_err(|source_err| ClaimFailure::Io {
+                    path: source.to_path_buf(),
+                    action: "mint a register UUID",
+                    source: source_err,
+                })?;
+                by_key.insert(p.partition.clone(), uuid);
+            }
+            p.register_uuid.clone_from(&by_key[&p.partition]);
+        }
+        Ok(by_key.into_iter().map(|(key, uuid)| (uuid, key)).collect())
+    }
+
+    /// Undoes a claim's Prepare: removes its recorded paths, then (client mode) its register-UUID
+    /// annotations, best effort (the claim may be gone; a stale annotation names a UUID nobody resolves).
+    async fn undo(&self, uid: &str, entry: &PreparedClaim) -> Result<(), ClaimFailure> {
+        self.remove_paths(uid, entry)?;
+        if !entry.register_uuids.is_empty() && !entry.name.is_empty() {
+            let changes = entry
+                .register_uuids
+                .keys()
+                .map(|uuid| (client_mode::annotation_key(&self.config.driver_name, uuid), None))
+                .collect();
+            if let Err(e) = self.claims.annotate(&entry.namespace, &entry.name, &changes).await {
+                tracing::warn!(claim = %uid, error = %e, "cannot remove the register-UUID annotations");
+            }
+        }
+        Ok(())
     }
 
     fn fault_point(&self, point: FaultPoint, uid: &str) -> Result<(), ClaimFailure> {
@@ -487,7 +631,8 @@ impl DeviceState {
                 kind: device.kind,
                 index: device.gpu.index,
                 minor: device.gpu.minor,
-                partition: cdi::sanitize(&result.request),
+                partition: crate::partition::fallback_key(crate::partition::main_request(&result.request)),
+                register_uuid: String::new(),
                 ordinal: *ordinal,
                 cores: limits.cores,
                 memory_mib: limits.memory_mib,
@@ -588,7 +733,6 @@ impl DeviceState {
                 ("CUDA_SM_SHARED_BUCKET", "TRUE".to_owned()),
                 ("MANAGER_VGPU_CLAIM_UID", claim.uid.clone()),
                 ("EXTERNAL_SM_WATCHER_ENABLED", if cfg.sm_watcher() { "TRUE" } else { "FALSE" }.to_owned()),
-                ("MANAGER_CLIENT_REGISTER_UUID", String::new()),
             ]
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
@@ -600,8 +744,16 @@ impl DeviceState {
                     true,
                 ),
                 Mount::bind("/etc/ld.so.preload", &host.join("ld.so.preload"), true),
-                Mount::bind("/etc/vgpu-manager/.host_proc", Path::new("/proc"), true),
             ];
+            if cfg.client_mode() {
+                common.mounts.push(Mount::bind(
+                    client_mode::CONTAINER_REGISTRY_DIR,
+                    &host.join("registry"),
+                    true,
+                ));
+            } else {
+                common.mounts.push(Mount::bind("/etc/vgpu-manager/.host_proc", Path::new("/proc"), true));
+            }
             if cfg.sm_watcher() {
                 common.mounts.push(Mount::bind(cdi::CONTAINER_WATCHER_DIR, &host.join("watcher"), true));
             }
@@ -634,6 +786,9 @@ impl DeviceState {
                         format!("CUDA_CORE_LIMIT_{i}={hard}"),
                         format!("CUDA_CORE_SOFT_LIMIT_{i}={soft}"),
                     ];
+                    if cfg.client_mode() {
+                        edits.env.push(format!("{}={}", client_mode::ENV, p.register_uuid));
+                    }
                     let part = host_claim.join(&p.partition);
                     edits.mounts = vec![
                         Mount::bind(cdi::CONTAINER_CONFIG_DIR, &part.join("config"), false),
@@ -714,19 +869,19 @@ impl DeviceState {
             }
         };
         for claim in claims {
-            out.insert(claim.uid.clone(), self.unprepare_one(&claim.uid));
+            out.insert(claim.uid.clone(), self.unprepare_one(&claim.uid).await);
         }
         self.record(crate::metrics::Operation::Unprepare, &out, &timer);
         out
     }
 
-    fn unprepare_one(&self, uid: &str) -> Result<(), ClaimFailure> {
+    async fn unprepare_one(&self, uid: &str) -> Result<(), ClaimFailure> {
         let path = self.config.checkpoint_path();
         let mut cp = Checkpoint::load(&path)?;
         let Some(entry) = cp.claims().get(uid).cloned() else {
             return Ok(());
         };
-        self.remove_paths(uid, &entry)?;
+        self.undo(uid, &entry).await?;
         cp.claims_mut().remove(uid);
         cp.store(&path)?;
         Ok(())

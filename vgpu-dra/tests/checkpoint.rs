@@ -9,7 +9,9 @@
 use std::path::Path;
 
 use proptest::prelude::*;
-use vgpu_dra::checkpoint::{Checkpoint, CheckpointV1, ClaimState, PreparedClaim, PreparedDevice};
+use vgpu_dra::checkpoint::{
+    Checkpoint, CheckpointV1, ClaimState, PreparedClaim, PreparedDevice, fnv1a32, go_json, kubelet_checksum,
+};
 
 fn device(name: &str, share: Option<&str>) -> PreparedDevice {
     PreparedDevice {
@@ -52,7 +54,7 @@ fn golden_v1() -> Checkpoint {
     v1.prepared_claims.insert("uid-1".into(), vec![device("gpu-0", None)]);
     let mut cp = Checkpoint { checksum: 0, v1: Some(v1), v2: None };
     // A v1-only writer: the checksum covers the v1 object as it stands.
-    cp.checksum = vgpu_dra::checkpoint::fnv1a32(&serde_json::to_vec(&cp).unwrap());
+    cp.checksum = kubelet_checksum(&go_json(&cp).unwrap());
     cp
 }
 
@@ -91,7 +93,7 @@ fn golden_v2_is_pinned_and_round_trips() {
 
 #[test]
 fn golden_v1_is_upgraded() {
-    let bytes = serde_json::to_vec(&golden_v1()).unwrap();
+    let bytes = go_json(&golden_v1()).unwrap();
     let committed = fixture("checkpoint-v1.json", &bytes);
     assert_eq!(committed, bytes);
     let cp = Checkpoint::decode(&committed).unwrap();
@@ -103,6 +105,31 @@ fn golden_v1_is_upgraded() {
     // Written back as v2 (with the v1 mirror), it reads the same.
     let again = Checkpoint::decode(&cp.encode().unwrap()).unwrap();
     assert_eq!(again.claims(), cp.claims());
+}
+
+/// The kubelet's `checksum.New(data []byte)` from its definition: FNV-1a 32 over spew's `%#v` of the byte
+/// slice, `([]uint8)[b0 b1 …]` in decimal, built here as text (the crate hashes it without building it).
+fn kubelet_checksum_by_definition(json: &[u8]) -> u32 {
+    let rendered = format!("([]uint8)[{}]", json.iter().map(u8::to_string).collect::<Vec<_>>().join(" "));
+    fnv1a32(rendered.as_bytes())
+}
+
+#[test]
+fn the_committed_file_carries_the_kubelet_checksum() {
+    let text = String::from_utf8(fixture("checkpoint-v2.json", &golden_v2().encode().unwrap())).unwrap();
+    // Outer: the file with its own checksum field 0 (it is the first field, as in upstream's struct).
+    let (head, rest) = text.strip_prefix("{\"checksum\":").unwrap().split_once(',').unwrap();
+    let recorded: u32 = head.parse().unwrap();
+    let zeroed = format!("{{\"checksum\":0,{rest}");
+    assert_eq!(recorded, kubelet_checksum_by_definition(zeroed.as_bytes()));
+    // v2: the v2 object alone (the file's last field), with its checksum 0.
+    let v2 = &text[text.find("\"v2\":").unwrap() + 5..text.len() - 1];
+    let (head, rest) = v2.strip_prefix("{\"checksum\":").unwrap().split_once(',').unwrap();
+    let recorded: u32 = head.parse().unwrap();
+    let zeroed = format!("{{\"checksum\":0,{rest}");
+    assert_eq!(recorded, kubelet_checksum_by_definition(zeroed.as_bytes()));
+    // The plain FNV of the JSON (what this crate computed before) is not the kubelet's.
+    assert_ne!(recorded, fnv1a32(zeroed.as_bytes()));
 }
 
 #[test]
@@ -146,6 +173,7 @@ fn arb_claim() -> impl Strategy<Value = PreparedClaim> {
             name,
             namespace,
             paths,
+            register_uuids: Default::default(),
         })
 }
 

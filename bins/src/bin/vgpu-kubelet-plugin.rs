@@ -86,9 +86,18 @@ struct Cli {
     /// The node's cgroup driver (cgroupfs or systemd; empty detects it).
     #[arg(long, env = "CGROUP_DRIVER", default_value = "")]
     cgroup_driver: String,
-    /// Where the host's cgroup hierarchy is mounted (cgroup version → MANAGER_COMPATIBILITY_MODE).
+    /// Where the host's cgroup hierarchy is mounted (cgroup version → MANAGER_COMPATIBILITY_MODE;
+    /// client-mode registry: a caller's `cgroup.procs`).
     #[arg(long, default_value = "/sys/fs/cgroup")]
     host_cgroup_root: PathBuf,
+    /// Where the host's `/proc` is mounted in this container (client-mode registry, gate
+    /// DevicePluginClientMode: a caller's PID → its cgroup).
+    #[arg(long, default_value = "/proc")]
+    host_proc_root: PathBuf,
+    /// Group of the client-mode registry socket (`<manager-dir>/registry/socket.sock`, mode 0660): a numeric
+    /// gid, or a group name of this image's `/etc/group`; default: this process's gid.
+    #[arg(long, value_name = "NAME|GID", value_parser = parse_socket_group)]
+    registry_socket_group: Option<u32>,
     /// The `cores` capacity of each vGPU device.
     #[arg(long, env = "DEVICE_CORES_RATIO", default_value_t = 100, allow_negative_numbers = true)]
     device_cores_ratio: i64,
@@ -115,6 +124,12 @@ struct Cli {
     mock_config: Option<PathBuf>,
     #[command(flatten)]
     gates: DraGateArgs,
+}
+
+/// `--registry-socket-group`: a gid, or a name of this image's `/etc/group`.
+fn parse_socket_group(value: &str) -> Result<u32, String> {
+    vgpu_deviceplugin::registry::resolve_socket_group(value, std::path::Path::new("/etc/group"))
+        .map_err(|e| e.to_string())
 }
 
 /// A bad flag value: the message names the flag; exit 2.
@@ -261,6 +276,11 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         .await
         .context("opening the prepared-claims checkpoint")?
         .with_metrics(Arc::clone(&metrics));
+    // Test only (VGPU_DRA_TEST_PAUSE_AT): hang at a fault point so a test can SIGKILL the process there.
+    let state = match vgpu_dra::state::test_pause_hook_from_env().map_err(anyhow::Error::msg)? {
+        Some(hook) => state.with_fault_hook(hook),
+        None => state,
+    };
 
     // Health (gate NVMLDeviceHealthCheck): backend events → per-device status and taints.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -300,6 +320,35 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     metrics.set_publisher(publisher.status());
     let publisher = publisher.spawn(stopped());
 
+    // Gate DevicePluginClientMode: the device plugin's registry server, resolving register UUIDs through
+    // the prepared claims.
+    let registry = if config.client_mode() {
+        let setting = vgpu_core::node_config::CgroupDriver::parse(&cli.cgroup_driver);
+        let registry_config = vgpu_deviceplugin::registry::RegistryConfig {
+            manager_dir: config.manager_dir.clone(),
+            proc_root: cli.host_proc_root.clone(),
+            cgroup_root: cli.host_cgroup_root.clone(),
+            cgroup_driver: vgpu_deviceplugin::config::resolve_cgroup_driver(
+                setting,
+                std::path::Path::new("/var/lib/kubelet"),
+                &cli.host_cgroup_root,
+            ),
+            poll_interval: Duration::from_millis(40),
+            poll_timeout: Duration::from_secs(60),
+            socket_group: cli.registry_socket_group,
+        };
+        let running = vgpu_deviceplugin::registry::serve_registry_with(
+            registry_config,
+            vgpu_deviceplugin::registry::GUARD_INTERVAL,
+            Some(state.register_table()),
+        )
+        .context("serving the client-mode registry socket")?;
+        tracing::info!(socket = %running.socket.display(), "client-mode registry serving (register UUIDs of prepared claims)");
+        Some(running)
+    } else {
+        None
+    };
+
     // Gate SharedSMUtilizationWatcher: the driver runs the device plugin's SM watcher on this backend.
     let running = Driver::new(Arc::new(state), health).with_sm_watcher(Arc::clone(&backend)).serve()?;
     let mut http_task = None;
@@ -328,6 +377,9 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     );
     let result = running.run_until(vgpu_bins::shutdown_signal()?).await;
     let _ = stop_tx.send(true);
+    if let Some(registry) = registry {
+        registry.stop().await;
+    }
     if let Err(e) = publisher.await {
         tracing::warn!(error = %e, "the ResourceSlice publisher task failed");
     }
