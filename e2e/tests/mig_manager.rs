@@ -17,12 +17,19 @@
 //! 30 s eviction timeout fires again and again), so the 429 → retry path is covered by the library tests
 //! (`vgpu-mig-manager/tests/manager.rs`) only.
 //!
+//! The manager runs as the ServiceAccount of `deploy/mig-manager/rbac.yaml` (so the manifests grant every
+//! call it makes).
+//!
 //! Needs the control-plane binaries and our binaries: run `e2e/run.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::{
+    authentication::v1::{TokenRequest, TokenRequestSpec},
+    core::v1::{ConfigMap, Namespace, Node, Pod, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+};
 use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -32,7 +39,7 @@ use vgpu_deviceplugin::api::v1beta1::Empty;
 use vgpu_e2e::{TestEnv, kubelet::TestKubelet, vgpu_binary};
 
 const NODE: &str = "mig-node";
-const NS: &str = "gpu";
+const NS: &str = "d8-gpu";
 const MANAGER: &str = "vgpu-mig-manager";
 const PLUGIN: &str = "vgpu-device-plugin";
 const CONFIG_LABEL: &str = "nvidia.com/mig.config";
@@ -67,6 +74,58 @@ fn pod(name: &str, labels: serde_json::Value, resources: serde_json::Value) -> P
         "metadata": { "name": name, "namespace": NS, "labels": labels },
         "spec": { "nodeName": NODE, "containers": [ { "name": "c", "image": "busybox", "resources": resources } ] }
     }))
+}
+
+/// Applies `deploy/mig-manager/rbac.yaml` and writes a kubeconfig acting as its ServiceAccount.
+async fn manager_kubeconfig(env: &TestEnv, client: &kube::Client) -> std::path::PathBuf {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/mig-manager/rbac.yaml");
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let post = PostParams::default();
+    for doc in docs {
+        let ns = doc["metadata"]["namespace"].as_str().unwrap_or_default().to_owned();
+        match doc["kind"].as_str().unwrap() {
+            "ServiceAccount" => {
+                Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+                    .create(&post, &object(doc))
+                    .await
+                    .unwrap();
+            }
+            "ClusterRole" => {
+                Api::<ClusterRole>::all(client.clone()).create(&post, &object(doc)).await.unwrap();
+            }
+            "ClusterRoleBinding" => {
+                Api::<ClusterRoleBinding>::all(client.clone()).create(&post, &object(doc)).await.unwrap();
+            }
+            "Role" => {
+                Api::<Role>::namespaced(client.clone(), &ns).create(&post, &object(doc)).await.unwrap();
+            }
+            "RoleBinding" => {
+                Api::<RoleBinding>::namespaced(client.clone(), &ns)
+                    .create(&post, &object(doc))
+                    .await
+                    .unwrap();
+            }
+            other => panic!("rbac.yaml: unexpected kind {other}"),
+        }
+    }
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
+        ..TokenRequest::default()
+    };
+    let answer = Api::<ServiceAccount>::namespaced(client.clone(), NS)
+        .create_token_request(MANAGER, &post, &request)
+        .await
+        .unwrap();
+    let token = answer.status.and_then(|s| s.token).unwrap();
+    let mut config = kube::config::Kubeconfig::read_from(env.kubeconfig_path()).unwrap();
+    for user in &mut config.auth_infos {
+        user.auth_info =
+            Some(kube::config::AuthInfo { token: Some(token.clone().into()), ..Default::default() });
+    }
+    let path = env.workdir().join("mig-manager.kubeconfig");
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    path
 }
 
 async fn node_state(nodes: &Api<Node>) -> Option<(String, bool, usize)> {
@@ -142,13 +201,14 @@ async fn mig_manager_applies_the_labelled_layout_with_the_node_in_maintenance() 
         .await
         .unwrap();
 
-    // The manager's RBAC is what deploy/mig-manager/ grants; here it runs as the admin.
+    // The manager runs as the ServiceAccount of deploy/mig-manager/rbac.yaml.
+    let kubeconfig = manager_kubeconfig(&env, &client).await;
     let args = vec![
         "--backend=mock".to_owned(),
         format!("--mock-config={}", description.display()),
         format!("--node-name={NODE}"),
         format!("--config-map={NS}/default-mig-parted-config"),
-        format!("--kubeconfig={}", env.kubeconfig_path().display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
         format!("--machine-type-file={}", env.workdir().join("no-dmi").display()),
         "--interval=1s".to_owned(),
         "--retry-interval=1s".to_owned(),
