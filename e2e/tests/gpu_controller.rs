@@ -3,6 +3,9 @@
 //! memory in their status) and the binary started on a loopback HTTPS port, with the webhook configurations of
 //! `deploy/gpu-module/controller.yaml` registered (clientConfig pointed at it, like `tests/webhook.rs`).
 //!
+//! The controller runs as its own ServiceAccount with exactly the RBAC of `controller.yaml` (ClusterRole,
+//! Role for the Lease in `d8-gpu`), so the test also proves the manifest's least privilege is enough.
+//!
 //! * GPUClass `a100-shared` → DeviceClass `a100-shared.gpu.deckhouse.io` (the API server compiles its CEL
 //!   selector), ownerReference to the GPUClass (asserted; no controller-manager runs, so no cascade), status
 //!   `valid: true` with the DeviceClass name; a class matching no GPU gets `valid: false` and the reason.
@@ -24,7 +27,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
@@ -113,6 +118,64 @@ async fn register_webhooks(client: &kube::Client, manifest: &Path, port: u16, ca
     assert_eq!(registered, 2, "controller.yaml holds one validating and one mutating configuration");
 }
 
+/// Creates the ServiceAccount, roles and bindings of `controller.yaml` (and its namespace), and writes a
+/// kubeconfig acting as that ServiceAccount; returns its path.
+async fn controller_kubeconfig(env: &TestEnv, client: &kube::Client, manifest: &Path) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(manifest).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let pp = PostParams::default();
+    let mut account = None;
+    for doc in docs {
+        match doc["kind"].as_str() {
+            Some("ServiceAccount") => {
+                let sa: ServiceAccount = serde_json::from_value(doc).unwrap();
+                let ns = sa.metadata.namespace.clone().unwrap();
+                let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+                Api::<Namespace>::all(client.clone()).create(&pp, &namespace).await.unwrap();
+                Api::<ServiceAccount>::namespaced(client.clone(), &ns).create(&pp, &sa).await.unwrap();
+                account = Some((ns, sa.metadata.name.unwrap()));
+            }
+            Some("ClusterRole") => {
+                let role: ClusterRole = serde_json::from_value(doc).unwrap();
+                Api::<ClusterRole>::all(client.clone()).create(&pp, &role).await.unwrap();
+            }
+            Some("ClusterRoleBinding") => {
+                let binding: ClusterRoleBinding = serde_json::from_value(doc).unwrap();
+                Api::<ClusterRoleBinding>::all(client.clone()).create(&pp, &binding).await.unwrap();
+            }
+            Some("Role") => {
+                let role: Role = serde_json::from_value(doc).unwrap();
+                let ns = role.metadata.namespace.clone().unwrap();
+                Api::<Role>::namespaced(client.clone(), &ns).create(&pp, &role).await.unwrap();
+            }
+            Some("RoleBinding") => {
+                let binding: RoleBinding = serde_json::from_value(doc).unwrap();
+                let ns = binding.metadata.namespace.clone().unwrap();
+                Api::<RoleBinding>::namespaced(client.clone(), &ns).create(&pp, &binding).await.unwrap();
+            }
+            _ => {}
+        }
+    }
+    let (ns, name) = account.expect("controller.yaml has a ServiceAccount");
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
+        ..TokenRequest::default()
+    };
+    let answer = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+        .create_token_request(&name, &pp, &request)
+        .await
+        .unwrap();
+    let token = answer.status.and_then(|s| s.token).unwrap();
+    let mut config = kube::config::Kubeconfig::read_from(env.kubeconfig_path()).unwrap();
+    for user in &mut config.auth_infos {
+        user.auth_info =
+            Some(kube::config::AuthInfo { token: Some(token.clone().into()), ..Default::default() });
+    }
+    let path = env.workdir().join("controller.kubeconfig");
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    path
+}
+
 fn claim(name: &str, device_class: &str, count: i64) -> ResourceClaim {
     serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "default"},
@@ -171,14 +234,15 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
     std::fs::create_dir_all(&cert_dir).unwrap();
     std::fs::write(cert_dir.join("tls.crt"), cert).unwrap();
     std::fs::write(cert_dir.join("tls.key"), key).unwrap();
+    let kubeconfig = controller_kubeconfig(&env, &client, &deploy.join("controller.yaml")).await;
     let port = free_port().unwrap();
     let args = vec![
-        format!("--kubeconfig={}", env.kubeconfig_path().display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
         format!("--server-bind-port={port}"),
         "--server-bind-address=127.0.0.1".to_owned(),
         format!("--cert-dir={}", cert_dir.display()),
         "--leader-elect".to_owned(),
-        "--leader-elect-resource-namespace=default".to_owned(),
+        "--leader-elect-resource-namespace=d8-gpu".to_owned(),
     ];
     env.start_process(
         CONTROLLER,
