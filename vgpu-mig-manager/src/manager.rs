@@ -2,7 +2,8 @@
 //!
 //! One pass, for the node this process runs on:
 //!
-//! 1. No `nvidia.com/mig.config` label: nothing to do (a maintenance this manager left open is closed).
+//! 1. No `nvidia.com/mig.config` label: no MIG change (a maintenance this manager left open is closed); the
+//!    GFD labels are still published when enabled.
 //! 2. Read the ConfigMap key (mig-parted format), select the label's configuration, check it against the
 //!    backend and place the instances ([`crate::plan::plan`]). Any error here — missing ConfigMap or key,
 //!    bad YAML, unknown configuration or profile, a layout that does not fit, a GPU without MIG — leaves the
@@ -179,6 +180,7 @@ impl<C: MigCluster> MigManager<C> {
             if ours {
                 self.end_maintenance(&node, None).await?;
             }
+            self.publish(&node, None, None).await?;
             return Ok(Outcome::NoConfig);
         };
         let plans = match self.desired(&name).await? {
@@ -191,7 +193,7 @@ impl<C: MigCluster> MigManager<C> {
                 self.restart_device_plugin().await?;
                 self.end_maintenance(&node, Some(state::SUCCESS)).await?;
             } else {
-                self.publish(&node, state::SUCCESS, None).await?;
+                self.publish(&node, Some(state::SUCCESS), None).await?;
             }
             return Ok(Outcome::InSync);
         }
@@ -262,11 +264,12 @@ impl<C: MigCluster> MigManager<C> {
         Ok(Outcome::Failed(reason))
     }
 
-    /// State label (and GFD labels when enabled); `reason` `None` removes the reason annotation.
+    /// GFD labels when enabled, and the state label when `state_value` is given (then `reason` `None`
+    /// removes the reason annotation).
     async fn publish(
         &self,
         node: &NodeState,
-        state_value: &str,
+        state_value: Option<&str>,
         reason: Option<String>,
     ) -> Result<(), ManagerError> {
         let mut patch = MetadataPatch::default();
@@ -292,6 +295,12 @@ impl<C: MigCluster> MigManager<C> {
                 Err(err) => tracing::warn!(%err, "GPU facts unavailable; GFD labels not refreshed"),
             }
         }
+        let Some(state_value) = state_value else {
+            if !patch.is_empty() {
+                self.cluster.patch_node_metadata(&self.config.node_name, &patch).await?;
+            }
+            return Ok(());
+        };
         if node.labels.get(STATE_LABEL).map(String::as_str) != Some(state_value) {
             patch.labels.insert(STATE_LABEL.to_owned(), Some(state_value.to_owned()));
         }
@@ -357,7 +366,7 @@ impl<C: MigCluster> MigManager<C> {
         }
         if let Some(value) = success {
             let node = self.cluster.get_node(name).await?;
-            self.publish(&node, value, None).await?;
+            self.publish(&node, Some(value), None).await?;
         }
         Ok(())
     }

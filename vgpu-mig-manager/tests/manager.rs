@@ -220,4 +220,7 @@ async fn missing_config_map_and_no_label() {
     node.labels.remove(CONFIG_LABEL);
     cluster.put_node(NODE, node);
     assert_eq!(manager.reconcile().await.unwrap(), Outcome::NoConfig);
+    let node = cluster.node(NODE).unwrap();
+    assert_eq!(node.labels["nvidia.com/gpu.count"], "2", "GFD labels without a MIG configuration too");
+    assert_eq!(node.labels[STATE_LABEL], "failed", "the state label is left as it was");
 }
