@@ -104,7 +104,7 @@ fn scrape(c: &mut Criterion) {
 }
 
 /// The `vgpu.config` files of the 100 containers, read the two ways: `std::fs::read` each time
-/// (`vgpu_config::read`) against mappings kept between scrapes (`MappedConfigs`).
+/// (`vgpu_config::read`) against mappings kept between scrapes (`MappedFiles`).
 fn readers(c: &mut Criterion) {
     let (dir, _collector, _server) = node(false);
     let paths: Vec<_> = (0..CONTAINERS)
@@ -118,11 +118,11 @@ fn readers(c: &mut Criterion) {
             }
         })
     });
-    let mut maps = vgpu_monitor::mapped::MappedConfigs::new();
+    let mut maps = vgpu_monitor::mapped::MappedFiles::new();
     group.bench_function("mapped", |b| {
         b.iter(|| {
             for p in &paths {
-                black_box(maps.read(p).unwrap());
+                black_box(maps.vgpu_config(p).unwrap());
             }
             maps.retain_read();
         })

@@ -7,7 +7,7 @@
 //! | processes and utilization samples per GPU | `watcher/sm_util.config` with `SharedSMUtilizationWatcher` (when present), else the backend |
 //! | pods and their containers | [`PodSource`]: pods with a `real-allocated` (else `pre-allocated`) claim, not Succeeded/Failed; on the DRA path ([`NodeCollector::new_dra`]) the pods bound to the node with claims allocated from the driver's ResourceSlices ([`crate::dra`], which documents that path's rules) |
 //! | collectable containers | app containers, sidecars (restartable init), init containers that are running |
-//! | limits | `<manager-dir>/<podUID>_<ctr>/config/vgpu.config`, memory-mapped and kept mapped between scrapes ([`crate::mapped`]: re-mapped when the file is replaced, seqlock re-read, 2× faster than reading it) |
+//! | limits | `<manager-dir>/<podUID>_<ctr>/config/vgpu.config`, memory-mapped and kept mapped between scrapes ([`crate::mapped`]: re-mapped when the file is replaced, seqlock re-read; about 2× faster than reading it) |
 //! | container PIDs | `cgroup.procs` ([`CgroupLayout`]) |
 //! | virtual memory | `<podUID>_<ctr>/vmem_node/vmem_node.config` with `VirtualMemoryTracking` and `vmem_node=1` |
 //! | which container holds which MIG device | the kubelet's pod-resources API ([`crate::podres`]), with [`NodeCollector::with_pod_resources`] |
@@ -43,7 +43,7 @@ use vgpu_core::{
 use crate::{
     cgroup::{CgroupLayout, QosClass, container_id},
     dra::{ClaimIndex, ContainerAlloc, DraSource, NodeDevices, resolve_pod},
-    mapped::MappedConfigs,
+    mapped::MappedFiles,
     podres::{PodResourcesSource, mig_holders},
     pods::PodSource,
 };
@@ -295,7 +295,7 @@ pub struct NodeCollector {
     pod_resources: Option<Arc<dyn PodResourcesSource>>,
     warned: Mutex<HashSet<PathBuf>>,
     /// `vgpu.config` mappings kept between scrapes ([`crate::mapped`]).
-    mapped: Mutex<MappedConfigs>,
+    mapped: Mutex<MappedFiles>,
     sm_missing_logged: AtomicBool,
 }
 
@@ -583,7 +583,7 @@ impl NodeCollector {
             }
             let dir = cfg.manager_dir.join(format!("{uid}_{}", c.name));
             let path = dir.join("config").join(vgpu_config::FILE_NAME);
-            let read = self.mapped.lock().unwrap_or_else(PoisonError::into_inner).read(&path);
+            let read = self.mapped.lock().unwrap_or_else(PoisonError::into_inner).vgpu_config(&path);
             let config = match read {
                 Ok(v) => v,
                 Err(err) => {
@@ -608,7 +608,8 @@ impl NodeCollector {
                 .collect();
             let vmem = if cfg.vmem_tracking && config.vmem_node == 1 {
                 let p = dir.join(vmem_node::DIR_NAME).join(vmem_node::FILE_NAME);
-                match vmem_node::read_slots(&p, &active) {
+                let read = self.mapped.lock().unwrap_or_else(PoisonError::into_inner).vmem_slots(&p, &active);
+                match read {
                     Ok(v) => Some(v),
                     Err(err) => {
                         if p.exists() {

@@ -221,6 +221,12 @@ pub fn read_slots(path: &Path, slots: &[usize]) -> Result<VmemNode, AbiError> {
     read_stable(path, READ_ATTEMPTS, || decode_slots(&src, path, &mut |i| slots.contains(&i)))
 }
 
+/// [`read_slots`] over a file image already in memory (a mapping of the live file): decodes the slots `slots`
+/// until two consecutive decodes agree (up to [`READ_ATTEMPTS`] extra decodes); `path` names the file in errors.
+pub fn decode_slots_stable(bytes: &[u8], path: &Path, slots: &[usize]) -> Result<VmemNode, AbiError> {
+    read_stable(path, READ_ATTEMPTS, || decode_slots(bytes, path, &mut |i| slots.contains(&i)))
+}
+
 /// Writes a fresh ledger atomically (mode 0666 before umask). The library owns the live file; this is for
 /// fixtures and tests, never for a file a container has mapped.
 pub fn write(path: &Path, node: &VmemNode) -> Result<(), AbiError> {
