@@ -16,6 +16,12 @@
 //! issue's `mig-manager` class. How the `slices` module turns capacities into request policies is documented
 //! there.
 //!
+//! Only NVIDIA GPUs become vGPUs ([`vgpu_capable`]): the vGPU limits are enforced by the CUDA hook library
+//! (`libvgpu-control.so`), which cannot limit another vendor's runtime. A MetaX GPU (or any other vendor's)
+//! is published as a whole `gpu-<minor>` device (exclusive, as with `--consumable-shares disabled`) even with
+//! `VGPUSupport`, and Prepare gives it only its vendor adapter's device nodes (MetaX: its DRM card and render
+//! nodes, and `/dev/mxcd`; see `vgpu_core::backend::MetaxAdapter`).
+//!
 //! Consumed capacity → limits ([`AllocatableDevices::limits`]), what the Prepare side writes into the CDI
 //! env of one allocation result:
 //!
@@ -217,6 +223,12 @@ pub struct DeviceConfig {
     pub vgpu_support: bool,
     /// `--consumable-shares` (gate `ConsumableShares`); only used without `VGPUSupport`.
     pub consumable_shares: ConsumableShares,
+}
+
+/// Whether GPUs of `vendor` can be offered as vGPU shares: only NVIDIA's, whose CUDA runtime the vGPU
+/// control library limits (module docs).
+pub fn vgpu_capable(vendor: Vendor) -> bool {
+    vendor == Vendor::Nvidia
 }
 
 impl Default for DeviceConfig {
@@ -491,7 +503,7 @@ impl AllocatableDevices {
         let mut devices = Vec::with_capacity(gpus.len());
         for (gpu, minor) in &gpus {
             let info = GpuInfo::from_device(gpu, *minor);
-            let device = if config.vgpu_support {
+            let device = if config.vgpu_support && vgpu_capable(info.vendor) {
                 if info.mig_enabled {
                     continue;
                 }
@@ -510,7 +522,10 @@ impl AllocatableDevices {
                 }
             } else {
                 let name = format!("gpu-{minor}");
-                let capacity = match config.consumable_shares {
+                // With VGPUSupport the consumable-shares policies are off (the gates exclude each other).
+                let shares =
+                    if config.vgpu_support { ConsumableShares::Disabled } else { config.consumable_shares };
+                let capacity = match shares {
                     ConsumableShares::Disabled => DeviceCapacity::default(),
                     policy => DeviceCapacity {
                         cores: None,
@@ -526,7 +541,7 @@ impl AllocatableDevices {
                     kind: DeviceType::Gpu,
                     gpu: info,
                     capacity,
-                    shared: config.consumable_shares.is_enabled(),
+                    shared: shares.is_enabled(),
                 }
             };
             devices.push(device);
