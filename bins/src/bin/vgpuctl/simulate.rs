@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
+use vgpu_core::alloc::ReasonCode;
 use vgpu_core::backend::DeviceBackend;
 use vgpu_core::backend::mock::MockBackend;
 use vgpu_core::codec::pod_devices;
@@ -268,6 +269,8 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
         let took = t.elapsed();
         stages.record_sched(sched);
         stages.record("filter", took);
+        let tried = r.failed_nodes.iter().filter(|f| f.code != ReasonCode::AlreadyScheduledElsewhere).count();
+        stages.record_count("nodes_tried", tried + r.node_names.len());
         latencies.push(took.as_nanos() as u64);
         clock.advance(1_000_000);
         if let Some(node) = r.node_names.first() {
@@ -350,6 +353,7 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
         "filter_p50_us": percentile(&sorted, 0.5) as f64 / 1000.0,
         "filter_p99_us": percentile(&sorted, 0.99) as f64 / 1000.0,
         "stages": stages.to_json(),
+        "counts": stages.counts_json(),
         "filters_per_second": if elapsed > 0.0 { args.pods as f64 / elapsed } else { 0.0 },
         "overcommitted_gpus": violations,
         "overcommit_ok": violations == 0,

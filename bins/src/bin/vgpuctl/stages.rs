@@ -13,7 +13,11 @@
 //! | `filter_runqueue_wait` | time the thread waited for a CPU during the filter call (other processes) |
 //!
 //! On a shared machine the wall-clock tail is mostly preemption: `filter_runqueue_wait` says how much of a
-//! slow call was the machine's, `filter_on_cpu` how much was ours.
+//! slow call was the machine's, `filter_on_cpu` how much was ours (both at the kernel's accounting
+//! granularity, a scheduler tick: meaningful in the tail, 0 for most short calls).
+//!
+//! Counts (`counts` in the JSON): `nodes_tried`, the candidates a filter tried to allocate on (the rejected
+//! ones after ranking, plus the chosen one).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -30,13 +34,27 @@ const MAX_NS: u64 = 60_000_000_000;
 #[derive(Debug, Default)]
 pub struct StageHistograms {
     by_stage: Mutex<BTreeMap<&'static str, Histogram<u64>>>,
+    counts: Mutex<BTreeMap<&'static str, Histogram<u64>>>,
 }
 
 impl StageHistograms {
     /// Records `elapsed` under `stage` (saturating at 60 s).
     pub fn record(&self, stage: &'static str, elapsed: Duration) {
-        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(MAX_NS).clamp(1, MAX_NS);
-        let mut map = self.by_stage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.record_value(stage, u64::try_from(elapsed.as_nanos()).unwrap_or(MAX_NS));
+    }
+
+    /// Records a count under `name` (reported by [`counts_json`](Self::counts_json), not as a stage).
+    pub fn record_count(&self, name: &'static str, count: usize) {
+        Self::record_in(&self.counts, name, u64::try_from(count).unwrap_or(MAX_NS));
+    }
+
+    fn record_value(&self, stage: &'static str, value: u64) {
+        Self::record_in(&self.by_stage, stage, value);
+    }
+
+    fn record_in(map: &Mutex<BTreeMap<&'static str, Histogram<u64>>>, stage: &'static str, value: u64) {
+        let ns = value.clamp(1, MAX_NS);
+        let mut map = map.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let h = match map.entry(stage) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::btree_map::Entry::Vacant(e) => match Histogram::new_with_bounds(1, MAX_NS, 3) {
@@ -68,6 +86,24 @@ impl StageHistograms {
                     "p999_us": us(h.value_at_quantile(0.999)),
                     "max_us": us(h.max()),
                     "mean_us": h.mean() / 1000.0,
+                });
+                ((*k).to_owned(), v)
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+
+    /// `{name: {p50, p90, p99, max, mean}}` of the recorded counts (e.g. `nodes_tried`).
+    pub fn counts_json(&self) -> Value {
+        let map = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.iter()
+            .map(|(k, h)| {
+                let v = json!({
+                    "p50": h.value_at_quantile(0.5),
+                    "p90": h.value_at_quantile(0.9),
+                    "p99": h.value_at_quantile(0.99),
+                    "max": h.max(),
+                    "mean": h.mean(),
                 });
                 ((*k).to_owned(), v)
             })
@@ -137,5 +173,11 @@ mod tests {
         assert_eq!(j["patch"]["count"], 1);
         assert_eq!(h.quantile_us("absent", 0.5), 0.0);
         assert!(h.to_text().contains("patch"));
+        h.record_count("nodes_tried", 1);
+        h.record_count("nodes_tried", 5000);
+        let c = h.counts_json();
+        assert_eq!(c["nodes_tried"]["p50"], 1);
+        assert!((4995..=5005).contains(&c["nodes_tried"]["max"].as_u64().unwrap()), "{c}");
+        assert!(h.to_json().get("nodes_tried").is_none());
     }
 }
