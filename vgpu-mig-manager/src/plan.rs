@@ -228,6 +228,36 @@ gpus:
         assert_eq!(backend.mig_layout(0).unwrap().mode, MigMode::Disabled);
     }
 
+    proptest::proptest! {
+        /// Any request the planner accepts is applied by the mock state machine without a refusal, and the
+        /// GPU then matches it (a second plan changes nothing); a refused request changes nothing.
+        #[test]
+        fn accepted_plans_apply_and_converge(
+            counts in proptest::collection::vec(0u32..4, 7),
+            enabled in proptest::prelude::any::<bool>(),
+        ) {
+            let backend = MockBackend::from_yaml_str(NODE).unwrap();
+            let rules = vgpu_core::backend::mig::A100_80GB.profiles;
+            let devices: Vec<(&str, u32)> =
+                rules.iter().zip(&counts).filter(|(_, n)| enabled && **n > 0).map(|(r, n)| (r.name, *n)).collect();
+            let targets: BTreeMap<u32, GpuTarget> =
+                [(0, target(enabled, &devices)), (1, target(enabled, &devices))].into_iter().collect();
+            let before = (backend.mig_layout(0).unwrap(), backend.mig_layout(1).unwrap());
+            match plan(&backend, &targets) {
+                Ok(plans) => {
+                    apply(&backend, &plans).unwrap();
+                    proptest::prop_assert!(plan(&backend, &targets).unwrap().iter().all(|p| !p.changes));
+                    for gpu in 0..2 {
+                        proptest::prop_assert!(matches(&backend.mig_layout(gpu).unwrap(), &targets[&gpu]));
+                    }
+                }
+                Err(_) => {
+                    proptest::prop_assert_eq!(before, (backend.mig_layout(0).unwrap(), backend.mig_layout(1).unwrap()));
+                }
+            }
+        }
+    }
+
     #[test]
     fn apply_reports_the_failing_step() {
         // A backend without MIG control (the trait defaults): the step and the reason are named.
