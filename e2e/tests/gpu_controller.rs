@@ -261,7 +261,7 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
     // GPUClass a100-shared → DeviceClass.
     let a100 = object(
         json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "a100-shared"},
-        "spec": {"vendor": "nvidia", "deviceType": "a100-sxm4-40gb", "requirements": {"minMemoryMiB": 20480},
+        "spec": {"vendor": "nvidia", "deviceType": "a100-sxm4-40gb", "requirements": {"minMemoryMiB": 20480, "minComputeCapability": "8.0", "capabilities": ["coreRatio"]},
             "sharing": {"mode": "Shared", "shares": 4}}}),
     );
     let created = classes.create(&PostParams::default(), &a100).await.unwrap();
@@ -284,6 +284,7 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
         &dc.spec.as_ref().unwrap().selectors.as_ref().unwrap()[0].cel.as_ref().unwrap().expression;
     assert!(expression.starts_with("device.driver == \"manager.nvidia.com\""), "{expression}");
     assert!(expression.contains("quantity(\"20480Mi\")"), "{expression}");
+    assert!(expression.contains("semver(\"8.0.0\")"), "{expression}");
     let status = env
         .poll("GPUClass a100-shared valid", WAIT, || {
             let classes = classes.clone();

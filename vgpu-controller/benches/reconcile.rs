@@ -63,7 +63,9 @@ fn bench(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("reconcile_1000_gpus");
     g.bench_function("desired_classes", |b| {
-        b.iter(|| desired::desired_classes(&config, black_box(&changed.classes), &changed.gpus, &changed.nodes))
+        b.iter(|| {
+            desired::desired_classes(&config, black_box(&changed.classes), &changed.gpus, &changed.nodes)
+        })
     });
     g.bench_function("plan_after_class_change", |b| b.iter(|| plan(&config, black_box(&changed))));
     g.bench_function("pass_after_class_change", |b| {

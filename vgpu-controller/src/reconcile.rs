@@ -321,6 +321,46 @@ mod tests {
         );
     }
 
+    /// The loop under a paused clock: nothing while following, a pass once leading (re-checked every 2 s), a
+    /// pass after a change (after the debounce), a retry after a failed pass (after the backoff), and a stop.
+    #[tokio::test(start_paused = true)]
+    async fn run_follows_leadership_changes_and_failures() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let cluster = Arc::new(InMemoryCluster::new());
+        cluster.put_gpu(fixture::gpu("w1", 0, "nvidia", "a100", Some(40960)));
+        cluster.put_class(fixture::class("a100", "nvidia", Some("a100"), Some(2)));
+        let r = Arc::new(Reconciler::new(ControllerConfig::default(), cluster.clone(), Metrics::default()));
+        let changes = Arc::new(Notify::new());
+        let leading = Arc::new(AtomicBool::new(false));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let (r, changes, leading) = (r.clone(), changes.clone(), leading.clone());
+            async move {
+                r.run(changes, move || leading.load(Ordering::SeqCst), async {
+                    let _ = stopped.await;
+                })
+                .await;
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(cluster.writes().is_empty(), "a follower writes nothing");
+        leading.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(cluster.writes().len(), 3);
+
+        cluster.put_claim(fixture::allocated_claim("ml", "a", &[("manager.nvidia.com", "w1", "vgpu-0")]));
+        cluster.fail_next(1);
+        changes.notify_one();
+        tokio::time::sleep(DEBOUNCE + Duration::from_millis(50)).await;
+        assert_eq!(cluster.writes().len(), 3, "the write failed");
+        tokio::time::sleep(MIN_BACKOFF).await;
+        assert_eq!(cluster.writes().len(), 4, "retried after the backoff");
+        assert_eq!(cluster.writes()[3], "status PhysicalGPU w1-0-nvidia");
+
+        stop.send(()).unwrap();
+        task.await.unwrap();
+    }
+
     #[tokio::test]
     async fn failed_writes_are_reported_and_retried() {
         let cluster = Arc::new(InMemoryCluster::new());
