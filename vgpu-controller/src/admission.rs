@@ -661,6 +661,21 @@ mod tests {
             validate_claim(&config, &claim(dc, 3, None), &classes, &gpus).unwrap_err().message,
             "ResourceClaim \"c\": spec.devices.requests[0].exactly: count: Invalid value: 3: GPUClass \"a100-shared\" has at most 2 matching GPUs on one node"
         );
+        // The same rules for a firstAvailable subrequest.
+        let mut alternatives = claim(dc, 1, None);
+        let request =
+            &mut alternatives.spec.as_mut().unwrap().devices.as_mut().unwrap().requests.as_mut().unwrap()[0];
+        request.exactly = None;
+        request.first_available = Some(vec![k8s_openapi::api::resource::v1::DeviceSubRequest {
+            name: "big".into(),
+            device_class_name: "gone.gpu.deckhouse.io".into(),
+            count: Some(1),
+            ..Default::default()
+        }]);
+        assert_eq!(
+            validate_claim(&config, &alternatives, &classes, &gpus).unwrap_err().message,
+            "ResourceClaim \"c\": spec.devices.requests[0].firstAvailable[0]: deviceClassName: Invalid value: \"gone.gpu.deckhouse.io\": GPUClass \"gone\" does not exist"
+        );
         assert_eq!(
             validate_claim(&config, &claim(dc, 1, Some("80Gi")), &classes, &gpus).unwrap_err().message,
             "ResourceClaim \"c\": spec.devices.requests[0].exactly: capacity.requests[memory]: Invalid value: \"80Gi\": more than the 40960Mi of the largest GPU of GPUClass \"a100-shared\""

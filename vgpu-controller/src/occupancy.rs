@@ -248,6 +248,51 @@ mod tests {
         assert_eq!(out["w1-0-nvidia"].occupancy.total_shares, 2);
     }
 
+    proptest::proptest! {
+        /// Whatever the claims, classes and devices: every GPU appears once, `usedShares <= totalShares` (the
+        /// schema's rule, so the status write cannot be refused), `usedShares` counts exactly the results that
+        /// resolve to the GPU, and the claim list is sorted without duplicates.
+        #[test]
+        fn occupancy_invariants(
+            gpus_per_node in proptest::collection::vec(0u32..4, 1..4),
+            shares in proptest::option::of(2u32..8),
+            results in proptest::collection::vec((0usize..5, 0u32..6, proptest::bool::ANY, 0usize..4), 0..24),
+        ) {
+            let config = ControllerConfig::default();
+            let mut gpus = Vec::new();
+            for (n, count) in gpus_per_node.iter().enumerate() {
+                for i in 0..*count {
+                    gpus.push(fixture::gpu(&format!("w{n}"), i, "nvidia", "a100", Some(40960)));
+                }
+            }
+            let classes = vec![fixture::class("c", "nvidia", Some("a100"), shares)];
+            let desired = desired_classes(&config, &classes, &gpus, &NodeLabels::new());
+            let claims: Vec<ResourceClaim> = results
+                .iter()
+                .map(|(node, minor, ours, claim)| {
+                    let driver = if *ours { "manager.nvidia.com" } else { "other.example.com" };
+                    fixture::allocated_claim("ml", &format!("c{claim}"), &[(driver, &format!("w{node}"), &format!("vgpu-{minor}"))])
+                })
+                .collect();
+            let out = desired_occupancy(&config, &gpus, &classes, &desired, &claims, &[]);
+            proptest::prop_assert_eq!(out.len(), gpus.len());
+            for gpu in &gpus {
+                let s = &out[&gpu.name_any()];
+                proptest::prop_assert!(s.occupancy.used_shares <= s.occupancy.total_shares);
+                let expected = results
+                    .iter()
+                    .filter(|(node, minor, ours, _)| *ours && format!("w{node}") == gpu.spec.node_name && *minor == gpu.spec.index)
+                    .count();
+                proptest::prop_assert_eq!(s.occupancy.used_shares as usize, expected);
+                let mut sorted = s.occupancy.claims.clone();
+                sorted.sort();
+                sorted.dedup();
+                proptest::prop_assert_eq!(&sorted, &s.occupancy.claims);
+                proptest::prop_assert_eq!(s.state == GpuState::Allocated, expected > 0);
+            }
+        }
+    }
+
     #[test]
     fn names_and_addresses() {
         assert_eq!(device_minor("gpu-3"), Some(3));
