@@ -7,6 +7,10 @@
 //! share and the partition directory of the pod's container (`claims/<uid>/pod-<hash>-app/cuda`: the plugin
 //! reads the consumer pod), then `NodeUnprepareResources` removing the spec and the claim directory.
 //!
+//! With gate `DevicePluginClientMode` the same run also checks the claim's `manager.nvidia.com/<uuid>`
+//! annotation (patched through kube-apiserver, removed by Unprepare), the device's
+//! `MANAGER_CLIENT_REGISTER_UUID` and the served registry socket.
+//!
 //! Needs the control-plane binaries and `vgpu-kubelet-plugin` built: run `e2e/run.sh dra_prepare`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -34,8 +38,20 @@ const MOCK: &str =
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control-plane binaries: run e2e/run.sh"]
 async fn the_plugin_prepares_a_claim_the_scheduler_allocated() {
-    let mut env =
-        TestEnv::builder("the_plugin_prepares_a_claim_the_scheduler_allocated").start().await.unwrap();
+    prepare_through_the_binary("the_plugin_prepares_a_claim_the_scheduler_allocated", false).await;
+}
+
+/// Gate `DevicePluginClientMode`: the plugin patches the claim with `manager.nvidia.com/<uuid>: <partition>`
+/// through kube-apiserver, the device's CDI env carries that UUID, the registry socket is served, and
+/// Unprepare removes the annotation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn client_mode_annotates_the_claim_with_its_register_uuid() {
+    prepare_through_the_binary("client_mode_annotates_the_claim_with_its_register_uuid", true).await;
+}
+
+async fn prepare_through_the_binary(name: &str, client_mode: bool) {
+    let mut env = TestEnv::builder(name).start().await.unwrap();
     let client = env.client().await.unwrap();
     env.start_scheduler_with_config(&scheduler_configuration(env.kubeconfig_path(), &[])).await.unwrap();
 
@@ -57,8 +73,9 @@ async fn the_plugin_prepares_a_claim_the_scheduler_allocated() {
         format!("--host-manager-dir={}", path("manager")),
         "--healthcheck-port=0".to_owned(),
     ];
+    let gates = if client_mode { "DevicePluginClientMode=true" } else { "" };
     let env_vars =
-        vec![("NODE_NAME".to_owned(), NODE.to_owned()), ("FEATURE_GATES".to_owned(), String::new())];
+        vec![("NODE_NAME".to_owned(), NODE.to_owned()), ("FEATURE_GATES".to_owned(), gates.to_owned())];
     env.start_process("kubelet-plugin", &vgpu_binary("vgpu-kubelet-plugin").unwrap(), &args, &env_vars)
         .unwrap();
 
@@ -178,6 +195,39 @@ async fn the_plugin_prepares_a_claim_the_scheduler_allocated() {
     assert!(dir.join("manager/claims").join(&uid).join(&key).join("config/pids.config").exists(), "{key}");
     let mounts = spec["devices"][0]["containerEdits"]["mounts"].to_string();
     assert!(mounts.contains(&format!("claims/{uid}/{key}/config")), "{mounts}");
+    let annotation_prefix = "manager.nvidia.com/";
+    let register_annotations = || {
+        let claims = claims.clone();
+        async move {
+            let annotations = claims.get("share").await.unwrap().metadata.annotations.unwrap_or_default();
+            annotations
+                .into_iter()
+                .filter(|(k, _)| k.strip_prefix(annotation_prefix).is_some_and(|u| u.len() == 36))
+                .collect::<Vec<_>>()
+        }
+    };
+    let registered = register_annotations().await;
+    if client_mode {
+        // One partition, one UUID: in the claim (patched through the API) and in the device's env.
+        assert_eq!(registered.len(), 1, "{registered:?}");
+        let (annotation, partition) = &registered[0];
+        assert_eq!(partition, &key);
+        let uuid = &annotation[annotation_prefix.len()..];
+        assert!(
+            env_of_device.contains(&format!("MANAGER_CLIENT_REGISTER_UUID={uuid}").as_str()),
+            "{env_of_device:?}"
+        );
+        assert!(
+            vgpu_dra::driver::socket_exists(&dir.join("manager/registry/socket.sock")),
+            "registry served"
+        );
+    } else {
+        assert!(registered.is_empty(), "{registered:?}");
+        assert!(
+            !env_of_device.iter().any(|e| e.starts_with("MANAGER_CLIENT_REGISTER_UUID")),
+            "{env_of_device:?}"
+        );
+    }
 
     // And unprepares it.
     let done = dra
@@ -188,6 +238,7 @@ async fn the_plugin_prepares_a_claim_the_scheduler_allocated() {
     assert_eq!(done.claims[&uid].error, "");
     assert!(!spec_path.exists());
     assert!(!dir.join("manager/claims").join(&uid).exists());
+    assert!(register_annotations().await.is_empty(), "Unprepare removes the register-UUID annotation");
     env.check_process("kubelet-plugin").unwrap();
     env.stop_process("kubelet-plugin").unwrap();
     env.finish();
