@@ -11,7 +11,7 @@
 //! | `POST /gpuclasses/validate` | CREATE, UPDATE | a vendor without a DRA driver; a `deviceType` that is not a lower-case model slug; a `minComputeCapability` that is not `<major>.<minor>`; a capability that is not an identifier; a name whose DeviceClass name (`<name>.<group>`) passes 253 characters | — |
 //! | `POST /deviceclasses/validate` | CREATE, UPDATE | a DeviceClass that names a GPUClass (label `<group>/gpuclass`, or a name ending in `.<group>`) that does not exist | — |
 //! | `POST /resourceclaims/validate` | CREATE | a request whose `deviceClassName` is a GPUClass's (`<class>.<group>`) while that GPUClass does not exist; one that asks more devices than matching GPUs sit on any one node, more `memory` than any matching GPU has, or more than 100 `cores` | — |
-//! | `POST /pods/mutate` | CREATE | a GPUClass resource whose class does not exist, whose count is not a positive integer, or whose `nodeSelector` conflicts with the pod's | removes the `<group>/<class>` limit and request; adds a pod claim `<container>-<class>` (`spec.resourceClaims`, container `resources.claims`) and the class's `nodeSelector`; creates the ResourceClaim (dry run on a dry-run request) |
+//! | `POST /pods/mutate` | CREATE | a GPUClass resource whose class does not exist, whose count is not a positive integer, or whose `nodeSelector` conflicts with the pod's | removes the `<group>/<class>` limit and request; adds a pod claim `<container>-<class>` (`spec.resourceClaims`, container `resources.claims`), the class's `nodeSelector` and the label `<group>/admission-id`; creates the ResourceClaim (dry run on a dry-run request) |
 //!
 //! # The GPUClass request
 //!
@@ -20,10 +20,22 @@
 //! annotation because it is per container, reads like the device-plugin request it replaces, and a pod that
 //! reaches the scheduler unmutated stays pending (no node offers the resource) instead of running without a GPU.
 //!
-//! The ResourceClaim: name `safe_resource_name([<pod or generateName + uid hash>, <container>, <class>])`,
-//! labels `<group>/gpuclass: <class>` and `vgpu-manager.io/owner-key: <namespace>-<pod>`, one request `gpu`
-//! with `exactly {deviceClassName: <class>.<group>, allocationMode: ExactCount, count}`. A claim that already
-//! exists (the API server may call the webhook again) counts as created.
+//! The ResourceClaim: name `safe_resource_name([<pod or generateName + uid hash>, <container>, <class>, <id>])`,
+//! labels `<group>/gpuclass: <class>`, `vgpu-manager.io/owner-key: <namespace>-<pod>`,
+//! `app.kubernetes.io/managed-by: vgpu-controller` and `<group>/admission-id: <id>`, one request `gpu`
+//! with `exactly {deviceClassName: <class>.<group>, allocationMode: ExactCount, count}`. `<id>` is the first
+//! [`ADMISSION_ID_LENGTH`] hex digits of the SHA-256 of the AdmissionRequest UID; the pod gets the same
+//! label `<group>/admission-id: <id>`. A claim that already exists (the API server may call the webhook
+//! again for the same request) counts as created; since the id is in the name, a later pod of the same
+//! name never inherits a claim of an earlier one.
+//!
+//! # Who deletes the claim
+//!
+//! At mutating admission the pod has no UID (and, with `generateName`, no name), so the claim cannot carry
+//! an ownerReference yet, and the pod may still be refused by a later admission step or by validation. The
+//! reconcile loop closes the gap ([`crate::claims`]): it finds the pod by the `<group>/admission-id` label,
+//! sets the controller ownerReference to it (the garbage collector then deletes the claim with the pod), and
+//! deletes a claim whose pod does not exist once it is older than [`ControllerConfig::orphan_grace`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -46,7 +58,7 @@ use vgpu_webhook::review::{Denial, ReviewError, decode, respond};
 use crate::cel::{is_cel_identifier, parse_compute_capability};
 use crate::cluster::{InMemoryCluster, Snapshot};
 use crate::config::ControllerConfig;
-use crate::desired::{NodeLabels, gpu_matches};
+use crate::desired::{MANAGED_BY, NodeLabels, gpu_matches};
 use crate::metrics::Metrics;
 
 /// GPUClass validation route.
@@ -61,6 +73,10 @@ pub const MUTATE_PODS_PATH: &str = "/pods/mutate";
 pub const REQUEST_NAME: &str = "gpu";
 /// Most `cores` one device offers (percent of a GPU).
 pub const MAX_CORES: u64 = 100;
+/// Hex digits of the admission id ([`ControllerConfig::admission_label`]): a hash of the AdmissionRequest UID.
+pub const ADMISSION_ID_LENGTH: usize = 10;
+/// The `app.kubernetes.io/managed-by` label key (value [`MANAGED_BY`] on what the controller creates).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 
 /// What admission reads: the GPUClasses and PhysicalGPUs (from the controller's caches).
 pub trait Inventory: Send + Sync + 'static {
@@ -328,6 +344,7 @@ pub fn mutate_pod(
     owner_pod.metadata.namespace = Some(namespace.to_owned());
     owner_pod.metadata.name = Some(pod_name.clone());
     let owner_key = vgpu_webhook::convert::owner_key(&owner_pod);
+    let admission_id = short_hash(request_uid, ADMISSION_ID_LENGTH);
     for (slot, c) in containers(original) {
         let resources = c.resources.as_ref();
         let mut asked: BTreeMap<String, String> = BTreeMap::new();
@@ -353,7 +370,7 @@ pub fn mutate_pod(
                 .find(|k| k.name_any() == class_name)
                 .ok_or_else(|| deny(format!("Not found: GPUClass {class_name:?} does not exist")))?;
             let pod_claim = safe_resource_name(&[&c.name, &class_name]);
-            let claim_name = safe_resource_name(&[&pod_name, &c.name, &class_name]);
+            let claim_name = safe_resource_name(&[&pod_name, &c.name, &class_name, &admission_id]);
             let key = format!("{prefix}{class_name}");
             let Some(target) = container_mut(&mut pod, slot) else { continue };
             let res = target.resources.get_or_insert_with(Default::default);
@@ -396,6 +413,8 @@ pub fn mutate_pod(
                     labels: Some(BTreeMap::from([
                         (config.class_label(), class_name.clone()),
                         (OWNER_KEY_LABEL.to_owned(), owner_key.clone()),
+                        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
+                        (config.admission_label(), admission_id.clone()),
                     ])),
                     ..ObjectMeta::default()
                 },
@@ -417,6 +436,9 @@ pub fn mutate_pod(
                 status: None,
             });
         }
+    }
+    if !claims.is_empty() {
+        pod.metadata.labels.get_or_insert_with(BTreeMap::new).insert(config.admission_label(), admission_id);
     }
     Ok(PodMutation { pod, claims })
 }
@@ -698,10 +720,18 @@ mod tests {
         let m = mutate_pod(&config, &[class.clone()], &pod, "ml", "uid-1").unwrap();
         assert_eq!(m.claims.len(), 1);
         let claim = serde_json::to_value(&m.claims[0]).unwrap();
-        let claim_name = safe_resource_name(&["web", "main", "a100-shared"]);
+        let id = short_hash("uid-1", ADMISSION_ID_LENGTH);
+        let claim_name = safe_resource_name(&["web", "main", "a100-shared", &id]);
         assert_eq!(claim["metadata"]["name"], claim_name.as_str());
-        assert_eq!(claim["metadata"]["labels"]["gpu.deckhouse.io/gpuclass"], "a100-shared");
-        assert_eq!(claim["metadata"]["labels"]["vgpu-manager.io/owner-key"], "ml-web");
+        assert_eq!(
+            claim["metadata"]["labels"],
+            serde_json::json!({"gpu.deckhouse.io/gpuclass": "a100-shared", "vgpu-manager.io/owner-key": "ml-web",
+                "app.kubernetes.io/managed-by": "vgpu-controller", "gpu.deckhouse.io/admission-id": id})
+        );
+        assert!(claim["metadata"].get("ownerReferences").is_none(), "no pod UID at mutation time");
+        // Another admission of a pod of the same name gets other claims.
+        let again = mutate_pod(&config, &[class.clone()], &pod, "ml", "uid-2").unwrap();
+        assert_ne!(again.claims[0].metadata.name, m.claims[0].metadata.name);
         assert_eq!(
             claim["spec"]["devices"]["requests"][0],
             serde_json::json!({"name": "gpu", "exactly": {"deviceClassName": "a100-shared.gpu.deckhouse.io", "allocationMode": "ExactCount", "count": 2}})
@@ -718,6 +748,10 @@ mod tests {
             ops.contains(
                 &serde_json::json!({"op": "add", "path": "/spec/nodeSelector", "value": {"pool": "ml"}})
             ),
+            "{patch}"
+        );
+        assert!(
+            ops.contains(&serde_json::json!({"op": "add", "path": "/metadata/labels", "value": {"gpu.deckhouse.io/admission-id": id}})),
             "{patch}"
         );
 
@@ -742,6 +776,8 @@ mod tests {
         );
         let plain: Pod =
             serde_json::from_value(serde_json::json!({"spec": {"containers": [{"name": "main"}]}})).unwrap();
-        assert!(mutate_pod(&config, &[class], &plain, "ml", "u").unwrap().claims.is_empty());
+        let untouched = mutate_pod(&config, &[class], &plain, "ml", "u").unwrap();
+        assert!(untouched.claims.is_empty());
+        assert_eq!(untouched.pod, plain, "a pod without a GPUClass request gets no label");
     }
 }

@@ -1,6 +1,6 @@
 //! The controller's view of the cluster ([`ControllerCluster`]): a snapshot of what it reads (GPUClasses,
-//! PhysicalGPUs, node labels, ResourceClaims, ResourceSlices, the DeviceClasses it manages) and the four
-//! writes it makes. [`crate::kube_cluster::KubeCluster`] reads from watch-fed caches and writes with
+//! PhysicalGPUs, node labels, ResourceClaims, ResourceSlices, the DeviceClasses it manages), the live pod
+//! list of [`crate::claims`], and the six writes it makes. [`crate::kube_cluster::KubeCluster`] reads from watch-fed caches and writes with
 //! server-side apply; [`InMemoryCluster`] serves tests and benches, with failure injection
 //! ([`InMemoryCluster::fail_next`]).
 
@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use vgpu_api::{GPUClass, GPUClassStatus, PhysicalGPU, PhysicalGPUStatus};
 
@@ -69,6 +71,27 @@ pub trait ControllerCluster: Send + Sync + 'static {
         gpu: &str,
         status: &GpuStatus,
     ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// The pods of `namespace` matching `label_selector` (`key=value[,key=value]`), read live.
+    fn list_pods(
+        &self,
+        namespace: &str,
+        label_selector: &str,
+    ) -> impl Future<Output = Result<Vec<Pod>, ClusterError>> + Send;
+    /// Sets `metadata.ownerReferences` of `claim` to `owners`, only if the stored claim still has `claim`'s
+    /// UID; a claim already gone is no error.
+    fn set_claim_owners(
+        &self,
+        claim: &ResourceClaim,
+        owners: &[OwnerReference],
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Deletes `claim`, only if the stored claim still has `claim`'s UID and resourceVersion; a claim already
+    /// gone is no error.
+    fn delete_claim(&self, claim: &ResourceClaim) -> impl Future<Output = Result<(), ClusterError>> + Send;
+}
+
+/// `namespace/name` of a namespaced object, for messages.
+pub fn key_of(obj: &impl ResourceExt) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
 // === impl InMemoryCluster ===
@@ -82,6 +105,8 @@ pub struct InMemoryCluster {
 #[derive(Debug, Default)]
 struct MemoryState {
     snapshot: Snapshot,
+    pods: Vec<Pod>,
+    pod_lists: u32,
     fail_next: u32,
     writes: Vec<String>,
 }
@@ -136,6 +161,24 @@ impl InMemoryCluster {
             .retain(|c| !(c.namespace().as_deref() == Some(namespace) && c.name_any() == name));
     }
 
+    /// Adds or replaces a pod (the live pods [`ControllerCluster::list_pods`] reads).
+    pub fn put_pod(&self, pod: Pod) {
+        let mut s = self.lock();
+        let key = (pod.namespace(), pod.name_any());
+        s.pods.retain(|p| (p.namespace(), p.name_any()) != key);
+        s.pods.push(pod);
+    }
+
+    /// Removes a pod.
+    pub fn remove_pod(&self, namespace: &str, name: &str) {
+        self.lock().pods.retain(|p| !(p.namespace().as_deref() == Some(namespace) && p.name_any() == name));
+    }
+
+    /// How many times the pods were listed.
+    pub fn pod_lists(&self) -> u32 {
+        self.lock().pod_lists
+    }
+
     /// Adds a ResourceSlice.
     pub fn put_slice(&self, slice: ResourceSlice) {
         self.lock().snapshot.slices.push(slice);
@@ -146,7 +189,8 @@ impl InMemoryCluster {
         self.lock().snapshot.clone()
     }
 
-    /// The writes made so far (`apply DeviceClass x`, `status GPUClass y`, `status PhysicalGPU z`, `delete DeviceClass x`).
+    /// The writes made so far (`apply DeviceClass x`, `status GPUClass y`, `status PhysicalGPU z`,
+    /// `delete DeviceClass x`, `owners ResourceClaim ns/c: Pod p`, `delete ResourceClaim ns/c`).
     pub fn writes(&self) -> Vec<String> {
         self.lock().writes.clone()
     }
@@ -157,15 +201,38 @@ impl InMemoryCluster {
     }
 
     fn write(&self, operation: String, f: impl FnOnce(&mut Snapshot)) -> Result<(), ClusterError> {
+        self.try_write(operation, |s| {
+            f(s);
+            Ok(())
+        })
+    }
+
+    /// A write that may refuse (a failed precondition) with a message.
+    fn try_write(
+        &self,
+        operation: String,
+        f: impl FnOnce(&mut Snapshot) -> Result<(), String>,
+    ) -> Result<(), ClusterError> {
         let mut s = self.lock();
         if s.fail_next > 0 {
             s.fail_next -= 1;
             return Err(ClusterError::Api { operation, message: "injected failure".into() });
         }
-        f(&mut s.snapshot);
+        f(&mut s.snapshot).map_err(|message| ClusterError::Api { operation: operation.clone(), message })?;
         s.writes.push(operation);
         Ok(())
     }
+}
+
+fn labels_match(pod: &Pod, selector: &str) -> bool {
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| match term.split_once('=') {
+        Some((k, v)) => pod.labels().get(k.trim()).map(String::as_str) == Some(v.trim()),
+        None => pod.labels().contains_key(term.trim()),
+    })
+}
+
+fn same_claim(stored: &ResourceClaim, claim: &ResourceClaim) -> bool {
+    stored.namespace() == claim.namespace() && stored.name_any() == claim.name_any()
 }
 
 impl ControllerCluster for InMemoryCluster {
@@ -202,6 +269,44 @@ impl ControllerCluster for InMemoryCluster {
                 st.state = Some(status.state);
                 st.occupancy = Some(status.occupancy.clone());
             }
+        })
+    }
+    async fn list_pods(&self, namespace: &str, label_selector: &str) -> Result<Vec<Pod>, ClusterError> {
+        let mut s = self.lock();
+        s.pod_lists += 1;
+        Ok(s.pods
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(namespace) && labels_match(p, label_selector))
+            .cloned()
+            .collect())
+    }
+
+    async fn set_claim_owners(
+        &self,
+        claim: &ResourceClaim,
+        owners: &[OwnerReference],
+    ) -> Result<(), ClusterError> {
+        let pods: Vec<&str> = owners.iter().map(|o| o.name.as_str()).collect();
+        self.try_write(format!("owners ResourceClaim {}: Pod {}", key_of(claim), pods.join(",")), |s| {
+            let Some(stored) = s.claims.iter_mut().find(|c| same_claim(c, claim)) else { return Ok(()) };
+            if stored.metadata.uid != claim.metadata.uid {
+                return Err("the claim was replaced (another UID)".to_owned());
+            }
+            stored.metadata.owner_references = Some(owners.to_vec());
+            Ok(())
+        })
+    }
+
+    async fn delete_claim(&self, claim: &ResourceClaim) -> Result<(), ClusterError> {
+        self.try_write(format!("delete ResourceClaim {}", key_of(claim)), |s| {
+            let Some(i) = s.claims.iter().position(|c| same_claim(c, claim)) else { return Ok(()) };
+            let stored = &s.claims[i].metadata;
+            if stored.uid != claim.metadata.uid || stored.resource_version != claim.metadata.resource_version
+            {
+                return Err("the claim changed since it was read (UID or resourceVersion)".to_owned());
+            }
+            s.claims.remove(i);
+            Ok(())
         })
     }
 }

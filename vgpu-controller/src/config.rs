@@ -7,8 +7,13 @@
 //! | `metax` | `gpu.metax-tech.com` | [`METAX_DRIVER_NAME`]: our MetaX adapter's driver name (MetaX's domain) |
 //!
 //! `--driver <vendor>=<driver>` overrides or adds an entry ([`parse_driver_flag`]).
+//! `--orphaned-claim-grace-period` sets [`ControllerConfig::orphan_grace`] ([`crate::claims`]).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How long a generated ResourceClaim whose pod cannot be found is kept by default ([`crate::claims`]).
+pub const DEFAULT_ORPHAN_GRACE: Duration = Duration::from_secs(60);
 
 /// The DRA driver name our MetaX adapter publishes under.
 pub const METAX_DRIVER_NAME: &str = "gpu.metax-tech.com";
@@ -34,6 +39,9 @@ pub struct ControllerConfig {
     pub group: String,
     /// Vendor key → DRA driver name.
     pub drivers: BTreeMap<String, String>,
+    /// How old a generated ResourceClaim whose pod does not exist must be before it is deleted
+    /// ([`crate::claims`]; covers the time between the pod mutation and the pod being stored).
+    pub orphan_grace: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -42,7 +50,7 @@ impl Default for ControllerConfig {
             .into_iter()
             .map(|(v, d)| (v.to_owned(), d.to_owned()))
             .collect();
-        Self { group: vgpu_api::DEFAULT_GROUP.to_owned(), drivers }
+        Self { group: vgpu_api::DEFAULT_GROUP.to_owned(), drivers, orphan_grace: DEFAULT_ORPHAN_GRACE }
     }
 }
 
@@ -77,6 +85,12 @@ impl ControllerConfig {
     pub fn class_label(&self) -> String {
         format!("{}/gpuclass", self.group)
     }
+
+    /// The label the pod mutation puts on a pod and on the ResourceClaims it creates for it, with the same
+    /// value (`gpu.deckhouse.io/admission-id`): how the controller finds the pod of a claim ([`crate::claims`]).
+    pub fn admission_label(&self) -> String {
+        format!("{}/admission-id", self.group)
+    }
 }
 
 /// Parses one `--driver <vendor>=<driver>` value.
@@ -106,6 +120,8 @@ mod tests {
         assert_eq!(c.class_of_device_class("a100-shared.gpu.deckhouse.io"), Some("a100-shared"));
         assert_eq!(c.class_of_device_class("vgpu-manager"), None);
         assert_eq!(c.class_of_device_class(".gpu.deckhouse.io"), None);
+        assert_eq!(c.admission_label(), "gpu.deckhouse.io/admission-id");
+        assert_eq!(c.orphan_grace, Duration::from_secs(60));
         assert_eq!(parse_driver_flag("amd=gpu.amd.com").unwrap(), ("amd".into(), "gpu.amd.com".into()));
         for bad in ["amd", "=x.y", "AMD=a.b", "amd=nodot"] {
             assert_eq!(parse_driver_flag(bad), Err(ConfigError::Driver(bad.into())), "{bad}");

@@ -1,11 +1,15 @@
 //! Objects for tests and benches: PhysicalGPUs, GPUClasses and allocated ResourceClaims in the shapes the
-//! node agent, users and the scheduler write.
+//! node agent, users and the scheduler write; claims as the pod mutation creates them and their pods.
 
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
     ResourceClaimStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
 use vgpu_api::{
     GPUClass, GPUClassSpec, PhysicalGPU, PhysicalGPUSpec, PhysicalGPUStatus, SharingMode, SharingPolicy,
 };
@@ -87,4 +91,65 @@ pub fn allocated_claim(namespace: &str, name: &str, devices: &[(&str, &str, &str
             ..ResourceClaimStatus::default()
         }),
     }
+}
+
+/// `1_700_000_000 + seconds` seconds after the epoch (a fixed instant for claim ages).
+pub fn time(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + seconds).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// ResourceClaim `<namespace>/<name>` as the pod mutation creates it (default group): labels
+/// `app.kubernetes.io/managed-by: vgpu-controller` and `gpu.deckhouse.io/admission-id: <id>`, UID
+/// `uid-<name>`, resourceVersion `1`, created at `created`, no owner.
+pub fn generated_claim(namespace: &str, name: &str, id: &str, created: Timestamp) -> ResourceClaim {
+    let labels = BTreeMap::from([
+        (crate::admission::MANAGED_BY_LABEL.to_owned(), crate::desired::MANAGED_BY.to_owned()),
+        (format!("{}/admission-id", vgpu_api::DEFAULT_GROUP), id.to_owned()),
+    ]);
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            uid: Some(format!("uid-{name}")),
+            resource_version: Some("1".to_owned()),
+            labels: Some(labels),
+            creation_timestamp: Some(Time(created)),
+            ..ObjectMeta::default()
+        },
+        spec: Default::default(),
+        status: None,
+    }
+}
+
+/// Pod `<namespace>/<name>` with UID `uid` (none when empty), label `gpu.deckhouse.io/admission-id: <id>`,
+/// one container, and a pod claim naming each of `claims`.
+pub fn pod(namespace: &str, name: &str, uid: &str, id: &str, claims: &[&str]) -> Pod {
+    let mut pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            uid: (!uid.is_empty()).then(|| uid.to_owned()),
+            labels: Some(BTreeMap::from([(
+                format!("{}/admission-id", vgpu_api::DEFAULT_GROUP),
+                id.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    };
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    spec.containers
+        .push(k8s_openapi::api::core::v1::Container { name: "main".to_owned(), ..Default::default() });
+    spec.resource_claims = Some(
+        claims
+            .iter()
+            .enumerate()
+            .map(|(i, c)| k8s_openapi::api::core::v1::PodResourceClaim {
+                name: format!("claim-{i}"),
+                resource_claim_name: Some((*c).to_owned()),
+                resource_claim_template_name: None,
+            })
+            .collect(),
+    );
+    pod
 }

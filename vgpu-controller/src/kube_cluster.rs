@@ -11,14 +11,18 @@
 //! | delete | `DELETE /apis/resource.k8s.io/v1/deviceclasses/<name>` (404 is success) |
 //! | GPUClass status | `PATCH /apis/<group>/v1alpha1/gpuclasses/<name>/status?&force=true&fieldManager=vgpu-controller`, apply, `{apiVersion, kind, metadata: {name}, status: {valid, message, deviceClassName, conditions}}` |
 //! | PhysicalGPU status | `PATCH /apis/<group>/v1alpha1/physicalgpus/<name>/status?…`, apply, `{apiVersion, kind, metadata: {name}, status: {state, occupancy}}` |
+//! | pods | `GET /api/v1/namespaces/<ns>/pods?&labelSelector=<group>/admission-id=<id>` (live, only for claims without an owner) |
+//! | claim owners | `PATCH /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>?`, `application/json-patch+json`, `[{op: test, path: /metadata/uid, value: <uid>}, {op: add, path: /metadata/ownerReferences, value: [...]}]` (404 is success) |
+//! | claim delete | `DELETE /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>?`, body `DeleteOptions{preconditions: {uid, resourceVersion}}` (404 is success) |
 
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions};
 use kube::core::{ApiResource, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -30,7 +34,7 @@ use tokio_stream::StreamExt;
 use vgpu_api::{GPUClass, GPUClassStatus, PhysicalGPU, api_resource_for_group};
 
 use crate::FIELD_MANAGER;
-use crate::cluster::{ClusterError, ControllerCluster, Snapshot};
+use crate::cluster::{ClusterError, ControllerCluster, Snapshot, key_of};
 use crate::config::{ConfigError, ControllerConfig};
 use crate::occupancy::GpuStatus;
 
@@ -298,5 +302,49 @@ impl ControllerCluster for KubeCluster {
             .await
             .map(drop)
             .map_err(|e| api_error(format!("apply status of PhysicalGPU {gpu}"), &e))
+    }
+    async fn list_pods(&self, namespace: &str, label_selector: &str) -> Result<Vec<Pod>, ClusterError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        api.list(&ListParams::default().labels(label_selector))
+            .await
+            .map(|l| l.items)
+            .map_err(|e| api_error(format!("list pods in {namespace} with {label_selector}"), &e))
+    }
+
+    async fn set_claim_owners(
+        &self,
+        claim: &ResourceClaim,
+        owners: &[OwnerReference],
+    ) -> Result<(), ClusterError> {
+        let operation = || format!("set the owner of ResourceClaim {}", key_of(claim));
+        let namespace = claim.namespace().unwrap_or_default();
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/uid", "value": claim.metadata.uid},
+            {"op": "add", "path": "/metadata/ownerReferences", "value": owners},
+        ]))
+        .map_err(|e| ClusterError::Api { operation: operation(), message: e.to_string() })?;
+        match api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(api_error(operation(), &e)),
+        }
+    }
+
+    async fn delete_claim(&self, claim: &ResourceClaim) -> Result<(), ClusterError> {
+        let namespace = claim.namespace().unwrap_or_default();
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: claim.metadata.uid.clone(),
+                resource_version: claim.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&claim.name_any(), &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(api_error(format!("delete ResourceClaim {}", key_of(claim)), &e)),
+        }
     }
 }

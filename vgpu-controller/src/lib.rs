@@ -11,6 +11,8 @@
 //! | `PhysicalGPU` | mapped (matching, occupancy) | `status.state`, `status.occupancy` ([`occupancy`]) |
 //! | `Node` | mapped (labels for `nodeSelector`) | — |
 //! | `ResourceClaim`, `ResourceSlice` | mapped (allocations → GPUs) | — |
+//! | `ResourceClaim` made by the pod mutation | owned by its pod ([`claims`]) | `metadata.ownerReferences` (JSON patch), or deleted when its pod never came to be |
+//! | `Pod` | read live, only for claims without an owner (`list` by label `<group>/admission-id`) | — |
 //!
 //! Every write is a server-side apply with field manager [`FIELD_MANAGER`]. One replica writes (Lease leader
 //! election, in the binary); every replica serves admission.
@@ -27,6 +29,7 @@
 //! | [`cluster`] | the seam: [`ControllerCluster`](cluster::ControllerCluster), [`InMemoryCluster`](cluster::InMemoryCluster) |
 //! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): watch-fed caches and server-side apply |
 //! | [`admission`] | validating rules for GPUClass, DeviceClass, ResourceClaim; the pod mutation |
+//! | [`claims`] | pure: the owner (or deletion) of each ResourceClaim the pod mutation created |
 //! | [`server`] | HTTPS routes: admission, `/healthz`, `/readyz`, `/version`, `/metrics` (RBAC-authorized) |
 //! | [`metrics`] | the Prometheus families |
 //! | [`fixture`] | objects for tests and benches |
@@ -47,6 +50,7 @@
 
 pub mod admission;
 pub mod cel;
+pub mod claims;
 pub mod cluster;
 pub mod config;
 pub mod desired;

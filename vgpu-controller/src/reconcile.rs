@@ -5,6 +5,7 @@
 //! | read | [`ControllerCluster::snapshot`] (GPUClass primary; DeviceClass owned; PhysicalGPU, Node, ResourceClaim, ResourceSlice mapped: any change of any of them triggers a pass) |
 //! | plan | [`plan`]: [`desired_classes`] and [`desired_occupancy`], compared with what the snapshot holds; only differences become writes |
 //! | write | apply each DeviceClass that differs; delete managed DeviceClasses whose GPUClass is gone (the ownerReference also lets the garbage collector do it); apply GPUClass status; apply PhysicalGPU status (`state`, `occupancy`) — field manager `vgpu-controller` for all |
+//! | claims | for each generated ResourceClaim without an owner ([`claims::candidates`]): list its pods by admission label, then set the pod as controller owner, delete the claim past the grace, or ask for a pass when the grace ends ([`PassReport::requeue_after`]) |
 //!
 //! The pass is level-triggered and idempotent: it works only from the current state (the trigger's reason is
 //! not needed), and a second pass over an unchanged cluster writes nothing. A failed write does not stop the
@@ -16,11 +17,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::DeviceClass;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use tokio::sync::Notify;
 use vgpu_api::{GPUClassStatus, GpuState};
 
-use crate::cluster::{ClusterError, ControllerCluster, Snapshot};
+use crate::claims::{self, ClaimAction};
+use crate::cluster::{ClusterError, ControllerCluster, Snapshot, key_of};
 use crate::config::ControllerConfig;
 use crate::desired::{VALID_CONDITION, desired_classes};
 use crate::metrics::Metrics;
@@ -140,22 +143,39 @@ pub fn plan(config: &ControllerConfig, snapshot: &Snapshot) -> Plan {
 pub struct PassReport {
     /// Writes made.
     pub writes: usize,
-    /// Writes that failed.
+    /// Writes (and pod lists) that failed.
     pub failures: Vec<ClusterError>,
+    /// Run another pass after this long at the latest: a claim's grace ends then ([`claims::decide`]).
+    pub requeue_after: Option<Duration>,
 }
 
+/// The wall clock of claim ages.
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
 /// Runs passes against a [`ControllerCluster`].
-#[derive(Debug)]
 pub struct Reconciler<C> {
     config: ControllerConfig,
     cluster: Arc<C>,
     metrics: Metrics,
+    clock: Clock,
+}
+
+impl<C> std::fmt::Debug for Reconciler<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler").field("config", &self.config).finish_non_exhaustive()
+    }
 }
 
 impl<C: ControllerCluster> Reconciler<C> {
-    /// A reconciler over `cluster`.
+    /// A reconciler over `cluster`, with the system clock.
     pub fn new(config: ControllerConfig, cluster: Arc<C>, metrics: Metrics) -> Self {
-        Self { config, cluster, metrics }
+        Self { config, cluster, metrics, clock: Arc::new(Timestamp::now) }
+    }
+
+    /// The same with `clock` for claim ages (tests).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// One pass: snapshot, plan, writes. `Err` when the snapshot cannot be read; failed writes are in the report.
@@ -191,6 +211,32 @@ impl<C: ControllerCluster> Reconciler<C> {
         for (gpu, status) in &plan.gpu_statuses {
             record("PhysicalGPUStatus", self.cluster.apply_gpu_status(gpu, status).await);
         }
+        let now = (self.clock)();
+        let label = self.config.admission_label();
+        let mut requeue_after: Option<Duration> = None;
+        for claim in claims::candidates(&self.config, &snapshot.claims) {
+            let Some(id) = claims::admission_id(&self.config, claim) else { continue };
+            let namespace = claim.namespace().unwrap_or_default();
+            let pods = match self.cluster.list_pods(&namespace, &format!("{label}={id}")).await {
+                Ok(p) => p,
+                Err(e) => {
+                    record("PodList", Err(e));
+                    continue;
+                }
+            };
+            match claims::decide(claim, &pods, now, self.config.orphan_grace) {
+                ClaimAction::Adopt { pod, owners } => {
+                    tracing::info!(claim = %key_of(claim), pod, "claim owned by its pod");
+                    record("ResourceClaimOwner", self.cluster.set_claim_owners(claim, &owners).await);
+                }
+                ClaimAction::Delete => {
+                    tracing::info!(claim = %key_of(claim), "deleting a claim whose pod does not exist");
+                    record("ResourceClaimDelete", self.cluster.delete_claim(claim).await);
+                }
+                ClaimAction::Wait(d) => requeue_after = Some(requeue_after.map_or(d, |r| r.min(d))),
+            }
+        }
+        report.requeue_after = requeue_after;
         self.gauges(&plan);
         self.count(if report.failures.is_empty() { "success" } else { "error" });
         Ok(report)
@@ -218,7 +264,8 @@ impl<C: ControllerCluster> Reconciler<C> {
     }
 
     /// Runs passes until `shutdown`: one at start, one after each `changes` notification (changes within
-    /// [`DEBOUNCE`] folded together), one every [`RESYNC_PERIOD`], and retries with backoff after a failed pass.
+    /// [`DEBOUNCE`] folded together), one every [`RESYNC_PERIOD`], one when a pass's
+    /// [`PassReport::requeue_after`] ends, and retries with backoff after a failed pass.
     /// Passes run only while `leading()` holds (followers re-check every 2 s).
     pub async fn run(
         &self,
@@ -229,12 +276,17 @@ impl<C: ControllerCluster> Reconciler<C> {
         tokio::pin!(shutdown);
         let mut backoff = MIN_BACKOFF;
         let mut retry: Option<Duration> = None;
+        let mut requeue: Option<Duration> = None;
         loop {
             if leading() {
                 let ok = match self.reconcile_once().await {
-                    Ok(r) if r.failures.is_empty() => true,
+                    Ok(r) if r.failures.is_empty() => {
+                        requeue = r.requeue_after;
+                        true
+                    }
                     Ok(r) => {
                         tracing::warn!(failures = r.failures.len(), "reconcile pass had failed writes");
+                        requeue = r.requeue_after;
                         false
                     }
                     Err(e) => {
@@ -250,7 +302,12 @@ impl<C: ControllerCluster> Reconciler<C> {
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
-            let wait = if leading() { retry.unwrap_or(RESYNC_PERIOD) } else { Duration::from_secs(2) };
+            let wait = if leading() {
+                let base = retry.unwrap_or(RESYNC_PERIOD);
+                requeue.map_or(base, |r| base.min(r))
+            } else {
+                Duration::from_secs(2)
+            };
             tokio::select! {
                 () = &mut shutdown => return,
                 () = changes.notified() => {
@@ -357,6 +414,124 @@ mod tests {
         assert_eq!(cluster.writes().len(), 4, "retried after the backoff");
         assert_eq!(cluster.writes()[3], "status PhysicalGPU w1-0-nvidia");
 
+        stop.send(()).unwrap();
+        task.await.unwrap();
+    }
+
+    /// Generated claims: the referencing pod becomes the owner; an orphan is kept within the grace (and a
+    /// pass is asked for when it ends), deleted after it; claims of others and owned claims are not touched
+    /// (and need no pod list).
+    #[tokio::test]
+    async fn generated_claims_get_their_pod_as_owner_or_go() {
+        use std::sync::atomic::{AtomicI64, Ordering};
+        let cluster = Arc::new(InMemoryCluster::new());
+        let now = Arc::new(AtomicI64::new(10));
+        let clock: Clock = {
+            let now = now.clone();
+            Arc::new(move || fixture::time(now.load(Ordering::SeqCst)))
+        };
+        let r = Reconciler::new(ControllerConfig::default(), cluster.clone(), Metrics::default())
+            .with_clock(clock);
+        // web's claim; an orphan (its pod was refused); a user's claim with the same labels but no admission
+        // id; a claim of the pod mutation that someone else already owns.
+        cluster.put_claim(fixture::generated_claim("ml", "web-main-a", "id1", fixture::time(0)));
+        cluster.put_claim(fixture::generated_claim("ml", "gone-main-b", "id2", fixture::time(0)));
+        let mut foreign = fixture::generated_claim("ml", "mine", "id3", fixture::time(-1000));
+        foreign.metadata.labels.as_mut().unwrap().remove("app.kubernetes.io/managed-by");
+        cluster.put_claim(foreign.clone());
+        let mut owned = fixture::generated_claim("ml", "old-main-c", "id4", fixture::time(-1000));
+        let old_pod = fixture::pod("ml", "old", "uid-old", "id4", &["old-main-c"]);
+        owned.metadata.owner_references = Some(vec![claims::owner_reference(&old_pod).unwrap()]);
+        cluster.put_claim(owned.clone());
+        // web is stored; a pod with id2 that names another claim does not save gone-main-b.
+        cluster.put_pod(fixture::pod("ml", "web", "uid-web", "id1", &["web-main-a"]));
+        cluster.put_pod(fixture::pod("ml", "unrelated", "uid-u", "id2", &["other"]));
+        // The same name in another namespace is not the pod.
+        cluster.put_pod(fixture::pod("other", "web2", "uid-w2", "id2", &["gone-main-b"]));
+
+        let report = r.reconcile_once().await.unwrap();
+        assert_eq!(report.failures, []);
+        assert_eq!(cluster.writes(), ["owners ResourceClaim ml/web-main-a: Pod web"]);
+        assert_eq!(report.requeue_after, Some(Duration::from_secs(50)), "gone-main-b's grace ends at 60 s");
+        assert_eq!(cluster.pod_lists(), 2, "only the two claims without an owner");
+        let state = cluster.state();
+        let web_claim = state.claims.iter().find(|c| c.name_any() == "web-main-a").unwrap();
+        let owner = &web_claim.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str(), owner.controller),
+            ("Pod", "web", "uid-web", Some(true))
+        );
+
+        // Within the grace: still kept; no writes.
+        now.store(59, Ordering::SeqCst);
+        let report = r.reconcile_once().await.unwrap();
+        assert_eq!((report.writes, report.requeue_after), (0, Some(Duration::from_secs(1))));
+        // Past it: deleted; the owned claim, the foreign one and web's stay.
+        now.store(60, Ordering::SeqCst);
+        let report = r.reconcile_once().await.unwrap();
+        assert_eq!((report.writes, report.requeue_after), (1, None));
+        assert_eq!(cluster.writes().last().unwrap(), "delete ResourceClaim ml/gone-main-b");
+        let mut left: Vec<String> = cluster.state().claims.iter().map(|c| c.name_any()).collect();
+        left.sort();
+        assert_eq!(left, ["mine", "old-main-c", "web-main-a"]);
+        assert_eq!(cluster.state().claims.iter().find(|c| c.name_any() == "mine"), Some(&foreign));
+        assert_eq!(cluster.state().claims.iter().find(|c| c.name_any() == "old-main-c"), Some(&owned));
+        // Settled: nothing more to do, and no pod list (every generated claim left has an owner).
+        let lists = cluster.pod_lists();
+        assert_eq!(r.reconcile_once().await.unwrap().writes, 0);
+        assert_eq!(cluster.pod_lists(), lists);
+    }
+
+    /// A delete refused by its precondition (the claim changed since the cache saw it) is a failed write,
+    /// retried on the next pass with what the cluster holds then.
+    #[tokio::test]
+    async fn a_claim_changed_since_it_was_read_is_not_deleted() {
+        let cluster = Arc::new(InMemoryCluster::new());
+        let clock: Clock = Arc::new(|| fixture::time(1000));
+        let r = Reconciler::new(ControllerConfig::default(), cluster.clone(), Metrics::default())
+            .with_clock(clock);
+        let claim = fixture::generated_claim("ml", "late-main-a", "id9", fixture::time(0));
+        cluster.put_claim(claim.clone());
+        // The cluster's copy moved on (another resourceVersion): the delete of the read copy must fail.
+        let mut newer = claim.clone();
+        newer.metadata.resource_version = Some("2".into());
+        assert!(cluster.delete_claim(&newer).await.is_err());
+        assert_eq!(cluster.state().claims.len(), 1);
+        // Its pod shows up now (stored late): the next pass makes it the owner instead.
+        cluster.put_pod(fixture::pod("ml", "late", "uid-late", "id9", &["late-main-a"]));
+        let report = r.reconcile_once().await.unwrap();
+        assert_eq!((report.writes, report.failures.len()), (1, 0));
+        assert_eq!(cluster.state().claims[0].metadata.owner_references.as_ref().unwrap()[0].name, "late");
+    }
+
+    /// Under a paused clock: the loop runs a pass when a claim's grace ends, without any change.
+    #[tokio::test(start_paused = true)]
+    async fn run_wakes_up_when_a_grace_ends() {
+        let cluster = Arc::new(InMemoryCluster::new());
+        let started = tokio::time::Instant::now();
+        let clock: Clock = Arc::new(move || {
+            let elapsed = i64::try_from(started.elapsed().as_secs()).unwrap();
+            fixture::time(elapsed)
+        });
+        let config =
+            ControllerConfig { orphan_grace: Duration::from_secs(30), ..ControllerConfig::default() };
+        let r = Arc::new(Reconciler::new(config, cluster.clone(), Metrics::default()).with_clock(clock));
+        cluster.put_claim(fixture::generated_claim("ml", "orphan", "id1", fixture::time(0)));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let r = r.clone();
+            async move {
+                r.run(Arc::new(Notify::new()), || true, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(29)).await;
+        assert_eq!(cluster.state().claims.len(), 1, "kept within the grace");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(cluster.state().claims.is_empty(), "deleted when the grace ended, long before the resync");
+        assert_eq!(cluster.writes(), ["delete ResourceClaim ml/orphan"]);
         stop.send(()).unwrap();
         task.await.unwrap();
     }

@@ -221,7 +221,20 @@ async fn routes_over_https() {
     assert_eq!(claims.len(), 1);
     assert_eq!(
         claims[0].metadata.name.as_deref(),
-        Some(vgpu_webhook::names::safe_resource_name(&["web", "main", "a100-shared"]).as_str())
+        Some(
+            vgpu_webhook::names::safe_resource_name(&[
+                "web",
+                "main",
+                "a100-shared",
+                &vgpu_webhook::names::short_hash("u-1", vgpu_controller::admission::ADMISSION_ID_LENGTH)
+            ])
+            .as_str()
+        )
+    );
+    // The claim carries the admission id (the pod's label of the same value is checked in admission.rs).
+    assert_eq!(
+        claims[0].metadata.labels.as_ref().unwrap()["gpu.deckhouse.io/admission-id"],
+        vgpu_webhook::names::short_hash("u-1", vgpu_controller::admission::ADMISSION_ID_LENGTH)
     );
 
     // A body that is not a review.

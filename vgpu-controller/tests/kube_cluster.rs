@@ -1,7 +1,9 @@
 //! `KubeCluster`'s writes at the HTTP layer: a `tower_test` mock service stands in for the API server, and each
 //! request's method, path, query, content type and body is checked (DeviceClass server-side apply, delete with
-//! 404 as success, GPUClass and PhysicalGPU status applies on `/status`, for the default group and another),
-//! and a whole reconcile pass over the in-memory seam makes exactly those writes in that order.
+//! 404 as success, GPUClass and PhysicalGPU status applies on `/status`, for the default group and another;
+//! the generated claims' pod list by admission label, owner JSON patch with its UID test, and delete with UID
+//! and resourceVersion preconditions), and a whole reconcile pass over the in-memory seam makes exactly those
+//! writes in that order.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -125,5 +127,93 @@ async fn another_group() {
     });
     cluster.apply_device_class(desired.device_class.as_ref().unwrap()).await.unwrap();
     cluster.apply_class_status("t4", &desired.status).await.unwrap();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn generated_claims_calls() {
+    let (client, mut handle) = mock_api_server::mock_client();
+    let (cluster, _watches) = KubeCluster::new(client, ControllerConfig::default()).unwrap();
+    let claim = fixture::generated_claim("ml", "web-main-a", "id1", fixture::time(0));
+    let pod = fixture::pod("ml", "web", "uid-web", "id1", &["web-main-a"]);
+    let owner = vgpu_controller::claims::owner_reference(&pod).unwrap();
+    let pod_json = serde_json::to_value(&pod).unwrap();
+    let server = tokio::spawn(async move {
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.method, "GET");
+        assert_eq!(
+            seen.uri,
+            "/api/v1/namespaces/ml/pods?&labelSelector=gpu.deckhouse.io%2Fadmission-id%3Did1"
+        );
+        reply(
+            send,
+            200,
+            &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod_json]}),
+        );
+
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.method, "PATCH");
+        assert_eq!(seen.uri, "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/web-main-a?");
+        assert_eq!(seen.content_type.as_deref(), Some("application/json-patch+json"));
+        assert_eq!(
+            seen.body,
+            json!([{"op": "test", "path": "/metadata/uid", "value": "uid-web-main-a"},
+                {"op": "add", "path": "/metadata/ownerReferences", "value": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": "web", "uid": "uid-web", "controller": true}]}])
+        );
+        reply(
+            send,
+            200,
+            &json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "web-main-a", "namespace": "ml"}, "spec": {}}),
+        );
+
+        // The claim is gone by the time the owner is set: no error.
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.method, "PATCH");
+        reply(
+            send,
+            404,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+        );
+        // The UID test failed (the claim was replaced): an error naming the claim.
+        let (_, send) = next(&mut handle).await;
+        reply(
+            send,
+            422,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+            "message": "the server rejected our request due to an error in our request"}),
+        );
+
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.method, "DELETE");
+        assert_eq!(seen.uri, "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/web-main-a?");
+        assert_eq!(seen.body["preconditions"], json!({"uid": "uid-web-main-a", "resourceVersion": "1"}));
+        reply(send, 200, &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}));
+        let (_, send) = next(&mut handle).await;
+        reply(
+            send,
+            404,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+        );
+        let (_, send) = next(&mut handle).await;
+        reply(
+            send,
+            409,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+            "message": "Precondition failed: ResourceVersion in precondition: 1, ResourceVersion in object meta: 2"}),
+        );
+    });
+    let pods = cluster.list_pods("ml", "gpu.deckhouse.io/admission-id=id1").await.unwrap();
+    assert_eq!(pods, [pod]);
+    cluster.set_claim_owners(&claim, std::slice::from_ref(&owner)).await.unwrap();
+    cluster.set_claim_owners(&claim, std::slice::from_ref(&owner)).await.unwrap();
+    let err = cluster.set_claim_owners(&claim, &[owner]).await.unwrap_err().to_string();
+    assert!(err.starts_with("set the owner of ResourceClaim ml/web-main-a: "), "{err}");
+    cluster.delete_claim(&claim).await.unwrap();
+    cluster.delete_claim(&claim).await.unwrap();
+    let err = cluster.delete_claim(&claim).await.unwrap_err().to_string();
+    assert!(err.starts_with("delete ResourceClaim ml/web-main-a: "), "{err}");
+    assert!(err.contains("Precondition failed"), "{err}");
     server.await.unwrap();
 }

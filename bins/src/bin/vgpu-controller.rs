@@ -6,18 +6,21 @@
 //! routes, `/healthz`, `/readyz` (caches synced), `/version` and `/metrics` (TokenReview +
 //! SubjectAccessReview with `--enable-rbac`), with the certificate `<--cert-dir>/<--tls-cert-name>` re-read
 //! when it changes. Every replica serves admission; SIGTERM/SIGINT stop everything. No feature gates.
+//! The leader also gives each ResourceClaim the pod mutation created its pod as owner, and deletes one whose
+//! pod does not exist after `--orphaned-claim-grace-period` (`vgpu_controller::claims`).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use vgpu_bins::{init_tracing, kube_client, shutdown_signal};
+use vgpu_bins::{init_tracing, kube_client, parse_go_duration, shutdown_signal};
 use vgpu_controller::admission::Admission;
 use vgpu_controller::config::{ControllerConfig, parse_driver_flag};
 use vgpu_controller::kube_cluster::KubeCluster;
@@ -55,6 +58,10 @@ struct Cli {
     /// DRA driver of a vendor, `<vendor>=<driver>` (repeatable; adds to or overrides nvidia=manager.nvidia.com, metax=gpu.metax-tech.com).
     #[arg(long = "driver", value_name = "VENDOR=DRIVER")]
     drivers: Vec<String>,
+    /// How old a ResourceClaim made by the pod mutation must be before it is deleted when its pod does not
+    /// exist (the pod was refused after the mutation, or never stored); Go duration, more than 0.
+    #[arg(long, default_value = "60s", value_parser = parse_go_duration)]
+    orphaned_claim_grace_period: Duration,
     /// Authorize /metrics scrapes with TokenReview + SubjectAccessReview (`get` on the non-resource URL /metrics).
     #[arg(long)]
     enable_rbac: bool,
@@ -86,6 +93,10 @@ fn resolve(cli: &Cli) -> Result<(ControllerConfig, LeaderConfig), String> {
         return Err("invalid --server-bind-port 0: expected a port in 1..65535".to_owned());
     }
     let mut config = ControllerConfig::with_group(&cli.group).map_err(|e| format!("invalid --group: {e}"))?;
+    if cli.orphaned_claim_grace_period.is_zero() {
+        return Err("invalid --orphaned-claim-grace-period 0s: expected more than 0 (the time a pod takes from the mutation to being stored)".to_owned());
+    }
+    config.orphan_grace = cli.orphaned_claim_grace_period;
     for value in &cli.drivers {
         let (vendor, driver) = parse_driver_flag(value).map_err(|e| e.to_string())?;
         config.drivers.insert(vendor, driver);
