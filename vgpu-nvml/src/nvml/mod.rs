@@ -5,20 +5,28 @@
 //! their NVML index. The decisions (Xid policy, link codes, bus id form) live in the pure modules
 //! [`crate::xid`] and [`crate::topology`]; this module only asks NVML.
 //!
-//! Not covered, because nvml-wrapper 0.13 does not wrap the NVML calls and `unsafe` is not used here:
-//! MIG GPU-instance / compute-instance ids and placements ([`MigInstance`] gets `0` for them; the profile
-//! comes from the MIG device name), and `nvmlDeviceGetNvLinkRemoteDeviceType` (wrapped, but the wrapper
-//! always answers "unknown"; the remote kind is inferred, see [`crate::topology::classify_remote`]).
+//! Not covered, because nvml-wrapper 0.13 always answers "unknown" for it:
+//! `nvmlDeviceGetNvLinkRemoteDeviceType` (the remote kind is inferred, see
+//! [`crate::topology::classify_remote`]).
 //!
-//! MIG control: [`DeviceBackend::set_mig_mode`] is `nvmlDeviceSetMigMode` (refused while MIG devices exist;
+//! MIG: [`DeviceBackend::set_mig_mode`] is `nvmlDeviceSetMigMode` (refused while MIG devices exist;
 //! a mode that is only pending — GPU reset needed — is an error naming the pending mode);
 //! [`DeviceBackend::mig_profiles`] answers from the static table of [`vgpu_core::backend::mig`] for the
 //! GPU's model (nvml-wrapper's `possible_placements` wrapper never sets its vector's length, so it always
-//! answers empty). Creating and destroying GPU/compute instances (`nvmlDeviceCreateGpuInstanceWithPlacement`,
-//! `nvmlGpuInstanceCreateComputeInstance`, `nvmlComputeInstanceDestroy`, `nvmlGpuInstanceDestroy`) is not
-//! wrapped by nvml-wrapper 0.13 and would need raw FFI: it answers [`BackendError::NotSupported`] for now.
+//! answers empty). The calls nvml-wrapper 0.13 does not wrap go through its own function pointers in the
+//! crate's second `unsafe` module, `nvml::mig_ffi` (profile constants and errors: [`mig`]):
+//! [`DeviceBackend::create_mig_device`] checks the request against the model's table (profile, start,
+//! overlap with the instances of [`DeviceBackend::mig_layout`]), then creates the GPU instance at the
+//! placement and one compute instance spanning it; [`DeviceBackend::destroy_mig_device`] destroys the
+//! compute instances of a GPU instance, then the GPU instance; [`DeviceBackend::mig_layout`] reads each
+//! MIG device's GPU/compute instance ids and its GPU instance's placement (both `0` when NVML refuses, e.g.
+//! without the privileges `nvmlDeviceGetGpuInstanceById` needs). A failing NVML call is a
+//! [`BackendError::Library`] whose source, a [`mig::MigCallError`], names the GPU, the call, the profile or
+//! instance and the NVML return code.
 
 mod health;
+pub mod mig;
+mod mig_ffi;
 
 use std::{
     path::{Path, PathBuf},
@@ -37,7 +45,9 @@ use nvml_wrapper::{
 use vgpu_core::{
     backend::{
         BackendError, DeviceBackend, GpuProcess, HealthEventSender, HealthEvents, LinkMatrix, MemoryUsage,
-        MigInstance, MigLayout, MigMode, MigProfile, ProcessKind, ProcessUtilizationSample, health_channel,
+        MigInstance, MigLayout, MigMode, MigPlacement, MigProfile, ProcessKind, ProcessUtilizationSample,
+        health_channel,
+        mig::{MigError, MigModel},
     },
     discovery::{DEFAULT_SYSFS_ROOT, fields::parse_numa_node},
     model::{ComputeCapability, DeviceHealth, GpuDevice, Vendor},
@@ -479,6 +489,96 @@ impl DeviceBackend for NvmlBackend {
         Ok(())
     }
 
+    fn create_mig_device(
+        &self,
+        index: u32,
+        profile: &MigProfile,
+        placement_start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        let mig_error = |source| BackendError::Mig { index, source };
+        let described = self.describe(index)?;
+        let layout = self.mig_layout(index)?;
+        match layout.mode {
+            MigMode::NotSupported => return Err(mig_error(MigError::NotCapable)),
+            MigMode::Disabled => return Err(mig_error(MigError::NotEnabled)),
+            MigMode::Enabled => {}
+        }
+        let model = MigModel::detect(&described.type_name, described.memory_mib).ok_or_else(|| {
+            mig_error(MigError::UnknownModel {
+                name: described.type_name.clone(),
+                memory_mib: described.memory_mib,
+            })
+        })?;
+        let rule = model.check_create(&layout.instances, profile, placement_start).map_err(mig_error)?;
+        let name = profile.to_string();
+        let ffi_error = |operation: &'static str| {
+            move |err: mig::MigCallError| BackendError::Library { operation, source: Box::new(err) }
+        };
+        let gpu_instance_constant =
+            mig::gpu_instance_profile(profile, rule.memory_slices).ok_or_else(|| {
+                ffi_error("nvmlDeviceGetGpuInstanceProfileInfo")(mig::MigCallError::NoNvmlProfile {
+                    index,
+                    profile: name.clone(),
+                    memory_slices: rule.memory_slices,
+                })
+            })?;
+        let compute_instance_constant =
+            mig::compute_instance_profile(rule.compute_slices).ok_or_else(|| {
+                ffi_error("nvmlGpuInstanceGetComputeInstanceProfileInfo")(mig::MigCallError::NoNvmlProfile {
+                    index,
+                    profile: name.clone(),
+                    memory_slices: rule.memory_slices,
+                })
+            })?;
+        let request = mig_ffi::CreateRequest {
+            profile: &name,
+            gpu_instance_constant,
+            expected_id: rule.id,
+            compute_instance_constant,
+            placement: mig::RawPlacement { start: placement_start, size: rule.memory_slices },
+        };
+        let device = self.device(index)?;
+        let created = mig_ffi::create(&self.nvml, &device, index, &request)
+            .map_err(ffi_error("creating a MIG device"))?;
+        let listed = self.mig_layout(index)?.instances.into_iter().find(|i| {
+            i.gpu_instance_id == created.gpu_instance_id
+                && i.compute_instance_id == created.compute_instance_id
+        });
+        let (uuid, memory_mib, memory_used_bytes) = match listed {
+            Some(listed) => (listed.uuid, listed.memory_mib, listed.memory_used_bytes),
+            None => {
+                tracing::warn!(
+                    index,
+                    gpu_instance = created.gpu_instance_id,
+                    "the new MIG device is not listed yet; its UUID is unknown"
+                );
+                (String::new(), model.instance_memory_mib(rule), None)
+            }
+        };
+        Ok(MigInstance {
+            uuid,
+            profile: profile.clone(),
+            gpu_instance_id: created.gpu_instance_id,
+            compute_instance_id: created.compute_instance_id,
+            placement_start: created.placement.start,
+            placement_size: created.placement.size,
+            memory_mib,
+            memory_used_bytes,
+        })
+    }
+
+    fn destroy_mig_device(&self, index: u32, gpu_instance_id: u32) -> Result<(), BackendError> {
+        let device = self.device(index)?;
+        let found = mig_ffi::destroy(&self.nvml, &device, index, gpu_instance_id).map_err(|err| {
+            BackendError::Library { operation: "destroying a MIG device", source: Box::new(err) }
+        })?;
+        if found {
+            Ok(())
+        } else {
+            Err(BackendError::Mig { index, source: MigError::NoSuchInstance(gpu_instance_id) })
+        }
+    }
+
     fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {
         let device = self.device(index)?;
         let mode = match device.mig_mode() {
@@ -511,13 +611,23 @@ impl DeviceBackend for NvmlBackend {
                     memory_gb: 0,
                     suffix: String::new(),
                 });
+                let (gpu_instance_id, compute_instance_id) = mig_ffi::instance_ids(&self.nvml, &mig, index)
+                    .unwrap_or_else(|err| {
+                        tracing::debug!(%err, "MIG device ids unknown");
+                        (0, 0)
+                    });
+                let placement = mig_ffi::gpu_instance_placement(&self.nvml, &device, index, gpu_instance_id)
+                    .unwrap_or_else(|err| {
+                        tracing::debug!(%err, "MIG placement unknown");
+                        MigPlacement { start: 0, size: 0 }
+                    });
                 instances.push(MigInstance {
                     uuid,
                     profile,
-                    gpu_instance_id: 0,
-                    compute_instance_id: 0,
-                    placement_start: 0,
-                    placement_size: 0,
+                    gpu_instance_id,
+                    compute_instance_id,
+                    placement_start: placement.start,
+                    placement_size: placement.size,
                     memory_mib,
                     memory_used_bytes: memory.map(|m| m.used),
                 });
