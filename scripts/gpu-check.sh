@@ -8,7 +8,12 @@
 #   2. runs `vgpuctl devices --backend nvml --json --topology` (saved as devices.json);
 #   3. runs the NVML-gated tests `cargo test -p vgpu-nvml --tests -- --ignored` (UUID format, memory > 0,
 #      bus ids equal to `nvidia-smi --query-gpu=pci.bus_id`, driver/CUDA versions, topology, health stream);
-#   4. prints a summary; exits 1 if any step failed.
+#   4. MIG create/destroy (`nvml::tests::mig_create_destroy_on_gpu`, VGPU_MIG_CHECK=1): only on a GPU that is
+#      already in MIG mode with no MIG devices — creates the smallest profile at its last placement, checks
+#      the ids and placement `mig_layout` reports, destroys it (also on failure) and checks the GPU has no MIG
+#      devices again. It never changes the MIG mode, so with MIG off (the usual case) it prints SKIP and
+#      passes. Set VGPU_MIG_CHECK=0 to leave MIG alone entirely;
+#   5. prints a summary; exits 1 if any step failed.
 #
 # Offline: the GPU machine has no network. Cargo runs with CARGO_NET_OFFLINE=true, so the crates must already
 # be in the cargo home (`cargo fetch` run beforehand on a machine with network, and ~/.cargo/registry, or
@@ -75,7 +80,14 @@ else
     record "vgpuctl devices" "SKIP (not built)"
 fi
 
-run_step "nvml ignored tests" 60 cargo test -p vgpu-nvml --tests -- --ignored --nocapture
+run_step "nvml ignored tests" 60 env -u VGPU_MIG_CHECK cargo test -p vgpu-nvml --tests -- --ignored --nocapture
+
+if [ "${VGPU_MIG_CHECK:-1}" = 1 ]; then
+    run_step "nvml MIG create/destroy" 90 env VGPU_MIG_CHECK=1 \
+        cargo test -p vgpu-nvml --lib -- --ignored --exact nvml::tests::mig_create_destroy_on_gpu --nocapture
+else
+    echo "=== nvml MIG create/destroy: skipped (VGPU_MIG_CHECK=$VGPU_MIG_CHECK)"
+fi
 
 echo
 echo "=== summary (logs in $OUT)"

@@ -675,6 +675,72 @@ mod tests {
         assert_eq!(profile_from_mig_name(""), None);
     }
 
+    /// Destroys the GPU instance a GPU check created, even when an assertion fails.
+    struct CreatedGuard<'a> {
+        backend: &'a NvmlBackend,
+        index: u32,
+        gpu_instance_id: Option<u32>,
+    }
+
+    impl Drop for CreatedGuard<'_> {
+        fn drop(&mut self) {
+            if let Some(id) = self.gpu_instance_id.take() {
+                let result = self.backend.destroy_mig_device(self.index, id);
+                eprintln!("cleanup: destroy GPU instance {id} on GPU {}: {result:?}", self.index);
+            }
+        }
+    }
+
+    /// On a GPU already in MIG mode with no MIG devices: create the smallest profile at its last start,
+    /// check the ids and placement `mig_layout` reports, destroy it, and check the GPU is back to no MIG
+    /// devices. Never changes the MIG mode; skips unless `VGPU_MIG_CHECK=1` (scripts/gpu-check.sh).
+    #[test]
+    #[ignore = "needs an NVIDIA GPU in MIG mode with no MIG devices, and VGPU_MIG_CHECK=1"]
+    fn mig_create_destroy_on_gpu() {
+        if std::env::var("VGPU_MIG_CHECK").as_deref() != Ok("1") {
+            eprintln!("SKIP: VGPU_MIG_CHECK is not 1");
+            return;
+        }
+        let backend = NvmlBackend::new(NvmlOptions::default()).unwrap();
+        let count = backend.count().unwrap();
+        let Some(index) = (0..count).find(|&i| {
+            backend.mig_layout(i).is_ok_and(|l| l.mode == MigMode::Enabled && l.instances.is_empty())
+        }) else {
+            eprintln!(
+                "SKIP: no GPU has MIG enabled with no MIG devices (the MIG mode is never changed here)"
+            );
+            return;
+        };
+        let profiles = backend.mig_profiles(index).unwrap();
+        let smallest = profiles
+            .iter()
+            .filter(|p| p.profile.suffix.is_empty())
+            .min_by_key(|p| (p.memory_slices, p.compute_slices))
+            .unwrap();
+        let start = smallest.placements.last().unwrap().start;
+        eprintln!("GPU {index}: creating {} at memory slice {start}", smallest.profile);
+        let created = backend.create_mig_device(index, &smallest.profile, start).unwrap();
+        let mut guard =
+            CreatedGuard { backend: &backend, index, gpu_instance_id: Some(created.gpu_instance_id) };
+        eprintln!("created {created:?}");
+        assert_eq!((created.placement_start, created.placement_size), (start, smallest.memory_slices));
+        assert!(created.uuid.starts_with("MIG-"), "{created:?}");
+        let layout = backend.mig_layout(index).unwrap();
+        let listed = layout.instances.iter().find(|i| i.uuid == created.uuid).unwrap();
+        assert_eq!(listed.gpu_instance_id, created.gpu_instance_id);
+        assert_eq!((listed.placement_start, listed.placement_size), (start, smallest.memory_slices));
+        assert_eq!(listed.profile, smallest.profile);
+        // The same placement again is refused before NVML is asked (overlap from the layout).
+        let again = backend.create_mig_device(index, &smallest.profile, start).unwrap_err();
+        assert!(again.to_string().contains("overlaps"), "{again}");
+
+        guard.gpu_instance_id = None;
+        backend.destroy_mig_device(index, created.gpu_instance_id).unwrap();
+        assert!(backend.mig_layout(index).unwrap().instances.is_empty());
+        let gone = backend.destroy_mig_device(index, created.gpu_instance_id).unwrap_err();
+        assert!(matches!(gone, BackendError::Mig { source: MigError::NoSuchInstance(_), .. }), "{gone}");
+    }
+
     #[test]
     fn numa_from_fake_sysfs() {
         let dir = tempfile::tempdir().unwrap();
