@@ -11,8 +11,14 @@
 //!   `valid: true` with the DeviceClass name; a class matching no GPU gets `valid: false` and the reason.
 //! * Admission: a GPUClass of a vendor without a DRA driver, a DeviceClass and a ResourceClaim naming a
 //!   missing GPUClass, and a claim asking more devices than one node has are refused with the message.
-//! * A pod asking for `gpu.deckhouse.io/a100-shared: 1` is mutated (pod claim, no extended resource) and its
-//!   ResourceClaim exists.
+//! * A pod asking for `gpu.deckhouse.io/a100-shared: 1` is mutated (pod claim, no extended resource, the
+//!   `gpu.deckhouse.io/admission-id` label) and its ResourceClaim exists; the controller then sets the pod
+//!   (name and UID of the stored pod) as the claim's controller owner, also for a `generateName` pod, whose name
+//!   the mutation cannot know. No controller-manager runs here, so the garbage collector's part (deleting the
+//!   claim with its pod) is not exercised; the ownerReference it works from is asserted.
+//! * A pod that is mutated and then refused by the API server's validation (`restartPolicy: Sometimes`) leaves
+//!   a claim without an owner: a watch sees it created and deleted by the controller after the grace
+//!   (`--orphaned-claim-grace-period=3s`), while the owned claims stay.
 //! * Occupancy: the allocation is written through the API (`resourceclaims/status`) as the scheduler would
 //!   (no kubelet publishes slices here, so the real allocator is not involved); PhysicalGPU `w1-1` becomes
 //!   `Allocated` with the claim, and is `Available` again when the claim is deleted.
@@ -33,9 +39,12 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{
+    DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
+use tokio_stream::StreamExt;
 use vgpu_e2e::webhook::webhook_pki;
 use vgpu_e2e::{TestEnv, free_port, vgpu_binary};
 
@@ -176,6 +185,27 @@ async fn controller_kubeconfig(env: &TestEnv, client: &kube::Client, manifest: &
     path
 }
 
+fn jiff_now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}
+
+/// Waits until claim `name` has the controller ownerReference to pod `pod` with `uid` (set by the controller).
+async fn owned_by(env: &TestEnv, claims: &Api<ResourceClaim>, name: &str, pod: &str, uid: &str) {
+    let owners = env
+        .poll(&format!("ResourceClaim {name} owned by pod {pod}"), WAIT, || {
+            let claims = claims.clone();
+            async move { claims.get(name).await.ok()?.metadata.owner_references }
+        })
+        .await
+        .unwrap();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    let o = &owners[0];
+    assert_eq!(
+        (o.api_version.as_str(), o.kind.as_str(), o.name.as_str(), o.uid.as_str(), o.controller),
+        ("v1", "Pod", pod, uid, Some(true))
+    );
+}
+
 fn claim(name: &str, device_class: &str, count: i64) -> ResourceClaim {
     serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "default"},
@@ -243,6 +273,7 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
         format!("--cert-dir={}", cert_dir.display()),
         "--leader-elect".to_owned(),
         "--leader-elect-resource-namespace=d8-gpu".to_owned(),
+        "--orphaned-claim-grace-period=3s".to_owned(),
     ];
     env.start_process(
         CONTROLLER,
@@ -374,6 +405,73 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
     let generated = claims.get(&claim_name).await.unwrap();
     let request = &generated.spec.as_ref().unwrap().devices.as_ref().unwrap().requests.as_ref().unwrap()[0];
     assert_eq!(request.exactly.as_ref().unwrap().device_class_name, "a100-shared.gpu.deckhouse.io");
+    let id = pod.metadata.labels.as_ref().unwrap()["gpu.deckhouse.io/admission-id"].clone();
+    assert_eq!(generated.metadata.labels.as_ref().unwrap()["gpu.deckhouse.io/admission-id"], id);
+    let pod_uid = pod.metadata.uid.clone().unwrap();
+    owned_by(&env, &claims, &claim_name, "trainer", &pod_uid).await;
+
+    // generateName: the stored name is only known after admission; the owner is the stored pod.
+    let generated_pod: Pod = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "gen-"},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+            "resources": {"limits": {"gpu.deckhouse.io/a100-shared": "1"}}}]}}),
+    )
+    .unwrap();
+    let gen_pod = pods.create(&PostParams::default(), &generated_pod).await.unwrap();
+    let gen_claim = gen_pod.spec.as_ref().unwrap().resource_claims.as_ref().unwrap()[0]
+        .resource_claim_name
+        .clone()
+        .unwrap();
+    let gen_name = gen_pod.metadata.name.clone().unwrap();
+    assert!(gen_name.starts_with("gen-"), "{gen_name}");
+    owned_by(&env, &claims, &gen_claim, &gen_name, gen_pod.metadata.uid.as_deref().unwrap()).await;
+
+    // A pod refused after the mutation: its claim is created, then deleted by the controller past the grace.
+    let refused_selector = "vgpu-manager.io/owner-key=default-refused";
+    let version = claims
+        .list(&ListParams::default().labels(refused_selector))
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut events = Box::pin(
+        claims.watch(&WatchParams::default().labels(refused_selector).timeout(60), &version).await.unwrap(),
+    );
+    let refused: Pod =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "refused"},
+        "spec": {"restartPolicy": "Sometimes", "containers": [{"name": "main", "image": "busybox",
+            "resources": {"limits": {"gpu.deckhouse.io/a100-shared": "1"}}}]}}))
+        .unwrap();
+    let err = pods.create(&PostParams::default(), &refused).await.unwrap_err().to_string();
+    assert!(err.contains("restartPolicy"), "{err}");
+    let mut added = None;
+    let deleted = loop {
+        let event = tokio::time::timeout(WAIT, events.next())
+            .await
+            .expect("a watch event for the refused pod's claim within 30 s")
+            .expect("the watch stays open")
+            .unwrap();
+        match event {
+            WatchEvent::Added(c) => {
+                assert!(c.metadata.owner_references.is_none(), "a claim of a refused pod has no owner");
+                added = c.metadata.name.clone();
+            }
+            WatchEvent::Deleted(c) => break c,
+            WatchEvent::Modified(_) | WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(e) => panic!("watch error: {e:?}"),
+        }
+    };
+    assert_eq!(deleted.metadata.name, added, "the refused pod's claim was created, then deleted");
+    let age = deleted
+        .metadata
+        .deletion_timestamp
+        .map_or(jiff_now(), |t| t.0)
+        .duration_since(deleted.metadata.creation_timestamp.unwrap().0);
+    assert!(age.as_secs() >= 3, "deleted only after the 3 s grace, not {age:?}");
+    // The owned claims stay.
+    assert!(claims.get_opt(&claim_name).await.unwrap().is_some());
+    assert!(claims.get_opt(&gen_claim).await.unwrap().is_some());
 
     // Occupancy follows the claim's allocation (written as the scheduler writes it) and release.
     claims.create(&PostParams::default(), &claim("job", "a100-shared.gpu.deckhouse.io", 1)).await.unwrap();
