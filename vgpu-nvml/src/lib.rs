@@ -11,7 +11,8 @@
 //! | [`xid`] | the pure Xid policy (`DP_DISABLE_HEALTHCHECKS`, `DP_ENABLE_HEALTHCHECKS`, application Xids) |
 //! | [`topology`] | the pure link rules: PCIe level and NVLink counts to P2P codes, the NVSwitch rule, `topo -m` rendering |
 //!
-//! `unsafe` is denied in the whole crate except `metax::ffi`, the calls into `libmxsml.so`.
+//! `unsafe` is denied in the whole crate except two modules (`tests/unsafe_boundary.rs` enforces it):
+//! `metax::ffi`, the calls into `libmxsml.so`, and `nvml::mig_ffi`, the NVML MIG calls nvml-wrapper does not wrap.
 //!
 //! # Example
 //!

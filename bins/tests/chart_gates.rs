@@ -1,0 +1,218 @@
+//! The charts' feature-gate data, generated from `vgpu-gates` (the codegen pattern: the test fails when a
+//! committed file differs; `VGPU_REGEN=1 cargo test -p vgpu-bins --test chart_gates` rewrites them), and the
+//! chart's own rule check compared with `vgpu-gates` on every combination of the 13 DRA gates.
+//!
+//! | file | what |
+//! |---|---|
+//! | `charts/<chart>/files/gates.json` | per component: gates (name, default, stage, locked) and rules, read by `templates/_gates.tpl` |
+//! | `charts/<chart>/values.schema.json` | each gate map at its values path accepts exactly the component's gate names, booleans only |
+//!
+//! The rule check renders once with `helm template` (Helm built by `e2e/build-helm.sh`; the test says so and
+//! skips that part where Helm is not built): a test-only value `gateCheckMatrix` makes `templates/gate-matrix.yaml`
+//! evaluate the chart's check for each of the 8,192 maps, and every answer must equal `vgpu-gates`' violations
+//! (message and fix, in rule order).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_json::{Value, json};
+use vgpu_gates::{Component, DraGate, FeatureGate, Rule};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn rules<G: FeatureGate>(rules: &[Rule<G>]) -> Value {
+    rules
+        .iter()
+        .map(|r| match *r {
+            Rule::Requires { gate, requires } => {
+                json!({"kind": "requires", "gate": gate.name(), "other": requires.name()})
+            }
+            Rule::MutuallyExclusive(a, b) => json!({"kind": "exclusive", "gate": a.name(), "other": b.name()}),
+        })
+        .collect()
+}
+
+fn component(c: Component) -> Value {
+    let gates: Vec<Value> = c
+        .registry()
+        .gate_infos()
+        .into_iter()
+        .map(|g| {
+            json!({
+                "name": g.name,
+                "default": g.spec.default,
+                "stage": g.spec.stage.as_str(),
+                "locked": g.spec.lock_to_default,
+            })
+        })
+        .collect();
+    let rules = match c {
+        Component::DevicePlugin => rules(vgpu_gates::device_plugin().rules()),
+        Component::SchedulerExtender => rules(vgpu_gates::scheduler_extender().rules()),
+        Component::DeviceMonitor => rules(vgpu_gates::device_monitor().rules()),
+        Component::KubeletPlugin => rules(vgpu_gates::kubelet_plugin().rules()),
+    };
+    json!({"gates": gates, "rules": rules})
+}
+
+/// The charts and the components whose gate maps each one holds.
+const CHARTS: [(&str, &[Component]); 2] = [
+    ("vgpu-manager", &[Component::DevicePlugin, Component::DeviceMonitor, Component::SchedulerExtender]),
+    ("vgpu-manager-dra-driver", &[Component::KubeletPlugin, Component::DeviceMonitor]),
+];
+
+fn gates_json(components: &[Component]) -> String {
+    let mut map = serde_json::Map::new();
+    for c in components {
+        map.insert(c.as_str().to_owned(), component(*c));
+    }
+    serde_json::to_string_pretty(&Value::Object(map)).unwrap() + "\n"
+}
+
+/// The gate map schema of one component: exactly its gate names, booleans.
+fn gate_map_schema(c: Component) -> Value {
+    let names = c.gate_names();
+    let props: serde_json::Map<String, Value> = names
+        .iter()
+        .map(|n| ((*n).to_owned(), json!({"type": "boolean", "description": format!("Feature gate {n} of {}", c.as_str())})))
+        .collect();
+    json!({
+        "type": "object",
+        "description": format!("Feature gates of {} (name: true|false); rendered into its --feature-gates", c.as_str()),
+        "properties": props,
+        "additionalProperties": false,
+    })
+}
+
+/// Puts `leaf` at the dotted `path` of `schema`, creating `object` nodes on the way.
+fn insert(schema: &mut Value, path: &str, leaf: Value) {
+    let mut cur = schema;
+    let parts: Vec<&str> = path.split('.').collect();
+    for (i, part) in parts.iter().enumerate() {
+        let obj = cur.as_object_mut().unwrap();
+        obj.entry("type").or_insert(json!("object"));
+        let props = obj.entry("properties").or_insert(json!({}));
+        let node = props.as_object_mut().unwrap().entry((*part).to_owned()).or_insert(json!({}));
+        if i + 1 == parts.len() {
+            *node = leaf.clone();
+        }
+        cur = node;
+    }
+}
+
+fn values_schema(chart: &str, components: &[Component]) -> String {
+    let mut schema = json!({
+        "$schema": "https://json-schema.org/draft-07/schema#",
+        "title": format!("{chart} values"),
+        "type": "object",
+    });
+    for c in components {
+        for path in c.chart_values_paths() {
+            let in_chart = match chart {
+                "vgpu-manager" => path.starts_with("devicePlugin.") || path.starts_with("scheduler."),
+                _ => path.starts_with("kubeletPlugin."),
+            };
+            if in_chart {
+                insert(&mut schema, path, gate_map_schema(*c));
+            }
+        }
+    }
+    // Test-only: the rule-check matrix of tests/chart_gates.rs.
+    insert(&mut schema, "gateCheckMatrix", json!({"type": "array", "description": "test only: gate maps whose rule check templates/gate-matrix.yaml renders"}));
+    serde_json::to_string_pretty(&schema).unwrap() + "\n"
+}
+
+fn check_or_write(path: &Path, want: &str) -> Option<String> {
+    if std::env::var_os("VGPU_REGEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, want).unwrap();
+        return None;
+    }
+    let have = std::fs::read_to_string(path).unwrap_or_default();
+    (have != want).then(|| format!("{} differs from vgpu-gates (VGPU_REGEN=1 rewrites it)", path.display()))
+}
+
+#[test]
+fn committed_gate_data_and_schemas_match_vgpu_gates() {
+    let mut stale = Vec::new();
+    for (chart, comps) in CHARTS {
+        let dir = repo().join("charts").join(chart);
+        stale.extend(check_or_write(&dir.join("files/gates.json"), &gates_json(comps)));
+        stale.extend(check_or_write(&dir.join("values.schema.json"), &values_schema(chart, comps)));
+    }
+    assert!(stale.is_empty(), "{}", stale.join("\n"));
+}
+
+/// Helm, from `VGPU_HELM` or the cache `e2e/build-helm.sh` fills.
+fn helm() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("VGPU_HELM") {
+        return Some(PathBuf::from(p));
+    }
+    let cache = std::env::var_os("VGPU_E2E_CACHE").map(PathBuf::from).or_else(|| {
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|c| c.join("vgpu-e2e"))
+    })?;
+    let mut found: Vec<PathBuf> = std::fs::read_dir(cache)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("helm"))
+        .filter(|p| p.parent().is_some_and(|d| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("helm-"))) && p.is_file())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// `vgpu-gates`' answer for one explicit map: each violation as `message; fix: ...`.
+fn expected(map: &[(String, bool)]) -> Vec<String> {
+    match Component::KubeletPlugin.registry().configure_map(map) {
+        Ok(_) => Vec::new(),
+        Err(vgpu_gates::Error::Validation(e)) => e.violations().iter().map(ToString::to_string).collect(),
+        Err(e) => panic!("unexpected error for {map:?}: {e}"),
+    }
+}
+
+#[test]
+fn chart_rule_check_agrees_with_vgpu_gates_on_every_dra_combination() {
+    let Some(helm) = helm() else {
+        eprintln!("skipped: Helm is not built (run e2e/build-helm.sh or set VGPU_HELM)");
+        return;
+    };
+    let names: Vec<&str> = DraGate::ALL.iter().map(|g| g.name()).collect();
+    assert_eq!(names.len(), 13);
+    let maps: Vec<Vec<(String, bool)>> = (0u32..1 << names.len())
+        .map(|mask| names.iter().enumerate().map(|(i, n)| ((*n).to_owned(), mask & (1 << i) != 0)).collect())
+        .collect();
+    let matrix: Vec<Value> =
+        maps.iter().map(|m| Value::Object(m.iter().map(|(k, v)| (k.clone(), json!(v))).collect())).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("matrix.json");
+    std::fs::write(&values, serde_json::to_vec(&json!({"gateCheckMatrix": matrix})).unwrap()).unwrap();
+    let out = Command::new(&helm)
+        .args(["template", "t"])
+        .arg(repo().join("charts/vgpu-manager-dra-driver"))
+        .args(["--show-only", "templates/gate-matrix.yaml", "-f"])
+        .arg(&values)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "helm template failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let start = text.find("results: ").expect("a results line") + "results: ".len();
+    let line = text[start..].lines().next().unwrap();
+    let results: Vec<Vec<String>> = serde_json::from_str(&serde_json::from_str::<String>(line).unwrap()).unwrap();
+    assert_eq!(results.len(), maps.len());
+    let mut failing = 0;
+    for (map, got) in maps.iter().zip(&results) {
+        let want = expected(map);
+        assert_eq!(&want, got, "chart and vgpu-gates disagree for {map:?}");
+        failing += usize::from(!want.is_empty());
+    }
+    // Both answers occur: the comparison is not vacuous.
+    assert!(failing > 0 && failing < maps.len());
+}
