@@ -153,6 +153,49 @@ mod tests {
         fixture::time(s)
     }
 
+    proptest::proptest! {
+        /// For any age, grace and set of pods: a pod with a UID that names the claim owns it (and is the
+        /// only controller reference); otherwise the claim is deleted exactly when its age reaches the grace,
+        /// and a wait never outlasts the grace.
+        #[test]
+        fn decide_is_adopt_or_grace(
+            age in -100i64..1000,
+            grace_s in 1u64..600,
+            pods in proptest::collection::vec((proptest::bool::ANY, proptest::bool::ANY), 0..4),
+        ) {
+            let grace = Duration::from_secs(grace_s);
+            let c = claim("web-main-a", Some("id1"), t(0));
+            let pods: Vec<Pod> = pods
+                .iter()
+                .enumerate()
+                .map(|(i, (names_it, has_uid))| {
+                    let uid = if *has_uid { format!("u{i}") } else { String::new() };
+                    let claims: &[&str] = if *names_it { &["web-main-a"] } else { &["other"] };
+                    pod(&format!("p{i}"), &uid, claims)
+                })
+                .collect();
+            let owner = pods.iter().find(|p| references(p, "web-main-a") && p.metadata.uid.is_some());
+            match decide(&c, &pods, t(age), grace) {
+                ClaimAction::Adopt { pod, owners } => {
+                    let owner = owner.unwrap();
+                    proptest::prop_assert_eq!(&pod, owner.metadata.name.as_ref().unwrap());
+                    proptest::prop_assert_eq!(owners.iter().filter(|o| o.controller == Some(true)).count(), 1);
+                    proptest::prop_assert_eq!(owners.last().cloned(), owner_reference(owner));
+                }
+                ClaimAction::Delete => {
+                    proptest::prop_assert!(owner.is_none());
+                    proptest::prop_assert!(age >= i64::try_from(grace_s).unwrap());
+                }
+                ClaimAction::Wait(d) => {
+                    proptest::prop_assert!(owner.is_none());
+                    proptest::prop_assert!(age < i64::try_from(grace_s).unwrap());
+                    proptest::prop_assert!(d > Duration::ZERO && d <= grace);
+                    proptest::prop_assert_eq!(d, grace - Duration::from_secs(u64::try_from(age.max(0)).unwrap()));
+                }
+            }
+        }
+    }
+
     #[test]
     fn candidates_are_ours_unowned_and_alive() {
         let config = ControllerConfig::default();

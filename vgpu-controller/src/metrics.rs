@@ -4,7 +4,7 @@
 //! | family | type | labels | filled by |
 //! |---|---|---|---|
 //! | `vgpu_controller_reconciles_total` | counter | `result` (`success`, `error`) | each reconcile pass |
-//! | `vgpu_controller_writes_total` | counter | `kind` (`DeviceClass`, `DeviceClassDelete`, `GPUClassStatus`, `PhysicalGPUStatus`) | each write of a pass |
+//! | `vgpu_controller_writes_total` | counter | `kind` (`DeviceClass`, `DeviceClassDelete`, `GPUClassStatus`, `PhysicalGPUStatus`, `ResourceClaimOwner`, `ResourceClaimDelete`) | each write of a pass |
 //! | `vgpu_controller_gpu_classes` | gauge | `valid` (`true`, `false`) | each successful pass |
 //! | `vgpu_controller_physical_gpus` | gauge | `state` (`Available`, `Allocated`, `Unavailable`) | each successful pass |
 //! | `vgpu_controller_gpu_used_shares` | gauge | `gpu`, `node` | each successful pass (GPUs that left are dropped) |
