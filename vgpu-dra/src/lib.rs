@@ -36,6 +36,7 @@
 //! | `/var/lib/kubelet/plugins/manager.nvidia.com/pu.lock` | Prepare/Unprepare lock |
 //! | `<cdi-root>/k8s.manager.nvidia.com-claim_<claimUID>.json` | a prepared claim's CDI spec (`k8s.manager.nvidia.com/claim=<claimUID>-…`) |
 //! | `<host-manager-dir>/claims/<claimUID>/<partitionKey>/{config,vgpu_lock,vmem_node,sm_node}` | a vGPU claim's partition, mounted into its containers |
+//! | `<manager-dir>/registry/socket.sock` | gate `DevicePluginClientMode`: the device plugin's registry server, resolving the partitions' register UUIDs ([`client_mode`]) |
 //!
 //! # Prepare and Unprepare
 //!
