@@ -25,13 +25,15 @@
 //! | none does, and the claim is at least [`ControllerConfig::orphan_grace`] old | [`ClaimAction::Delete`] (preconditions: the claim's UID and resourceVersion) |
 //! | none does, the claim is younger | [`ClaimAction::Wait`]: re-checked when the grace ends (the pass's `requeue_after`) |
 //!
-//! The pods are read live (a `list` with the label selector, only for candidates: at steady state there are
-//! none), not from a cache: no watch of every pod in the cluster, and no stale cache that could hide a pod that
-//! was just stored. The grace (default 60 s, `--orphaned-claim-grace-period`) covers the time between the
+//! The pods are read live (one `list` per namespace and [`BATCH`] candidates, label selector
+//! `<group>/admission-id in (<id>,…)`; at steady state there are no candidates, so no lists), not from a
+//! cache: no watch of every pod in the cluster, and no stale cache that could hide a pod that was just
+//! stored. The grace (default 60 s, `--orphaned-claim-grace-period`) covers the time between the
 //! mutation and the pod being stored; the claim's age is measured from its `creationTimestamp` (the API
 //! server's clock) to the controller's clock, so it also absorbs clock skew. The pod's label is only needed
 //! until the claim is adopted (seconds).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -82,6 +84,34 @@ pub fn candidates<'a>(config: &ControllerConfig, claims: &'a [ResourceClaim]) ->
             admission_id(config, c).is_some() && !has_controller(c) && c.metadata.deletion_timestamp.is_none()
         })
         .collect()
+}
+
+/// Most admission ids in one pod list's label selector.
+pub const BATCH: usize = 50;
+
+/// The candidates grouped for the pod lists: by namespace, at most [`BATCH`] claims a group, each with its
+/// admission id.
+pub fn batches<'a>(
+    config: &ControllerConfig,
+    claims: &'a [ResourceClaim],
+) -> Vec<(String, Vec<(&'a ResourceClaim, &'a str)>)> {
+    let mut by_namespace: BTreeMap<String, Vec<(&ResourceClaim, &str)>> = BTreeMap::new();
+    for claim in candidates(config, claims) {
+        if let Some(id) = admission_id(config, claim) {
+            by_namespace.entry(claim.namespace().unwrap_or_default()).or_default().push((claim, id));
+        }
+    }
+    by_namespace
+        .into_iter()
+        .flat_map(|(ns, group)| group.chunks(BATCH).map(|c| (ns.clone(), c.to_vec())).collect::<Vec<_>>())
+        .collect()
+}
+
+/// The label selector of the pods of these admission ids: `<group>/admission-id in (<id>,…)` (sorted, each
+/// once).
+pub fn pod_selector<'a>(config: &ControllerConfig, ids: impl IntoIterator<Item = &'a str>) -> String {
+    let ids: BTreeSet<&str> = ids.into_iter().collect();
+    format!("{} in ({})", config.admission_label(), ids.into_iter().collect::<Vec<_>>().join(","))
 }
 
 /// Whether `pod` names `claim` in `spec.resourceClaims`.
@@ -194,6 +224,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn batches_group_by_namespace_in_chunks() {
+        let config = ControllerConfig::default();
+        let mut all: Vec<ResourceClaim> =
+            (0..BATCH + 1).map(|i| claim(&format!("c{i}"), Some(&format!("id{i}")), t(0))).collect();
+        all.push(fixture::generated_claim("other", "o", "idx", t(0)));
+        let b = batches(&config, &all);
+        let shape: Vec<(&str, usize)> = b.iter().map(|(ns, g)| (ns.as_str(), g.len())).collect();
+        assert_eq!(shape, [("ml", BATCH), ("ml", 1), ("other", 1)]);
+        assert_eq!(pod_selector(&config, ["b", "a", "b"]), "gpu.deckhouse.io/admission-id in (a,b)");
     }
 
     #[test]

@@ -71,7 +71,7 @@ pub trait ControllerCluster: Send + Sync + 'static {
         gpu: &str,
         status: &GpuStatus,
     ) -> impl Future<Output = Result<(), ClusterError>> + Send;
-    /// The pods of `namespace` matching `label_selector` (`key=value[,key=value]`), read live.
+    /// The pods of `namespace` matching `label_selector` (`key in (a,b)` or `key=value[,key=value]`), read live.
     fn list_pods(
         &self,
         namespace: &str,
@@ -224,7 +224,12 @@ impl InMemoryCluster {
     }
 }
 
+/// `key in (a,b)`, or `key=value[,key=value]`, or `key` (exists): the selectors the controller sends.
 fn labels_match(pod: &Pod, selector: &str) -> bool {
+    if let Some((key, rest)) = selector.split_once(" in (") {
+        let values = rest.trim_end().trim_end_matches(')');
+        return pod.labels().get(key.trim()).is_some_and(|v| values.split(',').any(|w| w.trim() == v));
+    }
     selector.split(',').filter(|t| !t.is_empty()).all(|term| match term.split_once('=') {
         Some((k, v)) => pod.labels().get(k.trim()).map(String::as_str) == Some(v.trim()),
         None => pod.labels().contains_key(term.trim()),

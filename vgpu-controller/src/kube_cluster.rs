@@ -11,7 +11,7 @@
 //! | delete | `DELETE /apis/resource.k8s.io/v1/deviceclasses/<name>` (404 is success) |
 //! | GPUClass status | `PATCH /apis/<group>/v1alpha1/gpuclasses/<name>/status?&force=true&fieldManager=vgpu-controller`, apply, `{apiVersion, kind, metadata: {name}, status: {valid, message, deviceClassName, conditions}}` |
 //! | PhysicalGPU status | `PATCH /apis/<group>/v1alpha1/physicalgpus/<name>/status?…`, apply, `{apiVersion, kind, metadata: {name}, status: {state, occupancy}}` |
-//! | pods | `GET /api/v1/namespaces/<ns>/pods?&labelSelector=<group>/admission-id=<id>` (live, only for claims without an owner) |
+//! | pods | `GET /api/v1/namespaces/<ns>/pods?&labelSelector=<group>/admission-id in (<id>,…)` (live, only for claims without an owner; one list per namespace and batch) |
 //! | claim owners | `PATCH /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>?`, `application/json-patch+json`, `[{op: test, path: /metadata/uid, value: <uid>}, {op: add, path: /metadata/ownerReferences, value: [...]}]` (404 is success) |
 //! | claim delete | `DELETE /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>?`, body `DeleteOptions{preconditions: {uid, resourceVersion}}` (404 is success) |
 

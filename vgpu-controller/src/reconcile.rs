@@ -5,7 +5,7 @@
 //! | read | [`ControllerCluster::snapshot`] (GPUClass primary; DeviceClass owned; PhysicalGPU, Node, ResourceClaim, ResourceSlice mapped: any change of any of them triggers a pass) |
 //! | plan | [`plan`]: [`desired_classes`] and [`desired_occupancy`], compared with what the snapshot holds; only differences become writes |
 //! | write | apply each DeviceClass that differs; delete managed DeviceClasses whose GPUClass is gone (the ownerReference also lets the garbage collector do it); apply GPUClass status; apply PhysicalGPU status (`state`, `occupancy`) — field manager `vgpu-controller` for all |
-//! | claims | for each generated ResourceClaim without an owner ([`claims::candidates`]): list its pods by admission label, then set the pod as controller owner, delete the claim past the grace, or ask for a pass when the grace ends ([`PassReport::requeue_after`]) |
+//! | claims | for the generated ResourceClaims without an owner ([`claims::batches`]: one pod list per namespace and up to [`claims::BATCH`] claims): list their pods by admission label, then for each claim set the pod as controller owner, delete the claim past the grace, or ask for a pass when the grace ends ([`PassReport::requeue_after`]) |
 //!
 //! The pass is level-triggered and idempotent: it works only from the current state (the trigger's reason is
 //! not needed), and a second pass over an unchanged cluster writes nothing. A failed write does not stop the
@@ -212,28 +212,28 @@ impl<C: ControllerCluster> Reconciler<C> {
             record("PhysicalGPUStatus", self.cluster.apply_gpu_status(gpu, status).await);
         }
         let now = (self.clock)();
-        let label = self.config.admission_label();
         let mut requeue_after: Option<Duration> = None;
-        for claim in claims::candidates(&self.config, &snapshot.claims) {
-            let Some(id) = claims::admission_id(&self.config, claim) else { continue };
-            let namespace = claim.namespace().unwrap_or_default();
-            let pods = match self.cluster.list_pods(&namespace, &format!("{label}={id}")).await {
+        for (namespace, group) in claims::batches(&self.config, &snapshot.claims) {
+            let selector = claims::pod_selector(&self.config, group.iter().map(|(_, id)| *id));
+            let pods = match self.cluster.list_pods(&namespace, &selector).await {
                 Ok(p) => p,
                 Err(e) => {
                     record("PodList", Err(e));
                     continue;
                 }
             };
-            match claims::decide(claim, &pods, now, self.config.orphan_grace) {
-                ClaimAction::Adopt { pod, owners } => {
-                    tracing::info!(claim = %key_of(claim), pod, "claim owned by its pod");
-                    record("ResourceClaimOwner", self.cluster.set_claim_owners(claim, &owners).await);
+            for (claim, _) in group {
+                match claims::decide(claim, &pods, now, self.config.orphan_grace) {
+                    ClaimAction::Adopt { pod, owners } => {
+                        tracing::info!(claim = %key_of(claim), pod, "claim owned by its pod");
+                        record("ResourceClaimOwner", self.cluster.set_claim_owners(claim, &owners).await);
+                    }
+                    ClaimAction::Delete => {
+                        tracing::info!(claim = %key_of(claim), "deleting a claim whose pod does not exist");
+                        record("ResourceClaimDelete", self.cluster.delete_claim(claim).await);
+                    }
+                    ClaimAction::Wait(d) => requeue_after = Some(requeue_after.map_or(d, |r| r.min(d))),
                 }
-                ClaimAction::Delete => {
-                    tracing::info!(claim = %key_of(claim), "deleting a claim whose pod does not exist");
-                    record("ResourceClaimDelete", self.cluster.delete_claim(claim).await);
-                }
-                ClaimAction::Wait(d) => requeue_after = Some(requeue_after.map_or(d, |r| r.min(d))),
             }
         }
         report.requeue_after = requeue_after;
@@ -453,7 +453,7 @@ mod tests {
         assert_eq!(report.failures, []);
         assert_eq!(cluster.writes(), ["owners ResourceClaim ml/web-main-a: Pod web"]);
         assert_eq!(report.requeue_after, Some(Duration::from_secs(50)), "gone-main-b's grace ends at 60 s");
-        assert_eq!(cluster.pod_lists(), 2, "only the two claims without an owner");
+        assert_eq!(cluster.pod_lists(), 1, "one list for the namespace's two claims without an owner");
         let state = cluster.state();
         let web_claim = state.claims.iter().find(|c| c.name_any() == "web-main-a").unwrap();
         let owner = &web_claim.metadata.owner_references.as_ref().unwrap()[0];

@@ -143,7 +143,7 @@ async fn generated_claims_calls() {
         assert_eq!(seen.method, "GET");
         assert_eq!(
             seen.uri,
-            "/api/v1/namespaces/ml/pods?&labelSelector=gpu.deckhouse.io%2Fadmission-id%3Did1"
+            "/api/v1/namespaces/ml/pods?&labelSelector=gpu.deckhouse.io%2Fadmission-id+in+%28id1%2Cid2%29"
         );
         reply(
             send,
@@ -204,7 +204,8 @@ async fn generated_claims_calls() {
             "message": "Precondition failed: ResourceVersion in precondition: 1, ResourceVersion in object meta: 2"}),
         );
     });
-    let pods = cluster.list_pods("ml", "gpu.deckhouse.io/admission-id=id1").await.unwrap();
+    let selector = vgpu_controller::claims::pod_selector(&ControllerConfig::default(), ["id2", "id1"]);
+    let pods = cluster.list_pods("ml", &selector).await.unwrap();
     assert_eq!(pods, [pod]);
     cluster.set_claim_owners(&claim, std::slice::from_ref(&owner)).await.unwrap();
     cluster.set_claim_owners(&claim, std::slice::from_ref(&owner)).await.unwrap();
