@@ -311,8 +311,20 @@ impl ClusterCache {
     /// hold): one fingerprint lookup per name (module `node_index`). Ids only, no slot references: ranking
     /// reads rows, and a filter looks up the slots of the few nodes it tries.
     pub fn candidate_rows(&self, names: &[String]) -> Vec<u32> {
+        self.candidate_rows_at(names).0
+    }
+
+    /// [`candidate_rows`](Self::candidate_rows) and the [`node_generation`](Self::node_generation) they were
+    /// resolved at (under the same read lock).
+    pub fn candidate_rows_at(&self, names: &[String]) -> (Vec<u32>, u64) {
         let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        names.iter().map(|n| map.row_of(n)).collect()
+        (names.iter().map(|n| map.row_of(n)).collect(), map.generation())
+    }
+
+    /// A counter that changes whenever a node is added or removed: rows resolved at a generation are still
+    /// every name's row while the generation is the same (a node update keeps its row).
+    pub fn node_generation(&self) -> u64 {
+        self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner).generation()
     }
 
     /// A node's decoded annotations, when it is cached and decoded.
@@ -791,6 +803,32 @@ mod tests {
         let slot = cache.node("n").unwrap();
         let s = lock(&slot);
         s.decoded.as_ref().unwrap().domains.clone()
+    }
+
+    #[test]
+    fn node_generation_changes_exactly_when_rows_may_move() {
+        let cache = ClusterCache::new(ResourceDomain::default(), 0);
+        let g0 = cache.node_generation();
+        cache.upsert_node(&node(None));
+        let g1 = cache.node_generation();
+        assert_ne!(g1, g0, "a new node");
+        let names = vec!["n".to_owned(), "absent".to_owned()];
+        let (rows, at) = cache.candidate_rows_at(&names);
+        assert_eq!(at, g1);
+        assert_ne!(rows[0], NO_ROW);
+        assert_eq!(rows[1], NO_ROW);
+        // An update (annotations changed, node re-decoded) keeps the row and the generation.
+        cache.upsert_node(&node(Some("{not json")));
+        assert_eq!(cache.node_generation(), g1);
+        assert_eq!(cache.candidate_rows(&names), rows);
+        // A delete (and deleting an absent node: no change), then the node again: new generations.
+        cache.delete_node("absent");
+        assert_eq!(cache.node_generation(), g1);
+        cache.delete_node("n");
+        let g2 = cache.node_generation();
+        assert_ne!(g2, g1);
+        cache.upsert_node(&node(None));
+        assert_ne!(cache.node_generation(), g2);
     }
 
     #[test]

@@ -60,6 +60,8 @@ pub(crate) struct NodeIndex {
     by_name: HashMap<String, NodeEntry, foldhash::fast::RandomState>,
     by_print: HashMap<u128, u32, BuildHasherDefault<PrintHasher>>,
     prints: Fingerprinter,
+    /// Bumped by every insert and remove: while it stays the same, every name keeps its row.
+    generation: u64,
 }
 
 impl NodeIndex {
@@ -75,6 +77,7 @@ impl NodeIndex {
 
     /// Adds or replaces a node.
     pub(crate) fn insert(&mut self, name: String, entry: NodeEntry) {
+        self.generation = self.generation.wrapping_add(1);
         self.by_print.insert(self.prints.of(&name), entry.row);
         self.by_name.insert(name, entry);
     }
@@ -82,11 +85,17 @@ impl NodeIndex {
     /// Removes a node.
     pub(crate) fn remove(&mut self, name: &str) -> Option<NodeEntry> {
         let entry = self.by_name.remove(name)?;
+        self.generation = self.generation.wrapping_add(1);
         let print = self.prints.of(name);
         if self.by_print.get(&print) == Some(&entry.row) {
             self.by_print.remove(&print);
         }
         Some(entry)
+    }
+
+    /// Changes with every insert and remove (rows of names stay as they were while it does not).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Number of nodes.
