@@ -64,7 +64,7 @@
 use std::{
     collections::{BTreeMap, HashSet},
     path::{Path, PathBuf},
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
@@ -76,6 +76,7 @@ use super::{
     MockConfigError, ProcessKind, ProcessUtilizationSample, health_channel,
     links::parse_link,
     mig::{MigError, MigModel},
+    vendor::{MetaxAdapter, NvidiaAdapter, VendorAdapter},
 };
 use crate::{
     discovery::PciAddress,
@@ -971,6 +972,34 @@ impl DeviceBackend for MockBackend {
     fn driver_versions(&self) -> Result<Option<DriverVersions>, BackendError> {
         Ok(self.driver.clone())
     }
+
+    /// The adapter of the GPUs' vendor: [`MetaxAdapter`] when every GPU is a MetaX one (DRM nodes
+    /// `/dev/dri/card<index+1>` and `/dev/dri/renderD<129+index>`, as on a MetaX host whose `card0` is the
+    /// board's VGA), else [`NvidiaAdapter`]. A node mixing MetaX with other GPUs has no single adapter.
+    fn vendor_adapter(&self) -> Result<Arc<dyn VendorAdapter>, BackendError> {
+        let metax = self.devices.iter().filter(|d| d.vendor == Vendor::MetaX).count();
+        if metax == 0 {
+            return Ok(Arc::new(NvidiaAdapter));
+        }
+        if metax < self.devices.len() {
+            return Err(BackendError::NotSupported {
+                backend: "mock",
+                operation: "one vendor adapter for a node mixing MetaX and other GPUs",
+            });
+        }
+        let nodes = self
+            .devices
+            .iter()
+            .map(|d| {
+                let paths = vec![
+                    format!("/dev/dri/card{}", d.index + 1),
+                    format!("/dev/dri/renderD{}", 129 + d.index),
+                ];
+                (d.index, paths)
+            })
+            .collect();
+        Ok(Arc::new(MetaxAdapter::new(nodes)))
+    }
 }
 
 #[cfg(test)]
@@ -1312,6 +1341,9 @@ gpus:
         )
         .unwrap();
         assert_eq!(backend.devices().unwrap()[0].vendor, Vendor::MetaX);
+        let adapter = backend.vendor_adapter().unwrap();
+        assert_eq!(adapter.vendor(), Vendor::MetaX);
+        assert_eq!(adapter.gpu_device_nodes(0, 0), ["/dev/dri/card1", "/dev/dri/renderD129"]);
         assert_eq!(backend.topology().unwrap().links(0, 0), &[] as &[u8]);
     }
 }
