@@ -1,6 +1,6 @@
 //! The charts' feature-gate data, generated from `vgpu-gates` (the codegen pattern: the test fails when a
 //! committed file differs; `VGPU_REGEN=1 cargo test -p vgpu-bins --test chart_gates` rewrites them), and the
-//! chart's own rule check compared with `vgpu-gates` on every combination of the 13 DRA gates.
+//! chart's own rule check compared with `vgpu-gates` on every combination of the 14 DRA gates (the spec's 13 and ConsumableShares).
 //!
 //! | file | what |
 //! |---|---|
@@ -9,7 +9,7 @@
 //!
 //! The rule check renders once with `helm template` (Helm built by `e2e/build-helm.sh`; the test says so and
 //! skips that part where Helm is not built): a test-only value `gateCheckMatrix` makes `templates/gate-matrix.yaml`
-//! evaluate the chart's check for each of the 8,192 maps, and every answer must equal `vgpu-gates`' violations
+//! evaluate the chart's check for each of the 16,384 maps, and every answer must equal `vgpu-gates`' violations
 //! (message and fix, in rule order).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -185,7 +185,7 @@ fn chart_rule_check_agrees_with_vgpu_gates_on_every_dra_combination() {
         return;
     };
     let names: Vec<&str> = DraGate::ALL.iter().map(|g| g.name()).collect();
-    assert_eq!(names.len(), 13);
+    assert_eq!(names.len(), 14, "the 13 gates of the spec and ConsumableShares");
     let maps: Vec<Vec<(String, bool)>> = (0u32..1 << names.len())
         .map(|mask| names.iter().enumerate().map(|(i, n)| ((*n).to_owned(), mask & (1 << i) != 0)).collect())
         .collect();
@@ -195,7 +195,7 @@ fn chart_rule_check_agrees_with_vgpu_gates_on_every_dra_combination() {
     let values = dir.path().join("matrix.json");
     std::fs::write(&values, serde_json::to_vec(&json!({"gateCheckMatrix": matrix})).unwrap()).unwrap();
     let out = Command::new(&helm)
-        .args(["template", "t"])
+        .args(["template", "t", "--kube-version", "1.37.2"])
         .arg(repo().join("charts/vgpu-manager-dra-driver"))
         .args(["--show-only", "templates/gate-matrix.yaml", "-f"])
         .arg(&values)
