@@ -4,23 +4,33 @@
 //! following the caches, and `/metrics` behind TokenReview + SubjectAccessReview (401, 403, 200).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "../../vgpu-serve/tests/support/https_client.rs"]
+mod https_client;
 #[path = "../../vgpu-serve/tests/support/test_ca.rs"]
 mod test_ca;
+
+/// One request that must get an answer (`https_client::try_call`).
+async fn call(
+    connector: &TlsConnector,
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> (StatusCode, String) {
+    https_client::try_call(connector, addr, method, path, token, body).await.unwrap()
+}
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use https_client::connector;
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 use test_ca::TestCa;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_rustls::TlsConnector;
 use vgpu_controller::admission::Admission;
@@ -33,43 +43,6 @@ use vgpu_serve::authz::{Authorizer, MemoryReviewer, UserInfo};
 use vgpu_serve::http::HttpTimeouts;
 use vgpu_serve::tls::TlsFiles;
 use vgpu_webhook::api::MemoryApi;
-
-fn connector(ca: &TestCa) -> TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap()).unwrap();
-    let config = rustls::ClientConfig::builder_with_provider(vgpu_serve::tls::provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    TlsConnector::from(Arc::new(config))
-}
-
-async fn call(
-    connector: &TlsConnector,
-    addr: SocketAddr,
-    method: Method,
-    path: &str,
-    token: Option<&str>,
-    body: &[u8],
-) -> (StatusCode, String) {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let tls = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
-    tokio::spawn(conn);
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "localhost")
-        .header("content-type", "application/json");
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let resp = sender.send_request(req.body(Full::new(Bytes::copy_from_slice(body))).unwrap()).await.unwrap();
-    let status = resp.status();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
 
 fn review(
     kind: (&str, &str, &str),

@@ -103,8 +103,9 @@ pub fn main_request(request: &str) -> &str {
 }
 
 /// The name of the ResourceClaim a pod's `spec.resourceClaims[name]` entry stands for: its
-/// `resourceClaimName`, or for a template the name in `status.resourceClaimStatuses`.
-fn actual_claim_name<'a>(pod: &'a Pod, pod_claim: &str) -> Option<&'a str> {
+/// `resourceClaimName`, or for a template the name in `status.resourceClaimStatuses` (`None`: no such entry,
+/// or its template's claim has not been created yet).
+pub fn actual_claim_name<'a>(pod: &'a Pod, pod_claim: &str) -> Option<&'a str> {
     let entry = pod.spec.as_ref()?.resource_claims.iter().flatten().find(|c| c.name == pod_claim)?;
     if let Some(name) = entry.resource_claim_name.as_deref() {
         return Some(name);

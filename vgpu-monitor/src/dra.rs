@@ -334,23 +334,7 @@ impl ClaimIndex {
     }
 }
 
-/// The ResourceClaim name behind the pod's claim `pod_claim` (`None`: unknown, or its template's claim
-/// has not been created yet).
-pub fn actual_claim_name<'p>(pod: &'p Pod, pod_claim: &str) -> Option<&'p str> {
-    let entry = pod.spec.as_ref()?.resource_claims.iter().flatten().find(|c| c.name == pod_claim)?;
-    if let Some(name) = entry.resource_claim_name.as_deref() {
-        return Some(name);
-    }
-    entry.resource_claim_template_name.as_ref()?;
-    pod.status
-        .as_ref()?
-        .resource_claim_statuses
-        .iter()
-        .flatten()
-        .find(|s| s.name == pod_claim)?
-        .resource_claim_name
-        .as_deref()
-}
+pub use vgpu_dra::partition::actual_claim_name;
 
 fn reserved_for(claim: &ResourceClaim, pod_uid: &str) -> bool {
     claim

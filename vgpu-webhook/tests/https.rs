@@ -4,20 +4,29 @@
 //! restart, and a graceful stop.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "../../vgpu-serve/tests/support/https_client.rs"]
+mod https_client;
 #[path = "../../vgpu-serve/tests/support/test_ca.rs"]
 mod test_ca;
+
+/// One request without a token (`https_client::try_call`).
+async fn call(
+    connector: &TlsConnector,
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    body: &[u8],
+) -> Result<(StatusCode, String), String> {
+    https_client::try_call(connector, addr, method, path, None, body).await
+}
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use https_client::connector;
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 use test_ca::TestCa;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,45 +38,6 @@ use vgpu_serve::tls::TlsFiles;
 use vgpu_webhook::admit::Admission;
 use vgpu_webhook::api::MemoryApi;
 use vgpu_webhook::config::WebhookConfig;
-
-fn connector(ca: &TestCa) -> TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap()).unwrap();
-    let config = rustls::ClientConfig::builder_with_provider(vgpu_serve::tls::provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    TlsConnector::from(Arc::new(config))
-}
-
-async fn call(
-    connector: &TlsConnector,
-    addr: SocketAddr,
-    method: Method,
-    path: &str,
-    body: &[u8],
-) -> Result<(StatusCode, String), String> {
-    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let tls = connector
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::copy_from_slice(body)))
-        .unwrap();
-    let resp = sender.send_request(req).await.map_err(|e| format!("request: {e}"))?;
-    let status = resp.status();
-    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
-}
 
 fn write_leaf(ca: &TestCa, dir: &Path) {
     let (cert, key) = ca.leaf("vgpu-webhook", true);
