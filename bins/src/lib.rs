@@ -76,6 +76,25 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result
     kube::Client::try_from(kube_config(kubeconfig).await?).context("building the Kubernetes client")
 }
 
+/// Runs a binary's async `main` on a multi-threaded tokio runtime: exit 0 when it returns `Ok`, exit 1 with
+/// `<bin>: <error and its causes>` on stderr when it fails or the runtime cannot start.
+pub fn run_async(bin: &str, main: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{bin}: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(main) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{bin}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// A future that completes on the first SIGTERM or SIGINT (logged). Installing the handlers can fail.
 pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use anyhow::Context;

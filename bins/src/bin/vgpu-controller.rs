@@ -212,18 +212,5 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return bad_flag(e),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("vgpu-controller: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli, config, leader_config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vgpu-controller: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    vgpu_bins::run_async("vgpu-controller", run(cli, config, leader_config))
 }

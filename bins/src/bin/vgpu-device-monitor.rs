@@ -279,20 +279,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("vgpu-device-monitor: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli, gates, checked)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vgpu-device-monitor: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    vgpu_bins::run_async("vgpu-device-monitor", run(cli, gates, checked))
 }
 
 #[cfg(test)]

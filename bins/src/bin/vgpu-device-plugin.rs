@@ -301,20 +301,7 @@ fn main() -> ExitCode {
             Err(e) => return bad_flag("node-config-path", e),
         };
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("vgpu-device-plugin: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli, gates, node, settings)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vgpu-device-plugin: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    vgpu_bins::run_async("vgpu-device-plugin", run(cli, gates, node, settings))
 }
 
 #[cfg(test)]

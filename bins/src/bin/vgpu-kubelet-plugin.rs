@@ -409,20 +409,7 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return bad(e),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("{BIN}: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli, resolved)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{BIN}: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    vgpu_bins::run_async(BIN, run(cli, resolved))
 }
 
 #[cfg(test)]

@@ -103,18 +103,5 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return bad_flag(e),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("vgpu-node-agent: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli, config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vgpu-node-agent: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    vgpu_bins::run_async("vgpu-node-agent", run(cli, config))
 }

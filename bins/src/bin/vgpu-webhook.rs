@@ -137,18 +137,5 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return bad_flag(e),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("vgpu-webhook: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli, config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vgpu-webhook: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    vgpu_bins::run_async("vgpu-webhook", run(cli, config))
 }
