@@ -32,7 +32,9 @@ fn rules<G: FeatureGate>(rules: &[Rule<G>]) -> Value {
             Rule::Requires { gate, requires } => {
                 json!({"kind": "requires", "gate": gate.name(), "other": requires.name()})
             }
-            Rule::MutuallyExclusive(a, b) => json!({"kind": "exclusive", "gate": a.name(), "other": b.name()}),
+            Rule::MutuallyExclusive(a, b) => {
+                json!({"kind": "exclusive", "gate": a.name(), "other": b.name()})
+            }
         })
         .collect()
 }
@@ -79,7 +81,12 @@ fn gate_map_schema(c: Component) -> Value {
     let names = c.gate_names();
     let props: serde_json::Map<String, Value> = names
         .iter()
-        .map(|n| ((*n).to_owned(), json!({"type": "boolean", "description": format!("Feature gate {n} of {}", c.as_str())})))
+        .map(|n| {
+            (
+                (*n).to_owned(),
+                json!({"type": "boolean", "description": format!("Feature gate {n} of {}", c.as_str())}),
+            )
+        })
         .collect();
     json!({
         "type": "object",
@@ -123,7 +130,11 @@ fn values_schema(chart: &str, components: &[Component]) -> String {
         }
     }
     // Test-only: the rule-check matrix of tests/chart_gates.rs.
-    insert(&mut schema, "gateCheckMatrix", json!({"type": "array", "description": "test only: gate maps whose rule check templates/gate-matrix.yaml renders"}));
+    insert(
+        &mut schema,
+        "gateCheckMatrix",
+        json!({"type": "array", "description": "test only: gate maps whose rule check templates/gate-matrix.yaml renders"}),
+    );
     serde_json::to_string_pretty(&schema).unwrap() + "\n"
 }
 
@@ -163,7 +174,11 @@ fn helm() -> Option<PathBuf> {
         .ok()?
         .filter_map(Result::ok)
         .map(|e| e.path().join("helm"))
-        .filter(|p| p.parent().is_some_and(|d| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("helm-"))) && p.is_file())
+        .filter(|p| {
+            p.parent()
+                .is_some_and(|d| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("helm-")))
+                && p.is_file()
+        })
         .collect();
     found.sort();
     found.pop()
@@ -205,7 +220,8 @@ fn chart_rule_check_agrees_with_vgpu_gates_on_every_dra_combination() {
     let text = String::from_utf8(out.stdout).unwrap();
     let start = text.find("results: ").expect("a results line") + "results: ".len();
     let line = text[start..].lines().next().unwrap();
-    let results: Vec<Vec<String>> = serde_json::from_str(&serde_json::from_str::<String>(line).unwrap()).unwrap();
+    let results: Vec<Vec<String>> =
+        serde_json::from_str(&serde_json::from_str::<String>(line).unwrap()).unwrap();
     assert_eq!(results.len(), maps.len());
     let mut failing = 0;
     for (map, got) in maps.iter().zip(&results) {

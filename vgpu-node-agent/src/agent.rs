@@ -53,11 +53,16 @@ pub struct AgentConfig {
     pub vendors_config_map: Option<(String, String)>,
     /// Run even on a control-plane node.
     pub allow_control_plane: bool,
+    /// Also scan at once on kernel PCI uevents ([`crate::uevent`]), where the socket can be opened.
+    pub watch_uevents: bool,
 }
+
+/// How long after a PCI uevent the agent waits before scanning (the rest of the burst: add, bind).
+pub const UEVENT_SETTLE: Duration = Duration::from_secs(1);
 
 impl AgentConfig {
     /// Defaults for `node_name`: `/sys`, the usual `pci.ids` paths, 60 s, group and label domain
-    /// `gpu.deckhouse.io`, no ConfigMap, control-plane refused.
+    /// `gpu.deckhouse.io`, no ConfigMap, control-plane refused, PCI uevents watched.
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {
             node_name: node_name.into(),
@@ -68,6 +73,7 @@ impl AgentConfig {
             label_domain: vgpu_api::DEFAULT_GROUP.to_owned(),
             vendors_config_map: None,
             allow_control_plane: false,
+            watch_uevents: true,
         }
     }
 }
@@ -296,6 +302,17 @@ impl<C: AgentCluster> NodeAgent<C> {
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
         self.check_node().await?;
         tokio::pin!(shutdown);
+        let mut events = if self.config.watch_uevents {
+            match crate::uevent::PciEvents::open() {
+                Ok(events) => Some(events),
+                Err(err) => {
+                    tracing::info!(%err, "no kernel uevents (PCI hot-plug): scanning on the period only");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         loop {
             match self.scan_once().await {
                 Ok(outcome) => tracing::info!(
@@ -306,9 +323,26 @@ impl<C: AgentCluster> NodeAgent<C> {
                 ),
                 Err(err) => tracing::error!("{err}"),
             }
+            let next_event = async {
+                match events.as_mut() {
+                    Some(events) => events.next().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
                 () = tokio::time::sleep(self.config.scan_interval) => {}
+                event = next_event => match event {
+                    Ok(event) => {
+                        tracing::info!(action = %event.action, device = %event.devpath, "PCI uevent: scanning now");
+                        // A hot-plug comes as a burst (add, then bind once a driver takes it): scan after it.
+                        tokio::time::sleep(UEVENT_SETTLE).await;
+                    }
+                    Err(err) => {
+                        tracing::warn!(%err, "reading kernel uevents failed: scanning on the period only");
+                        events = None;
+                    }
+                },
             }
         }
     }

@@ -10,6 +10,7 @@
 //! | [`vendors`] | the `gpu-supported-vendors` ConfigMap format and its fallback to the built-in table |
 //! | [`cluster`] | the seam [`AgentCluster`] and [`InMemoryCluster`] |
 //! | [`kube_cluster`] | [`KubeCluster`]: the API server (server-side apply, field manager `vgpu-node-agent`) |
+//! | [`uevent`] | kernel PCI uevents (netlink), so a hot-plugged or removed GPU is scanned at once |
 //!
 //! What the agent writes (domain and group default to `gpu.deckhouse.io`, both configurable):
 //!
@@ -21,8 +22,8 @@
 //!
 //! A GPU that disappears from sysfs loses its PhysicalGPU at the next scan; a vendor that leaves loses its
 //! labels (server-side apply removes fields the manager stops sending). Scans run every
-//! [`AgentConfig::scan_interval`]; udev PCI events are not watched (a hot-plugged GPU shows up at the next
-//! period).
+//! [`AgentConfig::scan_interval`], and about a second after each kernel PCI uevent ([`uevent`]; where the
+//! netlink socket cannot be opened, on the period only).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -49,6 +50,7 @@ pub mod cluster;
 pub mod desired;
 pub mod fake_sysfs;
 pub mod kube_cluster;
+pub mod uevent;
 pub mod vendors;
 
 pub use agent::{AgentConfig, AgentError, NodeAgent, ScanOutcome};

@@ -41,6 +41,9 @@ struct Cli {
     /// Run on a control-plane node too (refused by default).
     #[arg(long)]
     allow_control_plane: bool,
+    /// Do not watch the kernel's PCI uevents (scan on --scan-interval only).
+    #[arg(long)]
+    disable_pci_uevents: bool,
     /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -84,6 +87,7 @@ fn agent_config(cli: &Cli) -> Result<AgentConfig, String> {
         Some(parse_config_map_ref(reference).map_err(|e| format!("invalid --vendors-configmap: {e}"))?)
     };
     config.allow_control_plane = cli.allow_control_plane;
+    config.watch_uevents = !cli.disable_pci_uevents;
     Ok(config)
 }
 
