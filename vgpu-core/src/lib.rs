@@ -60,6 +60,7 @@ pub mod codec;
 pub mod discovery;
 pub mod domain;
 pub mod dra;
+pub mod gfd;
 pub mod model;
 pub mod node_config;
 pub mod topology;

@@ -72,6 +72,8 @@ pub struct Daemon {
     pub publisher: PublisherConfig,
     /// Driver labels.
     pub driver: DriverLabels,
+    /// GPU feature labels as gpu-feature-discovery writes them ([`Daemon::with_gfd_labels`]; empty: none).
+    pub gfd: std::collections::BTreeMap<String, String>,
     /// Pod access of the AllocationFailureReschedule controller ([`Daemon::with_reschedule_client`]); with
     /// the gate on and no client, no controller runs.
     pub reschedule: Option<Arc<dyn RescheduleClient>>,
@@ -87,6 +89,15 @@ impl std::fmt::Debug for Daemon {
 }
 
 impl Daemon {
+    /// Publishes GPU feature labels compatible with gpu-feature-discovery (`nvidia.com/gpu.product`,
+    /// `gpu.memory`, `gpu.count`, `cuda.driver.*`, `mig.*` …, [`vgpu_core::gfd`]) on the node, computed once
+    /// from the backend and the node's MIG strategy; `machine` is the DMI product name when known.
+    pub fn with_gfd_labels(mut self, machine: Option<String>) -> Result<Self, ServerError> {
+        let facts = vgpu_core::gfd::NodeFacts::from_backend(self.backend.as_ref(), machine)?;
+        self.gfd = vgpu_core::gfd::gfd_labels(&facts, self.config.settings.mig_strategy);
+        Ok(self)
+    }
+
     /// Wires a daemon; reads the GPUs' minor numbers, the vendor adapter ([`PluginConfig::vendor`]), the
     /// MIG instances to serve (fails when `migStrategy: single` finds a non-uniform node) and the driver
     /// versions from the backend, and resolves the IMEX channels
@@ -133,6 +144,7 @@ impl Daemon {
             nodes,
             publisher: PublisherConfig::default(),
             driver,
+            gfd: std::collections::BTreeMap::new(),
             reschedule: None,
             sm_watcher_period: crate::sm_watcher::DEFAULT_PERIOD,
         })
@@ -233,6 +245,7 @@ impl Daemon {
         )
         .with_config(self.publisher.clone())
         .with_driver_labels(self.driver.clone())
+        .with_gfd_labels(self.gfd.clone())
         .with_stale_resources(self.stale_resources());
         if config.gates.enabled(CoreGate::TopologyAwareGPUAllocation) {
             match self

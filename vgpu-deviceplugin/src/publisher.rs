@@ -113,6 +113,7 @@ pub struct NodePublisher {
     config: PublisherConfig,
     topology: Option<DeviceTopology>,
     driver: DriverLabels,
+    gfd: BTreeMap<String, String>,
     stale_resources: Vec<String>,
 }
 
@@ -144,6 +145,7 @@ impl NodePublisher {
             config: PublisherConfig::default(),
             topology: None,
             driver: DriverLabels::default(),
+            gfd: BTreeMap::new(),
             stale_resources: Vec::new(),
         }
     }
@@ -163,6 +165,13 @@ impl NodePublisher {
     /// Publishes the driver/CUDA labels.
     pub fn with_driver_labels(mut self, driver: DriverLabels) -> Self {
         self.driver = driver;
+        self
+    }
+
+    /// Publishes these GPU feature labels too ([`vgpu_core::gfd::gfd_labels`], `--gfd-labels`), in every
+    /// patch, so node-feature-discovery rules written for gpu-feature-discovery keep working without GFD.
+    pub fn with_gfd_labels(mut self, labels: BTreeMap<String, String>) -> Self {
+        self.gfd = labels;
         self
     }
 
@@ -195,6 +204,9 @@ impl NodePublisher {
             patch.labels.insert(d.node_cuda_version(), Some(format!("{major}.{minor}")));
             patch.labels.insert(d.node_cuda_major(), Some(major.to_string()));
             patch.labels.insert(d.node_cuda_minor(), Some(minor.to_string()));
+        }
+        for (key, value) in &self.gfd {
+            patch.labels.insert(key.clone(), Some(value.clone()));
         }
         Ok(patch)
     }

@@ -78,6 +78,13 @@ async fn publishes_updates_on_health_change_and_cleans_up_on_shutdown() {
                 driver_version: "570.86.10".into(),
                 cuda_version: Some((12, 8)),
             })
+            .with_gfd_labels(
+                [
+                    ("nvidia.com/gpu.product".to_owned(), "NVIDIA-L4".to_owned()),
+                    ("nvidia.com/gpu.count".into(), "2".into()),
+                ]
+                .into(),
+            )
             .with_stale_resources(vec!["nvidia.com/vgpu-cores".into()]);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(publisher.run(async {
@@ -106,6 +113,8 @@ async fn publishes_updates_on_health_change_and_cleans_up_on_shutdown() {
     assert_eq!(node.labels["nvidia.com/node-cuda-version"], "12.8");
     assert_eq!(node.labels["nvidia.com/node-cuda-major"], "12");
     assert_eq!(node.labels["nvidia.com/node-cuda-minor"], "8");
+    assert_eq!(node.labels["nvidia.com/gpu.product"], "NVIDIA-L4");
+    assert_eq!(node.labels["nvidia.com/gpu.count"], "2");
 
     let c = cluster.clone();
     eventually("stale capacity removed", || {

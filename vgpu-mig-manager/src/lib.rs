@@ -29,7 +29,8 @@
 pub mod cluster;
 pub mod config;
 pub mod kube_cluster;
-pub mod labels;
+/// The GFD label set (moved to [`vgpu_core::gfd`], shared with the device plugin).
+pub use vgpu_core::gfd as labels;
 pub mod manager;
 pub mod plan;
 

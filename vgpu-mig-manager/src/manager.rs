@@ -276,15 +276,8 @@ impl<C: MigCluster> MigManager<C> {
         if self.config.gfd_labels {
             let backend = Arc::clone(&self.backend);
             let machine = self.config.machine.clone();
-            let facts = tokio::task::spawn_blocking(move || -> Result<NodeFacts, String> {
-                let devices = backend.devices().map_err(|e| e.to_string())?;
-                let layouts = devices
-                    .iter()
-                    .map(|d| backend.mig_layout(d.index))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| e.to_string())?;
-                let driver = backend.driver_versions().map_err(|e| e.to_string())?;
-                Ok(NodeFacts { devices, layouts, driver, machine })
+            let facts = tokio::task::spawn_blocking(move || {
+                NodeFacts::from_backend(backend.as_ref(), machine).map_err(|e| e.to_string())
             })
             .await
             .map_err(|err| ClusterError::new("read the GPUs", err.to_string()))?;

@@ -135,6 +135,11 @@ struct Cli {
     /// Seconds between two publications of the node annotations.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     node_publish_interval: u64,
+    /// Publish GPU feature labels compatible with gpu-feature-discovery (`nvidia.com/gpu.product`,
+    /// `gpu.memory`, `gpu.count`, `cuda.driver.*`, `mig.*` …) on the node (the GPU module's device-plugin
+    /// mode, in place of GFD).
+    #[arg(long)]
+    gfd_labels: bool,
     #[command(flatten)]
     gates: CoreGateArgs,
 }
@@ -259,6 +264,11 @@ async fn run(
     let mut daemon =
         Daemon::new(config, backend, cluster.clone(), cluster.clone())?.with_reschedule_client(cluster);
     daemon.publisher.interval = Duration::from_secs(cli.node_publish_interval);
+    if cli.gfd_labels {
+        let machine =
+            std::fs::read_to_string("/sys/class/dmi/id/product_name").ok().map(|m| m.trim().to_owned());
+        daemon = daemon.with_gfd_labels(machine.filter(|m| !m.is_empty()))?;
+    }
 
     let shutdown = vgpu_bins::shutdown_signal()?;
     let (restart_tx, restart_rx) = tokio::sync::mpsc::channel(1);

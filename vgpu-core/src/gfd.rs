@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 
-use vgpu_core::{
+use crate::{
     backend::{DriverVersions, MigLayout, MigMode},
     model::{ComputeCapability, GpuDevice},
     node_config::MigStrategy,
@@ -47,6 +47,19 @@ pub struct NodeFacts {
     pub driver: Option<DriverVersions>,
     /// The machine's product name (`/sys/class/dmi/id/product_name`), when known.
     pub machine: Option<String>,
+}
+
+impl NodeFacts {
+    /// Reads the facts from `backend` (devices, each GPU's MIG layout, driver versions); `machine` from DMI.
+    pub fn from_backend(
+        backend: &dyn crate::backend::DeviceBackend,
+        machine: Option<String>,
+    ) -> Result<Self, crate::backend::BackendError> {
+        let devices = backend.devices()?;
+        let layouts = devices.iter().map(|d| backend.mig_layout(d.index)).collect::<Result<Vec<_>, _>>()?;
+        let driver = backend.driver_versions()?;
+        Ok(Self { devices, layouts, driver, machine })
+    }
 }
 
 /// A label value as GFD writes it: spaces → `-`, other characters outside `[A-Za-z0-9._-]` → `_`, at most
@@ -218,7 +231,7 @@ pub fn label_patch(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
+    use crate::backend::{DeviceBackend, mock::MockBackend};
 
     use super::*;
 
