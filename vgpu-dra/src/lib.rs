@@ -122,6 +122,7 @@ pub mod healthcheck;
 pub mod lock;
 pub mod metrics;
 pub mod partition;
+pub mod physical_gpu;
 pub mod registration;
 pub mod service;
 pub mod slices;
