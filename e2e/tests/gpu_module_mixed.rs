@@ -11,6 +11,10 @@
 //!   runs (admin kubeconfig, no webhooks registered: admission is `tests/gpu_controller.rs`' part). GPUClasses
 //!   `metax-whole` (vendor metax, Exclusive) and `a100-whole` (vendor nvidia, device type a100-sxm4-40gb,
 //!   Exclusive) become DeviceClasses and each is valid with exactly the two GPUs of its node.
+//! * The adapters (issue #20, "Adapters"): each plugin writes its node's PhysicalGPUs' `status.driverVersion`
+//!   (its mock's driver version: `570.86.10` NVIDIA, `2.33.0.5` MetaX) and condition `HardwareHealthy=True`
+//!   by server-side apply (field manager `vgpu-kubelet-plugin`), found by `spec.nodeName` and matched by PCI
+//!   address, although the CRD is created after the plugins start; the other status fields stay as written.
 //! * Claims of those DeviceClasses, each used by a pod without `nodeName`: the real kube-scheduler allocates
 //!   both MetaX claims from pool `mx-node`, driver `gpu.metax-tech.com` (distinct devices) and binds their pods
 //!   to `mx-node`; the NVIDIA claim from pool `nv-node`, driver `manager.nvidia.com`, pod on `nv-node`. A third
@@ -51,11 +55,13 @@ const NAMESPACE: &str = "default";
 const CONTROLLER: &str = "vgpu-controller";
 const WAIT: Duration = Duration::from_secs(60);
 
-const NV_MOCK: &str = "gpus:
+const NV_MOCK: &str = "driver: { version: 570.86.10, cudaVersion: '12.8' }
+gpus:
   - { uuid: GPU-NV-0, name: NVIDIA A100-SXM4-40GB, memoryMiB: 40960, computeCapability: '8.0', busId: '0000:01:00.0' }
   - { uuid: GPU-NV-1, name: NVIDIA A100-SXM4-40GB, memoryMiB: 40960, computeCapability: '8.0', busId: '0000:02:00.0' }
 ";
-const MX_MOCK: &str = "gpus:
+const MX_MOCK: &str = "driver: { version: 2.33.0.5 }
+gpus:
   - { uuid: GPU-MX-0, name: MXC500, vendor: metax, memoryMiB: 65536, busId: '0000:01:00.0' }
   - { uuid: GPU-MX-1, name: MXC500, vendor: metax, memoryMiB: 65536, busId: '0000:02:00.0' }
 ";
@@ -99,6 +105,7 @@ fn start_plugin(env: &mut TestEnv, node: &str, mock: &str, driver: &str) {
         format!("--cdi-root={}", path("cdi")),
         format!("--host-manager-dir={}", path("manager")),
         "--healthcheck-port=0".to_owned(),
+        "--physical-gpu-resync-interval=1s".to_owned(),
     ];
     let vars = vec![("NODE_NAME".to_owned(), node.to_owned()), ("RUST_LOG".to_owned(), "info".to_owned())];
     env.start_process(
@@ -283,6 +290,49 @@ async fn metax_claims_land_only_on_the_metax_node() {
         put_gpu(&gpus, NV_NODE, index, "nvidia", ("10de", "20b0"), "a100-sxm4-40gb", 40960).await;
         put_gpu(&gpus, MX_NODE, index, "metax", ("9999", "4000"), "MXC500", 65536).await;
     }
+    // The adapters: driver version and HardwareHealthy from each node's own plugin.
+    for (node, version) in [(NV_NODE, "570.86.10"), (MX_NODE, "2.33.0.5")] {
+        for index in 0..2 {
+            let name = format!("{node}-{index}");
+            let status = env
+                .poll(&format!("PhysicalGPU {name} status from the adapter"), WAIT, || {
+                    let gpus = gpus.clone();
+                    let name = name.clone();
+                    async move {
+                        let s = gpus.get(&name).await.ok()?.data.get("status")?.clone();
+                        s.get("driverVersion").is_some().then_some(s)
+                    }
+                })
+                .await
+                .unwrap();
+            assert_eq!(status["driverVersion"], version, "{name}: {status}");
+            let healthy = status["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "HardwareHealthy"))
+                .cloned()
+                .unwrap_or_else(|| panic!("{name}: no HardwareHealthy: {status}"));
+            assert_eq!(
+                (&healthy["status"], &healthy["reason"]),
+                (&json!("True"), &json!("Healthy")),
+                "{name}"
+            );
+            let driver = if node == MX_NODE { "metax" } else { "nvidia" };
+            assert_eq!(status["driver"], driver, "{name}: the other writers' fields stay");
+            assert!(status["memoryMiB"].is_u64(), "{name}: {status}");
+            let managers: Vec<String> = gpus
+                .get(&name)
+                .await
+                .unwrap()
+                .metadata
+                .managed_fields
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|m| m.manager)
+                .collect();
+            assert!(managers.iter().any(|m| m == "vgpu-kubelet-plugin"), "{name}: {managers:?}");
+        }
+    }
+
     let (_ca, cert, key) = webhook_pki().unwrap();
     let cert_dir = env.workdir().join("controller-certs");
     std::fs::create_dir_all(&cert_dir).unwrap();

@@ -113,6 +113,14 @@ struct Cli {
     /// How often prepared claims are compared with the API (claims gone from it are unprepared).
     #[arg(long, default_value = "10m", value_parser = vgpu_bins::parse_go_duration)]
     stale_claim_sweep_interval: Duration,
+    /// Write the driver version and the `HardwareHealthy` condition of this node's PhysicalGPUs (GPU module;
+    /// nothing is written while the cluster has no PhysicalGPU resource).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    physical_gpu_status: bool,
+    /// How often this node's PhysicalGPUs are listed again for `--physical-gpu-status` (besides every health
+    /// change).
+    #[arg(long, default_value = "30s", value_parser = vgpu_bins::parse_go_duration)]
+    physical_gpu_resync_interval: Duration,
     /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -207,6 +215,9 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
     }
     if cli.stale_claim_sweep_interval.is_zero() {
         return Err("invalid --stale-claim-sweep-interval 0s: must be greater than 0".to_owned());
+    }
+    if cli.physical_gpu_resync_interval.is_zero() {
+        return Err("invalid --physical-gpu-resync-interval 0s: must be greater than 0".to_owned());
     }
     let healthcheck = match cli.healthcheck_port {
         -1 => None,
@@ -314,6 +325,18 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         Err(error) => {
             tracing::warn!(node = %config.node_name, %error, "cannot read the node; ResourceSlices get no owner")
         }
+    }
+    // GPU module (issue #20, adapters): this node's PhysicalGPUs get the driver version and HardwareHealthy.
+    if cli.physical_gpu_status {
+        let store = Arc::new(vgpu_dra::physical_gpu::KubePhysicalGpus::new(client.clone()));
+        vgpu_dra::physical_gpu::StatusSync::new(
+            store,
+            &config.node_name,
+            Arc::clone(&devices),
+            health.clone(),
+        )
+        .with_resync(cli.physical_gpu_resync_interval)
+        .spawn(stopped());
     }
     let store = KubeSliceStore::new(client, &config.node_name, &config.driver_name);
     let publisher = SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone());
@@ -519,5 +542,12 @@ mod tests {
             err(&["--node-name=n", "--stale-claim-sweep-interval=0s"])
                 .contains("--stale-claim-sweep-interval")
         );
+        assert!(
+            err(&["--node-name=n", "--physical-gpu-resync-interval=0s"])
+                .contains("--physical-gpu-resync-interval")
+        );
+        assert!(parse(&["--node-name=n"]).physical_gpu_status, "on by default");
+        assert!(!parse(&["--node-name=n", "--physical-gpu-status=false"]).physical_gpu_status);
+        assert!(Cli::try_parse_from([BIN, "--physical-gpu-status=maybe"]).is_err());
     }
 }
