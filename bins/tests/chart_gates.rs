@@ -232,3 +232,54 @@ fn chart_rule_check_agrees_with_vgpu_gates_on_every_dra_combination() {
     // Both answers occur: the comparison is not vacuous.
     assert!(failing > 0 && failing < maps.len());
 }
+
+/// `helm template` of `chart` with `sets`; the rendered documents as `(kind, name, text)`.
+fn render(helm: &Path, chart: &str, sets: &[&str]) -> Vec<(String, String, String)> {
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", "t", "--kube-version", "1.37.2", "-n", "d8-gpu"])
+        .arg(repo().join("charts").join(chart));
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "helm template {chart} {sets:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.split("\n---\n")
+        .filter_map(|doc| {
+            let field =
+                |key: &str| doc.lines().find_map(|l| l.strip_prefix(key)).map(|v| v.trim().to_owned());
+            Some((field("kind: ")?, field("  name: ")?, doc.to_owned()))
+        })
+        .collect()
+}
+
+/// The gpu-module chart's one switch between its modes: `dra.enabled=true` deploys the vendor adapters (kubelet
+/// plugins selected by `gpu.deckhouse.io/vendor`) and no device plugin; `false` deploys the device plugin with
+/// `--gfd-labels` and the MIG manager, and no adapter. The node agent and the controller run in both.
+#[test]
+fn gpu_module_dra_switch_selects_the_mode() {
+    let Some(helm) = helm() else {
+        eprintln!("skipped: Helm is not built (run e2e/build-helm.sh or set VGPU_HELM)");
+        return;
+    };
+    let daemonsets = |docs: &[(String, String, String)]| -> Vec<String> {
+        let mut names: Vec<String> =
+            docs.iter().filter(|(k, _, _)| k == "DaemonSet").map(|(_, n, _)| n.clone()).collect();
+        names.sort();
+        names
+    };
+    let dra = render(&helm, "gpu-module", &[]);
+    assert_eq!(daemonsets(&dra), ["vgpu-adapter-metax", "vgpu-adapter-nvidia", "vgpu-node-agent"]);
+    let metax = dra.iter().find(|(_, n, _)| n == "vgpu-adapter-metax").unwrap();
+    assert!(
+        metax.2.contains("gpu.deckhouse.io/vendor: metax")
+            && metax.2.contains("--driver-name=gpu.metax-tech.com")
+    );
+    assert!(dra.iter().any(|(k, n, _)| k == "Deployment" && n == "vgpu-controller"));
+
+    let dp = render(&helm, "gpu-module", &["dra.enabled=false"]);
+    assert_eq!(daemonsets(&dp), ["vgpu-device-plugin", "vgpu-mig-manager", "vgpu-node-agent"]);
+    let plugin = dp.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin").unwrap();
+    assert!(plugin.2.contains("--gfd-labels"));
+    assert!(dp.iter().any(|(k, n, _)| k == "Deployment" && n == "vgpu-controller"));
+}

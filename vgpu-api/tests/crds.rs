@@ -1,4 +1,4 @@
-//! The committed CRD YAML under `deploy/gpu-module/crds/` is exactly what `CustomResourceExt::crd` prints with
+//! The committed CRD YAML under `deploy/gpu-module/crds/` and `charts/gpu-module/crds/` is exactly what `CustomResourceExt::crd` prints with
 //! serde-saphyr (never hand-edited), and the schema carries the list-map conditions and the CEL rules.
 //! Regenerate with `VGPU_REGEN=1 cargo test -p vgpu-api --test crds`.
 
@@ -24,18 +24,21 @@ fn generated() -> Vec<(String, String)> {
 
 #[test]
 fn committed_crd_yaml_is_up_to_date() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/gpu-module/crds");
+    // The same files in the manifests and in the gpu-module chart (Helm installs a chart's `crds/` first).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let regen = std::env::var_os("VGPU_REGEN").is_some();
     let mut stale = Vec::new();
     for (name, fresh) in generated() {
-        let path = dir.join(&name);
-        if regen {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(&path, &fresh).unwrap();
-            continue;
-        }
-        if std::fs::read_to_string(&path).unwrap_or_default() != fresh {
-            stale.push(path.display().to_string());
+        for dir in [root.join("deploy/gpu-module/crds"), root.join("charts/gpu-module/crds")] {
+            let path = dir.join(&name);
+            if regen {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &fresh).unwrap();
+                continue;
+            }
+            if std::fs::read_to_string(&path).unwrap_or_default() != fresh {
+                stale.push(path.display().to_string());
+            }
         }
     }
     assert!(
