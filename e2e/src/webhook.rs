@@ -106,9 +106,26 @@ fn client_config(webhook: &RunningWebhook, path: Option<&str>) -> WebhookClientC
 /// Registers the Mutating- and ValidatingWebhookConfiguration of [`MANIFESTS`] with each hook's
 /// `clientConfig` replaced by `https://127.0.0.1:<port><service path>` and the webhook's CA.
 pub async fn register_webhooks(client: &kube::Client, webhook: &RunningWebhook) -> Result<()> {
-    let text = std::fs::read_to_string(MANIFESTS).with_context(|| format!("reading {MANIFESTS}"))?;
+    let registered = register_manifest_webhooks(client, Path::new(MANIFESTS), webhook).await?;
+    if registered != 2 {
+        bail!("{MANIFESTS}: expected one mutating and one validating configuration, found {registered}");
+    }
+    Ok(())
+}
+
+/// Registers every Mutating- and ValidatingWebhookConfiguration of `manifest` (other kinds are skipped) with
+/// each hook's `clientConfig` pointed at `webhook` (`https://127.0.0.1:<port><service path>`, its CA);
+/// returns how many configurations were created.
+pub async fn register_manifest_webhooks(
+    client: &kube::Client,
+    manifest: &Path,
+    webhook: &RunningWebhook,
+) -> Result<usize> {
+    let name = manifest.display();
+    let text = std::fs::read_to_string(manifest).with_context(|| format!("reading {name}"))?;
     let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(&text).with_context(|| format!("parsing {MANIFESTS}"))?;
+        serde_saphyr::from_multiple(&text).with_context(|| format!("parsing {name}"))?;
+    let mut registered = 0;
     for doc in docs {
         match doc["kind"].as_str() {
             Some("MutatingWebhookConfiguration") => {
@@ -120,7 +137,8 @@ pub async fn register_webhooks(client: &kube::Client, webhook: &RunningWebhook) 
                 Api::<MutatingWebhookConfiguration>::all(client.clone())
                     .create(&PostParams::default(), &config)
                     .await
-                    .context("creating the MutatingWebhookConfiguration")?;
+                    .with_context(|| format!("creating the MutatingWebhookConfiguration of {name}"))?;
+                registered += 1;
             }
             Some("ValidatingWebhookConfiguration") => {
                 let mut config: ValidatingWebhookConfiguration = serde_json::from_value(doc)?;
@@ -131,12 +149,13 @@ pub async fn register_webhooks(client: &kube::Client, webhook: &RunningWebhook) 
                 Api::<ValidatingWebhookConfiguration>::all(client.clone())
                     .create(&PostParams::default(), &config)
                     .await
-                    .context("creating the ValidatingWebhookConfiguration")?;
+                    .with_context(|| format!("creating the ValidatingWebhookConfiguration of {name}"))?;
+                registered += 1;
             }
-            other => bail!("{MANIFESTS}: unexpected kind {other:?}"),
+            _ => {}
         }
     }
-    Ok(())
+    Ok(registered)
 }
 
 /// Applies [`RBAC`] (creating its namespace), requests a token of its ServiceAccount and writes a kubeconfig

@@ -29,10 +29,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
-};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -45,7 +41,7 @@ use kube::api::{
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use tokio_stream::StreamExt;
-use vgpu_e2e::webhook::webhook_pki;
+use vgpu_e2e::webhook::{RunningWebhook, register_manifest_webhooks, webhook_pki};
 use vgpu_e2e::{TestEnv, free_port, vgpu_binary};
 
 const CONTROLLER: &str = "vgpu-controller";
@@ -80,51 +76,6 @@ async fn put_gpu(
     gpus.patch_status(name, &PatchParams::apply("e2e-adapter").force(), &Patch::Apply(&status))
         .await
         .unwrap();
-}
-
-fn client_config(port: u16, ca_pem: &str, path: Option<&str>) -> WebhookClientConfig {
-    WebhookClientConfig {
-        url: Some(format!("https://127.0.0.1:{port}{}", path.unwrap_or_default())),
-        ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
-        service: None,
-    }
-}
-
-/// The webhook configurations of `controller.yaml`, clientConfig pointed at the loopback server.
-async fn register_webhooks(client: &kube::Client, manifest: &Path, port: u16, ca_pem: &str) {
-    let text = std::fs::read_to_string(manifest).unwrap();
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-    let mut registered = 0;
-    for doc in docs {
-        match doc["kind"].as_str() {
-            Some("ValidatingWebhookConfiguration") => {
-                let mut config: ValidatingWebhookConfiguration = serde_json::from_value(doc).unwrap();
-                for hook in config.webhooks.iter_mut().flatten() {
-                    let path = hook.client_config.service.as_ref().and_then(|s| s.path.clone());
-                    hook.client_config = client_config(port, ca_pem, path.as_deref());
-                }
-                Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                    .create(&PostParams::default(), &config)
-                    .await
-                    .unwrap();
-                registered += 1;
-            }
-            Some("MutatingWebhookConfiguration") => {
-                let mut config: MutatingWebhookConfiguration = serde_json::from_value(doc).unwrap();
-                for hook in config.webhooks.iter_mut().flatten() {
-                    let path = hook.client_config.service.as_ref().and_then(|s| s.path.clone());
-                    hook.client_config = client_config(port, ca_pem, path.as_deref());
-                }
-                Api::<MutatingWebhookConfiguration>::all(client.clone())
-                    .create(&PostParams::default(), &config)
-                    .await
-                    .unwrap();
-                registered += 1;
-            }
-            _ => {}
-        }
-    }
-    assert_eq!(registered, 2, "controller.yaml holds one validating and one mutating configuration");
 }
 
 /// Creates the ServiceAccount, roles and bindings of `controller.yaml` (and its namespace), and writes a
@@ -287,7 +238,10 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
     })
     .await
     .unwrap();
-    register_webhooks(&client, &deploy.join("controller.yaml"), port, &ca_pem).await;
+    let running = RunningWebhook { port, ca_pem: ca_pem.clone(), cert_dir: cert_dir.clone() };
+    let registered =
+        register_manifest_webhooks(&client, &deploy.join("controller.yaml"), &running).await.unwrap();
+    assert_eq!(registered, 2, "controller.yaml holds one validating and one mutating configuration");
 
     // GPUClass a100-shared → DeviceClass.
     let a100 = object(

@@ -44,7 +44,7 @@ use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
-use vgpu_e2e::webhook::webhook_pki;
+use vgpu_e2e::webhook::{RunningWebhook, register_manifest_webhooks, webhook_pki};
 use vgpu_e2e::{SCHEDULER_NAME, TestEnv, fixtures, free_port, scheduler_configuration, vgpu_binary};
 
 const NV_NODE: &str = "nv-node";
@@ -333,7 +333,7 @@ async fn metax_claims_land_only_on_the_metax_node() {
         }
     }
 
-    let (_ca, cert, key) = webhook_pki().unwrap();
+    let (ca_pem, cert, key) = webhook_pki().unwrap();
     let cert_dir = env.workdir().join("controller-certs");
     std::fs::create_dir_all(&cert_dir).unwrap();
     std::fs::write(cert_dir.join("tls.crt"), cert).unwrap();
@@ -352,6 +352,16 @@ async fn metax_claims_land_only_on_the_metax_node() {
         &[("RUST_LOG".into(), "info".into())],
     )
     .unwrap();
+    env.poll("vgpu-controller listening", WAIT, || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(drop)
+    })
+    .await
+    .unwrap();
+    // Its admission webhooks (controller.yaml), so pods asking for a GPUClass are mutated.
+    let manifest =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/gpu-module/controller.yaml");
+    let running = RunningWebhook { port, ca_pem, cert_dir: cert_dir.clone() };
+    assert_eq!(register_manifest_webhooks(&client, &manifest, &running).await.unwrap(), 2);
 
     // GPUClasses → DeviceClasses, each valid with its own node's two GPUs.
     let metax = object(json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass",
@@ -470,6 +480,26 @@ async fn metax_claims_land_only_on_the_metax_node() {
     for name in [NV_NODE, MX_NODE] {
         env.check_process(&format!("kubelet-plugin-{name}")).unwrap();
     }
+    // A pod that only names the GPUClass in its limits: the controller's mutation gives it a claim of
+    // a100-whole's DeviceClass, and the real scheduler allocates it on nv-node's other A100, never on mx-node
+    // (another product, which has a free GPU again by now).
+    let asking: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "nv-mutated", "namespace": NAMESPACE},
+        "spec": {"schedulerName": SCHEDULER_NAME,
+            "containers": [{"name": "main", "image": "example.invalid/gpu:never-pulled",
+                "resources": {"limits": {"gpu.deckhouse.io/a100-whole": "1"}}}]}}))
+    .unwrap();
+    let created = pods.create(&PostParams::default(), &asking).await.unwrap();
+    let pod_claims = created.spec.as_ref().and_then(|s| s.resource_claims.clone()).unwrap_or_default();
+    assert_eq!(pod_claims.len(), 1, "the mutation adds one claim: {pod_claims:?}");
+    let generated = pod_claims[0].resource_claim_name.clone().expect("a named claim");
+    let generated_claim = claims.get(&generated).await.unwrap();
+    let requests = generated_claim.spec.unwrap().devices.unwrap().requests.unwrap();
+    assert_eq!(requests[0].exactly.as_ref().unwrap().device_class_name, "a100-whole.gpu.deckhouse.io");
+    assert_eq!(fixtures::wait_for_pod_node(&client, NAMESPACE, "nv-mutated", WAIT).await.unwrap(), NV_NODE);
+    let (driver, pool, device) = allocation(&claims, &generated).await;
+    assert_eq!((driver.as_str(), pool.as_str()), (NV_DRIVER, NV_NODE));
+    assert_ne!(device, nv_device, "the other A100");
     env.check_process(CONTROLLER).unwrap();
     env.finish();
 }
