@@ -1,7 +1,7 @@
 //! `vgpuctl simulate`: stream a seeded mix of vGPU pods through the extender's filter and bind over an
 //! in-memory cluster of DGX-like nodes, and report placement, utilization, fragmentation and latency
 //! (per stage: module [`stages`](crate::stages)); or, with `--from-cluster`, stream one pod shape through a
-//! snapshot of a live cluster (module [`from_cluster`](crate::from_cluster)).
+//! snapshot of a live cluster (module [`from_cluster`]).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
