@@ -18,6 +18,7 @@
 //! | `node-agent` | `node_agent` | `vgpu-node-agent`: GPU module node agent |
 //! | `controller` | `controller` | `vgpu-controller`: GPU module controller |
 //! | `mig-manager` | `mig_manager` | `vgpu-mig-manager`: MIG manager of the device-plugin mode |
+//! | `nri` | `nri` | `vgpu-nri`: NRI plugin runtime over ttrpc (containerd / CRI-O) |
 //! | `full` | all of the above | |
 //!
 //! ```
@@ -96,3 +97,8 @@ pub use vgpu_controller as controller;
 #[cfg_attr(docsrs, doc(cfg(feature = "mig-manager")))]
 #[doc(inline)]
 pub use vgpu_mig_manager as mig_manager;
+
+#[cfg(feature = "nri")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nri")))]
+#[doc(inline)]
+pub use vgpu_nri as nri;
