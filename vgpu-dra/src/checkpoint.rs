@@ -161,6 +161,10 @@ pub struct PreparedClaim {
     /// also the claim's `manager.nvidia.com/<uuid>` annotations. Absent when empty.
     #[serde(default, rename = "registerUUIDs", skip_serializing_if = "BTreeMap::is_empty")]
     pub register_uuids: BTreeMap<String, String>,
+    /// The modes' host actions ([`crate::modes`]), recorded before any is applied; Unprepare and rollback
+    /// revert them newest first. Absent when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_actions: Vec<crate::modes::HostAction>,
 }
 
 impl PreparedClaim {
@@ -174,6 +178,7 @@ impl PreparedClaim {
             namespace: namespace.to_owned(),
             paths,
             register_uuids: BTreeMap::new(),
+            host_actions: Vec::new(),
         }
     }
 }
@@ -397,6 +402,7 @@ impl Checkpoint {
                                 namespace: String::new(),
                                 paths: Vec::new(),
                                 register_uuids: BTreeMap::new(),
+                                host_actions: Vec::new(),
                             };
                             (uid, claim)
                         })

@@ -178,6 +178,12 @@ impl DriverConfig {
         self.gates.enabled(DraGate::DevicePluginClientMode)
     }
 
+    /// Gate `NRISupport`: the per-container partition mounts are injected by the NRI hook at
+    /// CreateContainer instead of the claim's CDI spec, and a vGPU claim may be shared by several pods.
+    pub fn nri(&self) -> bool {
+        self.gates.enabled(DraGate::NRISupport)
+    }
+
     /// `<manager_dir>/watcher/sm_util.config`: the shared SM watcher's file as this process writes it.
     pub fn sm_watcher_file(&self) -> PathBuf {
         vgpu_deviceplugin::sm_watcher::SmWatcher::file_path(&self.manager_dir)

@@ -55,7 +55,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::{collections::HashMap, fmt, num::NonZeroU32, path::Path, str::FromStr};
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt,
+    num::NonZeroU32,
+    path::Path,
+    str::FromStr,
+};
 
 use vgpu_core::{
     alloc::parse_quantity,
@@ -146,6 +152,17 @@ pub enum DeviceError {
         capacity: String,
         /// The value as given.
         value: String,
+    },
+    /// Two devices of the node have the same name ([`AllocatableDevices::add`]).
+    #[error("device {0:?} is published twice: device names must be unique on a node")]
+    DuplicateDevice(String),
+    /// A device consumes a counter set the node does not publish ([`AllocatableDevices::add`]).
+    #[error("device {device} consumes counters of set {set:?}, which this node does not publish")]
+    UnknownCounterSet {
+        /// The device name.
+        device: String,
+        /// The counter set.
+        set: String,
     },
     /// A consumed value above the device's capacity.
     #[error("device {device}: consumed {capacity} {requested} exceeds the device's capacity {available}")]
@@ -251,6 +268,11 @@ pub enum DeviceType {
     Gpu,
     /// A shareable vGPU (`vgpu-<minor>`, class `vgpu-manager`).
     Vgpu,
+    /// A MIG device (`gpu-<minor>-mig-<profileId>-<start>-<size>`, class `mig-manager`; gate `DynamicMIG`).
+    Mig,
+    /// A GPU for passthrough bound to `vfio-pci` on Prepare (`gpu-vfio-<index>`, class `vfio-manager`; gate
+    /// `PassthroughSupport`).
+    Vfio,
 }
 
 impl DeviceType {
@@ -259,6 +281,8 @@ impl DeviceType {
         match self {
             Self::Gpu => "gpu",
             Self::Vgpu => "vgpu",
+            Self::Mig => "mig",
+            Self::Vfio => "vfio",
         }
     }
 }
@@ -420,6 +444,77 @@ pub struct AllocatableDevice {
     pub capacity: DeviceCapacity,
     /// `allowMultipleAllocations`: several claims may consume capacity of this device.
     pub shared: bool,
+    /// What a mode adds to the device beyond the GPU's own attributes and capacities (MIG, VFIO, Fabric
+    /// Manager partitions); empty for the plain `gpu`/`vgpu` devices.
+    pub extra: DeviceExtras,
+}
+
+/// An attribute value a mode adds to a device ([`DeviceExtras::attributes`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ExtraAttribute {
+    /// `string`.
+    String(String),
+    /// `int`.
+    Int(i64),
+    /// `bool`.
+    Bool(bool),
+    /// `version` (semantic version, e.g. `1.2.0`).
+    Version(String),
+}
+
+/// A quantity of a capacity or counter a mode adds: bytes (`binary` quantities such as `40Gi`) or a count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Amount {
+    /// Bytes, published as a binary quantity.
+    Bytes(u64),
+    /// A plain count.
+    Count(u64),
+}
+
+impl Amount {
+    /// The number, whatever its unit.
+    pub fn value(self) -> u64 {
+        match self {
+            Self::Bytes(n) | Self::Count(n) => n,
+        }
+    }
+}
+
+/// What a device consumes from one of the node's shared counter sets (KEP-4815 partitionable devices).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CounterConsumption {
+    /// The counter set's name ([`CounterSet::name`]).
+    pub counter_set: String,
+    /// Counter name → amount consumed.
+    pub counters: BTreeMap<String, Amount>,
+}
+
+/// A set of counters shared by several devices (e.g. one GPU's memory slices and engines): the scheduler
+/// never allocates devices whose consumption together exceeds a counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CounterSet {
+    /// The set's name, unique in the pool (upstream: `<gpu canonical name>-counter-set`).
+    pub name: String,
+    /// Counter name → amount available.
+    pub counters: BTreeMap<String, Amount>,
+}
+
+/// Attributes, fixed capacities and counter consumption a mode adds to a device.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct DeviceExtras {
+    /// Attribute name → value; published after (and over) the GPU's own attributes.
+    pub attributes: BTreeMap<String, ExtraAttribute>,
+    /// Capacity name → value, published without a request policy (the whole value is consumed).
+    pub capacities: BTreeMap<String, Amount>,
+    /// Shared counters this device consumes when allocated.
+    pub consumes_counters: Vec<CounterConsumption>,
+}
+
+impl DeviceExtras {
+    /// True when nothing is added.
+    pub fn is_empty(&self) -> bool {
+        self.attributes.is_empty() && self.capacities.is_empty() && self.consumes_counters.is_empty()
+    }
 }
 
 /// The limits one allocation result puts on its share of a GPU (see the module table).
@@ -448,6 +543,7 @@ pub struct AllocatableDevices {
     driver_versions: Option<DriverVersions>,
     devices: Vec<AllocatableDevice>,
     by_name: HashMap<String, usize>,
+    counter_sets: Vec<CounterSet>,
 }
 
 impl AllocatableDevices {
@@ -519,6 +615,7 @@ impl AllocatableDevices {
                     },
                     gpu: info,
                     shared: true,
+                    extra: DeviceExtras::default(),
                 }
             } else {
                 let name = format!("gpu-{minor}");
@@ -542,12 +639,61 @@ impl AllocatableDevices {
                     gpu: info,
                     capacity,
                     shared: shares.is_enabled(),
+                    extra: DeviceExtras::default(),
                 }
             };
             devices.push(device);
         }
         let by_name = devices.iter().enumerate().map(|(i, d)| (d.name.clone(), i)).collect();
-        Ok(Self { config: config.clone(), driver_versions, devices, by_name })
+        Ok(Self { config: config.clone(), driver_versions, devices, by_name, counter_sets: Vec::new() })
+    }
+
+    /// Adds a device a mode publishes (MIG, VFIO). Its name must be new, and every counter set it consumes
+    /// must have been added first ([`AllocatableDevices::add_counter_set`]).
+    pub fn add(&mut self, device: AllocatableDevice) -> Result<(), DeviceError> {
+        if self.by_name.contains_key(&device.name) {
+            return Err(DeviceError::DuplicateDevice(device.name));
+        }
+        if let Some(missing) = device
+            .extra
+            .consumes_counters
+            .iter()
+            .find(|c| !self.counter_sets.iter().any(|s| s.name == c.counter_set))
+        {
+            return Err(DeviceError::UnknownCounterSet {
+                device: device.name.clone(),
+                set: missing.counter_set.clone(),
+            });
+        }
+        self.by_name.insert(device.name.clone(), self.devices.len());
+        self.devices.push(device);
+        Ok(())
+    }
+
+    /// Removes every device for which `drop` is true (e.g. the whole-GPU device of a GPU that a mode
+    /// publishes otherwise); the rest keep their order.
+    pub fn remove_where(&mut self, drop: impl Fn(&AllocatableDevice) -> bool) {
+        self.devices.retain(|d| !drop(d));
+        self.by_name = self.devices.iter().enumerate().map(|(i, d)| (d.name.clone(), i)).collect();
+    }
+
+    /// The extras of the device of this name, to change before the devices are shared.
+    pub fn extras_mut(&mut self, name: &str) -> Option<&mut DeviceExtras> {
+        let i = *self.by_name.get(name)?;
+        self.devices.get_mut(i).map(|d| &mut d.extra)
+    }
+
+    /// Adds (or replaces, by name) a shared counter set.
+    pub fn add_counter_set(&mut self, set: CounterSet) {
+        match self.counter_sets.iter_mut().find(|s| s.name == set.name) {
+            Some(existing) => *existing = set,
+            None => self.counter_sets.push(set),
+        }
+    }
+
+    /// The node's shared counter sets (empty unless a mode adds partitionable devices).
+    pub fn counter_sets(&self) -> &[CounterSet] {
+        &self.counter_sets
     }
 
     /// The configuration the devices were built with.

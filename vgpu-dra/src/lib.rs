@@ -24,6 +24,7 @@
 //! | [`gates`] | which gates this build refuses (not built) and why |
 //! | [`healthcheck`] | `grpc.health.v1.Health/Check` on `--healthcheck-port`: both sockets answer → `SERVING` |
 //! | [`partition`] | partition keys: which consumer containers share a vGPU partition directory (graph walk, `pod-…` / `cg-…` keys) |
+//! | [`modes`] | claim modes (time-slicing, MPS, dynamic MIG, VFIO, Fabric Manager, device metadata): host actions planned, recorded in the checkpoint, applied on Prepare and reverted on Unprepare |
 //! | [`metrics`] | `--http-endpoint`: `/healthz`, `/readyz` (sockets + kubelet registration), `--metrics-path` (prepared claims, Prepare/Unprepare counters and durations, `process_*`) |
 //!
 //! # Sockets and files
@@ -121,6 +122,7 @@ pub mod health;
 pub mod healthcheck;
 pub mod lock;
 pub mod metrics;
+pub mod modes;
 pub mod partition;
 pub mod physical_gpu;
 pub mod registration;

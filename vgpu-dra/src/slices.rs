@@ -81,8 +81,8 @@ pub use self::{
 };
 use crate::{
     devices::{
-        AllocatableDevice, AllocatableDevices, CAPACITY_CORES, CAPACITY_MEMORY, CAPACITY_SHARES,
-        ConsumableShares, DeviceType, GpuInfo, MIB,
+        AllocatableDevice, AllocatableDevices, Amount, CAPACITY_CORES, CAPACITY_MEMORY, CAPACITY_SHARES,
+        ConsumableShares, DeviceType, ExtraAttribute, GpuInfo, MIB,
     },
     health::HealthSnapshot,
 };
@@ -329,7 +329,24 @@ fn attributes(
     if let Some(root) = &gpu.pcie_root {
         attrs.insert(ATTRIBUTE_PCIE_ROOT.to_owned(), string_attr(root));
     }
+    for (name, value) in &device.extra.attributes {
+        let attr = match value {
+            ExtraAttribute::String(v) => string_attr(v),
+            ExtraAttribute::Int(v) => int_attr(*v),
+            ExtraAttribute::Bool(v) => DeviceAttribute { bool: Some(*v), ..DeviceAttribute::default() },
+            ExtraAttribute::Version(v) => version_attr(v.clone()),
+        };
+        attrs.insert(name.clone(), attr);
+    }
     attrs
+}
+
+/// An [`Amount`] as an API quantity (bytes binary, counts plain).
+pub fn amount_quantity(amount: Amount) -> Quantity {
+    match amount {
+        Amount::Bytes(n) => binary_quantity(n),
+        Amount::Count(n) => count_quantity(n),
+    }
 }
 
 // === capacities ===
@@ -366,7 +383,7 @@ fn capacities(device: &AllocatableDevice, shares: ConsumableShares) -> BTreeMap<
     if let Some(bytes) = c.memory_bytes {
         let policy = match (device.kind, shares) {
             (DeviceType::Vgpu, _) | (DeviceType::Gpu, ConsumableShares::Memory) => memory_all_policy(bytes),
-            (DeviceType::Gpu, _) => Some(CapacityRequestPolicy {
+            _ => Some(CapacityRequestPolicy {
                 default: Some(binary_quantity(0)),
                 valid_range: None,
                 valid_values: None,
@@ -391,6 +408,9 @@ fn capacities(device: &AllocatableDevice, shares: ConsumableShares) -> BTreeMap<
             CAPACITY_SHARES.to_owned(),
             ApiCapacity { value: count_quantity(n), request_policy: Some(policy) },
         );
+    }
+    for (name, amount) in &device.extra.capacities {
+        out.insert(name.clone(), ApiCapacity { value: amount_quantity(*amount), request_policy: None });
     }
     out
 }

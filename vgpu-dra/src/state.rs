@@ -48,7 +48,8 @@ use crate::{
     claims::ClaimSource,
     client_mode::{self, RegisterTable},
     config::DriverConfig,
-    devices::{AllocatableDevices, DeviceError, DeviceType},
+    devices::{AllocatableDevice, AllocatableDevices, DeviceError, DeviceType},
+    modes::{ClaimContext, ClaimDevice, ClaimMode, HostAction, ModeEdits, ModeError},
     lock::{LockError, PuLock},
 };
 
@@ -160,6 +161,15 @@ pub enum ClaimFailure {
     /// The whole call could not start (`pu.lock` not taken); the same text for every claim of the call.
     #[error("{0}")]
     Batch(String),
+    /// A mode could not plan, apply or revert a host action ([`crate::modes`]).
+    #[error("ResourceClaim {claim}: {source}")]
+    Mode {
+        /// `namespace/name` (or the UID when only that is known).
+        claim: String,
+        /// What failed.
+        #[source]
+        source: crate::modes::ModeError,
+    },
     /// The fault-injection hook stopped Prepare (tests only).
     #[error("fault injected at {0:?}: stopped as a crash would")]
     Injected(FaultPoint),
@@ -170,6 +180,8 @@ pub enum ClaimFailure {
 pub enum FaultPoint {
     /// `PrepareStarted` is written, nothing else is done.
     AfterPrepareStarted,
+    /// The first host action of a mode ([`crate::modes`]) is applied, the others and the files are not.
+    AfterHostAction,
     /// Directories and the CDI spec are written, `PrepareCompleted` is not.
     AfterSideEffects,
 }
@@ -179,7 +191,8 @@ pub enum FaultPoint {
 pub type FaultHook = Arc<dyn Fn(FaultPoint, &str) -> bool + Send + Sync>;
 
 /// **Test only.** The env variable that makes the `vgpu-kubelet-plugin` binary hang at a fault point so a
-/// test can SIGKILL it there: `prepare-started` ([`FaultPoint::AfterPrepareStarted`]) or `side-effects`
+/// test can SIGKILL it there: `prepare-started` ([`FaultPoint::AfterPrepareStarted`]), `host-action`
+/// ([`FaultPoint::AfterHostAction`]) or `side-effects`
 /// ([`FaultPoint::AfterSideEffects`]). Never set it in a deployment: the first Prepare that reaches the
 /// point blocks forever (its thread sleeps) and holds `pu.lock`.
 pub const TEST_PAUSE_ENV: &str = "VGPU_DRA_TEST_PAUSE_AT";
@@ -191,10 +204,11 @@ pub fn test_pause_hook_from_env() -> Result<Option<FaultHook>, String> {
     let point = match value.as_str() {
         "" => return Ok(None),
         "prepare-started" => FaultPoint::AfterPrepareStarted,
+        "host-action" => FaultPoint::AfterHostAction,
         "side-effects" => FaultPoint::AfterSideEffects,
         other => {
             return Err(format!(
-                "{TEST_PAUSE_ENV}={other:?}: expected prepare-started or side-effects (test only; unset it)"
+                "{TEST_PAUSE_ENV}={other:?}: expected prepare-started, host-action or side-effects (test only; unset it)"
             ));
         }
     };
@@ -239,6 +253,7 @@ pub struct DeviceState {
     fault: Option<FaultHook>,
     metrics: Option<Arc<crate::metrics::DriverMetrics>>,
     register: Arc<RegisterTable>,
+    modes: Vec<Arc<dyn ClaimMode>>,
 }
 
 impl std::fmt::Debug for DeviceState {
@@ -264,6 +279,7 @@ struct Planned {
     cores: Option<u64>,
     memory_mib: Option<u64>,
     cdi_name: String,
+    allocatable: AllocatableDevice,
 }
 
 impl DeviceState {
@@ -286,10 +302,43 @@ impl DeviceState {
             fault: None,
             metrics: None,
             register: Arc::new(RegisterTable::default()),
+            modes: Vec::new(),
         };
         state.recover().await?;
         state.refresh();
         Ok(state)
+    }
+
+    /// Opens the state with claim modes installed ([`crate::modes`]), in the order their actions are planned
+    /// and applied; start-up recovery (as [`DeviceState::new`]) can then revert their recorded actions.
+    pub async fn with_modes(
+        config: Arc<DriverConfig>,
+        devices: Arc<AllocatableDevices>,
+        vendor: Arc<dyn VendorAdapter>,
+        claims: Arc<dyn ClaimSource>,
+        modes: Vec<Arc<dyn ClaimMode>>,
+    ) -> Result<Self, StateError> {
+        let boot_id = crate::checkpoint::read_boot_id(&config.boot_id_path);
+        let state = Self {
+            config,
+            devices,
+            vendor,
+            claims,
+            boot_id,
+            serial: tokio::sync::Mutex::new(()),
+            fault: None,
+            metrics: None,
+            register: Arc::new(RegisterTable::default()),
+            modes,
+        };
+        state.recover().await?;
+        state.refresh();
+        Ok(state)
+    }
+
+    /// The installed claim modes' names, in order.
+    pub fn mode_names(&self) -> Vec<&'static str> {
+        self.modes.iter().map(|m| m.name()).collect()
     }
 
     /// Installs the fault-injection hook (tests).
@@ -457,15 +506,23 @@ impl DeviceState {
             paths.push(claim_dir.display().to_string());
         }
         paths.push(spec_path.display().to_string());
+        let claim_devices = Self::claim_devices(&planned);
+        let ctx = ClaimContext { claim, object: &object, devices: &claim_devices, config: &self.config };
+        let host_actions = self.plan_modes(&ctx)?;
         let mut entry = PreparedClaim::started(&claim.namespace, &claim.name, paths);
         entry.prepared_devices = planned.iter().map(|p| p.device.clone()).collect();
         entry.status = object.status.as_ref().and_then(|s| serde_json::to_value(s).ok());
         entry.register_uuids = register_uuids;
+        entry.host_actions = host_actions;
         cp.claims_mut().insert(claim.uid.clone(), entry.clone());
         cp.store(&path)?;
         self.fault_point(FaultPoint::AfterPrepareStarted, &claim.uid)?;
 
-        let mut done = self.side_effects(claim, &object, &planned, &claim_dir, &spec_path);
+        let mut done = match self.apply_modes(&ctx, &entry.host_actions) {
+            Ok(edits) => self.side_effects(claim, &object, &planned, &claim_dir, &spec_path, edits),
+            Err(ClaimFailure::Injected(point)) => return Err(ClaimFailure::Injected(point)),
+            Err(e) => Err(e),
+        };
         if done.is_ok() && !entry.register_uuids.is_empty() {
             let driver = &self.config.driver_name;
             let changes = entry
@@ -492,6 +549,69 @@ impl DeviceState {
         cp.claims_mut().insert(claim.uid.clone(), entry);
         cp.store(&path)?;
         Ok(devices)
+    }
+
+    /// The modes' view of the planned devices.
+    fn claim_devices(planned: &[Planned]) -> Vec<ClaimDevice> {
+        planned
+            .iter()
+            .map(|p| ClaimDevice {
+                request: p.device.request_names.first().cloned().unwrap_or_default(),
+                device: p.allocatable.clone(),
+                share_id: p.device.share_id.clone(),
+                cdi_name: p.cdi_name.clone(),
+            })
+            .collect()
+    }
+
+    /// Every installed mode's actions for the claim, in mode order (no side effect).
+    fn plan_modes(&self, ctx: &ClaimContext<'_>) -> Result<Vec<HostAction>, ClaimFailure> {
+        let mut actions = Vec::new();
+        for mode in &self.modes {
+            let planned = mode.plan(ctx).map_err(|source| ClaimFailure::Mode {
+                claim: format!("{}/{}", ctx.claim.namespace, ctx.claim.name),
+                source,
+            })?;
+            actions.extend(planned.into_iter().map(|action| HostAction { mode: mode.name().to_owned(), action }));
+        }
+        Ok(actions)
+    }
+
+    fn mode(&self, name: &str) -> Option<&Arc<dyn ClaimMode>> {
+        self.modes.iter().find(|m| m.name() == name)
+    }
+
+    /// Applies the recorded actions in order; the fault point [`FaultPoint::AfterHostAction`] follows the
+    /// first one.
+    fn apply_modes(&self, ctx: &ClaimContext<'_>, actions: &[HostAction]) -> Result<ModeEdits, ClaimFailure> {
+        let name = format!("{}/{}", ctx.claim.namespace, ctx.claim.name);
+        let mut edits = ModeEdits::default();
+        for (i, recorded) in actions.iter().enumerate() {
+            let mode = self.mode(&recorded.mode).ok_or_else(|| ClaimFailure::Mode {
+                claim: name.clone(),
+                source: not_installed(&recorded.mode),
+            })?;
+            let applied = mode
+                .apply(ctx, &recorded.action)
+                .map_err(|source| ClaimFailure::Mode { claim: name.clone(), source })?;
+            edits.merge(applied);
+            if i == 0 {
+                self.fault_point(FaultPoint::AfterHostAction, &ctx.claim.uid)?;
+            }
+        }
+        Ok(edits)
+    }
+
+    /// Reverts recorded actions newest first; the first failure stops (the entry is kept for a retry).
+    fn revert_modes(&self, uid: &str, entry: &PreparedClaim) -> Result<(), ClaimFailure> {
+        let name = if entry.name.is_empty() { uid.to_owned() } else { format!("{}/{}", entry.namespace, entry.name) };
+        for recorded in entry.host_actions.iter().rev() {
+            let mode = self
+                .mode(&recorded.mode)
+                .ok_or_else(|| ClaimFailure::Mode { claim: name.clone(), source: not_installed(&recorded.mode) })?;
+            mode.revert(&recorded.action).map_err(|source| ClaimFailure::Mode { claim: name.clone(), source })?;
+        }
+        Ok(())
     }
 
     /// Sets each vGPU device's partition from the claim's consumer pods ([`crate::partition`]); a consumer
@@ -547,6 +667,7 @@ impl DeviceState {
     /// Undoes a claim's Prepare: removes its recorded paths, then (client mode) its register-UUID
     /// annotations, best effort (the claim may be gone; a stale annotation names a UUID nobody resolves).
     async fn undo(&self, uid: &str, entry: &PreparedClaim) -> Result<(), ClaimFailure> {
+        self.revert_modes(uid, entry)?;
         self.remove_paths(uid, entry)?;
         if !entry.register_uuids.is_empty() && !entry.name.is_empty() {
             let changes = entry
@@ -637,11 +758,13 @@ impl DeviceState {
                 cores: limits.cores,
                 memory_mib: limits.memory_mib,
                 cdi_name,
+                allocatable: device.clone(),
             });
             *ordinal += 1;
         }
         let consumers = status.and_then(|s| s.reserved_for.as_ref()).map_or(0, Vec::len);
-        if consumers > 1 && planned.iter().any(|p| p.kind == DeviceType::Vgpu) {
+        // With NRI the partitions are per container (made at CreateContainer), so several pods may share.
+        if consumers > 1 && !self.config.nri() && planned.iter().any(|p| p.kind == DeviceType::Vgpu) {
             return Err(ClaimFailure::Shared { claim: name, consumers });
         }
         Ok(planned)
@@ -684,8 +807,15 @@ impl DeviceState {
         planned: &[Planned],
         claim_dir: &Path,
         spec_path: &Path,
+        edits: ModeEdits,
     ) -> Result<(), ClaimFailure> {
-        for p in planned.iter().filter(|p| p.kind == DeviceType::Vgpu) {
+        if self.config.nri() {
+            // The NRI hook makes each container's partition under the claim directory at CreateContainer.
+            if planned.iter().any(|p| p.kind == DeviceType::Vgpu) {
+                make_dir(claim_dir)?;
+            }
+        }
+        for p in planned.iter().filter(|p| p.kind == DeviceType::Vgpu && !self.config.nri()) {
             let part = claim_dir.join(&p.partition);
             for sub in ["config", "vgpu_lock", "vmem_node", "sm_node"] {
                 make_dir(&part.join(sub))?;
@@ -699,7 +829,13 @@ impl DeviceState {
                 })?;
             }
         }
-        let spec = self.claim_spec(claim, object, planned);
+        let mut spec = self.claim_spec(claim, object, planned);
+        crate::modes::append(&mut spec.container_edits, edits.common);
+        for (name, device_edits) in edits.devices {
+            if let Some(device) = spec.devices.iter_mut().find(|d| d.name == name) {
+                crate::modes::append(&mut device.container_edits, device_edits);
+            }
+        }
         cdi::write_spec(spec_path, &claim.uid, &spec)?;
         Ok(())
     }
@@ -762,12 +898,16 @@ impl DeviceState {
         let devices = planned
             .iter()
             .map(|p| {
-                let nodes = self
-                    .vendor
-                    .gpu_device_nodes(p.index, p.minor)
-                    .iter()
-                    .map(|n| DeviceNode::under(n, &cfg.host_driver_root))
-                    .collect();
+                // A MIG or VFIO device's nodes come from its mode (the MIG caps, `/dev/vfio/<group>`).
+                let nodes = match p.kind {
+                    DeviceType::Gpu | DeviceType::Vgpu => self
+                        .vendor
+                        .gpu_device_nodes(p.index, p.minor)
+                        .iter()
+                        .map(|n| DeviceNode::under(n, &cfg.host_driver_root))
+                        .collect(),
+                    DeviceType::Mig | DeviceType::Vfio => Vec::new(),
+                };
                 let mut edits = ContainerEdits { device_nodes: nodes, ..ContainerEdits::default() };
                 if p.kind == DeviceType::Vgpu {
                     let i = p.ordinal;
@@ -790,7 +930,8 @@ impl DeviceState {
                         edits.env.push(format!("{}={}", client_mode::ENV, p.register_uuid));
                     }
                     let part = host_claim.join(&p.partition);
-                    edits.mounts = vec![
+                    // With NRI the partition mounts are per container, injected at CreateContainer.
+                    edits.mounts = if cfg.nri() { Vec::new() } else { vec![
                         Mount::bind(cdi::CONTAINER_CONFIG_DIR, &part.join("config"), false),
                         Mount::bind("/tmp/.vgpu_lock", &part.join("vgpu_lock"), false),
                         Mount::bind("/tmp/.vmem_node", &part.join("vmem_node"), false),
@@ -800,7 +941,7 @@ impl DeviceState {
                             &part.join("config").join("pids.config"),
                             true,
                         ),
-                    ];
+                    ] };
                 }
                 cdi::Device { name: p.cdi_name.clone(), container_edits: edits }
             })
@@ -935,6 +1076,20 @@ impl DeviceState {
             }
         }
     }
+}
+
+/// The error for a recorded action whose mode is not installed; the gate is guessed from the mode's name.
+fn not_installed(mode: &str) -> ModeError {
+    let gate = match mode {
+        "timeSlicing" => "TimeSlicingSettings",
+        "mps" => "MPSSupport",
+        "mig" => "DynamicMIG",
+        "vfio" => "PassthroughSupport",
+        "deviceMetadata" => "DeviceMetadata",
+        "fabricManager" => "FabricManagerPartitioning",
+        _ => "(unknown: this build has no such mode)",
+    };
+    ModeError::NotInstalled { mode: mode.to_owned(), gate: gate.to_owned() }
 }
 
 fn make_dir(path: &Path) -> Result<(), ClaimFailure> {

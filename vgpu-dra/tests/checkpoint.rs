@@ -165,8 +165,9 @@ fn arb_claim() -> impl Strategy<Value = PreparedClaim> {
         "\\PC{0,10}",
         "\\PC{0,10}",
         prop::collection::vec("\\PC{0,30}", 0..3),
+        prop::collection::vec(("[a-zA-Z]{1,12}", any::<u32>(), "\\PC{0,12}"), 0..3),
     )
-        .prop_map(|(done, status, prepared_devices, name, namespace, paths)| PreparedClaim {
+        .prop_map(|(done, status, prepared_devices, name, namespace, paths, actions)| PreparedClaim {
             checkpoint_state: if done { ClaimState::PrepareCompleted } else { ClaimState::PrepareStarted },
             status: status.map(|s| serde_json::json!({ "note": s })),
             prepared_devices,
@@ -174,6 +175,13 @@ fn arb_claim() -> impl Strategy<Value = PreparedClaim> {
             namespace,
             paths,
             register_uuids: Default::default(),
+            host_actions: actions
+                .into_iter()
+                .map(|(mode, n, text)| vgpu_dra::modes::HostAction {
+                    mode,
+                    action: serde_json::json!({ "index": n, "path": text }),
+                })
+                .collect(),
         })
 }
 
