@@ -117,18 +117,27 @@ pub mod client_mode;
 pub mod config;
 pub mod devices;
 pub mod driver;
+pub mod fabric;
 pub mod gates;
 pub mod health;
 pub mod healthcheck;
+pub mod imex;
 pub mod lock;
+pub mod metadata;
 pub mod metrics;
+pub mod mig;
 pub mod modes;
+pub mod mps;
+pub mod nri;
+pub mod opaque;
 pub mod partition;
 pub mod physical_gpu;
 pub mod registration;
 pub mod service;
+pub mod sharing;
 pub mod slices;
 pub mod state;
+pub mod vfio;
 
 /// The DRA driver name.
 pub const DRIVER_NAME: &str = vgpu_core::dra::DRIVER_NAME;
