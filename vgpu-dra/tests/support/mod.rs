@@ -93,6 +93,27 @@ impl TestNode {
         }
     }
 
+    /// The state with claim modes installed (recovery reverts their recorded actions) and an optional hook.
+    pub async fn state_with_modes(
+        &self,
+        hook: Option<FaultHook>,
+        modes: Vec<Arc<dyn vgpu_dra::modes::ClaimMode>>,
+    ) -> DeviceState {
+        let state = DeviceState::with_modes(
+            Arc::clone(&self.config),
+            Arc::clone(&self.devices),
+            Arc::new(NvidiaAdapter),
+            self.claims.clone(),
+            modes,
+        )
+        .await
+        .unwrap();
+        match hook {
+            Some(h) => state.with_fault_hook(h),
+            None => state,
+        }
+    }
+
     pub async fn serve(&self) -> RunningDriver {
         Driver::new(self.state().await, self.health.subscribe()).serve().unwrap()
     }
