@@ -183,7 +183,10 @@ impl ModeError {
 }
 
 /// Decodes a recorded action into the mode's own type (a [`ModeError::Record`] when it does not fit).
-pub fn decode<T: serde::de::DeserializeOwned>(mode: &str, action: &serde_json::Value) -> Result<T, ModeError> {
+pub fn decode<T: serde::de::DeserializeOwned>(
+    mode: &str,
+    action: &serde_json::Value,
+) -> Result<T, ModeError> {
     T::deserialize(action).map_err(|source| ModeError::Record {
         mode: mode.to_owned(),
         action: action.to_string(),
@@ -223,7 +226,11 @@ mod tests {
         a.common.env.push("A=1".into());
         let mut b = ModeEdits::default();
         b.common.env.push("B=2".into());
-        b.devices.entry("d".into()).or_default().mounts.push(Mount::bind("/x", std::path::Path::new("/y"), true));
+        b.devices.entry("d".into()).or_default().mounts.push(Mount::bind(
+            "/x",
+            std::path::Path::new("/y"),
+            true,
+        ));
         a.merge(b.clone());
         a.merge(b);
         assert_eq!(a.common.env, ["A=1", "B=2", "B=2"]);

@@ -49,8 +49,8 @@ use crate::{
     client_mode::{self, RegisterTable},
     config::DriverConfig,
     devices::{AllocatableDevice, AllocatableDevices, DeviceError, DeviceType},
-    modes::{ClaimContext, ClaimDevice, ClaimMode, HostAction, ModeEdits, ModeError},
     lock::{LockError, PuLock},
+    modes::{ClaimContext, ClaimDevice, ClaimMode, HostAction, ModeEdits, ModeError},
 };
 
 /// The error text of the claim-sharing rule (upstream's words).
@@ -572,7 +572,9 @@ impl DeviceState {
                 claim: format!("{}/{}", ctx.claim.namespace, ctx.claim.name),
                 source,
             })?;
-            actions.extend(planned.into_iter().map(|action| HostAction { mode: mode.name().to_owned(), action }));
+            actions.extend(
+                planned.into_iter().map(|action| HostAction { mode: mode.name().to_owned(), action }),
+            );
         }
         Ok(actions)
     }
@@ -604,12 +606,18 @@ impl DeviceState {
 
     /// Reverts recorded actions newest first; the first failure stops (the entry is kept for a retry).
     fn revert_modes(&self, uid: &str, entry: &PreparedClaim) -> Result<(), ClaimFailure> {
-        let name = if entry.name.is_empty() { uid.to_owned() } else { format!("{}/{}", entry.namespace, entry.name) };
+        let name = if entry.name.is_empty() {
+            uid.to_owned()
+        } else {
+            format!("{}/{}", entry.namespace, entry.name)
+        };
         for recorded in entry.host_actions.iter().rev() {
-            let mode = self
-                .mode(&recorded.mode)
-                .ok_or_else(|| ClaimFailure::Mode { claim: name.clone(), source: not_installed(&recorded.mode) })?;
-            mode.revert(&recorded.action).map_err(|source| ClaimFailure::Mode { claim: name.clone(), source })?;
+            let mode = self.mode(&recorded.mode).ok_or_else(|| ClaimFailure::Mode {
+                claim: name.clone(),
+                source: not_installed(&recorded.mode),
+            })?;
+            mode.revert(&recorded.action)
+                .map_err(|source| ClaimFailure::Mode { claim: name.clone(), source })?;
         }
         Ok(())
     }
@@ -931,17 +939,21 @@ impl DeviceState {
                     }
                     let part = host_claim.join(&p.partition);
                     // With NRI the partition mounts are per container, injected at CreateContainer.
-                    edits.mounts = if cfg.nri() { Vec::new() } else { vec![
-                        Mount::bind(cdi::CONTAINER_CONFIG_DIR, &part.join("config"), false),
-                        Mount::bind("/tmp/.vgpu_lock", &part.join("vgpu_lock"), false),
-                        Mount::bind("/tmp/.vmem_node", &part.join("vmem_node"), false),
-                        Mount::bind("/tmp/.sm_node", &part.join("sm_node"), false),
-                        Mount::bind(
-                            &format!("{}/pids.config", cdi::CONTAINER_CONFIG_DIR),
-                            &part.join("config").join("pids.config"),
-                            true,
-                        ),
-                    ] };
+                    edits.mounts = if cfg.nri() {
+                        Vec::new()
+                    } else {
+                        vec![
+                            Mount::bind(cdi::CONTAINER_CONFIG_DIR, &part.join("config"), false),
+                            Mount::bind("/tmp/.vgpu_lock", &part.join("vgpu_lock"), false),
+                            Mount::bind("/tmp/.vmem_node", &part.join("vmem_node"), false),
+                            Mount::bind("/tmp/.sm_node", &part.join("sm_node"), false),
+                            Mount::bind(
+                                &format!("{}/pids.config", cdi::CONTAINER_CONFIG_DIR),
+                                &part.join("config").join("pids.config"),
+                                true,
+                            ),
+                        ]
+                    };
                 }
                 cdi::Device { name: p.cdi_name.clone(), container_edits: edits }
             })
