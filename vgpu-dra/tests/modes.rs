@@ -51,7 +51,7 @@ struct FakeMode {
 }
 
 impl FakeMode {
-    fn new(host: &Arc<FakeHost>) -> Arc<dyn ClaimMode> {
+    fn boxed(host: &Arc<FakeHost>) -> Arc<dyn ClaimMode> {
         Arc::new(Self { host: Arc::clone(host), refuse: None, fail_on: None })
     }
 }
@@ -126,7 +126,7 @@ async fn actions_are_recorded_applied_edited_in_and_reverted() {
     let node = TestNode::new();
     add_two_device_claim(&node);
     let host = Arc::new(FakeHost::default());
-    let state = node.state_with_modes(None, vec![FakeMode::new(&host)]).await;
+    let state = node.state_with_modes(None, vec![FakeMode::boxed(&host)]).await;
     assert_eq!(state.mode_names(), ["fake"]);
     let out = state.prepare(&[two()]).await;
     assert_eq!(out["uid-2d"].as_ref().unwrap().len(), 2);
@@ -166,7 +166,7 @@ async fn a_crash_after_the_first_action_converges_on_restart() {
     add_two_device_claim(&node);
     let host = Arc::new(FakeHost::default());
     let (hook, fired) = crash_once(FaultPoint::AfterHostAction);
-    let state = node.state_with_modes(Some(hook), vec![FakeMode::new(&host)]).await;
+    let state = node.state_with_modes(Some(hook), vec![FakeMode::boxed(&host)]).await;
     let out = state.prepare(&[two()]).await;
     assert!(fired.load(Ordering::SeqCst));
     assert!(matches!(out["uid-2d"], Err(ClaimFailure::Injected(FaultPoint::AfterHostAction))));
@@ -177,7 +177,7 @@ async fn a_crash_after_the_first_action_converges_on_restart() {
     drop(state);
 
     // Restart: recovery reverts both recorded actions (the second was never applied: a no-op).
-    let state = node.state_with_modes(None, vec![FakeMode::new(&host)]).await;
+    let state = node.state_with_modes(None, vec![FakeMode::boxed(&host)]).await;
     assert!(held(&host).is_empty());
     assert_eq!(*host.reverts.lock().unwrap(), 2);
     assert!(state.checkpoint().await.unwrap().claims().is_empty());
@@ -213,7 +213,7 @@ async fn a_recorded_action_of_a_mode_that_is_not_installed_keeps_the_claim() {
     let node = TestNode::new();
     add_two_device_claim(&node);
     let host = Arc::new(FakeHost::default());
-    let state = node.state_with_modes(None, vec![FakeMode::new(&host)]).await;
+    let state = node.state_with_modes(None, vec![FakeMode::boxed(&host)]).await;
     assert!(state.prepare(&[two()]).await["uid-2d"].is_ok());
     drop(state);
 
@@ -228,7 +228,7 @@ async fn a_recorded_action_of_a_mode_that_is_not_installed_keeps_the_claim() {
     assert_eq!(held(&host), ["vgpu-0", "vgpu-1"]);
     drop(state);
 
-    let state = node.state_with_modes(None, vec![FakeMode::new(&host)]).await;
+    let state = node.state_with_modes(None, vec![FakeMode::boxed(&host)]).await;
     assert!(state.unprepare(&[two()]).await["uid-2d"].is_ok());
     assert!(held(&host).is_empty());
 }
