@@ -59,6 +59,12 @@
 //!   "gpuInstanceId": 1, "computeInstanceId": 0, "placementStart": 0, "placementSize": 1, "memoryMiB": 9856}]}}}
 //! ```
 //!
+//! ## Sharing settings
+//!
+//! [`DeviceBackend::set_compute_mode`] and [`DeviceBackend::set_time_slice`] record the GPU's setting in
+//! this process (every GPU starts `Default`/`Default`); [`DeviceBackend::compute_mode`],
+//! [`MockBackend::time_slice`] and [`MockBackend::sharing_changes`] read them back for tests.
+//!
 //! Ready descriptions live in `examples/mock/` at the workspace root.
 
 use std::{
@@ -71,9 +77,9 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::{
-    BackendError, DeviceBackend, DriverVersions, GpuProcess, HealthEvent, HealthEventKind, HealthEventSender,
-    HealthEvents, LinkMatrix, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile, MigProfileInfo,
-    MockConfigError, ProcessKind, ProcessUtilizationSample, health_channel,
+    BackendError, ComputeMode, DeviceBackend, DriverVersions, GpuProcess, HealthEvent, HealthEventKind,
+    HealthEventSender, HealthEvents, LinkMatrix, MemoryUsage, MigInstance, MigLayout, MigMode, MigProfile,
+    MigProfileInfo, MockConfigError, ProcessKind, ProcessUtilizationSample, TimeSlice, health_channel,
     links::parse_link,
     mig::{MigError, MigModel},
     vendor::{MetaxAdapter, NvidiaAdapter, VendorAdapter},
@@ -558,6 +564,7 @@ impl Validator<'_> {
         };
 
         let layouts = gpus.iter().map(|g| g.mig.clone()).collect();
+        let gpus_len = gpus.len();
         let backend = MockBackend {
             node_name: description.name,
             driver,
@@ -567,6 +574,7 @@ impl Validator<'_> {
             scripted,
             subscribers: Mutex::new(Vec::new()),
             mig: Mutex::new(layouts),
+            sharing: Mutex::new(SharingState::new(gpus_len)),
             mig_models,
             mig_state_file: description.mig_state_file,
         };
@@ -673,6 +681,21 @@ pub struct MockBackend {
     mig: Mutex<Vec<MigLayout>>,
     mig_models: Vec<Option<&'static MigModel>>,
     mig_state_file: Option<PathBuf>,
+    /// Compute mode and time slice per GPU, and how many calls changed one (in this process only).
+    sharing: Mutex<SharingState>,
+}
+
+/// The mock's sharing settings ([`DeviceBackend::set_compute_mode`], [`DeviceBackend::set_time_slice`]).
+#[derive(Debug)]
+struct SharingState {
+    settings: Vec<(ComputeMode, TimeSlice)>,
+    changes: usize,
+}
+
+impl SharingState {
+    fn new(gpus: usize) -> Self {
+        Self { settings: vec![(ComputeMode::Default, TimeSlice::Default); gpus], changes: 0 }
+    }
 }
 
 impl MockBackend {
@@ -722,6 +745,37 @@ impl MockBackend {
         let mut subscribers = self.subscribers.lock().unwrap_or_else(PoisonError::into_inner);
         subscribers.retain(HealthEventSender::is_open);
         subscribers.iter().filter(|tx| tx.send(event.clone())).count()
+    }
+
+    /// The time slice last set on GPU `index` ([`DeviceBackend::set_time_slice`]; `Default` at start).
+    pub fn time_slice(&self, index: u32) -> Result<TimeSlice, BackendError> {
+        self.with_sharing(index, |s| Ok(s.1))
+    }
+
+    /// How many [`DeviceBackend::set_compute_mode`] / [`DeviceBackend::set_time_slice`] calls changed a
+    /// setting so far (a call that sets the current value again does not count): tests see idempotence.
+    pub fn sharing_changes(&self) -> usize {
+        self.sharing.lock().unwrap_or_else(PoisonError::into_inner).changes
+    }
+
+    fn with_sharing<R>(
+        &self,
+        index: u32,
+        f: impl FnOnce(&mut (ComputeMode, TimeSlice)) -> Result<R, BackendError>,
+    ) -> Result<R, BackendError> {
+        let mut state = self.sharing.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = state.settings.len();
+        let slot = usize::try_from(index)
+            .ok()
+            .and_then(|i| state.settings.get_mut(i))
+            .ok_or(BackendError::NoSuchDevice { index, count })?;
+        let before = *slot;
+        let result = f(slot)?;
+        let changed = *slot != before;
+        if changed {
+            state.changes += 1;
+        }
+        Ok(result)
     }
 
     /// Replaces `layouts` entries with those the state file names (a missing file changes nothing).
@@ -891,6 +945,24 @@ impl DeviceBackend for MockBackend {
     ) -> Result<Vec<ProcessUtilizationSample>, BackendError> {
         let gpu = self.gpu(index)?;
         Ok(gpu.samples.iter().filter(|s| s.timestamp_us > since_timestamp_us).copied().collect())
+    }
+
+    fn compute_mode(&self, index: u32) -> Result<ComputeMode, BackendError> {
+        self.with_sharing(index, |s| Ok(s.0))
+    }
+
+    fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), BackendError> {
+        self.with_sharing(index, |s| {
+            s.0 = mode;
+            Ok(())
+        })
+    }
+
+    fn set_time_slice(&self, index: u32, slice: TimeSlice) -> Result<(), BackendError> {
+        self.with_sharing(index, |s| {
+            s.1 = slice;
+            Ok(())
+        })
     }
 
     fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {
@@ -1199,6 +1271,27 @@ gpus:
 
     fn profile(name: &str) -> MigProfile {
         name.parse().unwrap()
+    }
+
+    #[test]
+    fn sharing_settings_are_recorded_and_only_changes_count() {
+        let backend = MockBackend::from_yaml_str(
+            "gpus:\n  - { uuid: GPU-a, name: L4, memoryMiB: 23034 }\n  - { uuid: GPU-b, name: L4, memoryMiB: 23034 }\n",
+        )
+        .unwrap();
+        assert_eq!(backend.compute_mode(1).unwrap(), ComputeMode::Default);
+        assert_eq!(backend.time_slice(1).unwrap(), TimeSlice::Default);
+        backend.set_time_slice(1, TimeSlice::Long).unwrap();
+        backend.set_time_slice(1, TimeSlice::Long).unwrap();
+        backend.set_compute_mode(0, ComputeMode::ExclusiveProcess).unwrap();
+        assert_eq!(backend.time_slice(1).unwrap(), TimeSlice::Long);
+        assert_eq!(backend.time_slice(0).unwrap(), TimeSlice::Default);
+        assert_eq!(backend.compute_mode(0).unwrap(), ComputeMode::ExclusiveProcess);
+        assert_eq!(backend.sharing_changes(), 2, "setting the same value again is not a change");
+        assert!(matches!(
+            backend.set_time_slice(2, TimeSlice::Short),
+            Err(BackendError::NoSuchDevice { .. })
+        ));
     }
 
     #[test]

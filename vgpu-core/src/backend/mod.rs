@@ -8,7 +8,7 @@
 //! vendor-neutral sysfs scan that backends can use to find PCI facts the vendor library does not give.
 //!
 //! Submodules: [`health`] (events and their runtime-agnostic channel), [`links`] (link codes and matrix),
-//! [`types`] (memory, processes, samples, MIG), [`mig`] (MIG profiles and placement rules of each model,
+//! [`types`] (memory, processes, samples, MIG), [`compute`] (compute mode and time slice), [`mig`] (MIG profiles and placement rules of each model,
 //! the packing of a requested layout), [`vendor`] (the container edits of each vendor:
 //! [`VendorAdapter`], chosen by [`DeviceBackend::vendor_adapter`]), [`mock`], [`error`].
 //!
@@ -24,6 +24,7 @@
 //! # Ok::<(), vgpu_core::backend::BackendError>(())
 //! ```
 
+pub mod compute;
 pub mod error;
 pub mod health;
 pub mod links;
@@ -35,6 +36,7 @@ pub mod vendor;
 use std::{fmt, str::FromStr, sync::Arc};
 
 pub use self::{
+    compute::{ComputeMode, TimeSlice, UnknownTimeSlice},
     error::{BackendError, MockConfigError},
     health::{HealthEvent, HealthEventKind, HealthEventSender, HealthEvents, health_channel},
     links::{LinkCode, LinkMatrix},
@@ -113,6 +115,26 @@ pub trait DeviceBackend: Send + Sync {
         Err(BackendError::NotSupported { backend: self.name(), operation: "destroying MIG instances" })
     }
 
+    /// The GPU's compute mode ([`compute`]). Sharing control (this and the next two methods) is optional:
+    /// the defaults answer [`BackendError::NotSupported`].
+    fn compute_mode(&self, index: u32) -> Result<ComputeMode, BackendError> {
+        let _ = index;
+        Err(BackendError::NotSupported { backend: self.name(), operation: "reading the compute mode" })
+    }
+
+    /// Sets the GPU's compute mode (MPS needs [`ComputeMode::ExclusiveProcess`]); setting the current mode
+    /// again changes nothing.
+    fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), BackendError> {
+        let _ = (index, mode);
+        Err(BackendError::NotSupported { backend: self.name(), operation: "setting the compute mode" })
+    }
+
+    /// Sets the GPU's time-slice length for processes that share it ([`TimeSlice`]).
+    fn set_time_slice(&self, index: u32, slice: TimeSlice) -> Result<(), BackendError> {
+        let _ = (index, slice);
+        Err(BackendError::NotSupported { backend: self.name(), operation: "setting the time slice" })
+    }
+
     /// The character-device minor number of one GPU (`/dev/nvidia<minor>`, used for the device plugin's
     /// `DeviceSpecs`). The default, for backends without device nodes of that shape, is the index.
     fn minor_number(&self, index: u32) -> Result<u32, BackendError> {
@@ -187,6 +209,15 @@ impl<B: DeviceBackend + ?Sized> DeviceBackend for Box<B> {
     }
     fn driver_versions(&self) -> Result<Option<DriverVersions>, BackendError> {
         (**self).driver_versions()
+    }
+    fn compute_mode(&self, index: u32) -> Result<ComputeMode, BackendError> {
+        (**self).compute_mode(index)
+    }
+    fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), BackendError> {
+        (**self).set_compute_mode(index, mode)
+    }
+    fn set_time_slice(&self, index: u32, slice: TimeSlice) -> Result<(), BackendError> {
+        (**self).set_time_slice(index, slice)
     }
     fn vendor_adapter(&self) -> Result<Arc<dyn VendorAdapter>, BackendError> {
         (**self).vendor_adapter()

@@ -9,6 +9,9 @@
 //! `nvmlDeviceGetNvLinkRemoteDeviceType` (the remote kind is inferred, see
 //! [`crate::topology::classify_remote`]).
 //!
+//! Sharing settings ([`sharing`]): [`DeviceBackend::set_compute_mode`] is `nvmlDeviceSetComputeMode` (skipped
+//! when the mode is already set); [`DeviceBackend::set_time_slice`] runs `nvidia-smi compute-policy`.
+//!
 //! MIG: [`DeviceBackend::set_mig_mode`] is `nvmlDeviceSetMigMode` (refused while MIG devices exist;
 //! a mode that is only pending — GPU reset needed — is an error naming the pending mode);
 //! [`DeviceBackend::mig_profiles`] answers from the static table of [`vgpu_core::backend::mig`] for the
@@ -27,6 +30,7 @@
 mod health;
 pub mod mig;
 mod mig_ffi;
+pub mod sharing;
 
 use std::{
     path::{Path, PathBuf},
@@ -75,6 +79,8 @@ pub struct NvmlOptions {
     /// How long one `nvmlEventSetWait` blocks, in milliseconds (the health thread checks for shutdown in
     /// between).
     pub event_wait_ms: u32,
+    /// The `nvidia-smi` that sets time slices ([`sharing`]; default `nvidia-smi` from `PATH`).
+    pub nvidia_smi: PathBuf,
 }
 
 impl Default for NvmlOptions {
@@ -84,6 +90,7 @@ impl Default for NvmlOptions {
             sysfs_root: PathBuf::from(DEFAULT_SYSFS_ROOT),
             xid_policy: XidPolicy::default(),
             event_wait_ms: 5000,
+            nvidia_smi: PathBuf::from("nvidia-smi"),
         }
     }
 }
@@ -319,6 +326,29 @@ pub fn profile_from_mig_name(name: &str) -> Option<MigProfile> {
 impl DeviceBackend for NvmlBackend {
     fn name(&self) -> &'static str {
         "nvml"
+    }
+
+    fn compute_mode(&self, index: u32) -> Result<vgpu_core::backend::ComputeMode, BackendError> {
+        let mode = self.device(index)?.compute_mode().map_err(lib("nvmlDeviceGetComputeMode"))?;
+        Ok(sharing::from_nvml(mode))
+    }
+
+    fn set_compute_mode(
+        &self,
+        index: u32,
+        mode: vgpu_core::backend::ComputeMode,
+    ) -> Result<(), BackendError> {
+        let mut device = self.device(index)?;
+        let current = device.compute_mode().map_err(lib("nvmlDeviceGetComputeMode"))?;
+        if sharing::from_nvml(current) == mode {
+            return Ok(());
+        }
+        device.set_compute_mode(sharing::to_nvml(mode)).map_err(lib("nvmlDeviceSetComputeMode"))
+    }
+
+    fn set_time_slice(&self, index: u32, slice: vgpu_core::backend::TimeSlice) -> Result<(), BackendError> {
+        let uuid = self.device(index)?.uuid().map_err(lib("nvmlDeviceGetUUID"))?;
+        sharing::run_smi(&self.options.nvidia_smi, &sharing::time_slice_args(&uuid, slice))
     }
 
     fn minor_number(&self, index: u32) -> Result<u32, BackendError> {

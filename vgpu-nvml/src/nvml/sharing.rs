@@ -1,0 +1,154 @@
+//! Sharing settings on NVIDIA GPUs: the compute mode through NVML (`nvmlDeviceGetComputeMode`,
+//! `nvmlDeviceSetComputeMode`) and the time slice through `nvidia-smi`, because NVML has no call for it
+//! (the upstream DRA driver runs the same command):
+//!
+//! | setting | how |
+//! |---|---|
+//! | compute mode | `nvmlDeviceSetComputeMode(device, DEFAULT / PROHIBITED / EXCLUSIVE_PROCESS)` |
+//! | time slice | `<nvidia-smi> compute-policy -i <uuid> --set-timeslice <0..3>` ([`NvmlOptions::nvidia_smi`](super::NvmlOptions::nvidia_smi)) |
+//!
+//! A failing `nvidia-smi` is a [`BackendError::Library`] whose source, a [`SmiError`], carries the command
+//! line, the exit status and the command's output.
+
+use std::{path::Path, process::Command};
+
+use nvml_wrapper::enum_wrappers::device::ComputeMode as NvmlComputeMode;
+use vgpu_core::backend::{BackendError, ComputeMode, TimeSlice};
+
+/// `nvidia-smi` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SmiError {
+    /// It could not be started.
+    #[error("cannot run {command}: {source}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It exited with a failure.
+    #[error("{command} exited with {status}: {output}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// The exit status.
+        status: String,
+        /// stdout and stderr, trimmed.
+        output: String,
+    },
+}
+
+/// The arguments of `nvidia-smi` that set GPU `uuid`'s time slice.
+pub fn time_slice_args(uuid: &str, slice: TimeSlice) -> Vec<String> {
+    vec![
+        "compute-policy".to_owned(),
+        "-i".to_owned(),
+        uuid.to_owned(),
+        "--set-timeslice".to_owned(),
+        slice.smi_value().to_string(),
+    ]
+}
+
+/// Runs `smi args…` and turns a failure into a [`BackendError::Library`].
+pub fn run_smi(smi: &Path, args: &[String]) -> Result<(), BackendError> {
+    let command = format!("{} {}", smi.display(), args.join(" "));
+    let wrap = |source: SmiError| BackendError::Library { operation: "nvidia-smi", source: Box::new(source) };
+    // A binary just written (an updated driver, a test's script) may still be open for writing in a child
+    // forked elsewhere meanwhile: ETXTBSY passes once that child execs, so retry it briefly.
+    let mut tries = 0;
+    let output = loop {
+        match Command::new(smi).args(args).output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 20 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => {
+                break other.map_err(|source| wrap(SmiError::Spawn { command: command.clone(), source }))?;
+            }
+        }
+    };
+    if output.status.success() {
+        return Ok(());
+    }
+    let mut text = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let err = String::from_utf8_lossy(&output.stderr);
+    if !err.trim().is_empty() {
+        if !text.is_empty() {
+            text.push_str("; ");
+        }
+        text.push_str(err.trim());
+    }
+    Err(wrap(SmiError::Failed { command, status: output.status.to_string(), output: text }))
+}
+
+/// Ours → NVML's.
+pub fn to_nvml(mode: ComputeMode) -> NvmlComputeMode {
+    match mode {
+        ComputeMode::Default => NvmlComputeMode::Default,
+        ComputeMode::Prohibited => NvmlComputeMode::Prohibited,
+        ComputeMode::ExclusiveProcess => NvmlComputeMode::ExclusiveProcess,
+    }
+}
+
+/// NVML's → ours (`EXCLUSIVE_THREAD`, removed from the driver, reads as exclusive-process).
+pub fn from_nvml(mode: NvmlComputeMode) -> ComputeMode {
+    match mode {
+        NvmlComputeMode::Default => ComputeMode::Default,
+        NvmlComputeMode::Prohibited => ComputeMode::Prohibited,
+        NvmlComputeMode::ExclusiveThread | NvmlComputeMode::ExclusiveProcess => ComputeMode::ExclusiveProcess,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn time_slice_command_is_upstreams() {
+        assert_eq!(
+            time_slice_args("GPU-a", TimeSlice::Medium).join(" "),
+            "compute-policy -i GPU-a --set-timeslice 2"
+        );
+        for mode in [ComputeMode::Default, ComputeMode::Prohibited, ComputeMode::ExclusiveProcess] {
+            assert_eq!(from_nvml(to_nvml(mode)), mode);
+        }
+    }
+
+    #[test]
+    fn smi_runs_and_failures_carry_the_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("args");
+        let smi = dir.path().join("nvidia-smi");
+        std::fs::write(
+            &smi,
+            format!(
+                "#!/bin/sh\necho \"$@\" > {}\n[ \"$3\" = GPU-bad ] && {{ echo 'No devices were found'; exit 6; }}\nexit 0\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+        run_smi(&smi, &time_slice_args("GPU-a", TimeSlice::Long)).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap().trim(),
+            "compute-policy -i GPU-a --set-timeslice 3"
+        );
+        let err = run_smi(&smi, &time_slice_args("GPU-bad", TimeSlice::Short)).unwrap_err();
+        let source = std::error::Error::source(&err).unwrap().to_string();
+        assert!(
+            source.contains("--set-timeslice 1 exited with exit status: 6: No devices were found"),
+            "{source}"
+        );
+        let missing = run_smi(&dir.path().join("absent"), &[]).unwrap_err();
+        assert!(
+            std::error::Error::source(&missing).unwrap().to_string().starts_with("cannot run"),
+            "{missing}"
+        );
+    }
+}
