@@ -10,7 +10,7 @@
 # | extender scraping | schedulerExtender.serveMetrics: HTTPS PodMonitor with the extender CA, certificates that verify (serving: DNS + 127.0.0.1, client), auth-delegator binding |
 # | rules | `promtool check rules` on files/alerts.yaml and on the rendered PrometheusRule (equal to the file with default values); overrides (disabled, for, severity, additional labels); an unknown alert name fails |
 # | alert behaviour | `promtool test rules alerts_test.yaml`: each alert fires on synthetic faulty series, silent on healthy ones |
-# | dashboard | valid JSON; every PromQL expression parses (`promtool check rules` on them as recording rules) |
+# | dashboard | valid JSON; unique panel ids, no overlapping panels, all on the ${datasource} variable; every PromQL expression parses (`promtool check rules` on them as recording rules) and returns samples on synthetic series with the labels our code documents (`promtool test rules`, absent(<expr>) empty); the ConfigMap holds it unchanged |
 # | metric names | every metric the rules and the dashboard read is exported by our Rust code (monitoring_check.py names) |
 # | values schema | files/monitoring.schema.json merged into values.schema.json rejects typos and wrong types, accepts the defaults |
 #
@@ -232,6 +232,7 @@ expect_fail "grafana_dashboard" "$tmp/vgpu-manager" --set monitoring.dashboard.l
 
 echo "=== dashboard"
 "$py" -m json.tool "$mgr/files/vgpu-dashboard.json" >/dev/null && ok "files/vgpu-dashboard.json is JSON" || bad "files/vgpu-dashboard.json is not JSON"
+"${check[@]}" dashboard "$mgr/files/vgpu-dashboard.json" || bad "dashboard layout"
 "$py" - "$tmp/mgr.yaml" "$mgr/files/vgpu-dashboard.json" <<'EOF' && ok "the ConfigMap holds the dashboard unchanged" || bad "the ConfigMap's dashboard differs from the file"
 import json, sys, yaml
 cm = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")][0]
@@ -248,6 +249,9 @@ if command -v promtool >/dev/null; then
   "${check[@]}" exprs "$mgr/files/alerts.yaml" "$mgr/files/vgpu-dashboard.json" "$tmp/exprs.yaml"
   promtool check rules "$tmp/exprs.yaml" && ok "every expression parses" || bad "an expression does not parse"
   (cd charts/tests && promtool test rules alerts_test.yaml) && ok "test rules alerts_test.yaml" || bad "promtool test rules"
+  "${check[@]}" dashboard-test . "$mgr/files/vgpu-dashboard.json" "$tmp/dashboard_test.yaml"
+  promtool test rules "$tmp/dashboard_test.yaml" && ok "every dashboard expression returns samples on the documented label sets" \
+    || bad "a dashboard expression returns nothing on series with the documented labels (vector matching or label names)"
 else
   echo "  skipped: promtool not found (Debian package prometheus): the rules' syntax, their unit tests and the dashboard's PromQL are not checked"
 fi

@@ -7,6 +7,14 @@ Subcommands:
                                 `promtool check rules` to parse them
   names REPO RULES DASHBOARD    every metric name the rules and dashboard read must be one our Rust code exports
                                 (or one of EXTERNAL); prints them, exits 1 naming the unknown ones
+  dashboard DASHBOARD           the dashboard's layout and wiring: unique panel ids, panels inside the 24-column
+                                grid without overlaps, every panel and target on the ${datasource} variable,
+                                every target with an expression
+  dashboard-test REPO DASHBOARD OUT
+                                a `promtool test rules` file asserting that every dashboard expression returns
+                                samples (`absent(<expr>)` is empty) on synthetic series carrying the labels that
+                                vgpu-monitor/src/metrics.rs's family table documents and the scheduler's families
+                                (with the buckets of verb_duration_buckets), plus Prometheus' target labels
   rule-spec RENDERED OUT [NAME] the spec of the PrometheusRule in a `helm template` output, as a rule file
   merge-schema SCHEMA FRAGMENT  puts FRAGMENT at properties.monitoring of the values schema SCHEMA (in place), as
                                 bins/tests/chart_gates.rs would
@@ -152,6 +160,111 @@ def cmd_exprs(rules, dashboard, out):
     print(f"{len(items)} expressions ({rules}, {dashboard})")
 
 
+def cmd_dashboard(path):
+    dash = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    errors = []
+    if not dash.get("uid") or not dash.get("title"):
+        errors.append("no uid or title")
+    if not any(v.get("type") == "datasource" and v.get("name") == "datasource"
+               for v in dash.get("templating", {}).get("list", [])):
+        errors.append("no datasource variable")
+    ids, cells = set(), {}
+    for p in dash.get("panels", []):
+        where = f'panel {p.get("id")} "{p.get("title")}"'
+        if p.get("id") in ids:
+            errors.append(f"{where}: duplicate id")
+        ids.add(p.get("id"))
+        g = p.get("gridPos", {})
+        x, y, w, h = (g.get(k) for k in ("x", "y", "w", "h"))
+        if None in (x, y, w, h) or x < 0 or w < 1 or h < 1 or x + w > 24:
+            errors.append(f"{where}: gridPos {g} outside the 24-column grid")
+            continue
+        for cx in range(x, x + w):
+            for cy in range(y, y + h):
+                if (cx, cy) in cells:
+                    errors.append(f"{where}: overlaps {cells[(cx, cy)]}")
+                    break
+                cells[(cx, cy)] = where
+            else:
+                continue
+            break
+        if p.get("type") == "row":
+            continue
+        if p.get("datasource", {}).get("uid") != "${datasource}":
+            errors.append(f"{where}: datasource is not ${{datasource}}")
+        if not p.get("targets"):
+            errors.append(f"{where}: no targets")
+        for t in p.get("targets", []):
+            if t.get("datasource", {}).get("uid") != "${datasource}" or not t.get("expr"):
+                errors.append(f"{where} target {t.get('refId')}: no expr or not on ${{datasource}}")
+    if errors:
+        sys.exit("dashboard " + path + ":\n  " + "\n  ".join(errors))
+    print(f"{len(ids)} panels, laid out without overlaps, all on ${{datasource}}")
+
+
+MONITOR_TARGET = {"job": "vgpu-device-monitor", "namespace": "vgpu", "pod": "dp-1",
+                  "instance": "10.0.0.1:3456", "service": "vGPU"}
+SCHEDULER_TARGET = {"job": "vgpu-scheduler-extender", "namespace": "vgpu", "pod": "sched-1",
+                    "instance": "10.0.1.1:3456"}
+SAMPLE_LABELS = {"node": "n1", "device_idx": "0", "device_uuid": "GPU-0", "pod_namespace": "ns",
+                 "pod_name": "p", "container_name": "c", "vdevice_idx": "0", "parent_uuid": "GPU-0"}
+
+
+def monitor_families(repo):
+    """(family, [labels]) of the table in vgpu-monitor/src/metrics.rs's module docs."""
+    text = (pathlib.Path(repo) / "vgpu-monitor/src/metrics.rs").read_text(encoding="utf-8")
+    rows, prev = [], []
+    for line in text.splitlines():
+        m = re.match(r"^//! \| `([a-z_]+)` \| ([^|]*) \|", line)
+        if not m:
+            continue
+        col = m.group(2).strip()
+        if col == "same":
+            labels = prev
+        else:
+            lm = re.match(r"`([a-z_,]+)`", col)
+            labels = lm.group(1).split(",") if lm else []
+        rows.append((m.group(1), labels))
+        prev = labels
+    if len(rows) < 20:
+        sys.exit(f"vgpu-monitor/src/metrics.rs: expected its family table, found {len(rows)} rows")
+    return rows
+
+
+def series_name(name, labels):
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def cmd_dashboard_test(repo, dashboard, out):
+    series = []
+    for family, labels in monitor_families(repo):
+        ls = dict(MONITOR_TARGET)
+        ls.update({k: SAMPLE_LABELS.get(k, "x") for k in labels})
+        value = "1" if family.endswith(("_status", "_info", "_present")) else "50"
+        series.append({"series": series_name(family, ls), "values": f"{value}x60"})
+    # The scheduler's families (vgpu-scheduler/src/metrics.rs); buckets as verb_duration_buckets().
+    les = [f"{3 ** i / 10000:g}" for i in range(12)] + ["+Inf"]
+    for verb, result in [("filter", "fit"), ("filter", "no_fit"), ("bind", "success")]:
+        ls = dict(SCHEDULER_TARGET, verb=verb, result=result)
+        series.append({"series": series_name("vgpu_scheduler_verb_total", ls), "values": "0+10x60"})
+    ls = dict(SCHEDULER_TARGET, verb="filter", code="InsufficientVGPUSlot")
+    series.append({"series": series_name("vgpu_scheduler_node_reject_total", ls), "values": "0+5x60"})
+    for verb, stage in [("filter", "total"), ("filter", "node"), ("filter", "device"), ("filter", "lock_wait"),
+                        ("bind", "total")]:
+        for le in les:
+            ls = dict(SCHEDULER_TARGET, verb=verb, stage=stage, le=le)
+            inc = "0" if float(le) < 0.0027 else "10"
+            series.append({"series": series_name("vgpu_scheduler_verb_duration_seconds_bucket", ls),
+                           "values": f"0+{inc}x60"})
+    tests = [{"expr": f"absent({e})", "eval_time": "30m", "exp_samples": []}
+             for _, e in dashboard_exprs(dashboard)]
+    doc = {"evaluation_interval": "1m", "tests": [{
+        "name": "every dashboard expression returns samples", "interval": "1m",
+        "input_series": series, "promql_expr_test": tests}]}
+    pathlib.Path(out).write_text(yaml.safe_dump(doc, sort_keys=False, width=1000), encoding="utf-8")
+    print(f"{len(tests)} dashboard expressions over {len(series)} synthetic series")
+
+
 def cmd_names(repo, rules, dashboard):
     literals, prefixed = exported_names(repo)
     used = {}
@@ -287,7 +400,7 @@ def cmd_verify(expectations):
 
 def main():
     cmds = {
-        "exprs": cmd_exprs, "names": cmd_names, "rule-spec": cmd_rule_spec, "merge-schema": cmd_merge_schema,
+        "exprs": cmd_exprs, "names": cmd_names, "dashboard": cmd_dashboard, "dashboard-test": cmd_dashboard_test, "rule-spec": cmd_rule_spec, "merge-schema": cmd_merge_schema,
         "same-groups": cmd_same_groups, "get": cmd_get, "verify": cmd_verify,
     }
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
