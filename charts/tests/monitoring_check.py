@@ -228,6 +228,12 @@ def monitor_families(repo):
         prev = labels
     if len(rows) < 20:
         sys.exit(f"vgpu-monitor/src/metrics.rs: expected its family table, found {len(rows)} rows")
+    # The table must be the code's: every label it names is a ("label", value) pair of the encoder.
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("//"))
+    used = set(re.findall(r'\(\s*"([a-z_]+)"\s*,', code))
+    missing = sorted({lb for _, labels in rows for lb in labels} - used)
+    if missing:
+        sys.exit(f"vgpu-monitor/src/metrics.rs: labels of its family table that the code never sets: {missing}")
     return rows
 
 
