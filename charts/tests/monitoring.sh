@@ -224,9 +224,15 @@ EOF
   expect_fail "enable" "$tmp/$name" --set monitoring.podMonitor.enable=true
   expect_fail "interval" "$tmp/$name" --set monitoring.podMonitor.interval=soon
 done
+"$py" - "$mgr/files/monitoring.schema.json" "$mgr/files/alerts.yaml" <<'EOF' && ok "the schema's alert names are files/alerts.yaml's" || bad "monitoring.prometheusRule.alerts in files/monitoring.schema.json differs from the alerts of files/alerts.yaml"
+import json, sys, yaml
+schema = set(json.load(open(sys.argv[1]))["properties"]["prometheusRule"]["properties"]["alerts"]["properties"])
+rules = {r["alert"] for g in yaml.safe_load(open(sys.argv[2]))["groups"] for r in g["rules"]}
+sys.exit(0 if schema == rules else f"schema {sorted(schema)} vs rules {sorted(rules)}")
+EOF
 "$helm" template r "$tmp/vgpu-manager" "${kube[@]}" "${on[@]}" --set monitoring.schedulerExtender.serveMetrics=true >/dev/null \
   && ok "vgpu-manager: everything on passes the schema" || bad "vgpu-manager: everything on fails the schema"
-expect_fail "VGPUNoSuchAlert" "$tmp/vgpu-manager" --set monitoring.prometheusRule.alerts.VGPUNoSuchAlert.disabled=true
+expect_fail "additional properties 'VGPUNoSuchAlert' not allowed" "$tmp/vgpu-manager" --set monitoring.prometheusRule.alerts.VGPUNoSuchAlert.disabled=true
 expect_fail "severity" "$tmp/vgpu-manager" --set monitoring.prometheusRule.alerts.VGPUDeviceUnhealthy.severity=
 expect_fail "grafana_dashboard" "$tmp/vgpu-manager" --set monitoring.dashboard.labels.grafana_dashboard=1
 
