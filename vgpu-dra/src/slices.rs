@@ -25,15 +25,26 @@
 //! | `allowMultipleAllocations` | `true` for shared devices (every vGPU; whole GPUs with consumable shares) |
 //! | `taints` | the device's [`HealthSnapshot`] taints (`<driver>/xid`, `gpu-lost`, `unmonitored`) |
 //!
+//! | `consumesCounters` | the device's [`DeviceExtras::consumes_counters`](crate::devices::DeviceExtras) (gate `DynamicMIG`: [`crate::mig`]) |
+//! | MIG devices (`type` `mig`) | no `uuid` attribute (the MIG UUID exists only after Prepare; `parentUUID` names the GPU) |
+//!
 //! "All" memory in a policy is rounded down to whole MiB (a default and a max must be multiples of the
 //! step).
 //!
-//! API limits (resource.k8s.io/v1 validation) the builder respects: at most 32 attributes and capacities
-//! per device ([`MAX_ATTRIBUTES_AND_CAPACITIES`], an error: never cut silently), 128 devices per slice, 64
-//! when any device of the slice has taints ([`MAX_DEVICES_PER_SLICE`], [`MAX_DEVICES_PER_SLICE_WITH_TAINTS`]),
-//! 16 taints per device, 64-byte attribute strings. A pool larger than one slice is split into several slices
-//! of the same pool and generation, named `<node>-<driver>-<i>` (a long node name is cut and hashed to stay
-//! within 253 characters), each with `resourceSliceCount` = the number of slices.
+//! API limits (resource.k8s.io/v1 validation, Kubernetes 1.37) the builder respects: at most 32 attributes
+//! and capacities per device ([`MAX_ATTRIBUTES_AND_CAPACITIES`], an error: never cut silently), 128 devices
+//! per slice, 64 when any device of the slice has taints, consumes counters or has a list attribute
+//! ([`MAX_DEVICES_PER_SLICE`], [`MAX_DEVICES_PER_SLICE_WITH_TAINTS`]), 16 taints per device, 64-byte
+//! attribute strings; shared counters: at most 2 counter consumptions per device, 32 counters per counter
+//! set and per consumption ([`MAX_COUNTERS`], errors), 8 counter sets per slice
+//! ([`MAX_COUNTER_SETS_PER_SLICE`]).
+//!
+//! A slice holds either devices or shared counters, never both (Kubernetes ≥ 1.35): the node's counter sets
+//! ([`AllocatableDevices::counter_sets`]) are published in slices of their own, after the device slices,
+//! 8 sets each, with no `devices` field; the scheduler reads a pool's counter sets from all its slices. A
+//! pool larger than one slice is split into several slices of the same pool and generation, named
+//! `<node>-<driver>-<i>` (a long node name is cut and hashed to stay within 253 characters), each with
+//! `resourceSliceCount` = the number of slices.
 //!
 //! The republish rule, the store seam and the run loop are in [`publisher`] and [`store`]; the DeviceClasses
 //! selecting these devices in [`classes`].
@@ -65,8 +76,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::{
     api::resource::v1::{
-        CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute,
-        DeviceCapacity as ApiCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+        CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet as ApiCounterSet, Device,
+        DeviceAttribute, DeviceCapacity as ApiCapacity, DeviceCounterConsumption, ResourcePool,
+        ResourceSlice, ResourceSliceSpec,
     },
     apimachinery::pkg::{
         api::resource::Quantity,
@@ -91,8 +103,14 @@ use crate::{
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 /// Most devices in one ResourceSlice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
-/// Most devices in one ResourceSlice when any of them has taints.
+/// Most devices in one ResourceSlice when any of them has taints, consumes counters or has a list attribute.
 pub const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
+/// Most counter sets in one ResourceSlice.
+pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+/// Most counters in one counter set, and in one device's consumption of a set.
+pub const MAX_COUNTERS: usize = 32;
+/// Most counter consumptions (distinct counter sets) of one device.
+pub const MAX_COUNTER_CONSUMPTIONS_PER_DEVICE: usize = 2;
 /// Most taints on one device.
 pub const MAX_TAINTS_PER_DEVICE: usize = 16;
 /// Longest attribute string or version value, in bytes.
@@ -128,6 +146,19 @@ pub enum SliceError {
         device: String,
         /// Taints.
         count: usize,
+    },
+    /// A counter set or a device's counter consumption exceeds an API limit ([`MAX_COUNTERS`],
+    /// [`MAX_COUNTER_CONSUMPTIONS_PER_DEVICE`]).
+    #[error("{what}: {count} {items}, more than the API's {limit}")]
+    TooManyCounters {
+        /// The counter set or device.
+        what: String,
+        /// `counters` or `counter consumptions`.
+        items: &'static str,
+        /// How many.
+        count: usize,
+        /// The limit.
+        limit: usize,
     },
     /// An API request failed.
     #[error("ResourceSlice {name}: {action}: {source}")]
@@ -295,7 +326,9 @@ fn attributes(
     let gpu: &GpuInfo = &device.gpu;
     let mut attrs = BTreeMap::new();
     attrs.insert(vgpu_core::dra::ATTRIBUTE_TYPE.to_owned(), string_attr(device.kind.as_str()));
-    attrs.insert(vgpu_core::dra::ATTRIBUTE_UUID.to_owned(), string_attr(&gpu.uuid.to_ascii_lowercase()));
+    if device.kind != DeviceType::Mig {
+        attrs.insert(vgpu_core::dra::ATTRIBUTE_UUID.to_owned(), string_attr(&gpu.uuid.to_ascii_lowercase()));
+    }
     attrs.insert("minor".to_owned(), int_attr(i64::from(gpu.minor)));
     attrs.insert("productName".to_owned(), string_attr(&gpu.product_name));
     attrs.insert("brand".to_owned(), string_attr(gpu.brand()));
@@ -432,14 +465,63 @@ pub fn build_device(
     if taints.len() > MAX_TAINTS_PER_DEVICE {
         return Err(SliceError::TooManyTaints { device: device.name.clone(), count: taints.len() });
     }
+    let consumes = &device.extra.consumes_counters;
+    if consumes.len() > MAX_COUNTER_CONSUMPTIONS_PER_DEVICE {
+        return Err(SliceError::TooManyCounters {
+            what: format!("device {}", device.name),
+            items: "counter consumptions",
+            count: consumes.len(),
+            limit: MAX_COUNTER_CONSUMPTIONS_PER_DEVICE,
+        });
+    }
+    let mut consumes_counters = Vec::with_capacity(consumes.len());
+    for c in consumes {
+        consumes_counters.push(DeviceCounterConsumption {
+            counter_set: c.counter_set.clone(),
+            counters: api_counters(&format!("device {} (set {})", device.name, c.counter_set), &c.counters)?,
+            ..DeviceCounterConsumption::default()
+        });
+    }
     Ok(Device {
         name: device.name.clone(),
         attributes: Some(attributes),
         capacity: (!capacity.is_empty()).then_some(capacity),
         allow_multiple_allocations: device.shared.then_some(true),
         taints: (!taints.is_empty()).then_some(taints),
+        consumes_counters: (!consumes_counters.is_empty()).then_some(consumes_counters),
         ..Device::default()
     })
+}
+
+/// Counters as API counters, at most [`MAX_COUNTERS`] of them.
+fn api_counters(
+    what: &str,
+    counters: &BTreeMap<String, Amount>,
+) -> Result<BTreeMap<String, Counter>, SliceError> {
+    if counters.len() > MAX_COUNTERS {
+        return Err(SliceError::TooManyCounters {
+            what: what.to_owned(),
+            items: "counters",
+            count: counters.len(),
+            limit: MAX_COUNTERS,
+        });
+    }
+    Ok(counters
+        .iter()
+        .map(|(name, amount)| (name.clone(), Counter { value: amount_quantity(*amount) }))
+        .collect())
+}
+
+/// Whether the device uses a feature that lowers the slice's device limit to 64 (taints, counters, list
+/// attributes).
+fn uses_advanced_features(device: &Device) -> bool {
+    device.taints.as_ref().is_some_and(|t| !t.is_empty())
+        || device.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
+        || device
+            .attributes
+            .iter()
+            .flat_map(|a| a.values())
+            .any(|a| a.ints.is_some() || a.strings.is_some() || a.bools.is_some() || a.versions.is_some())
 }
 
 /// Builds the pool's slices at `generation`: devices in GPU order, cut into slices within the API's
@@ -455,27 +537,36 @@ pub fn build_slices(
     }
     let built: Vec<Device> =
         devices.iter().map(|d| build_device(config, devices, d, health)).collect::<Result<_, _>>()?;
-    // Cut greedily: a slice may hold 128 devices, or 64 once one of them has taints.
+    // Cut greedily: a slice may hold 128 devices, or 64 once one of them uses taints, counters or lists.
     let mut chunks: Vec<Vec<Device>> = vec![Vec::new()];
+    let mut chunk_advanced = false;
     for device in built {
-        let fits = chunks.last().is_some_and(|chunk| {
-            let tainted = chunk.iter().chain([&device]).any(|d| d.taints.is_some());
-            let limit = if tainted { MAX_DEVICES_PER_SLICE_WITH_TAINTS } else { MAX_DEVICES_PER_SLICE };
-            chunk.len() < limit
-        });
-        if fits {
-            if let Some(chunk) = chunks.last_mut() {
+        let advanced = chunk_advanced || uses_advanced_features(&device);
+        let limit = if advanced { MAX_DEVICES_PER_SLICE_WITH_TAINTS } else { MAX_DEVICES_PER_SLICE };
+        match chunks.last_mut() {
+            Some(chunk) if chunk.len() < limit => {
                 chunk.push(device);
+                chunk_advanced = advanced;
             }
-        } else {
-            chunks.push(vec![device]);
+            _ => {
+                chunk_advanced = uses_advanced_features(&device);
+                chunks.push(vec![device]);
+            }
         }
     }
-    let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
-    Ok(chunks
-        .into_iter()
-        .enumerate()
-        .map(|(i, chunk)| ResourceSlice {
+    // Counter sets: slices of their own (a slice has devices or shared counters, never both).
+    let mut counter_chunks: Vec<Vec<ApiCounterSet>> = Vec::new();
+    for set in devices.counter_sets() {
+        let counters = api_counters(&format!("counter set {}", set.name), &set.counters)?;
+        let api = ApiCounterSet { name: set.name.clone(), counters };
+        match counter_chunks.last_mut() {
+            Some(chunk) if chunk.len() < MAX_COUNTER_SETS_PER_SLICE => chunk.push(api),
+            _ => counter_chunks.push(vec![api]),
+        }
+    }
+    let count = i64::try_from(chunks.len() + counter_chunks.len()).unwrap_or(i64::MAX);
+    let slice =
+        |i: usize, devices: Option<Vec<Device>>, shared_counters: Option<Vec<ApiCounterSet>>| ResourceSlice {
             metadata: ObjectMeta {
                 name: Some(config.slice_name(i)),
                 owner_references: config.owner.clone().map(|o| vec![o]),
@@ -489,11 +580,21 @@ pub fn build_slices(
                     generation,
                     resource_slice_count: count,
                 },
-                devices: Some(chunk),
+                devices,
+                shared_counters,
                 ..ResourceSliceSpec::default()
             },
-        })
-        .collect())
+        };
+    let first_counter_slice = chunks.len();
+    let mut slices: Vec<ResourceSlice> =
+        chunks.into_iter().enumerate().map(|(i, chunk)| slice(i, Some(chunk), None)).collect();
+    slices.extend(
+        counter_chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, sets)| slice(first_counter_slice + i, None, Some(sets))),
+    );
+    Ok(slices)
 }
 
 /// The spec with what the API server may rewrite or what does not count as a change taken out: the pool
@@ -523,6 +624,12 @@ pub fn normalized_spec(spec: &ResourceSliceSpec) -> ResourceSliceSpec {
         for taint in device.taints.iter_mut().flatten() {
             taint.time_added = None;
         }
+        for consumption in device.consumes_counters.iter_mut().flatten() {
+            consumption.counters.values_mut().for_each(|c| q(&mut c.value));
+        }
+    }
+    for set in spec.shared_counters.iter_mut().flatten() {
+        set.counters.values_mut().for_each(|c| q(&mut c.value));
     }
     spec
 }
@@ -713,6 +820,84 @@ mod tests {
         assert_eq!(normalized_spec(&rewritten.spec), normalized_spec(&slice.spec));
     }
 
+    /// `mig` A100 80GB GPUs in MIG mode (gate DynamicMIG published) then `plain` H100s, by index.
+    fn mig_devices(mig: u32, plain: u32, list_type: bool) -> (AllocatableDevices, SliceConfig) {
+        let mut yaml = String::from(if mig + plain == 0 { "gpus: []\n" } else { "gpus:\n" });
+        for i in 0..mig {
+            yaml.push_str(&format!("  - {{ uuid: GPU-M{i}, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, numaNode: 0, mig: {{ mode: Enabled }} }}\n"));
+        }
+        for i in 0..plain {
+            yaml.push_str(&format!(
+                "  - {{ uuid: GPU-P{i}, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559, numaNode: 1 }}\n"
+            ));
+        }
+        let backend = vgpu_core::backend::mock::MockBackend::from_yaml_str(&yaml).unwrap();
+        let mut devices = AllocatableDevices::from_backend(&backend, &DeviceConfig::default()).unwrap();
+        crate::mig::publish(&mut devices, &backend).unwrap();
+        (devices, SliceConfig { list_type_attributes: list_type, ..SliceConfig::new("n") })
+    }
+
+    #[test]
+    fn counter_sets_get_slices_of_their_own() {
+        let (devices, config) = mig_devices(10, 1, false);
+        let slices = build_slices(&config, &devices, &HealthSnapshot::default(), 2).unwrap();
+        let shape: Vec<_> = slices
+            .iter()
+            .map(|s| (s.spec.devices.as_ref().map(Vec::len), s.spec.shared_counters.as_ref().map(Vec::len)))
+            .collect();
+        // 250 MIG devices + 1 vGPU: 64 per slice (they consume counters), then 10 sets: 8 + 2.
+        assert_eq!(
+            shape,
+            [
+                (Some(64), None),
+                (Some(64), None),
+                (Some(64), None),
+                (Some(59), None),
+                (None, Some(8)),
+                (None, Some(2))
+            ]
+        );
+        assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 6));
+        assert_eq!(slices[5].metadata.name.as_deref(), Some("n-manager.nvidia.com-5"));
+        let json = serde_json::to_value(&slices[4]).unwrap();
+        assert!(json["spec"].get("devices").is_none(), "a counter slice has no devices field");
+        assert_eq!(
+            json["spec"]["sharedCounters"][0]["counters"]["compute-slices"],
+            serde_json::json!({"value": "7"})
+        );
+        // The server's canonical quantities do not count as a change.
+        let mut rewritten = json.clone();
+        rewritten["spec"]["sharedCounters"][0]["counters"]["memory"]["value"] =
+            serde_json::json!("82678120448");
+        let rewritten: ResourceSlice = serde_json::from_value(rewritten).unwrap();
+        assert_eq!(normalized_spec(&rewritten.spec), normalized_spec(&slices[4].spec));
+        assert_ne!(
+            serde_json::to_value(&rewritten.spec).unwrap()["sharedCounters"][0]["counters"]["memory"],
+            json["spec"]["sharedCounters"][0]["counters"]["memory"]
+        );
+    }
+
+    #[test]
+    fn list_attributes_lower_the_device_limit() {
+        let plain = devices(&DeviceConfig::default(), 130);
+        let list = SliceConfig { list_type_attributes: true, ..SliceConfig::new("n") };
+        let slices = build_slices(&list, &plain, &HealthSnapshot::default(), 1).unwrap();
+        let sizes: Vec<_> = slices.iter().map(|s| s.spec.devices.as_ref().unwrap().len()).collect();
+        assert_eq!(sizes, [64, 64, 2]);
+    }
+
+    #[test]
+    fn counter_limits_are_errors() {
+        let (mut devices, config) = mig_devices(1, 0, false);
+        let mut set = devices.counter_sets()[0].clone();
+        for i in 0..40 {
+            set.counters.insert(format!("extra-{i}"), crate::devices::Amount::Count(1));
+        }
+        devices.add_counter_set(set);
+        let err = build_slices(&config, &devices, &HealthSnapshot::default(), 1).unwrap_err();
+        assert_eq!(err.to_string(), "counter set gpu-0-counter-set: 50 counters, more than the API's 32");
+    }
+
     proptest! {
         #[test]
         fn binary_quantities_round_trip(bytes in any::<u64>()) {
@@ -728,6 +913,40 @@ mod tests {
             prop_assert_eq!(names.len(), n as usize);
             prop_assert!(slices.iter().all(|s| s.spec.devices.as_ref().unwrap().len() <= MAX_DEVICES_PER_SLICE));
             prop_assert_eq!(slices.len(), (n as usize).div_ceil(MAX_DEVICES_PER_SLICE).max(1));
+        }
+
+        /// With partitionable devices: every device in exactly one slice, no slice with both devices and
+        /// counters, the per-slice limits kept, and every counter a device consumes published in a set.
+        #[test]
+        fn partitionable_pools_are_complete_and_valid(mig in 0u32..12, plain in 0u32..4, list in any::<bool>()) {
+            let (devices, config) = mig_devices(mig, plain, list);
+            let slices = build_slices(&config, &devices, &HealthSnapshot::default(), 1).unwrap();
+            let mut names: Vec<String> =
+                slices.iter().flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone())).collect();
+            prop_assert_eq!(names.len(), devices.len());
+            names.sort();
+            names.dedup();
+            prop_assert_eq!(names.len(), devices.len());
+            let sets: Vec<&ApiCounterSet> = slices.iter().flat_map(|s| s.spec.shared_counters.iter().flatten()).collect();
+            prop_assert_eq!(sets.len(), mig as usize);
+            for s in &slices {
+                prop_assert!(s.spec.devices.is_none() || s.spec.shared_counters.is_none());
+                prop_assert_eq!(s.spec.pool.resource_slice_count, slices.len() as i64);
+                prop_assert!(s.spec.shared_counters.as_ref().map_or(0, Vec::len) <= MAX_COUNTER_SETS_PER_SLICE);
+                let devs = s.spec.devices.as_deref().unwrap_or_default();
+                let limit = if devs.iter().any(uses_advanced_features) { MAX_DEVICES_PER_SLICE_WITH_TAINTS } else { MAX_DEVICES_PER_SLICE };
+                prop_assert!(devs.len() <= limit);
+                for d in devs {
+                    prop_assert!(d.attributes.as_ref().map_or(0, BTreeMap::len) + d.capacity.as_ref().map_or(0, BTreeMap::len) <= MAX_ATTRIBUTES_AND_CAPACITIES);
+                    for c in d.consumes_counters.iter().flatten() {
+                        let set = sets.iter().find(|s| s.name == c.counter_set);
+                        prop_assert!(set.is_some(), "{} consumes unpublished set {}", d.name, c.counter_set);
+                        for k in c.counters.keys() {
+                            prop_assert!(set.unwrap().counters.contains_key(k), "{} consumes {}", d.name, k);
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -265,10 +265,21 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     }
     let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
     let vendor = backend.vendor_adapter().context("the backend's vendor adapter")?;
-    let devices = Arc::new(
-        AllocatableDevices::from_backend(backend.as_ref(), &device_config)
-            .context("building the allocatable devices")?,
-    );
+    let mut devices = AllocatableDevices::from_backend(backend.as_ref(), &device_config)
+        .context("building the allocatable devices")?;
+    let mut modes: Vec<Arc<dyn vgpu_dra::modes::ClaimMode>> = Vec::new();
+    // Gate DynamicMIG: MIG devices with shared counters; instances created on Prepare, destroyed on Unprepare.
+    if config.gates.enabled(DraGate::DynamicMIG) {
+        let gpus = vgpu_dra::mig::publish(&mut devices, backend.as_ref())
+            .context("publishing the MIG devices (DynamicMIG)")?;
+        tracing::info!(
+            gpus,
+            counter_sets = devices.counter_sets().len(),
+            "DynamicMIG: MIG devices published"
+        );
+        modes.push(Arc::new(vgpu_dra::mig::MigMode::new(Arc::clone(&backend))));
+    }
+    let devices = Arc::new(devices);
     tracing::info!(devices = devices.len(), node = %config.node_name, driver = %config.driver_name, ?xids, "devices");
     // IMEXDaemonsWithDNSNames says how IMEX daemons address each other; this driver starts none (see
     // vgpu_dra::gates), so either value is honoured with nothing to address.
@@ -283,7 +294,7 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     let claims = Arc::new(KubeClaims::new(client.clone()));
     let config = Arc::new(config);
     let metrics = Arc::new(vgpu_dra::metrics::DriverMetrics::new());
-    let state = DeviceState::new(Arc::clone(&config), Arc::clone(&devices), vendor, claims)
+    let state = DeviceState::with_modes(Arc::clone(&config), Arc::clone(&devices), vendor, claims, modes)
         .await
         .context("opening the prepared-claims checkpoint")?
         .with_metrics(Arc::clone(&metrics));

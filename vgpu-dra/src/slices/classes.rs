@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `gpu-manager` | `gpu` | with `VGPUSupport` off |
 //! | `vgpu-manager` | `vgpu` | with `VGPUSupport` on (default) |
-//! | `mig-manager` | `mig` | not yet (DynamicMIG) |
+//! | `mig-manager` | `mig` | with `DynamicMIG` (MIG devices of MIG-enabled GPUs: [`crate::mig`]) |
 //! | `vfio-manager` | `vfio` | not yet (PassthroughSupport) |
 //!
 //! Selector (CEL): `device.driver == '<driver>' && device.attributes['<driver>'].type == '<type>'`.
