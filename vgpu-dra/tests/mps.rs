@@ -214,7 +214,7 @@ async fn apply_adopts_a_running_daemon_and_revert_is_idempotent() {
     let object = claim("ns", "c1", "uid-1");
     let c = r("c1", "uid-1");
     let state = node.state(true, None).await;
-    state.prepare(&[c.clone()]).await.remove("uid-1").unwrap().unwrap();
+    state.prepare(std::slice::from_ref(&c)).await.remove("uid-1").unwrap().unwrap();
     let cp = state.checkpoint().await.unwrap();
     let action = cp.claims()["uid-1"].host_actions[0].action.clone();
     assert_eq!(action["claim"], "uid-1");
