@@ -18,6 +18,7 @@
 //! |---|---|
 //! | daemon directories | `<manager>/mps/<claimUID>/{pipe,shm,log}` (0755; 01777 with `multiUser`) |
 //! | daemon env | `CUDA_VISIBLE_DEVICES=<uuids>`, `CUDA_MPS_PIPE_DIRECTORY=<…>/pipe`, `CUDA_MPS_LOG_DIRECTORY=<…>/log` |
+//! | daemon shm | with [`ProcessMpsDaemon::unshare`]: started as `unshare --mount -- sh -c 'mount --bind <shm> /dev/shm && exec nvidia-cuda-mps-control -d'`, so its MPS server's `/dev/shm` is the claim's `shm` directory |
 //! | daemon start | `nvidia-cuda-mps-control -d`, then `set_default_active_thread_percentage <n>` and `set_default_device_pinned_mem_limit <uuid> <MiB>M` written to the control (`echo … \| nvidia-cuda-mps-control`) |
 //! | daemon running | `<pipe>/nvidia-cuda-mps-control.pid` names a live process |
 //! | daemon stop | `quit` written to the control, then wait for the pid to end |
@@ -167,6 +168,11 @@ pub struct ProcessMpsDaemon {
     pub proc_root: PathBuf,
     /// How long `stop` waits for the daemon to end after `quit`.
     pub stop_timeout: Duration,
+    /// `unshare` (util-linux), when set: the daemon starts in a mount namespace of its own where the
+    /// claim's `shm` directory is bind-mounted over `/dev/shm`, so the MPS server it spawns shares memory
+    /// with the claim's containers (which get the same directory at `/dev/shm`). Without it the daemon
+    /// uses the plugin container's `/dev/shm` and clients only work if that is the same (host IPC).
+    pub unshare: Option<PathBuf>,
 }
 
 impl ProcessMpsDaemon {
@@ -177,11 +183,56 @@ impl ProcessMpsDaemon {
             library_path: None,
             proc_root: PathBuf::from("/proc"),
             stop_timeout: Duration::from_secs(10),
+            unshare: None,
         }
     }
 
-    fn command(&self, daemon: &MpsDaemon) -> Command {
-        let mut cmd = Command::new(&self.binary);
+    /// The daemon of the driver mounted at `driver_root` (`--container-driver-root`): the first
+    /// `nvidia-cuda-mps-control` of `usr/bin`, `bin`, `usr/local/bin` (else `usr/bin`'s path, failing at
+    /// start with that path), `LD_LIBRARY_PATH` of the driver's library directories, and `unshare` from
+    /// `PATH` for the private `/dev/shm`.
+    pub fn under_driver_root(driver_root: &Path) -> Self {
+        let binary = ["usr/bin", "bin", "usr/local/bin"]
+            .iter()
+            .map(|d| driver_root.join(d).join("nvidia-cuda-mps-control"))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| driver_root.join("usr/bin/nvidia-cuda-mps-control"));
+        let libs: Vec<String> =
+            ["usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "lib64", "usr/lib"]
+                .iter()
+                .map(|d| driver_root.join(d).display().to_string())
+                .collect();
+        Self {
+            library_path: Some(libs.join(":")),
+            unshare: Some(PathBuf::from("unshare")),
+            ..Self::new(binary)
+        }
+    }
+
+    /// The program and arguments that start the daemon (`-d`), inside the private mount namespace when
+    /// [`ProcessMpsDaemon::unshare`] is set.
+    pub fn launch(&self, daemon: &MpsDaemon) -> (PathBuf, Vec<String>) {
+        match &self.unshare {
+            None => (self.binary.clone(), vec!["-d".to_owned()]),
+            Some(unshare) => (
+                unshare.clone(),
+                vec![
+                    "--mount".to_owned(),
+                    "--propagation".to_owned(),
+                    "private".to_owned(),
+                    "--".to_owned(),
+                    "sh".to_owned(),
+                    "-c".to_owned(),
+                    "mount --bind \"$0\" /dev/shm && exec \"$1\" -d".to_owned(),
+                    daemon.shm_dir().display().to_string(),
+                    self.binary.display().to_string(),
+                ],
+            ),
+        }
+    }
+
+    fn command(&self, program: &Path, daemon: &MpsDaemon) -> Command {
+        let mut cmd = Command::new(program);
         cmd.envs(daemon.env());
         if let Some(path) = &self.library_path {
             cmd.env("LD_LIBRARY_PATH", path);
@@ -191,10 +242,20 @@ impl ProcessMpsDaemon {
 
     /// Runs the binary with `args`, `input` on stdin; a failure names the command and its output.
     fn run(&self, daemon: &MpsDaemon, args: &[&str], input: &str) -> Result<String, std::io::Error> {
-        let what = format!("{} {}", self.binary.display(), args.join(" "));
+        self.run_program(&self.binary, daemon, args, input)
+    }
+
+    fn run_program(
+        &self,
+        program: &Path,
+        daemon: &MpsDaemon,
+        args: &[&str],
+        input: &str,
+    ) -> Result<String, std::io::Error> {
+        let what = format!("{} {}", program.display(), args.join(" "));
         let mut tries = 0;
         let mut child = loop {
-            let mut cmd = self.command(daemon);
+            let mut cmd = self.command(program, daemon);
             cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
             match cmd.spawn() {
                 // A binary just written may still be open for writing in a child forked elsewhere.
@@ -237,7 +298,9 @@ impl MpsDaemonControl for ProcessMpsDaemon {
     }
 
     fn start(&self, daemon: &MpsDaemon) -> Result<(), std::io::Error> {
-        self.run(daemon, &["-d"], "")?;
+        let (program, args) = self.launch(daemon);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run_program(&program, daemon, &args, "")?;
         for command in daemon.startup_commands() {
             self.run(daemon, &[], &format!("{command}\n"))?;
         }
@@ -580,6 +643,55 @@ while read -r line; do
   fi
 done
 "#;
+
+    #[test]
+    fn the_launch_can_give_the_daemon_the_claims_shm() {
+        let d = daemon(Path::new("/m"));
+        let plain = ProcessMpsDaemon::new("/drv/usr/bin/nvidia-cuda-mps-control");
+        assert_eq!(
+            plain.launch(&d),
+            (PathBuf::from("/drv/usr/bin/nvidia-cuda-mps-control"), vec!["-d".to_owned()])
+        );
+        let private = ProcessMpsDaemon::under_driver_root(Path::new("/drv"));
+        let (program, args) = private.launch(&d);
+        assert_eq!(program, PathBuf::from("unshare"));
+        assert_eq!(
+            args.join(" "),
+            "--mount --propagation private -- sh -c mount --bind \"$0\" /dev/shm && exec \"$1\" -d /m/mps/uid-1/shm /drv/usr/bin/nvidia-cuda-mps-control"
+        );
+        assert!(private.library_path.unwrap().starts_with("/drv/usr/lib64:"));
+    }
+
+    /// Where `unshare --mount` works (root, util-linux), the daemon started through it writes into the
+    /// claim's `shm` directory when it writes `/dev/shm`; elsewhere the test says so and checks nothing.
+    #[test]
+    fn with_unshare_the_daemons_dev_shm_is_the_claims_shm() {
+        let usable = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "true"])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !usable {
+            eprintln!("unshare --mount is not permitted here: the private /dev/shm is not exercised");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let binary = dir.path().join("nvidia-cuda-mps-control");
+        let script = FAKE.replacen("  sleep 300", "  touch /dev/shm/written-by-the-daemon\n  sleep 300", 1);
+        std::fs::write(&binary, script).unwrap();
+        std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let control =
+            ProcessMpsDaemon { unshare: Some(PathBuf::from("unshare")), ..ProcessMpsDaemon::new(&binary) };
+        let d = daemon(dir.path());
+        for sub in [d.pipe_dir(), d.shm_dir(), d.log_dir()] {
+            std::fs::create_dir_all(sub).unwrap();
+        }
+        control.start(&d).unwrap();
+        assert!(control.is_running(&d).unwrap());
+        assert!(d.shm_dir().join("written-by-the-daemon").exists());
+        assert!(!Path::new("/dev/shm/written-by-the-daemon").exists(), "the plugin's /dev/shm is untouched");
+        control.stop(&d).unwrap();
+        assert!(!control.is_running(&d).unwrap());
+    }
 
     #[test]
     fn the_process_control_starts_configures_and_stops_a_real_process() {
