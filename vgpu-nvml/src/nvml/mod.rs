@@ -348,7 +348,11 @@ impl DeviceBackend for NvmlBackend {
 
     fn set_time_slice(&self, index: u32, slice: vgpu_core::backend::TimeSlice) -> Result<(), BackendError> {
         let uuid = self.device(index)?.uuid().map_err(lib("nvmlDeviceGetUUID"))?;
-        sharing::run_smi(&self.options.nvidia_smi, &sharing::time_slice_args(&uuid, slice))
+        sharing::run_smi(
+            &self.options.nvidia_smi,
+            &sharing::time_slice_args(&uuid, slice),
+            self.options.library_path.as_deref(),
+        )
     }
 
     fn minor_number(&self, index: u32) -> Result<u32, BackendError> {

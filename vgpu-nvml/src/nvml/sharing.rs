@@ -51,15 +51,25 @@ pub fn time_slice_args(uuid: &str, slice: TimeSlice) -> Vec<String> {
     ]
 }
 
-/// Runs `smi args…` and turns a failure into a [`BackendError::Library`].
-pub fn run_smi(smi: &Path, args: &[String]) -> Result<(), BackendError> {
+/// Runs `smi args…` (with `LD_PRELOAD=<nvml>` when NVML was loaded from an explicit path, as upstream, so
+/// `nvidia-smi` finds the same library) and turns a failure into a [`BackendError::Library`].
+pub fn run_smi(smi: &Path, args: &[String], nvml: Option<&Path>) -> Result<(), BackendError> {
     let command = format!("{} {}", smi.display(), args.join(" "));
     let wrap = |source: SmiError| BackendError::Library { operation: "nvidia-smi", source: Box::new(source) };
     // A binary just written (an updated driver, a test's script) may still be open for writing in a child
     // forked elsewhere meanwhile: ETXTBSY passes once that child execs, so retry it briefly.
     let mut tries = 0;
     let output = loop {
-        match Command::new(smi).args(args).output() {
+        let mut cmd = Command::new(smi);
+        cmd.args(args);
+        if let Some(library) = nvml {
+            let preload = match std::env::var("LD_PRELOAD") {
+                Ok(existing) if !existing.is_empty() => format!("{}:{existing}", library.display()),
+                _ => library.display().to_string(),
+            };
+            cmd.env("LD_PRELOAD", preload);
+        }
+        match cmd.output() {
             Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 20 => {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(10));
@@ -128,24 +138,24 @@ mod tests {
         std::fs::write(
             &smi,
             format!(
-                "#!/bin/sh\necho \"$@\" > {}\n[ \"$3\" = GPU-bad ] && {{ echo 'No devices were found'; exit 6; }}\nexit 0\n",
+                "#!/bin/sh\necho \"$LD_PRELOAD $@\" > {}\n[ \"$3\" = GPU-bad ] && {{ echo 'No devices were found'; exit 6; }}\nexit 0\n",
                 log.display()
             ),
         )
         .unwrap();
         std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
-        run_smi(&smi, &time_slice_args("GPU-a", TimeSlice::Long)).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(&log).unwrap().trim(),
-            "compute-policy -i GPU-a --set-timeslice 3"
-        );
-        let err = run_smi(&smi, &time_slice_args("GPU-bad", TimeSlice::Short)).unwrap_err();
+        let nvml = Path::new("/drv/libnvidia-ml.so.1");
+        run_smi(&smi, &time_slice_args("GPU-a", TimeSlice::Long), Some(nvml)).unwrap();
+        let logged = std::fs::read_to_string(&log).unwrap();
+        assert!(logged.starts_with("/drv/libnvidia-ml.so.1"), "LD_PRELOAD: {logged}");
+        assert!(logged.trim().ends_with(" compute-policy -i GPU-a --set-timeslice 3"), "{logged}");
+        let err = run_smi(&smi, &time_slice_args("GPU-bad", TimeSlice::Short), None).unwrap_err();
         let source = std::error::Error::source(&err).unwrap().to_string();
         assert!(
             source.contains("--set-timeslice 1 exited with exit status: 6: No devices were found"),
             "{source}"
         );
-        let missing = run_smi(&dir.path().join("absent"), &[]).unwrap_err();
+        let missing = run_smi(&dir.path().join("absent"), &[], None).unwrap_err();
         assert!(
             std::error::Error::source(&missing).unwrap().to_string().starts_with("cannot run"),
             "{missing}"
