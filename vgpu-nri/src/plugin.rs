@@ -91,7 +91,7 @@ pub enum NriError {
     #[error("NRI multiplexer: {0}")]
     Mux(#[from] MuxError),
     /// A ttrpc call or the ttrpc server failed.
-    #[error("NRI {what}: {source}")]
+    #[error("NRI {what}: {}", describe(.source))]
     Ttrpc {
         /// The call or step (`RegisterPlugin`, `starting the plugin service`, …).
         what: String,
@@ -118,6 +118,14 @@ pub enum NriError {
     /// The connection ended before the session was set up.
     #[error("NRI connection closed during {0}")]
     Closed(&'static str),
+}
+
+/// A ttrpc error in words: an error status as `<code>: <message>` (ttrpc's own text is its `Debug`).
+fn describe(e: &ttrpc::Error) -> String {
+    match e {
+        ttrpc::Error::RpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
+        other => other.to_string(),
+    }
 }
 
 /// A plugin index: exactly two digits.
