@@ -537,6 +537,7 @@ impl ClaimMode for MpsMode {
 pub struct FakeMpsDaemons {
     running: std::sync::Mutex<BTreeMap<String, Vec<String>>>,
     starts: std::sync::atomic::AtomicUsize,
+    fail_start: std::sync::atomic::AtomicBool,
 }
 
 impl FakeMpsDaemons {
@@ -548,6 +549,11 @@ impl FakeMpsDaemons {
     /// How many daemons were started so far (adopted ones are not started again).
     pub fn starts(&self) -> usize {
         self.starts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Makes every later start fail (as a missing `nvidia-cuda-mps-control` would) until set back.
+    pub fn fail_starts(&self, fail: bool) {
+        self.fail_start.store(fail, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Ends every daemon as a plugin restart would.
@@ -562,6 +568,9 @@ impl MpsDaemonControl for FakeMpsDaemons {
     }
 
     fn start(&self, daemon: &MpsDaemon) -> Result<(), std::io::Error> {
+        if self.fail_start.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("nvidia-cuda-mps-control: not found (fake)"));
+        }
         if !daemon.pipe_dir().is_dir() || !daemon.shm_dir().is_dir() || !daemon.log_dir().is_dir() {
             return Err(std::io::Error::other("the daemon's directories do not exist"));
         }

@@ -304,3 +304,23 @@ async fn bad_mps_claims_are_refused_with_the_reason() {
     assert!(node.daemons.running().is_empty());
     assert_eq!(node.backend.sharing_changes(), 0);
 }
+
+#[tokio::test]
+async fn a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing_behind() {
+    let node = Node::new(GATES_ON);
+    node.add("c1", "uid-1", &["gpu-0"], Some(mps(json!({}))));
+    node.daemons.fail_starts(true);
+    let state = node.state(true, None).await;
+    let err = state.prepare(&[r("c1", "uid-1")]).await.remove("uid-1").unwrap().unwrap_err().to_string();
+    assert!(
+        err.contains("mps: start the MPS daemon of claim uid-1: nvidia-cuda-mps-control: not found (fake)"),
+        "{err}"
+    );
+    assert!(state.checkpoint().await.unwrap().claims().is_empty());
+    assert!(!node.mps_dir("uid-1").exists(), "directories removed by the rollback");
+    assert_eq!(node.backend.compute_mode(0).unwrap(), ComputeMode::Default, "compute mode restored");
+    assert!(!node.config.cdi_spec_path("uid-1").exists());
+    node.daemons.fail_starts(false);
+    state.prepare(&[r("c1", "uid-1")]).await.remove("uid-1").unwrap().unwrap();
+    assert!(node.daemons.running().contains_key("uid-1"));
+}
