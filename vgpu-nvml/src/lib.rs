@@ -11,8 +11,9 @@
 //! | [`xid`] | the pure Xid policy (`DP_DISABLE_HEALTHCHECKS`, `DP_ENABLE_HEALTHCHECKS`, application Xids) |
 //! | [`topology`] | the pure link rules: PCIe level and NVLink counts to P2P codes, the NVSwitch rule, `topo -m` rendering |
 //!
-//! `unsafe` is denied in the whole crate except two modules (`tests/unsafe_boundary.rs` enforces it):
-//! `metax::ffi`, the calls into `libmxsml.so`, and `nvml::mig_ffi`, the NVML MIG calls nvml-wrapper does not wrap.
+//! `unsafe` is denied in the whole crate except three modules (`tests/unsafe_boundary.rs` enforces it):
+//! `metax::ffi`, the calls into `libmxsml.so`, `nvml::mig_ffi`, the NVML MIG calls nvml-wrapper does not wrap,
+//! and [`fabric_ffi`], NVIDIA Fabric Manager's `libnvfm.so` (gate `FabricManagerPartitioning` of the DRA plugin).
 //!
 //! # Example
 //!
@@ -42,6 +43,7 @@
 //! ```
 
 pub mod error;
+pub mod fabric_ffi;
 pub mod metax;
 pub mod nvml;
 pub mod select;
