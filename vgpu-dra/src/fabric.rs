@@ -7,8 +7,9 @@
 //! FM is reached through the [`FabricManager`] trait (list the supported partitions, activate, deactivate).
 //! [`FakeFabricManager`] is the in-process fake the tests use; the real client is the FM SDK
 //! (`libnvfm.so`: `fmConnect` / `fmGetSupportedFabricPartitions` / `fmActivateFabricPartition` /
-//! `fmDeactivateFabricPartition` / `fmDisconnect`), not part of this build: with the gate on and no client,
-//! the plugin refuses to start. Its address, as upstream ([`FmAddress::from_env`]):
+//! `fmDeactivateFabricPartition` / `fmDisconnect`, one connection per call), loaded at run time by
+//! `vgpu_nvml::fabric_ffi::NvFm` and adapted to this trait by the binary. Its address, as upstream
+//! ([`FmAddress::from_env`]):
 //!
 //! | env | transport |
 //! |---|---|
