@@ -129,6 +129,12 @@ fn values_schema(chart: &str, components: &[Component]) -> String {
             }
         }
     }
+    // Hand-written: the observability values (charts/<chart>/files/monitoring.schema.json), checked by
+    // charts/tests/monitoring.sh.
+    let monitoring = repo().join("charts").join(chart).join("files/monitoring.schema.json");
+    if let Ok(text) = std::fs::read_to_string(&monitoring) {
+        insert(&mut schema, "monitoring", serde_json::from_str(&text).unwrap());
+    }
     // Test-only: the rule-check matrix of tests/chart_gates.rs.
     insert(
         &mut schema,

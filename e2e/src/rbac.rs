@@ -4,10 +4,14 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
@@ -105,4 +109,106 @@ pub async fn assert_metrics_rbac(env: &TestEnv, port: u16, nobody: &str, scraper
         }
     })
     .await
+}
+
+/// Creates `object` unless it exists (409 is fine: several components share a namespace).
+async fn create_or_keep<K>(api: Api<K>, object: &K) -> Result<()>
+where
+    K: kube::Resource
+        + Clone
+        + k8s_openapi::serde::de::DeserializeOwned
+        + k8s_openapi::serde::Serialize
+        + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Applies the RBAC objects of a deploy manifest (ServiceAccount — creating its namespace —, ClusterRole,
+/// ClusterRoleBinding, Role, RoleBinding; other kinds such as the Deployment are skipped) and returns the
+/// ServiceAccount as `(namespace, name)`.
+pub async fn apply_rbac_manifest(client: &kube::Client, manifest: &Path) -> Result<(String, String)> {
+    let text =
+        std::fs::read_to_string(manifest).with_context(|| format!("reading {}", manifest.display()))?;
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text).with_context(|| format!("parsing {}", manifest.display()))?;
+    let mut account = None;
+    for doc in docs {
+        let ns = doc["metadata"]["namespace"].as_str().unwrap_or("default").to_owned();
+        match doc["kind"].as_str() {
+            Some("ServiceAccount") => {
+                let sa: ServiceAccount = serde_json::from_value(doc)?;
+                let namespace: Namespace =
+                    serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?;
+                create_or_keep(Api::<Namespace>::all(client.clone()), &namespace).await?;
+                create_or_keep(Api::<ServiceAccount>::namespaced(client.clone(), &ns), &sa).await?;
+                account = Some((ns, sa.metadata.name.unwrap_or_default()));
+            }
+            Some("ClusterRole") => {
+                let role: ClusterRole = serde_json::from_value(doc)?;
+                create_or_keep(Api::<ClusterRole>::all(client.clone()), &role).await?;
+            }
+            Some("ClusterRoleBinding") => {
+                let binding: ClusterRoleBinding = serde_json::from_value(doc)?;
+                create_or_keep(Api::<ClusterRoleBinding>::all(client.clone()), &binding).await?;
+            }
+            Some("Role") => {
+                let role: Role = serde_json::from_value(doc)?;
+                create_or_keep(Api::<Role>::namespaced(client.clone(), &ns), &role).await?;
+            }
+            Some("RoleBinding") => {
+                let binding: RoleBinding = serde_json::from_value(doc)?;
+                create_or_keep(Api::<RoleBinding>::namespaced(client.clone(), &ns), &binding).await?;
+            }
+            _ => {}
+        }
+    }
+    match account {
+        Some(account) => Ok(account),
+        None => bail!("{} has no ServiceAccount", manifest.display()),
+    }
+}
+
+/// Writes `<workdir>/<file_name>`: the admin kubeconfig with every user's credentials replaced by a one-hour
+/// token of ServiceAccount `namespace/name` (TokenRequest API); returns its path.
+pub async fn token_kubeconfig(
+    env: &TestEnv,
+    client: &kube::Client,
+    (namespace, name): (&str, &str),
+    file_name: &str,
+) -> Result<PathBuf> {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
+        ..TokenRequest::default()
+    };
+    let answer = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token of ServiceAccount {namespace}/{name}"))?;
+    let token = answer.status.and_then(|s| s.token).context("no token in the TokenRequest status")?;
+    let mut config = kube::config::Kubeconfig::read_from(env.kubeconfig_path())?;
+    for user in &mut config.auth_infos {
+        user.auth_info =
+            Some(kube::config::AuthInfo { token: Some(token.clone().into()), ..Default::default() });
+    }
+    let path = env.workdir().join(file_name);
+    // JSON is YAML: kube reads it back.
+    std::fs::write(&path, serde_json::to_vec(&config)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// [`apply_rbac_manifest`], then [`token_kubeconfig`] for its ServiceAccount: a kubeconfig with exactly the
+/// permissions the component's deploy manifest grants.
+pub async fn manifest_kubeconfig(
+    env: &TestEnv,
+    client: &kube::Client,
+    manifest: &Path,
+    file_name: &str,
+) -> Result<PathBuf> {
+    let (namespace, name) = apply_rbac_manifest(client, manifest).await?;
+    token_kubeconfig(env, client, (&namespace, &name), file_name).await
 }

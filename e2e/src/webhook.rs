@@ -12,9 +12,6 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Api;
 use kube::api::PostParams;
 use rcgen::{
@@ -158,56 +155,8 @@ pub async fn register_manifest_webhooks(
     Ok(registered)
 }
 
-/// Applies [`RBAC`] (creating its namespace), requests a token of its ServiceAccount and writes a kubeconfig
-/// that acts as it (the admin kubeconfig with the user's credentials replaced); returns its path.
+/// Applies [`RBAC`] (creating its namespace) and writes a kubeconfig that acts as its ServiceAccount
+/// ([`crate::rbac::manifest_kubeconfig`]); returns its path.
 pub async fn service_account_kubeconfig(env: &TestEnv, client: &kube::Client) -> Result<PathBuf> {
-    let text = std::fs::read_to_string(RBAC).with_context(|| format!("reading {RBAC}"))?;
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(&text).with_context(|| format!("parsing {RBAC}"))?;
-    let mut account: Option<(String, String)> = None;
-    for doc in docs {
-        match doc["kind"].as_str() {
-            Some("ServiceAccount") => {
-                let sa: ServiceAccount = serde_json::from_value(doc)?;
-                let ns = sa.metadata.namespace.clone().unwrap_or_default();
-                let ns_object: Namespace =
-                    serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?;
-                Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns_object).await?;
-                Api::<ServiceAccount>::namespaced(client.clone(), &ns)
-                    .create(&PostParams::default(), &sa)
-                    .await?;
-                account = Some((ns, sa.metadata.name.unwrap_or_default()));
-            }
-            Some("ClusterRole") => {
-                let role: ClusterRole = serde_json::from_value(doc)?;
-                Api::<ClusterRole>::all(client.clone()).create(&PostParams::default(), &role).await?;
-            }
-            Some("ClusterRoleBinding") => {
-                let binding: ClusterRoleBinding = serde_json::from_value(doc)?;
-                Api::<ClusterRoleBinding>::all(client.clone())
-                    .create(&PostParams::default(), &binding)
-                    .await?;
-            }
-            other => bail!("{RBAC}: unexpected kind {other:?}"),
-        }
-    }
-    let Some((ns, name)) = account else { bail!("{RBAC} has no ServiceAccount") };
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
-        ..TokenRequest::default()
-    };
-    let answer = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
-        .create_token_request(&name, &PostParams::default(), &request)
-        .await
-        .context("requesting the webhook's ServiceAccount token")?;
-    let token = answer.status.and_then(|s| s.token).context("no token in the TokenRequest status")?;
-    let mut config = kube::config::Kubeconfig::read_from(env.kubeconfig_path())?;
-    for user in &mut config.auth_infos {
-        user.auth_info =
-            Some(kube::config::AuthInfo { token: Some(token.clone().into()), ..Default::default() });
-    }
-    let path = env.workdir().join("webhook.kubeconfig");
-    // JSON is YAML: kube reads it back.
-    std::fs::write(&path, serde_json::to_vec(&config)?).context("writing the webhook kubeconfig")?;
-    Ok(path)
+    crate::rbac::manifest_kubeconfig(env, client, Path::new(RBAC), "webhook.kubeconfig").await
 }

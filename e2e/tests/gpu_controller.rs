@@ -29,9 +29,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
@@ -81,59 +79,7 @@ async fn put_gpu(
 /// Creates the ServiceAccount, roles and bindings of `controller.yaml` (and its namespace), and writes a
 /// kubeconfig acting as that ServiceAccount; returns its path.
 async fn controller_kubeconfig(env: &TestEnv, client: &kube::Client, manifest: &Path) -> std::path::PathBuf {
-    let text = std::fs::read_to_string(manifest).unwrap();
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-    let pp = PostParams::default();
-    let mut account = None;
-    for doc in docs {
-        match doc["kind"].as_str() {
-            Some("ServiceAccount") => {
-                let sa: ServiceAccount = serde_json::from_value(doc).unwrap();
-                let ns = sa.metadata.namespace.clone().unwrap();
-                let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-                Api::<Namespace>::all(client.clone()).create(&pp, &namespace).await.unwrap();
-                Api::<ServiceAccount>::namespaced(client.clone(), &ns).create(&pp, &sa).await.unwrap();
-                account = Some((ns, sa.metadata.name.unwrap()));
-            }
-            Some("ClusterRole") => {
-                let role: ClusterRole = serde_json::from_value(doc).unwrap();
-                Api::<ClusterRole>::all(client.clone()).create(&pp, &role).await.unwrap();
-            }
-            Some("ClusterRoleBinding") => {
-                let binding: ClusterRoleBinding = serde_json::from_value(doc).unwrap();
-                Api::<ClusterRoleBinding>::all(client.clone()).create(&pp, &binding).await.unwrap();
-            }
-            Some("Role") => {
-                let role: Role = serde_json::from_value(doc).unwrap();
-                let ns = role.metadata.namespace.clone().unwrap();
-                Api::<Role>::namespaced(client.clone(), &ns).create(&pp, &role).await.unwrap();
-            }
-            Some("RoleBinding") => {
-                let binding: RoleBinding = serde_json::from_value(doc).unwrap();
-                let ns = binding.metadata.namespace.clone().unwrap();
-                Api::<RoleBinding>::namespaced(client.clone(), &ns).create(&pp, &binding).await.unwrap();
-            }
-            _ => {}
-        }
-    }
-    let (ns, name) = account.expect("controller.yaml has a ServiceAccount");
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
-        ..TokenRequest::default()
-    };
-    let answer = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
-        .create_token_request(&name, &pp, &request)
-        .await
-        .unwrap();
-    let token = answer.status.and_then(|s| s.token).unwrap();
-    let mut config = kube::config::Kubeconfig::read_from(env.kubeconfig_path()).unwrap();
-    for user in &mut config.auth_infos {
-        user.auth_info =
-            Some(kube::config::AuthInfo { token: Some(token.clone().into()), ..Default::default() });
-    }
-    let path = env.workdir().join("controller.kubeconfig");
-    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
-    path
+    vgpu_e2e::rbac::manifest_kubeconfig(env, client, manifest, "controller.kubeconfig").await.unwrap()
 }
 
 fn jiff_now() -> k8s_openapi::jiff::Timestamp {

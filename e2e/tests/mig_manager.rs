@@ -25,11 +25,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::{ConfigMap, Namespace, Node, Pod, ServiceAccount},
-    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -79,53 +75,9 @@ fn pod(name: &str, labels: serde_json::Value, resources: serde_json::Value) -> P
 /// Applies `deploy/mig-manager/rbac.yaml` and writes a kubeconfig acting as its ServiceAccount.
 async fn manager_kubeconfig(env: &TestEnv, client: &kube::Client) -> std::path::PathBuf {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/mig-manager/rbac.yaml");
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let post = PostParams::default();
-    for doc in docs {
-        let ns = doc["metadata"]["namespace"].as_str().unwrap_or_default().to_owned();
-        match doc["kind"].as_str().unwrap() {
-            "ServiceAccount" => {
-                Api::<ServiceAccount>::namespaced(client.clone(), &ns)
-                    .create(&post, &object(doc))
-                    .await
-                    .unwrap();
-            }
-            "ClusterRole" => {
-                Api::<ClusterRole>::all(client.clone()).create(&post, &object(doc)).await.unwrap();
-            }
-            "ClusterRoleBinding" => {
-                Api::<ClusterRoleBinding>::all(client.clone()).create(&post, &object(doc)).await.unwrap();
-            }
-            "Role" => {
-                Api::<Role>::namespaced(client.clone(), &ns).create(&post, &object(doc)).await.unwrap();
-            }
-            "RoleBinding" => {
-                Api::<RoleBinding>::namespaced(client.clone(), &ns)
-                    .create(&post, &object(doc))
-                    .await
-                    .unwrap();
-            }
-            other => panic!("rbac.yaml: unexpected kind {other}"),
-        }
-    }
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
-        ..TokenRequest::default()
-    };
-    let answer = Api::<ServiceAccount>::namespaced(client.clone(), NS)
-        .create_token_request(MANAGER, &post, &request)
-        .await
-        .unwrap();
-    let token = answer.status.and_then(|s| s.token).unwrap();
-    let mut config = kube::config::Kubeconfig::read_from(env.kubeconfig_path()).unwrap();
-    for user in &mut config.auth_infos {
-        user.auth_info =
-            Some(kube::config::AuthInfo { token: Some(token.clone().into()), ..Default::default() });
-    }
-    let path = env.workdir().join("mig-manager.kubeconfig");
-    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
-    path
+    let (ns, name) = vgpu_e2e::rbac::apply_rbac_manifest(client, &path).await.unwrap();
+    assert_eq!((ns.as_str(), name.as_str()), (NS, MANAGER));
+    vgpu_e2e::rbac::token_kubeconfig(env, client, (&ns, &name), "mig-manager.kubeconfig").await.unwrap()
 }
 
 async fn node_state(nodes: &Api<Node>) -> Option<(String, bool, usize)> {
