@@ -25,6 +25,14 @@
 //! RDT, namespace-adjustment and memory-policy fields with their messages and enums. A field left out is
 //! skipped as an unknown field when a message is decoded, and never sent.
 //!
+//! # Interoperability
+//!
+//! `interop/run.sh` (manual: needs Go and the Go module proxy) runs `examples/env_plugin.rs` against
+//! upstream's runtime adaptation (containerd/nri v0.12.1 `pkg/adaptation`, the code containerd embeds):
+//! registration, Synchronize, CreateContainer's adjustment, RemoveContainer, a second runtime on the same
+//! socket (the plugin reconnects), and answers of 9 kB and 300 kB (several frames; with frames larger
+//! than 4096 bytes upstream's reader drops the connection, see [`mux`]).
+//!
 //! # Example
 //!
 //! A runtime side and the plugin over a real socket in a temporary directory:
