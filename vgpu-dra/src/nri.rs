@@ -38,10 +38,13 @@ use std::{
 
 use vgpu_nri::{
     api::{Container, ContainerAdjustment, ContainerUpdate, KeyValue, Mount, PodSandbox},
-    plugin::{Handler, HookError, NriError, Plugin, PluginConfig, PluginIndex},
+    plugin::{Handler, HookError, Plugin, PluginConfig},
 };
 
 use crate::{cdi, checkpoint::ClaimState, state::DeviceState};
+
+/// Re-exported so the binary wires the plugin through this crate alone.
+pub use vgpu_nri::{health::NriHealth, plugin::NriError as PluginError, plugin::PluginIndex};
 
 /// The container env the claim's CDI spec sets to the claim's UID.
 pub const CLAIM_UID_ENV: &str = "MANAGER_VGPU_CLAIM_UID";
@@ -265,7 +268,7 @@ impl Handler for NriHook {
 }
 
 /// The NRI plugin running `hook` with the contract's name and `config`'s socket and index.
-pub fn plugin(hook: NriHook, config: &NriConfig) -> Result<Plugin<NriHook>, NriError> {
+pub fn plugin(hook: NriHook, config: &NriConfig) -> Result<Plugin<NriHook>, PluginError> {
     Plugin::new(PluginConfig::new(&config.root, config.index.clone()), Arc::new(hook))
 }
 
