@@ -191,6 +191,15 @@ async fn create_container_injects_a_per_container_partition_over_the_socket() {
     assert!(!part_a.join("sm_node/sm_node.config").exists(), "stale SM bucket deleted");
     assert_eq!(cache.lookup("uid-a", "main"), Some(("u-shared".to_owned(), part_a.join("config"))));
 
+    // The container is created again (a restart): same answer, the library's files are fresh again.
+    std::fs::write(part_a.join("vmem_node/vmem_node.config"), b"used").unwrap();
+    std::fs::write(part_a.join("config/pids.config"), b"1234\n").unwrap();
+    let again = conn.create_container(&pa, &container(&pa, "main", Some("u-shared"))).await.unwrap().unwrap();
+    assert_eq!(again.adjust.mounts, adjust.mounts);
+    assert_eq!(again.adjust.env, adjust.env);
+    assert!(!part_a.join("vmem_node/vmem_node.config").exists());
+    assert_eq!(std::fs::read(part_a.join("config/pids.config")).unwrap(), b"1234\n", "pids.config is kept");
+
     // The second pod of the claim gets its own partition.
     let pb = pod("uid-b", "worker");
     let reply = conn.create_container(&pb, &container(&pb, "main", Some("u-shared"))).await.unwrap().unwrap();
