@@ -22,8 +22,9 @@
 //!
 //! # Attributes
 //!
-//! [`attach_partitions`] (start-up) matches each partition GPU to the `gpu`/`vfio` devices on the same PCI
-//! address (else the same UUID) and sets, as upstream:
+//! [`attach_partitions`] (start-up) matches each partition GPU to the `gpu`, `vgpu` and `vfio` devices on the
+//! same PCI address (else the same UUID) and sets, as upstream (a `vgpu` device carries its GPU's attributes,
+//! but only `gpu`/`vfio` claims activate partitions):
 //!
 //! | attribute | value |
 //! |---|---|
@@ -40,7 +41,7 @@
 //! | apply | FM says the partition is active: nothing; else `activate` |
 //! | revert | another completed claim recorded the same partition (shared GPUs): nothing; FM says inactive (or unknown): nothing; else `deactivate` |
 //!
-//! A claim without `gpu`/`vfio` devices plans nothing. Install the mode before the `vfio` one, so revert
+//! A claim without `gpu`/`vfio` devices (vGPU shares, MIG devices) plans nothing. Install the mode before the `vfio` one, so revert
 //! (newest first) gives the GPUs back to their driver before the partition is deactivated, as upstream.
 //!
 //! ```
@@ -245,8 +246,8 @@ pub fn validate_partitions(partitions: &[Partition]) -> Result<(), FabricError> 
     Ok(())
 }
 
-/// Start-up: reads FM's partitions, checks them and sets `gpuModuleID` and `partition<N>` on every `gpu`
-/// and `vfio` device whose GPU FM names (by PCI address, else UUID). Returns the partitions.
+/// Start-up: reads FM's partitions, checks them and sets `gpuModuleID` and `partition<N>` on every `gpu`,
+/// `vgpu` and `vfio` device whose GPU FM names (by PCI address, else UUID). Returns the partitions.
 pub fn attach_partitions(
     fm: &dyn FabricManager,
     devices: &mut AllocatableDevices,
@@ -255,7 +256,7 @@ pub fn attach_partitions(
     validate_partitions(&partitions)?;
     let targets: Vec<(String, String, String)> = devices
         .iter()
-        .filter(|d| matches!(d.kind, DeviceType::Gpu | DeviceType::Vfio))
+        .filter(|d| matches!(d.kind, DeviceType::Gpu | DeviceType::Vgpu | DeviceType::Vfio))
         .map(|d| (d.name.clone(), d.gpu.bus_id.clone(), d.gpu.uuid.clone()))
         .collect();
     for p in &partitions {

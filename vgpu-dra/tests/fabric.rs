@@ -324,3 +324,29 @@ async fn with_passthrough_the_vfio_devices_get_the_partition() {
         ("nvidia".into(), "nvidia".into())
     );
 }
+
+#[tokio::test]
+async fn vgpu_devices_carry_the_attributes_but_never_activate() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = DriverConfig::under(NODE, dir.path());
+    config.boot_id_path = dir.path().join("boot_id");
+    std::fs::write(&config.boot_id_path, "boot-1\n").unwrap();
+    let backend = MockBackend::from_yaml_str(MOCK).unwrap();
+    let mut devices = AllocatableDevices::from_backend(&backend, &DeviceConfig::default()).unwrap();
+    let fm = Arc::new(FakeFabricManager::new(partitions()));
+    attach_partitions(fm.as_ref(), &mut devices).unwrap();
+    assert_eq!(devices.get("vgpu-1").unwrap().extra.attributes["gpuModuleID"], ExtraAttribute::Int(2));
+    let claims = Arc::new(InMemoryClaims::default());
+    let share =
+        allocation_result("gpu", DRIVER, NODE, "vgpu-1", Some("s1"), &[("cores", "10"), ("memory", "1Gi")]);
+    claims.insert(allocated(claim("ns", "c1", "uid-1"), vec![share], &["pod-1"]));
+    let modes: Vec<Arc<dyn ClaimMode>> =
+        vec![Arc::new(FabricMode::new(fm.clone(), config.checkpoint_path()))];
+    let state =
+        DeviceState::with_modes(Arc::new(config), Arc::new(devices), Arc::new(NvidiaAdapter), claims, modes)
+            .await
+            .unwrap();
+    state.prepare(&[r("c1", "uid-1")]).await.remove("uid-1").unwrap().unwrap();
+    assert!(fm.calls().is_empty());
+    assert!(state.checkpoint().await.unwrap().claims()["uid-1"].host_actions.is_empty());
+}
