@@ -209,3 +209,74 @@ fn write_hold(path: &Path, interval: TimeSlice) -> Result<(), ModeError> {
     vgpu_core::abi::atomic::write_atomic(path, interval.as_str().as_bytes(), 0o644)
         .map_err(|e| ModeError::host(MODE, format!("write {}", path.display()), e))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::collections::BTreeSet;
+
+    use proptest::prelude::*;
+    use vgpu_core::backend::mock::MockBackend;
+
+    use super::*;
+    use crate::state::ClaimRef;
+
+    const MOCK: &str = "gpus:\n  - { uuid: GPU-a, name: L4, memoryMiB: 23034 }\n  - { uuid: GPU-b, name: L4, memoryMiB: 23034 }\n";
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Apply { claim: u8, gpu: u32 },
+        Revert { claim: u8, gpu: u32 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..4, 0u32..2).prop_map(|(claim, gpu)| Op::Apply { claim, gpu }),
+            (0u8..4, 0u32..2).prop_map(|(claim, gpu)| Op::Revert { claim, gpu }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Whatever the order of applies and reverts (repeated or never applied), a GPU is at its claims'
+        /// interval exactly while some claim holds it, and back at `Default` once none does.
+        #[test]
+        fn the_time_slice_follows_the_holds(ops in prop::collection::vec(op(), 1..24)) {
+            let dir = tempfile::tempdir().unwrap();
+            let backend = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
+            let mode = TimeSlicingMode::new(backend.clone(), &DriverConfig::under("n", dir.path()));
+            let wanted = [TimeSlice::Long, TimeSlice::Short];
+            let claim = ClaimRef::new("ns", "c", "u");
+            let object = crate::claims::claim("ns", "c", "u");
+            let config = DriverConfig::under("n", dir.path());
+            let ctx = ClaimContext { claim: &claim, object: &object, devices: &[], config: &config };
+            let mut held: BTreeSet<(u8, u32)> = BTreeSet::new();
+            for op in ops {
+                let (claim, gpu, apply) = match op {
+                    Op::Apply { claim, gpu } => (claim, gpu, true),
+                    Op::Revert { claim, gpu } => (claim, gpu, false),
+                };
+                let uuid = ["GPU-a", "GPU-b"][gpu as usize];
+                let action = serde_json::json!({"claim": format!("uid-{claim}"), "index": gpu, "uuid": uuid,
+                                                "interval": wanted[gpu as usize]});
+                if apply {
+                    mode.apply(&ctx, &action).unwrap();
+                    held.insert((claim, gpu));
+                } else {
+                    mode.revert(&action).unwrap();
+                    held.remove(&(claim, gpu));
+                }
+                for g in 0..2u32 {
+                    let holders: BTreeSet<String> =
+                        held.iter().filter(|(_, h)| *h == g).map(|(c, _)| format!("uid-{c}")).collect();
+                    let on_disk: BTreeSet<String> = mode.holds(["GPU-a", "GPU-b"][g as usize]).into_keys().collect();
+                    prop_assert_eq!(&on_disk, &holders);
+                    let expect = if holders.is_empty() { TimeSlice::Default } else { wanted[g as usize] };
+                    prop_assert_eq!(backend.time_slice(g).unwrap(), expect);
+                }
+            }
+        }
+    }
+}
