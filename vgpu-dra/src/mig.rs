@@ -154,8 +154,9 @@ struct Placement<'a> {
 }
 
 /// Adds the MIG devices and counter sets of every MIG-enabled GPU of `backend` to `devices` (module table);
-/// returns how many GPUs got MIG devices. A GPU whose backend lists no MIG profiles
-/// ([`BackendError::NotSupported`], an unknown model) is left as it is.
+/// returns how many GPUs got MIG devices. Other vendors' GPUs, GPUs whose backend cannot tell a MIG layout
+/// ([`BackendError::NotSupported`]) and GPUs whose backend lists no MIG profiles (an unknown model) are left
+/// as they are.
 pub fn publish(
     devices: &mut AllocatableDevices,
     backend: &dyn DeviceBackend,
@@ -164,11 +165,16 @@ pub fn publish(
     let mut published = 0;
     for gpu in gpus {
         let index = gpu.index;
-        let layout = backend.mig_layout(index).map_err(|source| MigPublishError::Backend {
-            index,
-            action: "read the MIG layout",
-            source,
-        })?;
+        if gpu.vendor != vgpu_core::model::Vendor::Nvidia {
+            continue;
+        }
+        let layout = match backend.mig_layout(index) {
+            Ok(layout) => layout,
+            Err(BackendError::NotSupported { .. }) => continue,
+            Err(source) => {
+                return Err(MigPublishError::Backend { index, action: "read the MIG layout", source });
+            }
+        };
         if layout.mode != GpuMigMode::Enabled {
             continue;
         }
@@ -623,6 +629,22 @@ mod tests {
         assert_eq!(whole.extra.consumes_counters.len(), 1);
         assert_eq!(whole.extra.consumes_counters[0].counters, devices.counter_sets()[0].counters);
         assert!(devices.get("gpu-4").unwrap().extra.consumes_counters.is_empty());
+    }
+
+    #[test]
+    fn other_vendors_and_unknown_models_are_left_alone() {
+        let yaml = "gpus:\n  - { uuid: GPU-A30, name: NVIDIA A30, memoryMiB: 24576, minor: 0, mig: { mode: Enabled } }\n  - { uuid: GPU-NVL, name: NVIDIA H100 NVL, memoryMiB: 95830, minor: 1, mig: { mode: Enabled } }\n  - { uuid: MX-0, name: MXC500, vendor: metax, memoryMiB: 65536, minor: 2 }\n";
+        let backend = MockBackend::from_yaml_str(yaml).unwrap();
+        let mut devices = AllocatableDevices::from_backend(&backend, &DeviceConfig::default()).unwrap();
+        let before: Vec<_> = devices.iter().map(|d| d.name.clone()).collect();
+        assert_eq!(publish(&mut devices, &backend).unwrap(), 1, "only the A30 has a MIG table");
+        let added: Vec<_> =
+            devices.iter().filter(|d| !before.contains(&d.name)).map(|d| d.name.as_str()).collect();
+        assert_eq!(added.len(), 4 + 4 + 2 + 2 + 1, "{added:?}");
+        assert!(added.iter().all(|n| n.starts_with("gpu-0-mig-")));
+        let set = &devices.counter_sets()[0];
+        assert_eq!((set.name.as_str(), set.counters.len()), ("gpu-0-counter-set", 6), "4 memory slices");
+        assert_eq!(set.counters["compute-slices"], Amount::Count(4));
     }
 
     #[test]
