@@ -6,8 +6,8 @@
 //!
 //! | field | value (contract §9) |
 //! |---|---|
-//! | `name` | `vgpu-<minor>` / `gpu-<minor>` |
-//! | attribute `type` (string) | `vgpu` / `gpu` |
+//! | `name` | `vgpu-<minor>` / `gpu-<minor>` / `gpu-<minor>-mig-<profileId>-<start>-<size>` (gate `DynamicMIG`) |
+//! | attribute `type` (string) | `vgpu` / `gpu` / `mig` |
 //! | `uuid` (string) | the GPU UUID, lower-case |
 //! | `minor` (int) | `/dev/nvidia<minor>` |
 //! | `productName`, `brand`, `architecture` (string) | product name (cut to 64 bytes), brand and architecture ([`GpuInfo`]) |
