@@ -46,6 +46,7 @@
 //! | step | apply (bind) | revert (rebind) |
 //! |---|---|---|
 //! | 0 | already on `vfio-pci`: nothing to do | already on `originalDriver` and no override: nothing to do |
+//! | 0a | on `nvidia`: no process under `<host-root>/proc` has `/dev/nvidia<minor>` open (else the claim fails naming the PIDs; upstream waits up to 60 s for `fuser`) | |
 //! | 1 | `<sys>/bus/pci/drivers/vfio-pci` absent → [`ModuleLoader::load`] `vfio-pci` (`chroot <host-root> modprobe vfio-pci`) | write `\n` to `<dev>/driver_override` (clears it) |
 //! | 2 | IOMMU group `<sys>/kernel/iommu_groups/<g>/devices/*`: every other device unbound, on `vfio-pci`/`pci-stub`, or a bridge (class `0x06xxxx`) | on `vfio-pci`: write `<bus>` to `<dev>/driver/unbind` |
 //! | 3 | write `vfio-pci` to `<dev>/driver_override` | write `<bus>` to `<sys>/bus/pci/drivers/<originalDriver>/bind` (or `<sys>/bus/pci/drivers_probe` when that driver is not loaded) |
@@ -469,6 +470,23 @@ pub fn vfio_devices(
     Ok(out)
 }
 
+/// The processes under `proc_root` with `/dev/nvidia<minor>` open, as `<pid> (<comm>)`, in PID order.
+/// Processes whose `fd` directory cannot be read (gone, or not permitted) are skipped.
+pub fn gpu_users(proc_root: &Path, minor: u32) -> Vec<String> {
+    let node = PathBuf::from(format!("/dev/nvidia{minor}"));
+    let mut users: Vec<(u64, String)> = Vec::new();
+    for entry in std::fs::read_dir(proc_root).into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
+        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == node)) {
+            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+            users.push((pid, format!("{pid} ({})", comm.trim())));
+        }
+    }
+    users.sort();
+    users.into_iter().map(|(_, u)| u).collect()
+}
+
 // === host seams ===
 
 /// Loads a kernel module on the host.
@@ -535,17 +553,23 @@ pub struct VfioConfig {
     pub modules: Arc<dyn ModuleLoader>,
     /// Writes the bind files.
     pub sysfs: Arc<dyn SysfsWriter>,
+    /// The host's processes (`<host-root>/proc`): a GPU whose `/dev/nvidia<minor>` a process has open is not
+    /// unbound from its driver (the unbind would block until they exit); `None` skips the check.
+    pub proc_root: Option<PathBuf>,
 }
 
 impl VfioConfig {
-    /// The real host: `/sys`, `host_root`, `nvidia`, `chroot <host_root> modprobe`, [`KernelSysfs`].
+    /// The real host: `/sys`, `host_root`, `nvidia`, `chroot <host_root> modprobe`, [`KernelSysfs`],
+    /// `<host_root>/proc`.
     pub fn host(host_root: impl Into<PathBuf>) -> Self {
         let roots = SysfsRoots::new(host_root);
+        let proc_root = Some(roots.host_root.join("proc"));
         Self {
             modules: Arc::new(ChrootModprobe { host_root: roots.host_root.clone() }),
             roots,
             default_driver: "nvidia".to_owned(),
             sysfs: Arc::new(KernelSysfs),
+            proc_root,
         }
     }
 }
@@ -716,6 +740,35 @@ impl VfioMode {
         edits
     }
 
+    /// Refuses to unbind a GPU from its driver while a process has its device node open.
+    fn check_idle(
+        &self,
+        ctx: &ClaimContext<'_>,
+        action: &VfioAction,
+        current: &str,
+    ) -> Result<(), ModeError> {
+        let Some(proc_root) = &self.config.proc_root else { return Ok(()) };
+        if current != self.config.default_driver {
+            return Ok(());
+        }
+        let minor = ctx.devices.iter().find(|d| d.device.name == action.device).map(|d| d.device.gpu.minor);
+        let Some(minor) = minor.filter(|m| *m != u32::MAX) else { return Ok(()) };
+        let users = gpu_users(proc_root, minor);
+        if users.is_empty() {
+            return Ok(());
+        }
+        Err(ModeError::claim(
+            MODE,
+            format!(
+                "{}: GPU {} is in use: /dev/nvidia{minor} is open in PIDs {} (stop them; for nvidia-persistenced turn persistence mode off: nvidia-smi -i {} -pm 0)",
+                action.device,
+                action.bus_id,
+                users.join(", "),
+                action.bus_id
+            ),
+        ))
+    }
+
     /// Makes sure the `vfio-pci` driver is registered, loading its module when it is not.
     fn ensure_driver(&self) -> Result<(), ModeError> {
         let dir = self.config.roots.pci_driver(VFIO_DRIVER);
@@ -802,6 +855,7 @@ impl ClaimMode for VfioMode {
         let bus = action.bus_id.as_str();
         let current = self.driver(bus)?;
         if current != VFIO_DRIVER {
+            self.check_idle(ctx, &action, &current)?;
             self.ensure_driver()?;
             self.check_group(&action)?;
             let dev = roots.pci_device(bus);

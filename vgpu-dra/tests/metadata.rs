@@ -70,6 +70,7 @@ impl Node {
                 default_driver: "nvidia".into(),
                 modules: Arc::new(FakeModules::new(&roots, true)),
                 sysfs: Arc::new(SimulatedKernel::new(&roots)),
+                proc_root: None,
             },
             &devices,
         ));

@@ -85,6 +85,7 @@ impl Node {
                 default_driver: "nvidia".into(),
                 modules: modules.clone(),
                 sysfs: kernel.clone(),
+                proc_root: Some(roots.host_root.join("proc")),
             };
             mode = Some(Arc::new(VfioMode::new(vfio, &devices)));
         }
@@ -420,8 +421,13 @@ async fn an_unloadable_module_or_a_foreign_driver_fails_with_nothing_done() {
         devices.add(d).unwrap();
     }
     let kernel = Arc::new(SimulatedKernel::new(&roots));
-    let config =
-        VfioConfig { roots: roots.clone(), default_driver: "nvidia".into(), modules, sysfs: kernel.clone() };
+    let config = VfioConfig {
+        roots: roots.clone(),
+        default_driver: "nvidia".into(),
+        modules,
+        sysfs: kernel.clone(),
+        proc_root: None,
+    };
     let mode = VfioMode::new(config, &devices);
     let action = serde_json::json!({"device": "gpu-vfio-0", "busId": GPU0, "originalDriver": "nvidia", "iommuGroup": "1", "common": true});
     let c = ClaimRef::new("ns", "c", "uid");
@@ -482,4 +488,37 @@ async fn iommufd_adds_its_nodes() {
     let spec = node.spec("uid-1");
     assert_eq!(node_paths(&spec.container_edits), ["/dev/vfio/vfio", "/dev/iommu"]);
     assert_eq!(node_paths(&spec.devices[0].container_edits), ["/dev/vfio/1", "/dev/vfio/devices/vfio3"]);
+}
+
+#[tokio::test]
+async fn a_gpu_in_use_is_not_unbound() {
+    let node = Node::with(true, |tree| {
+        let proc_root = tree.roots().host_root.join("proc");
+        for (pid, comm, target) in
+            [("4242", "nvidia-persiste", "/dev/nvidia0"), ("77", "python", "/dev/nvidia1")]
+        {
+            std::fs::create_dir_all(proc_root.join(pid).join("fd")).unwrap();
+            std::fs::write(proc_root.join(pid).join("comm"), format!("{comm}\n")).unwrap();
+            std::os::unix::fs::symlink(target, proc_root.join(pid).join("fd/7")).unwrap();
+        }
+        std::fs::create_dir_all(proc_root.join("self")).unwrap();
+    });
+    node.add_claim("c1", "uid-1", &["gpu-vfio-0"]);
+    let state = node.state(None).await;
+    let c1 = ClaimRef::new("ns", "c1", "uid-1");
+    let err =
+        state.prepare(std::slice::from_ref(&c1)).await.remove("uid-1").unwrap().unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "gpu-vfio-0: GPU 0000:01:00.0 is in use: /dev/nvidia0 is open in PIDs 4242 (nvidia-persiste)"
+        ),
+        "{err}"
+    );
+    assert_eq!(node.tree.driver(GPU0), "nvidia");
+    assert!(node.writes().iter().all(|(p, _)| !p.ends_with("bind")), "{:?}", node.writes());
+    assert!(node.modules.loads().is_empty(), "refused before anything");
+    // The process exits: the next Prepare binds.
+    std::fs::remove_file(node.dir.path().join("host/proc/4242/fd/7")).unwrap();
+    state.prepare(&[c1]).await.remove("uid-1").unwrap().unwrap();
+    assert_eq!(node.tree.driver(GPU0), "vfio-pci");
 }
