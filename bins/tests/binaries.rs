@@ -51,23 +51,53 @@ fn kubelet_plugin_reads_feature_gates_env_and_the_flag_wins() {
         .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"));
 }
 
+/// A valid combination (the spec's Requires / mutually-exclusive rules) with `gate` on.
+fn with_gate(gate: &str) -> String {
+    match gate {
+        "MPSSupport" | "ConsumableShares" => format!("{gate}=true,VGPUSupport=false"),
+        "PassthroughSupport" => format!("{gate}=true,VGPUSupport=false,NVMLDeviceHealthCheck=false"),
+        "DeviceMetadata" => {
+            format!("{gate}=true,PassthroughSupport=true,VGPUSupport=false,NVMLDeviceHealthCheck=false")
+        }
+        "DynamicMIG" => format!("{gate}=true,NVMLDeviceHealthCheck=false"),
+        _ => format!("{gate}=true"),
+    }
+}
+
 #[test]
-fn kubelet_plugin_refuses_every_gate_it_cannot_honour() {
-    bin("vgpu-kubelet-plugin")
-        .args([
-            "--node-name=n1",
-            "--feature-gates",
-            "TimeSlicingSettings=true,DynamicMIG=true,NVMLDeviceHealthCheck=false",
-        ])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("feature gate TimeSlicingSettings=true is not supported"))
-        .stderr(predicate::str::contains("feature gate DynamicMIG=true is not supported"));
-    bin("vgpu-kubelet-plugin")
-        .args(["--node-name=n1", "--feature-gates", "MPSSupport=true,VGPUSupport=false"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("MPSSupport=true is not supported"));
+fn kubelet_plugin_refuses_every_gate_it_cannot_honour_and_accepts_the_rest() {
+    let unbuilt: Vec<String> = vgpu_dra::gates::UNBUILT.iter().map(|(g, _)| g.to_string()).collect();
+    for (gate, _) in vgpu_dra::gates::UNBUILT {
+        bin("vgpu-kubelet-plugin")
+            .args(["--node-name=n1", "--feature-gates", &with_gate(&gate.to_string())])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(format!("feature gate {gate}=true is not supported")));
+    }
+    // Every other gate passes the check: the next bad flag is what the plugin reports.
+    for gate in [
+        "TimeSlicingSettings",
+        "MPSSupport",
+        "DynamicMIG",
+        "NRISupport",
+        "PassthroughSupport",
+        "DeviceMetadata",
+        "FabricManagerPartitioning",
+        "SharedSMUtilizationWatcher",
+        "DevicePluginClientMode",
+        "DRAListTypeAttributes",
+        "ConsumableShares",
+    ]
+    .into_iter()
+    .filter(|g| !unbuilt.iter().any(|u| u == g))
+    {
+        bin("vgpu-kubelet-plugin")
+            .args(["--node-name=n1", "--device-memory-ratio=-1", "--feature-gates", &with_gate(gate)])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("invalid --device-memory-ratio -1"))
+            .stderr(predicate::str::contains("not supported").not());
+    }
     bin("vgpu-kubelet-plugin")
         .args(["--node-name=n1", "--device-cores-ratio=10", "--device-memory-ratio=-1"])
         .assert()

@@ -40,16 +40,27 @@ pub struct HealthCheck {
     registration_socket: PathBuf,
     dra_socket: PathBuf,
     timeout: Duration,
+    nri: Option<crate::nri::NriHealth>,
 }
 
 impl HealthCheck {
     /// Checks `registration_socket` and `dra_socket`.
     pub fn new(registration_socket: PathBuf, dra_socket: PathBuf) -> Self {
-        Self { registration_socket, dra_socket, timeout: CHECK_TIMEOUT }
+        Self { registration_socket, dra_socket, timeout: CHECK_TIMEOUT, nri: None }
+    }
+
+    /// Also fails while the NRI plugin (gate `NRISupport`) has been without a runtime for 2 minutes.
+    #[must_use]
+    pub fn with_nri(mut self, health: crate::nri::NriHealth) -> Self {
+        self.nri = Some(health);
+        self
     }
 
     /// Why the plugin is not serving, or `Ok`.
     pub async fn probe(&self) -> Result<(), String> {
+        if let Some(problem) = self.nri.as_ref().and_then(crate::nri::NriHealth::problem) {
+            return Err(problem);
+        }
         let within = |what: &str, path: &Path| {
             format!("{what} on {}: timed out after {:?}", path.display(), self.timeout)
         };

@@ -249,6 +249,7 @@ impl DriverMetrics {
 pub struct Readiness {
     sockets: Vec<PathBuf>,
     registration: watch::Receiver<RegistrationState>,
+    nri: Option<crate::nri::NriHealth>,
 }
 
 impl Readiness {
@@ -262,11 +263,21 @@ impl Readiness {
 
     /// Ready when every socket in `sockets` exists and `registration` says registered.
     pub fn new(sockets: Vec<PathBuf>, registration: watch::Receiver<RegistrationState>) -> Self {
-        Self { sockets, registration }
+        Self { sockets, registration, nri: None }
+    }
+
+    /// Also not ready while the NRI plugin (gate `NRISupport`) has been without a runtime for 2 minutes.
+    #[must_use]
+    pub fn with_nri(mut self, health: crate::nri::NriHealth) -> Self {
+        self.nri = Some(health);
+        self
     }
 
     /// `Ok` when ready, else why not.
     pub fn check(&self) -> Result<(), String> {
+        if let Some(problem) = self.nri.as_ref().and_then(crate::nri::NriHealth::problem) {
+            return Err(problem);
+        }
         if let Some(missing) = self.sockets.iter().find(|s| !crate::driver::socket_exists(s)) {
             return Err(format!("socket {} is not served", missing.display()));
         }

@@ -329,13 +329,21 @@ fn attributes(
     if device.kind != DeviceType::Mig {
         attrs.insert(vgpu_core::dra::ATTRIBUTE_UUID.to_owned(), string_attr(&gpu.uuid.to_ascii_lowercase()));
     }
-    attrs.insert("minor".to_owned(), int_attr(i64::from(gpu.minor)));
     attrs.insert("productName".to_owned(), string_attr(&gpu.product_name));
-    attrs.insert("brand".to_owned(), string_attr(gpu.brand()));
-    attrs.insert("architecture".to_owned(), string_attr(gpu.architecture()));
-    let cap = gpu.compute_capability;
-    attrs.insert("cudaComputeCapability".to_owned(), version_attr(format!("{}.{}.0", cap.major, cap.minor)));
-    if let Some(versions) = driver {
+    // A VFIO device is a PCI function for a VM, not a CUDA device of this host (as upstream: no minor, CUDA or
+    // driver attributes; its GPU may be bound to vfio-pci already, unseen by NVML).
+    let cuda = device.kind != DeviceType::Vfio;
+    if cuda {
+        attrs.insert("minor".to_owned(), int_attr(i64::from(gpu.minor)));
+        attrs.insert("brand".to_owned(), string_attr(gpu.brand()));
+        attrs.insert("architecture".to_owned(), string_attr(gpu.architecture()));
+        let cap = gpu.compute_capability;
+        attrs.insert(
+            "cudaComputeCapability".to_owned(),
+            version_attr(format!("{}.{}.0", cap.major, cap.minor)),
+        );
+    }
+    if let Some(versions) = driver.filter(|_| cuda) {
         if let Some(v) = semver(&versions.driver_version) {
             attrs.insert("driverVersion".to_owned(), version_attr(v));
         }

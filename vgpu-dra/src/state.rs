@@ -939,21 +939,7 @@ impl DeviceState {
                     }
                     let part = host_claim.join(&p.partition);
                     // With NRI the partition mounts are per container, injected at CreateContainer.
-                    edits.mounts = if cfg.nri() {
-                        Vec::new()
-                    } else {
-                        vec![
-                            Mount::bind(cdi::CONTAINER_CONFIG_DIR, &part.join("config"), false),
-                            Mount::bind("/tmp/.vgpu_lock", &part.join("vgpu_lock"), false),
-                            Mount::bind("/tmp/.vmem_node", &part.join("vmem_node"), false),
-                            Mount::bind("/tmp/.sm_node", &part.join("sm_node"), false),
-                            Mount::bind(
-                                &format!("{}/pids.config", cdi::CONTAINER_CONFIG_DIR),
-                                &part.join("config").join("pids.config"),
-                                true,
-                            ),
-                        ]
-                    };
+                    edits.mounts = if cfg.nri() { Vec::new() } else { crate::nri::partition_mounts(&part) };
                 }
                 cdi::Device { name: p.cdi_name.clone(), container_edits: edits }
             })

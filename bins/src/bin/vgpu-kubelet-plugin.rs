@@ -47,7 +47,8 @@ struct Cli {
     /// Where the host's driver root is mounted in this container (control device nodes are looked for there).
     #[arg(long, env = "DRIVER_ROOT_CTR_PATH", default_value = "/driver-root")]
     container_driver_root: PathBuf,
-    /// The host's root file system in this container (only used by PassthroughSupport, which this build refuses).
+    /// The host's root file system in this container: PassthroughSupport loads vfio-pci chroot'ed into it and
+    /// reads its /proc, /dev/iommu and /sys/module; FabricManagerPartitioning looks for NVSwitches under it.
     #[arg(long, env = "HOST_ROOT", default_value = "/host-root")]
     host_root: PathBuf,
     /// Path of nvidia-cdi-hook (CDI hooks are not written by this build: accepted for chart compatibility).
@@ -104,7 +105,7 @@ struct Cli {
     /// Percent of each GPU's memory offered as the `memory` capacity (> 100 oversells).
     #[arg(long, env = "DEVICE_MEMORY_RATIO", default_value_t = 100, allow_negative_numbers = true)]
     device_memory_ratio: i64,
-    /// NRI socket directory (NRISupport, which this build refuses).
+    /// NRI socket directory: with NRISupport the plugin dials `<dir>/nri.sock`.
     #[arg(long, env = "NRI_ROOT", default_value = "/var/run/nri")]
     nri_root: PathBuf,
     /// NRI plugin index, two digits (NRISupport).
@@ -203,6 +204,20 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
     {
         return Err(format!("invalid --nri-plugin-idx {:?}: must be two digits", cli.nri_plugin_idx));
     }
+    if gates.enabled(DraGate::PassthroughSupport) {
+        if cli.host_root.as_os_str().is_empty() {
+            return Err(
+                "host root is required when PassthroughSupport feature gate is enabled (--host-root)"
+                    .to_owned(),
+            );
+        }
+        if !cli.host_root.is_dir() {
+            return Err(format!(
+                "host root is not mounted at {:?} (--host-root)",
+                cli.host_root.display().to_string()
+            ));
+        }
+    }
     let http_endpoint = vgpu_dra::metrics::parse_http_endpoint(&cli.http_endpoint)?;
     if !cli.metrics_path.starts_with('/') {
         return Err(format!("invalid --metrics-path {:?}: must start with '/'", cli.metrics_path));
@@ -259,6 +274,11 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     let Resolved { config, devices: device_config, xids, healthcheck, http_endpoint } = resolved;
     let mut options = SelectOptions::default();
     options.mock_config.clone_from(&cli.mock_config);
+    // TimeSlicingSettings sets the time slice through nvidia-smi: the driver root's, when it is mounted.
+    let smi = cli.container_driver_root.join("usr/bin/nvidia-smi");
+    if smi.exists() {
+        options.nvml.nvidia_smi = smi;
+    }
     let opened = open_backend(cli.backend, &options).context("opening the device backend")?;
     for w in &opened.warnings {
         tracing::warn!("{w}");
@@ -267,7 +287,10 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     let vendor = backend.vendor_adapter().context("the backend's vendor adapter")?;
     let mut devices = AllocatableDevices::from_backend(backend.as_ref(), &device_config)
         .context("building the allocatable devices")?;
-    let mut modes: Vec<Arc<dyn vgpu_dra::modes::ClaimMode>> = Vec::new();
+    // The claim modes, in the order their host actions are planned and applied. The opaque-config check
+    // comes first, always: it refuses a config whose sharing strategy's gate is off, with its field path.
+    let mut modes: Vec<Arc<dyn vgpu_dra::modes::ClaimMode>> =
+        vec![Arc::new(vgpu_dra::opaque::OpaqueConfigCheck)];
     // Gate DynamicMIG: MIG devices with shared counters; instances created on Prepare, destroyed on Unprepare.
     if config.gates.enabled(DraGate::DynamicMIG) {
         let gpus = vgpu_dra::mig::publish(&mut devices, backend.as_ref())
@@ -279,7 +302,67 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         );
         modes.push(Arc::new(vgpu_dra::mig::MigMode::new(Arc::clone(&backend))));
     }
+    // Gate TimeSlicingSettings: GpuConfig/MigDeviceConfig `sharing.strategy: TimeSlicing` sets the interval.
+    if config.gates.enabled(DraGate::TimeSlicingSettings) {
+        modes.push(Arc::new(vgpu_dra::sharing::TimeSlicingMode::new(Arc::clone(&backend), &config)));
+    }
+    // Gate MPSSupport: one MPS control daemon per claim (`sharing.strategy: MPS`).
+    let mps = if config.gates.enabled(DraGate::MPSSupport) {
+        let control: Arc<dyn vgpu_dra::mps::MpsDaemonControl> = if backend.name() == "mock" {
+            Arc::new(vgpu_dra::mps::FakeMpsDaemons::default())
+        } else {
+            Arc::new(vgpu_dra::mps::ProcessMpsDaemon::under_driver_root(&config.container_driver_root))
+        };
+        let mode = Arc::new(vgpu_dra::mps::MpsMode::new(Arc::clone(&backend), control, &config));
+        modes.push(mode.clone());
+        Some(mode)
+    } else {
+        None
+    };
+    // Gate PassthroughSupport: gpu-vfio-<index> devices beside the gpu-<minor> ones.
+    if config.gates.enabled(DraGate::PassthroughSupport) {
+        let roots = vgpu_dra::vfio::SysfsRoots::new(&cli.host_root);
+        let vfio = vgpu_dra::vfio::vfio_devices(&roots, &devices)
+            .context("PassthroughSupport: discovering the VFIO devices")?;
+        tracing::info!(devices = vfio.len(), "PassthroughSupport: VFIO devices published");
+        for device in vfio {
+            devices.add(device).context("PassthroughSupport: adding a VFIO device")?;
+        }
+    }
+    // Gate FabricManagerPartitioning: gpuModuleID / partition<N> attributes, partitions activated per claim.
+    // Installed before the vfio mode: revert runs newest first, so GPUs go back to their driver first.
+    if config.gates.enabled(DraGate::FabricManagerPartitioning) {
+        if !vgpu_dra::fabric::has_nvswitch_fabric(&cli.host_root).context("FabricManagerPartitioning")? {
+            tracing::warn!(host_root = %cli.host_root.display(), "FabricManagerPartitioning: no NVSwitch fabric detected");
+        }
+        let target = match vgpu_dra::fabric::FmAddress::from_env(|k| std::env::var(k).ok()) {
+            vgpu_dra::fabric::FmAddress::Tcp(host) => vgpu_nvml::fabric_ffi::FmTarget::Tcp(host),
+            vgpu_dra::fabric::FmAddress::Unix(path) => vgpu_nvml::fabric_ffi::FmTarget::Unix(path),
+        };
+        // libnvfm ships with the driver: look in the mounted driver root first, then the loader's path.
+        let library = cli.container_driver_root.join("usr/lib/x86_64-linux-gnu/libnvfm.so.1");
+        let library = library.exists().then_some(library);
+        let client = vgpu_nvml::fabric_ffi::NvFm::open(library.as_deref(), target, 5000)
+            .context("FabricManagerPartitioning: loading the Fabric Manager client library")?;
+        let fm: Arc<dyn vgpu_dra::fabric::FabricManager> = Arc::new(NvFmClient(client));
+        let partitions = vgpu_dra::fabric::attach_partitions(fm.as_ref(), &mut devices)
+            .context("FabricManagerPartitioning: reading the Fabric Manager partitions")?;
+        tracing::info!(partitions = partitions.len(), "FabricManagerPartitioning: partitions attached");
+        modes.push(Arc::new(vgpu_dra::fabric::FabricMode::new(fm, config.checkpoint_path())));
+    }
+    if config.gates.enabled(DraGate::PassthroughSupport) {
+        let vfio = vgpu_dra::vfio::VfioConfig::host(&cli.host_root);
+        modes.push(Arc::new(vgpu_dra::vfio::VfioMode::new(vfio, &devices)));
+    }
     let devices = Arc::new(devices);
+    // Gate DeviceMetadata (requires PassthroughSupport): KEP-5304 files, last so they describe bound devices.
+    if config.gates.enabled(DraGate::DeviceMetadata) {
+        let mut slice = SliceConfig::new(&config.node_name);
+        slice.driver.clone_from(&config.driver_name);
+        slice.list_type_attributes = config.gates.enabled(DraGate::DRAListTypeAttributes);
+        let metadata = vgpu_dra::metadata::MetadataConfig { slice, devices: Arc::clone(&devices) };
+        modes.push(Arc::new(vgpu_dra::metadata::MetadataMode::new(metadata)));
+    }
     tracing::info!(devices = devices.len(), node = %config.node_name, driver = %config.driver_name, ?xids, "devices");
     // IMEXDaemonsWithDNSNames says how IMEX daemons address each other; this driver starts none (see
     // vgpu_dra::gates), so either value is honoured with nothing to address.
@@ -303,6 +386,16 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         Some(hook) => state.with_fault_hook(hook),
         None => state,
     };
+    let state = Arc::new(state);
+    // MPS daemons live in this process's container: the claims still prepared get theirs back.
+    if let Some(mps) = &mps {
+        let checkpoint = state.checkpoint().await.context("reading the checkpoint for the MPS daemons")?;
+        for (claim, result) in mps.restart_daemons(&checkpoint) {
+            if let Err(error) = result {
+                tracing::warn!(%claim, %error, "cannot restart the claim's MPS control daemon");
+            }
+        }
+    }
 
     // Health (gate NVMLDeviceHealthCheck): backend events → per-device status and taints.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -384,14 +477,33 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     };
 
     // Gate SharedSMUtilizationWatcher: the driver runs the device plugin's SM watcher on this backend.
-    let running = Driver::new(Arc::new(state), health).with_sm_watcher(Arc::clone(&backend)).serve()?;
+    // Gate NRISupport: the in-process NRI plugin gives each container of a vGPU claim its own partition.
+    let nri_health = if config.nri() {
+        let index: vgpu_dra::nri::PluginIndex = cli
+            .nri_plugin_idx
+            .parse()
+            .map_err(|e| anyhow::anyhow!("invalid --nri-plugin-idx {:?}: {e}", cli.nri_plugin_idx))?;
+        let hook = vgpu_dra::nri::NriHook::new(Arc::clone(&state));
+        let nri = vgpu_dra::nri::NriConfig { root: cli.nri_root.clone(), index };
+        let plugin = vgpu_dra::nri::plugin(hook, &nri).context("starting the NRI plugin")?;
+        let health = plugin.health();
+        tokio::spawn(plugin.run(stopped()));
+        tracing::info!(socket = %cli.nri_root.join("nri.sock").display(), index = %cli.nri_plugin_idx, "NRI plugin started (NRISupport)");
+        Some(health)
+    } else {
+        None
+    };
+    let running = Driver::new(state, health).with_sm_watcher(Arc::clone(&backend)).serve()?;
     let mut http_task = None;
     if let Some(addr) = http_endpoint {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding --http-endpoint {addr}"))?;
         let bound = listener.local_addr().context("reading the metrics listener's address")?;
-        let readiness = vgpu_dra::metrics::Readiness::of(&running);
+        let readiness = match &nri_health {
+            Some(nri) => vgpu_dra::metrics::Readiness::of(&running).with_nri(nri.clone()),
+            None => vgpu_dra::metrics::Readiness::of(&running),
+        };
         let path = cli.metrics_path.clone();
         let shutdown = stopped();
         http_task = Some(tokio::spawn(async move {
@@ -401,6 +513,10 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     }
     if let Some(addr) = healthcheck {
         let check = HealthCheck::new(running.registration_socket.clone(), running.dra_socket.clone());
+        let check = match &nri_health {
+            Some(nri) => check.with_nri(nri.clone()),
+            None => check,
+        };
         let (bound, _task) = vgpu_dra::healthcheck::serve(check, addr, stopped()).await?;
         tracing::info!(%bound, "gRPC health check (grpc.health.v1) serving");
     }
@@ -560,5 +676,48 @@ mod tests {
         assert!(parse(&["--node-name=n"]).physical_gpu_status, "on by default");
         assert!(!parse(&["--node-name=n", "--physical-gpu-status=false"]).physical_gpu_status);
         assert!(Cli::try_parse_from([BIN, "--physical-gpu-status=maybe"]).is_err());
+    }
+}
+
+/// `vgpu_nvml`'s Fabric Manager client as the DRA plugin's [`vgpu_dra::fabric::FabricManager`].
+#[derive(Debug)]
+struct NvFmClient(vgpu_nvml::fabric_ffi::NvFm);
+
+impl vgpu_dra::fabric::FabricManager for NvFmClient {
+    fn partitions(&self) -> Result<Vec<vgpu_dra::fabric::Partition>, vgpu_dra::fabric::FabricError> {
+        let partitions = self.0.partitions().map_err(|e| vgpu_dra::fabric::FabricError::Fm {
+            op: "fmGetSupportedFabricPartitions".to_owned(),
+            message: e.to_string(),
+        })?;
+        Ok(partitions
+            .into_iter()
+            .map(|p| vgpu_dra::fabric::Partition {
+                id: p.id,
+                active: p.active,
+                gpus: p
+                    .gpus
+                    .into_iter()
+                    .map(|g| vgpu_dra::fabric::PartitionGpu {
+                        physical_id: g.physical_id,
+                        uuid: g.uuid,
+                        pci_bus_id: g.pci_bus_id,
+                    })
+                    .collect(),
+            })
+            .collect())
+    }
+
+    fn activate(&self, id: u32) -> Result<(), vgpu_dra::fabric::FabricError> {
+        self.0.activate(id).map_err(|e| vgpu_dra::fabric::FabricError::Fm {
+            op: format!("fmActivateFabricPartition({id})"),
+            message: e.to_string(),
+        })
+    }
+
+    fn deactivate(&self, id: u32) -> Result<(), vgpu_dra::fabric::FabricError> {
+        self.0.deactivate(id).map_err(|e| vgpu_dra::fabric::FabricError::Fm {
+            op: format!("fmDeactivateFabricPartition({id})"),
+            message: e.to_string(),
+        })
     }
 }
