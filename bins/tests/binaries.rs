@@ -322,3 +322,28 @@ fn device_monitor_dra_collector_starts() {
     assert!(exit.success(), "{exit:?}\n{log}{rest}");
     drop(api);
 }
+
+/// One start-up per Requires / Mutually-exclusive rule of the kubelet plugin's registry: the binary exits 2
+/// naming the rule in upstream's words.
+#[test]
+fn kubelet_plugin_exits_2_on_each_gate_rule() {
+    let rules = vgpu_dra::feature_gates().rules();
+    assert!(rules.len() >= 10, "the spec's DRA rules: {rules:?}");
+    for rule in rules {
+        let (gates, message) = match *rule {
+            vgpu_gates::Rule::Requires { gate, requires } => (
+                format!("{gate}=true,{requires}=false"),
+                format!("feature gate {gate} requires {requires} to also be enabled"),
+            ),
+            vgpu_gates::Rule::MutuallyExclusive(a, b) => (
+                format!("{a}=true,{b}=true"),
+                format!("feature gate {a} is currently mutually exclusive with {b}"),
+            ),
+        };
+        bin("vgpu-kubelet-plugin")
+            .args(["--node-name=n1", "--feature-gates", &gates])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(message));
+    }
+}
