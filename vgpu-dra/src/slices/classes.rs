@@ -6,7 +6,7 @@
 //! | `gpu-manager` | `gpu` | with `VGPUSupport` off |
 //! | `vgpu-manager` | `vgpu` | with `VGPUSupport` on (default) |
 //! | `mig-manager` | `mig` | with `DynamicMIG` (MIG devices of MIG-enabled GPUs: [`crate::mig`]) |
-//! | `vfio-manager` | `vfio` | not yet (PassthroughSupport) |
+//! | `vfio-manager` | `vfio` | with `PassthroughSupport` (`gpu-vfio-<index>`, bound to `vfio-pci` on Prepare: [`crate::vfio`]) |
 //!
 //! Selector (CEL): `device.driver == '<driver>' && device.attributes['<driver>'].type == '<type>'`.
 //!
