@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `dra_slices_are_allocated_by_the_scheduler_and_taints_steer_claims` | `SlicePublisher` + `HealthMonitor` in-process, mock backend (2 × 24 GiB) | the 12-claim fill and the 13th pending, taint steering and recovery |
 //! | `dra_consumable_shares_and_list_attributes` | in-process, `VGPUSupport` off, `--consumable-shares 2` | `gpu-manager` claims sharing a whole GPU; the `numaNode` list kept with `DRAListTypeAttributes`; a restart adopts the stored slices |
-//! | `dra_kubelet_plugin_binary_publishes_tainted_slices` | the `vgpu-kubelet-plugin` binary, mock backend with a scripted Xid | the wired binary publishes what the scheduler allocates from |
+//! | `dra_kubelet_plugin_binary_publishes_tainted_slices` | the `vgpu-kubelet-plugin` binary, mock backend with a scripted Xid | the wired binary publishes what the scheduler allocates from; with kube-apiserver's `DRAListTypeAttributes` off (its default) a slice with a list attribute is refused |
 //!
 //! The numbers of the first test: a claim requests `capacity.requests {cores: 10, memory: 1Gi}` of class
 //! `vgpu-manager`; a GPU offers `cores` = `--device-cores-ratio`. With the default ratio 100 one GPU holds
@@ -423,5 +423,28 @@ async fn dra_kubelet_plugin_binary_publishes_tainted_slices() {
     env.stop_process("vgpu-kubelet-plugin").unwrap();
     let after = slices.list(&ListParams::default().fields(&format!("spec.nodeName={NODE}"))).await.unwrap();
     assert_eq!(after.items.len(), 1, "slices stay when the plugin stops");
+
+    // The other answer of `DRAListTypeAttributes` (the second test shows it accepted with the cluster's gate
+    // on): this cluster runs kube-apiserver's default (off in v1.37), so a slice with the list-valued
+    // `numaNode` is refused, and the same devices without the list form are accepted.
+    let backend = MockBackend::from_yaml_str(MOCK).unwrap();
+    let devices = Arc::new(AllocatableDevices::from_backend(&backend, &DeviceConfig::default()).unwrap());
+    let health = || tokio::sync::watch::channel(HealthSnapshot::unmonitored_default()).1;
+    let other = "dra-list-node";
+    let mut listed = SlicePublisher::new(
+        KubeSliceStore::new(client.clone(), other, DRIVER_NAME),
+        SliceConfig { list_type_attributes: true, ..SliceConfig::new(other) },
+        Arc::clone(&devices),
+        health(),
+    );
+    let refused = listed.sync().await.unwrap_err().to_string();
+    assert!(refused.contains("numaNode"), "the refusal names the list attribute: {refused}");
+    let mut plain = SlicePublisher::new(
+        KubeSliceStore::new(client.clone(), other, DRIVER_NAME),
+        SliceConfig::new(other),
+        devices,
+        health(),
+    );
+    assert!(matches!(plain.sync().await.unwrap(), PublishOutcome::Published { .. }));
     env.finish();
 }
