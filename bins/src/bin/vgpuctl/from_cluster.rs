@@ -30,17 +30,12 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use serde_json::{Value, json};
-use vgpu_core::domain::ResourceDomain;
-use vgpu_scheduler::{
-    Clock, Cluster, ClusterCache, Extender, ExtenderConfig, KubeCluster, ManualClock, MemoryCluster,
-    SystemClock,
-};
+use serde_json::json;
 
 use crate::pod_shape::PodShape;
 use crate::progress::Progress;
+use crate::snapshot::{Snapshot, allocations, usage_summary};
 
 /// Namespace of the simulated pods (never created in the cluster).
 pub const SIM_NAMESPACE: &str = "vgpuctl-simulate";
@@ -58,91 +53,18 @@ pub struct FromClusterArgs {
     pub json: bool,
 }
 
-/// Utilization and fragmentation of the cache's schedulable GPUs.
-fn usage_summary(cache: &ClusterCache) -> Value {
-    let (mut gpus, mut in_use, mut partial) = (0u64, 0u64, 0u64);
-    let (mut cap_c, mut cap_m, mut use_c, mut use_m) = (0u64, 0u64, 0u64, 0u64);
-    for (_, decoded, usage) in cache.usage_snapshot() {
-        let Some(d) = decoded else { continue };
-        for g in d.inventory.schedulable() {
-            let u = usage.device(g.index);
-            gpus += 1;
-            cap_c += g.cores;
-            cap_m += g.memory_mib;
-            use_c += u.cores;
-            use_m += u.memory_mib;
-            if u.number > 0 {
-                in_use += 1;
-                if u.cores < g.cores && u.memory_mib < g.memory_mib {
-                    partial += 1;
-                }
-            }
-        }
-    }
-    let pct = |a: u64, b: u64| if b == 0 { 0.0 } else { (10_000.0 * a as f64 / b as f64).round() / 100.0 };
-    json!({
-        "gpus": gpus,
-        "gpus_in_use": in_use,
-        "core_utilization_pct": pct(use_c, cap_c),
-        "memory_utilization_pct": pct(use_m, cap_m),
-        "fragmentation_pct": pct(partial, in_use),
-    })
-}
-
-/// The pods the cache counts, with their node and `pre-allocated` value, sorted by pod.
-fn allocations(cache: &ClusterCache, d: &ResourceDomain) -> Vec<Value> {
-    let mut out: Vec<(String, String, String)> = cache
-        .pods()
-        .iter()
-        .filter_map(|p| {
-            let node = cache.counted_node(&p.uid)?;
-            Some((p.key(), node, p.annotations.get(&d.pre_allocated()).cloned().unwrap_or_default()))
-        })
-        .collect();
-    out.sort();
-    out.into_iter()
-        .map(|(pod, node, pre)| json!({ "pod": pod, "node": node, "pre_allocated": pre }))
-        .collect()
-}
-
 /// Runs the what-if; returns the report text (JSON or human).
 pub fn run(args: &FromClusterArgs) -> Result<String, String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("starting the runtime: {e}"))?;
-    let d = ResourceDomain::default();
-    let (nodes, pods) = rt.block_on(async {
-        let client =
-            vgpu_bins::kube_client(args.kubeconfig.as_deref()).await.map_err(|e| format!("{e:#}"))?;
-        KubeCluster::new(client, "vgpuctl").snapshot().await.map_err(|e| format!("reading the cluster: {e}"))
-    })?;
-    let (total_nodes, total_pods) = (nodes.len(), pods.len());
-    let cluster = MemoryCluster::new().without_event_log();
-    let mut candidates: Vec<String> = Vec::new();
-    for node in nodes {
-        if node.annotations.contains_key(&d.node_device_register()) {
-            candidates.push(node.name.clone());
-            cluster.upsert_node(node);
-        }
-    }
-    candidates.sort();
-    for pod in pods {
-        cluster.upsert_pod(pod);
-    }
-    let clock = Arc::new(ManualClock::new(SystemClock.now_ns()));
-    let config = ExtenderConfig { emit_events: false, ..ExtenderConfig::default() };
-    let ext = Extender::new(cluster.clone(), clock, config);
-    rt.block_on(ext.sync()).map_err(|e| format!("loading the snapshot: {e}"))?;
-    ext.attach();
-    let cache = ext.cache().clone();
+    let snap = Snapshot::load(args.kubeconfig.as_deref())?;
+    let (rt, d, cluster, ext, cache) = (&snap.rt, &snap.domain, &snap.cluster, &snap.ext, &snap.cache);
+    let (total_nodes, total_pods, candidates) = (snap.total_nodes, snap.total_pods, &snap.candidates);
     let snapshot = json!({
         "nodes": total_nodes,
         "vgpu_nodes": candidates.len(),
         "pods": total_pods,
-        "allocations": allocations(&cache, &d),
+        "allocations": allocations(cache, d),
     });
-    let before = usage_summary(&cache);
+    let before = usage_summary(cache);
 
     let mut placements: BTreeMap<String, usize> = BTreeMap::new();
     let mut rejected: BTreeMap<String, usize> = BTreeMap::new();
@@ -156,7 +78,7 @@ pub fn run(args: &FromClusterArgs) -> Result<String, String> {
             continue;
         }
         let name = format!("simulate-{i:06}");
-        let pod = args.shape.pod(SIM_NAMESPACE, &name, &format!("{SIM_NAMESPACE}-{i:06}"), &d);
+        let pod = args.shape.pod(SIM_NAMESPACE, &name, &format!("{SIM_NAMESPACE}-{i:06}"), d);
         let pod = cluster.upsert_pod(pod);
         let r = rt.block_on(ext.filter(Some(&pod), candidates.clone()));
         match r.node_names.first() {
@@ -185,7 +107,7 @@ pub fn run(args: &FromClusterArgs) -> Result<String, String> {
         progress.inc();
     }
     progress.finish();
-    let after = usage_summary(&cache);
+    let after = usage_summary(cache);
     let fit: usize = placements.values().sum();
     let n_rejected: usize = rejected.values().sum();
     let summary = json!({

@@ -5,8 +5,9 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod cluster;
 mod crds;
 mod decode;
 mod devices;
@@ -14,9 +15,11 @@ mod from_cluster;
 mod gates;
 mod input;
 mod output;
+mod pod;
 mod pod_shape;
 mod progress;
 mod simulate;
+mod snapshot;
 mod stages;
 mod topology;
 
@@ -50,10 +53,30 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Print the GPU module's CRDs (PhysicalGPU, GPUClass) as YAML, for the default group or --group.
     Crds(crds::CrdsArgs),
+    /// Nodes x GPUs of a live cluster (read-only): allocated vGPUs, cores and memory, pods per GPU,
+    /// fragmentation, unhealthy GPUs.
+    Cluster(cluster::ClusterArgs),
+    /// Where a pod of a live cluster runs and on which GPUs, or why it is pending (its events and the
+    /// extender's placement run locally).
+    Pod(pod::PodArgs),
+}
+
+/// Installed as `kubectl-vgpu` (a symlink or copy), `kubectl vgpu …` runs it: name and usage say so.
+const PLUGIN_NAME: &str = "kubectl-vgpu";
+
+/// Parses the command line; called as [`PLUGIN_NAME`], help and usage name `kubectl vgpu`.
+fn parse() -> Cli {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let mut cmd = Cli::command();
+    if std::path::Path::new(&argv0).file_stem().is_some_and(|s| s == PLUGIN_NAME) {
+        cmd = cmd.name(PLUGIN_NAME).bin_name("kubectl vgpu");
+    }
+    let matches = cmd.clone().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit())
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     let max_bytes = cli.max_bytes;
     match cli.command {
         Command::Gates(cmd) => gates::run(cmd, max_bytes),
@@ -62,5 +85,7 @@ fn main() -> ExitCode {
         Command::Devices(args) => devices::run(args, max_bytes),
         Command::Simulate(args) => simulate::run(args),
         Command::Crds(args) => crds::run(args),
+        Command::Cluster(args) => cluster::run(args),
+        Command::Pod(args) => pod::run(args),
     }
 }
