@@ -7,6 +7,11 @@
 //! prepares again: the started claim was rolled back at start-up (no CDI file, no claim directory, no
 //! entry), the new Prepare succeeds once, a repeated Prepare returns the same devices without touching the
 //! checkpoint, and exactly one CDI file and one claim directory exist.
+//!
+//! The same with a host action (issue #18): gate `DynamicMIG` on a mock A100 whose MIG state lives in a file,
+//! the process hangs right after the MIG instance of its claim is created (`host-action`); after the SIGKILL
+//! the state file shows the instance, the restarted process destroys it while rolling back, and a fresh
+//! Prepare creates it once.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -32,17 +37,29 @@ const CLAIM_PATH: &str = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/
 
 /// The claim the API server answers: one vGPU share of `vgpu-0` on `node-1`, reserved for one pod.
 fn claim_json() -> String {
+    claim_of(serde_json::json!({
+        "request": "gpu", "driver": "manager.nvidia.com", "pool": "node-1", "device": "vgpu-0",
+        "shareID": "7b1e0c3a-5d6f-4a8b-9c0d-1e2f3a4b5c6d",
+        "consumedCapacity": { "cores": "10", "memory": "1Gi" }
+    }))
+}
+
+/// The MIG claim: `gpu-0-mig-5-0-4` (profile 4g.40gb, memory slices 0..4) of the mock A100.
+fn mig_claim_json() -> String {
+    claim_of(serde_json::json!({
+        "request": "gpu", "driver": "manager.nvidia.com", "pool": "node-1", "device": "gpu-0-mig-5-0-4"
+    }))
+}
+
+/// Claim `ns/c1` allocated `result`, reserved for one pod.
+fn claim_of(result: serde_json::Value) -> String {
     serde_json::json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": { "name": "c1", "namespace": "ns", "uid": UID },
         "spec": { "devices": { "requests": [{ "name": "gpu", "exactly": { "deviceClassName": "vgpu-manager" } }] } },
         "status": {
-            "allocation": { "devices": { "results": [{
-                "request": "gpu", "driver": "manager.nvidia.com", "pool": "node-1", "device": "vgpu-0",
-                "shareID": "7b1e0c3a-5d6f-4a8b-9c0d-1e2f3a4b5c6d",
-                "consumedCapacity": { "cores": "10", "memory": "1Gi" }
-            }] } },
+            "allocation": { "devices": { "results": [result] } },
             "reservedFor": [{ "resource": "pods", "name": "app", "uid": "0b1a22cd-4e5f-4a6b-8c7d-9e0f1a2b3c4d" }]
         }
     })
@@ -51,12 +68,13 @@ fn claim_json() -> String {
 
 /// A stand-in for kube-apiserver: `GET` of the claim → 200 with it, anything else → 404 `Status`. Each
 /// connection is answered once and closed. Returns its address; the listener lives in the task.
-async fn fake_api_server() -> std::net::SocketAddr {
+async fn fake_api_server(claim: String) -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
             let Ok((mut conn, _)) = listener.accept().await else { return };
+            let claim = claim.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 let mut chunk = [0_u8; 4096];
@@ -89,7 +107,7 @@ async fn fake_api_server() -> std::net::SocketAddr {
                 let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
                 let path = target.split('?').next().unwrap_or("");
                 let (status, body) = if method == "GET" && path == CLAIM_PATH {
-                    ("200 OK", claim_json())
+                    ("200 OK", claim)
                 } else {
                     (
                         "404 Not Found",
@@ -111,12 +129,19 @@ async fn fake_api_server() -> std::net::SocketAddr {
 
 struct Node {
     dir: tempfile::TempDir,
+    gates: Option<&'static str>,
 }
 
 impl Node {
     fn new(api: std::net::SocketAddr) -> Self {
+        Self::with(api, MOCK, None)
+    }
+
+    /// A node with the mock `mock` (`{dir}` is replaced by the node's directory) and `--feature-gates`.
+    fn with(api: std::net::SocketAddr, mock: &str, gates: Option<&'static str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("mock.yaml"), MOCK).unwrap();
+        let mock = mock.replace("{dir}", &dir.path().display().to_string());
+        std::fs::write(dir.path().join("mock.yaml"), mock).unwrap();
         std::fs::write(
             dir.path().join("kubeconfig"),
             format!(
@@ -125,7 +150,7 @@ impl Node {
             ),
         )
         .unwrap();
-        Self { dir }
+        Self { dir, gates }
     }
 
     fn path(&self, rel: &str) -> PathBuf {
@@ -152,6 +177,9 @@ impl Node {
             .stderr(Stdio::inherit());
         if let Some(point) = pause {
             cmd.env("VGPU_DRA_TEST_PAUSE_AT", point);
+        }
+        if let Some(gates) = self.gates {
+            cmd.arg(format!("--feature-gates={gates}"));
         }
         cmd.spawn().unwrap()
     }
@@ -209,7 +237,7 @@ fn kill(child: &mut Child) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_between_prepare_started_and_completed_then_restart_prepares_once() {
-    let api = fake_api_server().await;
+    let api = fake_api_server(claim_json()).await;
     for (point, files_written) in [("prepare-started", false), ("side-effects", true)] {
         let node = Node::new(api);
         let mut child = node.spawn(Some(point));
@@ -262,4 +290,61 @@ async fn sigkill_between_prepare_started_and_completed_then_restart_prepares_onc
         assert_eq!((node.entries("cdi"), node.entries("manager/claims")), (1, 1));
         kill(&mut child);
     }
+}
+
+/// The MIG instances in the node's mock state file: (profile, placement start).
+fn mig_instances(node: &Node) -> Vec<(String, u32)> {
+    let backend = vgpu_core::backend::mock::MockBackend::from_path(&node.path("mock.yaml")).unwrap();
+    let layout = vgpu_core::backend::DeviceBackend::mig_layout(&backend, 0).unwrap();
+    layout.instances.into_iter().map(|i| (i.profile.to_string(), i.placement_start)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_after_a_mig_instance_is_created_then_restart_destroys_it_and_prepares_once() {
+    const A100: &str = "gpus:\n  - { uuid: GPU-MIG-0, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, computeCapability: '8.0', mig: { mode: Enabled } }\nmigStateFile: {dir}/mig-state.json\n";
+    let api = fake_api_server(mig_claim_json()).await;
+    let node = Node::with(api, A100, Some("DynamicMIG=true,NVMLDeviceHealthCheck=false"));
+    let mut child = node.spawn(Some("host-action"));
+    let dra = endpoint(&node, &mut child).await;
+    let call = tokio::spawn({
+        let dra = dra.clone();
+        async move { prepare(&dra).await }
+    });
+    // Hung after the first host action: the instance exists, the claim is started, no CDI spec yet.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let started = node.checkpoint().claims().get(UID).map(|c| c.checkpoint_state);
+        if started == Some(ClaimState::PrepareStarted) && !mig_instances(&node).is_empty() {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the plugin exited");
+        assert!(Instant::now() < deadline, "never reached the host action (state {started:?})");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let recorded = node.checkpoint().claims()[UID].host_actions.clone();
+    assert_eq!(recorded.iter().map(|a| a.mode.as_str()).collect::<Vec<_>>(), ["mig"]);
+    assert_eq!(mig_instances(&node), [("4g.40gb".to_owned(), 0)]);
+    assert!(!node.cdi_file().exists());
+    kill(&mut child);
+    assert!(call.await.unwrap().is_err(), "the killed process cannot answer");
+    assert_eq!(mig_instances(&node), [("4g.40gb".to_owned(), 0)], "a crash leaves the instance");
+
+    // Restart: recovery reverts the recorded action — the instance is destroyed before anything is served.
+    let mut child = node.spawn(None);
+    let dra = endpoint(&node, &mut child).await;
+    assert!(node.checkpoint().claims().is_empty(), "rolled back at start-up");
+    assert!(mig_instances(&node).is_empty(), "the instance was destroyed");
+    assert!(!node.cdi_file().exists());
+
+    // Prepare again: one instance, once.
+    let done = prepare(&dra).await.unwrap();
+    assert_eq!(done.error, "");
+    assert_eq!(done.devices.len(), 1);
+    assert_eq!(done.devices[0].device_name, "gpu-0-mig-5-0-4");
+    assert_eq!(mig_instances(&node), [("4g.40gb".to_owned(), 0)]);
+    assert_eq!(node.checkpoint().claims()[UID].checkpoint_state, ClaimState::PrepareCompleted);
+    let again = prepare(&dra).await.unwrap();
+    assert_eq!(again.devices, done.devices);
+    assert_eq!(mig_instances(&node).len(), 1, "no second instance");
+    kill(&mut child);
 }
