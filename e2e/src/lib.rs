@@ -32,6 +32,7 @@ mod binaries;
 mod certs;
 mod env;
 pub mod fixtures;
+pub mod helm;
 pub mod json_server;
 pub mod known_pid;
 pub mod kubelet;
