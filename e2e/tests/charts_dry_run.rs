@@ -24,13 +24,23 @@ use serde_json::json;
 use vgpu_e2e::TestEnv;
 use vgpu_e2e::helm;
 
-/// One render: a chart, a name for its values, the `--set` arguments, and kinds it must contain.
+/// One render: a chart, a name for its values, the `--set` arguments, kinds it must contain, and text its
+/// DaemonSets must (`has`) and must not (`lacks`) contain (gate-dependent host mounts, gpu-module's mode).
 struct Case {
     chart: &'static str,
     values: &'static str,
     set: &'static [&'static str],
     kinds: &'static [&'static str],
+    has: &'static [&'static str],
+    lacks: &'static [&'static str],
 }
+
+/// Host paths mounted only with gate PassthroughSupport (`/lib/modules`) and NRISupport (`/var/run/nri`).
+const PASSTHROUGH_MOUNT: &str = r#""path":"/lib/modules""#;
+const NRI_MOUNT: &str = r#""path":"/var/run/nri""#;
+/// gpu-module's two modes: kubelet plugin adapters (`dra.enabled`) or the device plugin.
+const KUBELET_PLUGIN: &str = "/usr/bin/vgpu-kubelet-plugin";
+const DEVICE_PLUGIN: &str = "/usr/bin/vgpu-device-plugin";
 
 const MONITORING_ON: &[&str] = &[
     "monitoring.podMonitor.enabled=true",
@@ -46,12 +56,16 @@ const CASES: &[Case] = &[
         values: "defaults",
         set: &[],
         kinds: &["DaemonSet", "Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"],
+        has: &[],
+        lacks: &[],
     },
     Case {
         chart: "vgpu-manager",
         values: "monitoring on, extender serveMetrics",
         set: MONITORING_ON,
         kinds: &["PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap", "Secret"],
+        has: &[],
+        lacks: &[],
     },
     Case {
         chart: "vgpu-manager",
@@ -64,12 +78,16 @@ const CASES: &[Case] = &[
             "devicePlugin.deviceMonitor.enableRbac=false",
         ],
         kinds: &["PodMonitor", "PrometheusRule", "ConfigMap"],
+        has: &[],
+        lacks: &[],
     },
     Case {
         chart: "vgpu-manager",
         values: "webhook with cert-manager",
         set: &["webhook.certManager.enabled=true"],
         kinds: &["Issuer", "Certificate", "MutatingWebhookConfiguration"],
+        has: &[],
+        lacks: &[],
     },
     Case {
         chart: "vgpu-manager",
@@ -79,24 +97,32 @@ const CASES: &[Case] = &[
             "scheduler.schedulerExtender.commands.featureGates.SerializedNodeBind=true",
         ],
         kinds: &["DaemonSet", "Deployment"],
+        has: &[],
+        lacks: &[],
     },
     Case {
         chart: "vgpu-manager-dra-driver",
         values: "defaults",
         set: &[],
         kinds: &["DaemonSet", "DeviceClass"],
+        has: &[],
+        lacks: &[PASSTHROUGH_MOUNT, NRI_MOUNT],
     },
     Case {
         chart: "vgpu-manager-dra-driver",
         values: "monitoring on",
         set: &["monitoring.podMonitor.enabled=true", "monitoring.serviceMonitor.enabled=true"],
         kinds: &["PodMonitor", "ServiceMonitor", "Service", "Secret"],
+        has: &[],
+        lacks: &[],
     },
     Case {
         chart: "vgpu-manager-dra-driver",
         values: "gate NRISupport",
         set: &["kubeletPlugin.containers.plugin.featureGates.NRISupport=true"],
         kinds: &["DaemonSet"],
+        has: &[NRI_MOUNT],
+        lacks: &[PASSTHROUGH_MOUNT],
     },
     Case {
         chart: "vgpu-manager-dra-driver",
@@ -107,24 +133,32 @@ const CASES: &[Case] = &[
             "kubeletPlugin.containers.plugin.featureGates.NVMLDeviceHealthCheck=false",
         ],
         kinds: &["DaemonSet"],
+        has: &[PASSTHROUGH_MOUNT],
+        lacks: &[NRI_MOUNT],
     },
     Case {
         chart: "gpu-module",
         values: "defaults (dra.enabled=true)",
         set: &[],
         kinds: &["DaemonSet", "Deployment", "ValidatingWebhookConfiguration"],
+        has: &[KUBELET_PLUGIN],
+        lacks: &[DEVICE_PLUGIN],
     },
     Case {
         chart: "gpu-module",
         values: "dra.enabled=false",
         set: &["dra.enabled=false"],
         kinds: &["DaemonSet"],
+        has: &[DEVICE_PLUGIN],
+        lacks: &[KUBELET_PLUGIN],
     },
     Case {
         chart: "gpu-module",
         values: "controller with cert-manager",
         set: &["controller.certManager.enabled=true"],
         kinds: &["Issuer", "Certificate"],
+        has: &[],
+        lacks: &[],
     },
 ];
 
@@ -175,6 +209,24 @@ async fn charts_render_objects_the_api_server_accepts() {
             assert!(
                 kinds.contains(kind),
                 "chart {} with values '{}' renders no {kind} (kinds: {kinds:?})",
+                case.chart,
+                case.values
+            );
+        }
+        let daemonsets: String =
+            objects.iter().filter(|o| o["kind"] == "DaemonSet").map(|o| o.to_string()).collect();
+        for text in case.has {
+            assert!(
+                daemonsets.contains(text),
+                "chart {} with values '{}': no {text} in its DaemonSets",
+                case.chart,
+                case.values
+            );
+        }
+        for text in case.lacks {
+            assert!(
+                !daemonsets.contains(text),
+                "chart {} with values '{}': {text} in its DaemonSets",
                 case.chart,
                 case.values
             );
