@@ -13,10 +13,10 @@
 //! | `nodes_listed`, `pods_listed` | objects listed |
 //! | `nodes[].name`, `nodes[].error` | a vGPU node; `error` when its `node-device-register` does not decode |
 //! | `nodes[].gpus[]` | `index`, `uuid`, `type`, `healthy`, `mig`, `vgpus` (slots), `cores`, `memory_mib` (capacity), `vgpus_allocated`, `cores_allocated`, `memory_mib_allocated`, `pods` |
-//! | `nodes[].pods` | pods counted on the node |
+//! | `nodes[].pods` | pods holding GPUs of the node (counted by the extender's cache, with a device claim) |
 //! | `nodes[].summary`, `summary` | `gpus`, `gpus_in_use`, `core_utilization_pct`, `memory_utilization_pct`, `fragmentation_pct` (used GPUs with both cores and memory left), `unhealthy_gpus` — over schedulable GPUs |
 //! | `unhealthy[]` | `{node, index, uuid}` of every unhealthy GPU |
-//! | `allocations[]` | every pod counted: `{pod, node, pre_allocated}` |
+//! | `allocations[]` | every pod holding GPUs on a vGPU node: `{pod, node, pre_allocated}` (the annotation's text) |
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,7 +28,7 @@ use vgpu_core::codec::node_devices;
 use vgpu_core::model::NodeDeviceInventory;
 use vgpu_scheduler::prealloc;
 
-use crate::snapshot::{Snapshot, allocations, pct};
+use crate::snapshot::{Snapshot, pct};
 
 /// Arguments of `vgpuctl cluster`.
 #[derive(Debug, clap::Args)]
@@ -119,7 +119,8 @@ struct NodeView {
     name: String,
     error: Option<String>,
     gpus: Vec<GpuRow>,
-    pods: Vec<String>,
+    /// Pods holding GPUs here: (`namespace/name`, `pre-allocated`).
+    pods: Vec<(String, String)>,
     totals: Totals,
 }
 
@@ -159,10 +160,11 @@ fn views(snap: &Snapshot) -> Vec<NodeView> {
     let mut out = Vec::new();
     for node in &snap.nodes {
         let mut per_gpu: BTreeMap<u32, Vec<String>> = BTreeMap::new();
-        let mut pods: Vec<String> = Vec::new();
+        let mut pods: Vec<(String, String)> = Vec::new();
         for pod in snap.cache.pods_on(&node.name) {
-            pods.push(pod.key());
             if let Some(claim) = prealloc::planned_claim(&pod, d) {
+                let pre = pod.annotations.get(&d.pre_allocated()).cloned().unwrap_or_default();
+                pods.push((pod.key(), pre));
                 for c in claim.devices() {
                     let list = per_gpu.entry(c.index).or_default();
                     if !list.contains(&pod.key()) {
@@ -193,6 +195,13 @@ fn views(snap: &Snapshot) -> Vec<NodeView> {
 fn report(snap: &Snapshot, views: &[NodeView]) -> Value {
     let mut all = Totals::default();
     let mut unhealthy = Vec::new();
+    let mut held: Vec<(&String, &String, &String)> =
+        views.iter().flat_map(|v| v.pods.iter().map(move |(p, pre)| (p, &v.name, pre))).collect();
+    held.sort();
+    let allocations: Vec<Value> = held
+        .into_iter()
+        .map(|(pod, node, pre)| json!({ "pod": pod, "node": node, "pre_allocated": pre }))
+        .collect();
     let nodes: Vec<Value> = views
         .iter()
         .map(|v| {
@@ -220,7 +229,8 @@ fn report(snap: &Snapshot, views: &[NodeView]) -> Value {
                     })
                 })
                 .collect();
-            let mut n = json!({ "name": v.name, "gpus": gpus, "pods": v.pods, "summary": v.totals.json() });
+            let pods: Vec<&String> = v.pods.iter().map(|p| &p.0).collect();
+            let mut n = json!({ "name": v.name, "gpus": gpus, "pods": pods, "summary": v.totals.json() });
             if let Some(e) = &v.error {
                 n["error"] = json!(e);
             }
@@ -233,7 +243,7 @@ fn report(snap: &Snapshot, views: &[NodeView]) -> Value {
         "nodes": nodes,
         "summary": all.json(),
         "unhealthy": unhealthy,
-        "allocations": allocations(&snap.cache, &snap.domain),
+        "allocations": allocations,
     })
 }
 

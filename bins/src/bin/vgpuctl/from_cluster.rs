@@ -1,7 +1,7 @@
 //! `vgpuctl simulate --from-cluster`: "how many more pods of this shape fit in my cluster, and where?"
 //!
 //! Read-only against the API server: one paged list of nodes and one of pods (all namespaces), as the
-//! extender's initial sync does ([`KubeCluster`]'s snapshot; RBAC `list` on `nodes` and `pods`). Nothing is
+//! extender's initial sync does (the shared [`Snapshot`]; RBAC `list` on `nodes` and `pods`). Nothing is
 //! written. The vGPU nodes (those publishing `<domain>/node-device-register`) and every pod go into an
 //! in-memory cluster; the extender's cache counts the pods' `pre-allocated` annotations exactly as the live
 //! extender does (vgpu-manager's annotations are the same, so a vgpu-manager cluster reads the same way).
