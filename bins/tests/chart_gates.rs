@@ -10,7 +10,8 @@
 //! The rule check renders once with `helm template` (Helm built by `e2e/build-helm.sh`; the test says so and
 //! skips that part where Helm is not built): a test-only value `gateCheckMatrix` makes `templates/gate-matrix.yaml`
 //! evaluate the chart's check for each of the 16,384 maps, and every answer must equal `vgpu-gates`' violations
-//! (message and fix, in rule order).
+//! (message and fix, in rule order). And values files written for vgpu-manager's charts (the five gate maps at
+//! the spec's paths) render the same `--feature-gates` / `FEATURE_GATES` strings as `vgpuctl gates render`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
@@ -288,4 +289,77 @@ fn gpu_module_dra_switch_selects_the_mode() {
     let plugin = dp.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin").unwrap();
     assert!(plugin.2.contains("--gfd-labels"));
     assert!(dp.iter().any(|(k, n, _)| k == "Deployment" && n == "vgpu-controller"));
+}
+
+/// The container `name` of the rendered workloads: its `--feature-gates=` argument or its `FEATURE_GATES` env.
+fn rendered_gates(docs: &[Value], container: &str) -> String {
+    for doc in docs {
+        let containers = doc.pointer("/spec/template/spec/containers").and_then(Value::as_array);
+        for c in containers.into_iter().flatten().filter(|c| c["name"] == container) {
+            let from_args = c["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find_map(|a| a.as_str()?.strip_prefix("--feature-gates=").map(str::to_owned));
+            let from_env = c["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == "FEATURE_GATES")
+                .and_then(|e| e["value"].as_str().map(str::to_owned));
+            return from_args.or(from_env).unwrap_or_default();
+        }
+    }
+    panic!("no container {container} in the rendered workloads")
+}
+
+/// Values files written for vgpu-manager's charts, with the five gate maps at the spec's paths, render the
+/// same `--feature-gates` / `FEATURE_GATES` strings as `vgpuctl gates render` makes of the same files.
+#[test]
+fn chart_gate_strings_equal_vgpuctl_gates_render() {
+    let Some(helm) = helm() else {
+        eprintln!("skipped: Helm is not built (run e2e/build-helm.sh or set VGPU_HELM)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let manager = dir.path().join("vgpu-manager-values.yaml");
+    std::fs::write(
+        &manager,
+        "devicePlugin:\n  devicePlugin:\n    commands:\n      featureGates:\n        TopologyAwareGPUAllocation: true\n        SharedSMUtilizationWatcher: true\n        GPUCoreResourcePlugin: false\n  deviceMonitor:\n    commands:\n      featureGates:\n        VirtualMemoryTracking: true\nscheduler:\n  schedulerExtender:\n    commands:\n      featureGates:\n        SerializedNodeBind: true\n        TopologyAwareGPUAllocation: true\n",
+    )
+    .unwrap();
+    let dra = dir.path().join("dra-values.yaml");
+    std::fs::write(
+        &dra,
+        "kubeletPlugin:\n  containers:\n    plugin:\n      featureGates:\n        DynamicMIG: true\n        NVMLDeviceHealthCheck: false\n        TimeSlicingSettings: true\n    monitor:\n      featureGates:\n        SharedSMUtilizationWatcher: true\n",
+    )
+    .unwrap();
+    let cases = [
+        ("vgpu-manager", &manager, "device-plugin", "device-plugin"),
+        ("vgpu-manager", &manager, "device-monitor", "device-monitor"),
+        ("vgpu-manager", &manager, "scheduler-extender", "scheduler-extender"),
+        ("vgpu-manager-dra-driver", &dra, "plugin", "kubelet-plugin"),
+        ("vgpu-manager-dra-driver", &dra, "monitor", "device-monitor"),
+    ];
+    for (chart, values, container, component) in cases {
+        let out = Command::new(&helm)
+            .args(["template", "t", "--kube-version", "1.37.2"])
+            .arg(repo().join("charts").join(chart))
+            .arg("-f")
+            .arg(values)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "helm template {chart}: {}", String::from_utf8_lossy(&out.stderr));
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
+        let rendered = rendered_gates(&docs, container);
+        let vgpuctl = Command::new(env!("CARGO_BIN_EXE_vgpuctl"))
+            .args(["gates", "render", "--component", component, "--values"])
+            .arg(values)
+            .output()
+            .unwrap();
+        assert!(vgpuctl.status.success(), "{}", String::from_utf8_lossy(&vgpuctl.stderr));
+        let want = String::from_utf8(vgpuctl.stdout).unwrap().trim().to_owned();
+        assert!(!want.is_empty(), "{chart}/{container}: the values set gates");
+        assert_eq!(rendered, want, "{chart}/{container} ({component})");
+    }
 }
