@@ -2,6 +2,9 @@
 //!
 //! Exit status: 0 on success, 2 on any input error (bad flags, unreadable, oversized or non-UTF-8 input,
 //! malformed values), 1 when stdout cannot be written (and `simulate`'s over-commit verdict).
+//!
+//! As a kubectl plugin: a symlink or copy named `kubectl-vgpu` on `$PATH` makes `kubectl vgpu cluster`,
+//! `kubectl vgpu pod NS/NAME`, … run the same commands; help, usage and `--version` then say `kubectl vgpu`.
 
 use std::process::ExitCode;
 
