@@ -168,6 +168,7 @@ async fn vgpuctl_cluster_prints_the_allocations_and_pod_explains_a_pending_pod()
     // Stable: the same bytes on a second run; the table lists every GPU.
     assert_eq!(vgpuctl(&env, &["cluster", "--json"]), text, "a second run printed other JSON");
     let table = vgpuctl(&env, &["cluster"]);
+    eprintln!("$ vgpuctl cluster\n{table}");
     assert_eq!(
         table.lines().filter(|l| l.starts_with("gpu-node-")).count(),
         (NODES * GPUS) as usize,
@@ -190,6 +191,8 @@ async fn vgpuctl_cluster_prints_the_allocations_and_pod_explains_a_pending_pod()
         "{why:#}"
     );
     let text = vgpuctl(&env, &["pod", &format!("default/{TOO_BIG}")]);
+    eprintln!("$ vgpuctl pod default/{TOO_BIG}\n{text}");
+    eprintln!("$ vgpuctl pod default/pod-01\n{}", vgpuctl(&env, &["pod", "default/pod-01"]));
     assert!(text.contains("InsufficientGPUCards") && text.contains("FilteringFailed"), "{text}");
 
     // A bound pod: its node and GPUs.

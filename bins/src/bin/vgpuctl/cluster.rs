@@ -354,3 +354,16 @@ pub fn run(args: ClusterArgs) -> ExitCode {
     let text = if args.json { format!("{:#}\n", sorted(report)) } else { table(&report, &views) };
     crate::output::print(&text, ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::sorted;
+
+    #[test]
+    fn keys_are_sorted_at_every_depth_and_arrays_keep_their_order() {
+        let v = sorted(json!({"b": [{"z": 1, "a": 2}, 3], "a": {"y": null, "x": true}}));
+        assert_eq!(v.to_string(), r#"{"a":{"x":true,"y":null},"b":[{"a":2,"z":1},3]}"#);
+    }
+}

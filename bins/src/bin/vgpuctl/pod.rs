@@ -17,13 +17,14 @@
 //! | `pod`, `uid`, `phase`, `node` | the pod; `node` is `spec.nodeName` or `null` |
 //! | `status` | `bound`, or `pending` |
 //! | `allocation` | `null`, or `{node, pre_allocated, real_allocated, containers: [{name, devices: [{index, uuid, cores, memory_mib}]}]}` |
-//! | `events[]` | `{time, type, reason, source, count, message}` of the pod |
+//! | `events[]` | `{time, type, reason, source, count, message}` of the pod, `time` in whole seconds (UTC) |
 //! | `placement` | pending pods: `{error, summary, fits: [node], nodes: [{node, fits, code, reason}]}` (`code` is the contract's reason code), else `null` |
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use k8s_openapi::api::core::v1::Event as KubeEvent;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::ListParams;
 use serde_json::{Value, json};
@@ -62,18 +63,23 @@ fn events(snap: &Snapshot, pod: &Pod) -> Result<Vec<Value>, String> {
     let lp = ListParams::default().fields(&format!("involvedObject.name={}", pod.name));
     let list =
         snap.rt.block_on(api.list(&lp)).map_err(|e| format!("listing the events of {}: {e}", pod.key()))?;
-    let mut rows: Vec<(String, String, Value)> = list
+    let mut rows: Vec<(Option<Timestamp>, String, Value)> = list
         .items
         .into_iter()
         .filter(|e| e.involved_object.kind.as_deref().is_none_or(|k| k == "Pod"))
         .filter(|e| e.involved_object.uid.as_deref().is_none_or(|u| u.is_empty() || u == pod.uid))
         .map(|e| {
-            let time = e
+            // Core events carry lastTimestamp; those written through events.k8s.io (kube-scheduler's) eventTime.
+            let at = e
                 .last_timestamp
                 .as_ref()
-                .map(|t| t.0.to_string())
-                .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
-                .or_else(|| e.first_timestamp.as_ref().map(|t| t.0.to_string()))
+                .map(|t| t.0)
+                .or_else(|| e.event_time.as_ref().map(|t| t.0))
+                .or_else(|| e.first_timestamp.as_ref().map(|t| t.0));
+            // Whole seconds: the two kinds have different precisions.
+            let time = at
+                .and_then(|t| Timestamp::from_second(t.as_second()).ok())
+                .map(|t| t.to_string())
                 .unwrap_or_default();
             let source = e
                 .source
@@ -87,10 +93,10 @@ fn events(snap: &Snapshot, pod: &Pod) -> Result<Vec<Value>, String> {
                 "type": e.type_.clone().unwrap_or_default(),
                 "reason": e.reason.clone().unwrap_or_default(),
                 "source": source,
-                "count": e.count.unwrap_or(1),
+                "count": e.count.or_else(|| e.series.as_ref().and_then(|s| s.count)).unwrap_or(1),
                 "message": e.message.clone().unwrap_or_default(),
             });
-            (time, name, row)
+            (at, name, row)
         })
         .collect();
     rows.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
@@ -248,6 +254,30 @@ pub fn run(args: PodArgs) -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use proptest::prelude::*;
+
+    use super::parse_pod_ref;
+
+    proptest! {
+        #[test]
+        fn namespace_and_name_round_trip(ns in "[a-z0-9][a-z0-9.-]{0,20}", name in "[^/]{1,30}") {
+            prop_assert_eq!(parse_pod_ref(&format!("{ns}/{name}")).unwrap(), (ns, name));
+        }
+
+        #[test]
+        fn anything_else_is_refused_with_the_expected_form(s in ".{0,40}") {
+            let ok = matches!(s.split_once('/'), Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains('/'));
+            match parse_pod_ref(&s) {
+                Ok((a, b)) => prop_assert!(ok && [a, b].join("/") == s),
+                Err(e) => prop_assert!(!ok && e.contains("expected NAMESPACE/NAME"), "{}", e),
+            }
         }
     }
 }
