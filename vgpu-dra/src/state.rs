@@ -291,22 +291,7 @@ impl DeviceState {
         vendor: Arc<dyn VendorAdapter>,
         claims: Arc<dyn ClaimSource>,
     ) -> Result<Self, StateError> {
-        let boot_id = crate::checkpoint::read_boot_id(&config.boot_id_path);
-        let state = Self {
-            config,
-            devices,
-            vendor,
-            claims,
-            boot_id,
-            serial: tokio::sync::Mutex::new(()),
-            fault: None,
-            metrics: None,
-            register: Arc::new(RegisterTable::default()),
-            modes: Vec::new(),
-        };
-        state.recover().await?;
-        state.refresh();
-        Ok(state)
+        Self::with_modes(config, devices, vendor, claims, Vec::new()).await
     }
 
     /// Opens the state with claim modes installed ([`crate::modes`]), in the order their actions are planned

@@ -8,24 +8,14 @@
 
 mod support;
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
-};
+use std::sync::atomic::Ordering;
 
 use support::TestNode;
 use vgpu_dra::{
     checkpoint::ClaimState,
-    state::{ClaimFailure, ClaimRef, FaultHook, FaultPoint},
+    state::{ClaimFailure, ClaimRef, FaultPoint},
 };
 
-/// A hook that stops at `point` once.
-fn crash_once(point: FaultPoint) -> (FaultHook, Arc<AtomicBool>) {
-    let fired = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&fired);
-    let hook: FaultHook = Arc::new(move |at, _uid| at == point && !flag.swap(true, Ordering::SeqCst));
-    (hook, fired)
-}
 
 fn c1() -> ClaimRef {
     ClaimRef::new("ns", "c1", "uid-1")
@@ -36,7 +26,7 @@ async fn crash_after_side_effects_then_restart_rolls_back_and_prepares_once() {
     let node = TestNode::new();
     node.add_vgpu_claim("c1", "uid-1", "vgpu-0", "s1", "10", "1Gi");
     node.add_vgpu_claim("c2", "uid-2", "vgpu-1", "s2", "20", "2Gi");
-    let (hook, fired) = crash_once(FaultPoint::AfterSideEffects);
+    let (hook, fired) = support::crash_once(FaultPoint::AfterSideEffects);
     let state = node.state_with(Some(hook)).await;
     let results = state.prepare(&[c1(), ClaimRef::new("ns", "c2", "uid-2")]).await;
     assert!(fired.load(Ordering::SeqCst));
@@ -73,7 +63,7 @@ async fn crash_after_side_effects_then_restart_rolls_back_and_prepares_once() {
 async fn crash_after_prepare_started_is_rolled_back_by_the_next_prepare() {
     let node = TestNode::new();
     node.add_vgpu_claim("c1", "uid-1", "vgpu-0", "s1", "10", "1Gi");
-    let (hook, _) = crash_once(FaultPoint::AfterPrepareStarted);
+    let (hook, _) = support::crash_once(FaultPoint::AfterPrepareStarted);
     let state = node.state_with(Some(hook)).await;
     assert!(matches!(state.prepare(&[c1()]).await["uid-1"], Err(ClaimFailure::Injected(_))));
     assert_eq!(

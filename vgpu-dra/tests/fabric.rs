@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::sync::{
     Arc,
     atomic::{AtomicBool, Ordering},
@@ -131,19 +133,7 @@ impl Node {
     }
 
     async fn state(&self, hook: Option<FaultHook>) -> DeviceState {
-        let state = DeviceState::with_modes(
-            Arc::clone(&self.config),
-            Arc::clone(&self.devices),
-            Arc::new(NvidiaAdapter),
-            self.claims.clone(),
-            self.modes.clone(),
-        )
-        .await
-        .unwrap();
-        match hook {
-            Some(h) => state.with_fault_hook(h),
-            None => state,
-        }
+        support::open_state(&self.config, &self.devices, self.claims.clone(), self.modes.clone(), hook).await
     }
 }
 

@@ -6,12 +6,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
-};
+mod support;
 
-use vgpu_core::backend::{NvidiaAdapter, mock::MockBackend};
+use std::sync::Arc;
+
+use vgpu_core::backend::mock::MockBackend;
 use vgpu_dra::{
     cdi::Spec,
     claims::{ClaimSource, InMemoryClaims, allocated, allocation_result, claim},
@@ -113,19 +112,7 @@ impl Node {
     }
 
     async fn state(&self, modes: Vec<Arc<dyn ClaimMode>>, hook: Option<FaultHook>) -> DeviceState {
-        let state = DeviceState::with_modes(
-            Arc::clone(&self.config),
-            Arc::clone(&self.devices),
-            Arc::new(NvidiaAdapter),
-            self.claims.clone(),
-            modes,
-        )
-        .await
-        .unwrap();
-        match hook {
-            Some(h) => state.with_fault_hook(h),
-            None => state,
-        }
+        support::open_state(&self.config, &self.devices, self.claims.clone(), modes, hook).await
     }
 
     fn file(&self, uid: &str, request: &str) -> std::path::PathBuf {
@@ -135,11 +122,6 @@ impl Node {
     fn spec(&self, uid: &str) -> Spec {
         serde_json::from_slice(&std::fs::read(self.config.cdi_spec_path(uid)).unwrap()).unwrap()
     }
-}
-
-fn crash_once(point: FaultPoint) -> FaultHook {
-    let fired = Arc::new(AtomicBool::new(false));
-    Arc::new(move |at, _| at == point && !fired.swap(true, Ordering::SeqCst))
 }
 
 #[tokio::test]
@@ -286,7 +268,8 @@ async fn crashes_before_completion_are_rolled_back_on_restart() {
 
     // Metadata first: the crash follows the file write.
     let metadata_first: Vec<Arc<dyn ClaimMode>> = vec![node.metadata.clone().unwrap(), node.vfio.clone()];
-    let state = node.state(metadata_first.clone(), Some(crash_once(FaultPoint::AfterHostAction))).await;
+    let state =
+        node.state(metadata_first.clone(), Some(support::crash_once(FaultPoint::AfterHostAction).0)).await;
     let result = state.prepare(std::slice::from_ref(&vm)).await.remove("uid-1").unwrap();
     assert!(matches!(result, Err(ClaimFailure::Injected(FaultPoint::AfterHostAction))));
     assert!(node.file("uid-1", "gpu").exists());
@@ -298,7 +281,7 @@ async fn crashes_before_completion_are_rolled_back_on_restart() {
     drop(state);
 
     // Everything done but PrepareCompleted: the restart reverts both modes.
-    let state = node.state(node.modes(), Some(crash_once(FaultPoint::AfterSideEffects))).await;
+    let state = node.state(node.modes(), Some(support::crash_once(FaultPoint::AfterSideEffects).0)).await;
     let result = state.prepare(std::slice::from_ref(&vm)).await.remove("uid-1").unwrap();
     assert!(matches!(result, Err(ClaimFailure::Injected(FaultPoint::AfterSideEffects))));
     assert!(node.file("uid-1", "gpu").exists());

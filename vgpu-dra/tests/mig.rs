@@ -8,17 +8,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::{
     collections::BTreeMap,
     path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
 };
 
 use proptest::prelude::*;
-use vgpu_core::backend::{DeviceBackend, NvidiaAdapter, mock::MockBackend};
+use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
 use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{InMemoryClaims, allocated, allocation_result, claim},
@@ -77,19 +76,7 @@ impl MigNode {
 
     async fn state(&self, hook: Option<FaultHook>) -> DeviceState {
         let modes: Vec<Arc<dyn ClaimMode>> = vec![self.mode()];
-        let state = DeviceState::with_modes(
-            Arc::clone(&self.config),
-            Arc::clone(&self.devices),
-            Arc::new(NvidiaAdapter),
-            self.claims.clone(),
-            modes,
-        )
-        .await
-        .unwrap();
-        match hook {
-            Some(h) => state.with_fault_hook(h),
-            None => state,
-        }
+        support::open_state(&self.config, &self.devices, self.claims.clone(), modes, hook).await
     }
 
     /// Claim `ns/<name>` allocated `devices` (one request `mig`, exclusive).
@@ -120,13 +107,6 @@ impl MigNode {
     fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
-}
-
-fn crash_once(point: FaultPoint) -> (FaultHook, Arc<AtomicBool>) {
-    let fired = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&fired);
-    let hook: FaultHook = Arc::new(move |at, _uid| at == point && !flag.swap(true, Ordering::SeqCst));
-    (hook, fired)
 }
 
 #[tokio::test]
@@ -250,7 +230,7 @@ async fn crash_after_the_first_host_action_converges_on_restart() {
     let node = MigNode::new(true);
     node.add_claim("c1", "uid-1", &["gpu-0-mig-9-0-4", "gpu-0-mig-14-4-2"]);
     let c1 = ClaimRef::new("ns", "c1", "uid-1");
-    let (hook, fired) = crash_once(FaultPoint::AfterHostAction);
+    let (hook, fired) = support::crash_once(FaultPoint::AfterHostAction);
     let state = node.state(Some(hook)).await;
     let result = state.prepare(std::slice::from_ref(&c1)).await.remove("uid-1").unwrap();
     assert!(fired.load(Ordering::SeqCst));

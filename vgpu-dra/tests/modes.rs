@@ -11,10 +11,7 @@ mod support;
 
 use std::{
     collections::BTreeSet,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex, atomic::Ordering},
 };
 
 use serde::{Deserialize, Serialize};
@@ -24,7 +21,7 @@ use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{allocated, allocation_result, claim},
     modes::{ClaimContext, ClaimMode, ModeEdits, ModeError, decode, encode},
-    state::{ClaimFailure, ClaimRef, FaultHook, FaultPoint},
+    state::{ClaimFailure, ClaimRef, FaultPoint},
 };
 
 /// What the fake mode does to its "host": the set of devices it holds.
@@ -90,13 +87,6 @@ impl ClaimMode for FakeMode {
         self.host.held.lock().unwrap().remove(&hold.device);
         Ok(())
     }
-}
-
-fn crash_once(point: FaultPoint) -> (FaultHook, Arc<AtomicBool>) {
-    let fired = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&fired);
-    let hook: FaultHook = Arc::new(move |at, _uid| at == point && !flag.swap(true, Ordering::SeqCst));
-    (hook, fired)
 }
 
 /// Claim `ns/two` (UID `uid-2d`) with a share of both GPUs.
@@ -165,7 +155,7 @@ async fn a_crash_after_the_first_action_converges_on_restart() {
     let node = TestNode::new();
     add_two_device_claim(&node);
     let host = Arc::new(FakeHost::default());
-    let (hook, fired) = crash_once(FaultPoint::AfterHostAction);
+    let (hook, fired) = support::crash_once(FaultPoint::AfterHostAction);
     let state = node.state_with_modes(Some(hook), vec![FakeMode::boxed(&host)]).await;
     let out = state.prepare(&[two()]).await;
     assert!(fired.load(Ordering::SeqCst));

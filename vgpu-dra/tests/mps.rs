@@ -8,6 +8,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::sync::{
     Arc,
     atomic::{AtomicBool, Ordering},
@@ -18,7 +20,7 @@ use k8s_openapi::{
     apimachinery::pkg::runtime::RawExtension,
 };
 use serde_json::{Value, json};
-use vgpu_core::backend::{ComputeMode, DeviceBackend, NvidiaAdapter, mock::MockBackend};
+use vgpu_core::backend::{ComputeMode, DeviceBackend, mock::MockBackend};
 use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{InMemoryClaims, allocated, allocation_result, claim},
@@ -73,19 +75,7 @@ impl Node {
         if with_mps {
             modes.push(Arc::new(self.mode()));
         }
-        let state = DeviceState::with_modes(
-            Arc::clone(&self.config),
-            Arc::clone(&self.devices),
-            Arc::new(NvidiaAdapter),
-            self.claims.clone(),
-            modes,
-        )
-        .await
-        .unwrap();
-        match hook {
-            Some(h) => state.with_fault_hook(h),
-            None => state,
-        }
+        support::open_state(&self.config, &self.devices, self.claims.clone(), modes, hook).await
     }
 
     /// Claim `ns/<name>` allocated `devices` (request `gpu`) with `params` as its opaque config.

@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::sync::{
     Arc,
     atomic::{AtomicBool, Ordering},
@@ -17,7 +19,7 @@ use k8s_openapi::{
     apimachinery::pkg::runtime::RawExtension,
 };
 use serde_json::{Value, json};
-use vgpu_core::backend::{DeviceBackend, NvidiaAdapter, TimeSlice, mock::MockBackend};
+use vgpu_core::backend::{DeviceBackend, TimeSlice, mock::MockBackend};
 use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{InMemoryClaims, allocated, allocation_result, claim},
@@ -73,19 +75,14 @@ impl Node {
     }
 
     async fn state(&self, with_time_slicing: bool, hook: Option<FaultHook>) -> DeviceState {
-        let state = DeviceState::with_modes(
-            Arc::clone(&self.config),
-            Arc::clone(&self.devices),
-            Arc::new(NvidiaAdapter),
+        support::open_state(
+            &self.config,
+            &self.devices,
             self.claims.clone(),
             self.modes(with_time_slicing),
+            hook,
         )
         .await
-        .unwrap();
-        match hook {
-            Some(h) => state.with_fault_hook(h),
-            None => state,
-        }
     }
 
     fn add(&self, name: &str, uid: &str, device: &str, share: &str, params: Option<Value>) {

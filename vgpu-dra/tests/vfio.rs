@@ -7,12 +7,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
-};
+mod support;
 
-use vgpu_core::backend::{NvidiaAdapter, mock::MockBackend};
+use std::sync::{Arc, atomic::Ordering};
+
+use vgpu_core::backend::mock::MockBackend;
 use vgpu_dra::{
     cdi::Spec,
     checkpoint::ClaimState,
@@ -113,19 +112,7 @@ impl Node {
     async fn state(&self, hook: Option<FaultHook>) -> DeviceState {
         let modes: Vec<Arc<dyn ClaimMode>> =
             self.mode.iter().map(|m| m.clone() as Arc<dyn ClaimMode>).collect();
-        let state = DeviceState::with_modes(
-            Arc::clone(&self.config),
-            Arc::clone(&self.devices),
-            Arc::new(NvidiaAdapter),
-            self.claims.clone(),
-            modes,
-        )
-        .await
-        .unwrap();
-        match hook {
-            Some(h) => state.with_fault_hook(h),
-            None => state,
-        }
+        support::open_state(&self.config, &self.devices, self.claims.clone(), modes, hook).await
     }
 
     fn spec(&self, uid: &str) -> Spec {
@@ -155,13 +142,6 @@ fn rebind_writes(bus: &str, to: &str) -> Vec<(String, String)> {
         (format!("bus/pci/devices/{bus}/driver/unbind"), bus.into()),
         (format!("bus/pci/drivers/{to}/bind"), bus.into()),
     ]
-}
-
-fn crash_once(point: FaultPoint) -> (FaultHook, Arc<AtomicBool>) {
-    let fired = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&fired);
-    let hook: FaultHook = Arc::new(move |at, _uid| at == point && !flag.swap(true, Ordering::SeqCst));
-    (hook, fired)
 }
 
 #[tokio::test]
@@ -278,7 +258,7 @@ async fn crash_after_the_first_bind_then_restart_converges() {
     let node = Node::new(true);
     node.add_claim("c1", "uid-1", &["gpu-vfio-0", "gpu-vfio-1"]);
     let c1 = ClaimRef::new("ns", "c1", "uid-1");
-    let (hook, fired) = crash_once(FaultPoint::AfterHostAction);
+    let (hook, fired) = support::crash_once(FaultPoint::AfterHostAction);
     let state = node.state(Some(hook)).await;
     let result = state.prepare(std::slice::from_ref(&c1)).await.remove("uid-1").unwrap();
     assert!(fired.load(Ordering::SeqCst));

@@ -3,7 +3,14 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use vgpu_core::backend::{DeviceBackend, NvidiaAdapter, mock::MockBackend};
 use vgpu_dra::{
@@ -12,7 +19,7 @@ use vgpu_dra::{
     devices::{AllocatableDevices, DeviceConfig},
     driver::{Driver, RunningDriver},
     health::{HealthConfig, HealthMonitor},
-    state::{DeviceState, FaultHook},
+    state::{DeviceState, FaultHook, FaultPoint},
 };
 
 pub const NODE: &str = "node-1";
@@ -99,19 +106,7 @@ impl TestNode {
         hook: Option<FaultHook>,
         modes: Vec<Arc<dyn vgpu_dra::modes::ClaimMode>>,
     ) -> DeviceState {
-        let state = DeviceState::with_modes(
-            Arc::clone(&self.config),
-            Arc::clone(&self.devices),
-            Arc::new(NvidiaAdapter),
-            self.claims.clone(),
-            modes,
-        )
-        .await
-        .unwrap();
-        match hook {
-            Some(h) => state.with_fault_hook(h),
-            None => state,
-        }
+        open_state(&self.config, &self.devices, self.claims.clone(), modes, hook).await
     }
 
     pub async fn serve(&self) -> RunningDriver {
@@ -136,4 +131,35 @@ fn list(dir: &std::path::Path) -> Vec<String> {
     };
     names.sort();
     names
+}
+
+/// [`DeviceState::with_modes`] over `config`, `devices` and `claims` (NVIDIA adapter), with `hook` installed.
+pub async fn open_state(
+    config: &Arc<DriverConfig>,
+    devices: &Arc<AllocatableDevices>,
+    claims: Arc<InMemoryClaims>,
+    modes: Vec<Arc<dyn vgpu_dra::modes::ClaimMode>>,
+    hook: Option<FaultHook>,
+) -> DeviceState {
+    let state = DeviceState::with_modes(
+        Arc::clone(config),
+        Arc::clone(devices),
+        Arc::new(NvidiaAdapter),
+        claims,
+        modes,
+    )
+    .await
+    .unwrap();
+    match hook {
+        Some(h) => state.with_fault_hook(h),
+        None => state,
+    }
+}
+
+/// A fault hook that stops Prepare at `point` once (as a crash would); the flag says whether it fired.
+pub fn crash_once(point: FaultPoint) -> (FaultHook, Arc<AtomicBool>) {
+    let fired = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&fired);
+    let hook: FaultHook = Arc::new(move |at, _uid| at == point && !flag.swap(true, Ordering::SeqCst));
+    (hook, fired)
 }
