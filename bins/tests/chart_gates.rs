@@ -293,24 +293,24 @@ fn gpu_module_dra_switch_selects_the_mode() {
 
 /// The container `name` of the rendered workloads: its `--feature-gates=` argument or its `FEATURE_GATES` env.
 fn rendered_gates(docs: &[Value], container: &str) -> String {
-    for doc in docs {
-        let containers = doc.pointer("/spec/template/spec/containers").and_then(Value::as_array);
-        for c in containers.into_iter().flatten().filter(|c| c["name"] == container) {
-            let from_args = c["args"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find_map(|a| a.as_str()?.strip_prefix("--feature-gates=").map(str::to_owned));
-            let from_env = c["env"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|e| e["name"] == "FEATURE_GATES")
-                .and_then(|e| e["value"].as_str().map(str::to_owned));
-            return from_args.or(from_env).unwrap_or_default();
-        }
-    }
-    panic!("no container {container} in the rendered workloads")
+    let c = docs
+        .iter()
+        .filter_map(|doc| doc.pointer("/spec/template/spec/containers").and_then(Value::as_array))
+        .flatten()
+        .find(|c| c["name"] == container)
+        .unwrap_or_else(|| panic!("no container {container} in the rendered workloads"));
+    let from_args = c["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|a| a.as_str()?.strip_prefix("--feature-gates=").map(str::to_owned));
+    let from_env = c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "FEATURE_GATES")
+        .and_then(|e| e["value"].as_str().map(str::to_owned));
+    from_args.or(from_env).unwrap_or_default()
 }
 
 /// Values files written for vgpu-manager's charts, with the five gate maps at the spec's paths, render the

@@ -267,7 +267,12 @@ impl ProcessMpsDaemon {
             }
         };
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(input.as_bytes())?;
+            // A control that fails before it reads (no daemon) closes its stdin: its exit status and words
+            // below are the error, not the broken pipe.
+            match stdin.write_all(input.as_bytes()) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                other => other?,
+            }
         }
         let output = child.wait_with_output()?;
         let text =
