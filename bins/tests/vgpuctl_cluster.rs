@@ -389,7 +389,11 @@ fn pod_explains_a_pending_pod_per_node() {
         .collect();
     assert_eq!(
         codes,
-        [("gpu-a", "InsufficientGPUCards"), ("gpu-b", "InsufficientVGPUCore"), ("gpu-bad", "NodeBadVGPURegister")],
+        [
+            ("gpu-a", "InsufficientGPUCards"),
+            ("gpu-b", "InsufficientVGPUCore"),
+            ("gpu-bad", "NodeBadVGPURegister")
+        ],
         "{out}"
     );
     assert_eq!(p["summary"], SUMMARY, "the local placement says what the extender said");
