@@ -16,7 +16,6 @@ use vgpu_dra::{
     state::{ClaimFailure, ClaimRef, FaultPoint},
 };
 
-
 fn c1() -> ClaimRef {
     ClaimRef::new("ns", "c1", "uid-1")
 }
