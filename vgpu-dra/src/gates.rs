@@ -22,7 +22,7 @@
 //! | `PassthroughSupport` | `gpu-vfio-<index>` devices; Prepare binds the GPU to `vfio-pci`, Unprepare rebinds its driver | [`crate::vfio`] |
 //! | `DeviceMetadata` | KEP-5304 device metadata files mounted into the workload | [`crate::metadata`] |
 //! | `FabricManagerPartitioning` | `gpuModuleID`/`partition<N>` attributes; the claim's Fabric Manager partition activated on Prepare | [`crate::fabric`] |
-//! | `NRISupport` | the in-process NRI plugin injects per-container partitions at CreateContainer | [`crate::nri`] |
+//! | `NRISupport` | the in-process NRI plugin injects per-container partitions at CreateContainer (with `DevicePluginClientMode` too, the binary refuses to start: per-container partitions have no register UUID for the registry) | [`crate::nri`] |
 //! | `IMEXDaemonsWithDNSNames` | the IMEX nodes-config format, DNS names with a hosts file or raw IPs; no compute domains are published yet, so nothing writes that file today | [`crate::imex`] |
 //!
 //! ```
