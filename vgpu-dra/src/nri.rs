@@ -49,7 +49,7 @@ pub use vgpu_nri::{health::NriHealth, plugin::NriError as PluginError, plugin::P
 /// The container env the claim's CDI spec sets to the claim's UID.
 pub const CLAIM_UID_ENV: &str = "MANAGER_VGPU_CLAIM_UID";
 /// The per-partition directories.
-pub const PARTITION_DIRS: [&str; 4] = ["config", "vgpu_lock", "vmem_node", "sm_node"];
+pub use crate::partition::PARTITION_DIRS;
 
 /// Where the plugin dials and which index it registers with (`--nri-root`, `--nri-plugin-idx`).
 #[derive(Debug, Clone)]
@@ -183,18 +183,11 @@ impl NriHook {
         let config = self.state.config();
         let key = Self::partition_key(&pod.uid, &container.name)?;
         let part = config.claim_dir(&claim).join(&key);
-        for sub in PARTITION_DIRS {
-            let dir = part.join(sub);
-            std::fs::create_dir_all(&dir).map_err(|e| io("create", &dir, &e))?;
-        }
-        let pids = part.join("config").join("pids.config");
-        if !pids.exists() {
-            vgpu_core::abi::atomic::write_atomic(&pids, b"", 0o644).map_err(|e| NriHookError::Io {
-                action: "create",
-                path: pids.clone(),
-                message: e.to_string(),
-            })?;
-        }
+        crate::partition::create(&part).map_err(|e| NriHookError::Io {
+            action: e.action,
+            path: e.path,
+            message: e.source.to_string(),
+        })?;
         for stale in [
             part.join(vgpu_core::abi::vmem_node::DIR_NAME).join(vgpu_core::abi::vmem_node::FILE_NAME),
             part.join(vgpu_core::abi::sm_node::DIR_NAME).join(vgpu_core::abi::sm_node::FILE_NAME),

@@ -217,6 +217,46 @@ pub fn sha256(data: &[u8]) -> [u8; 32] {
     sha2::Sha256::digest(data).into()
 }
 
+/// The directories of a partition, each mounted into the partition's containers.
+pub const PARTITION_DIRS: [&str; 4] = ["config", "vgpu_lock", "vmem_node", "sm_node"];
+
+/// A partition directory or file could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {action}: {source}")]
+pub struct CreateError {
+    /// The path.
+    pub path: std::path::PathBuf,
+    /// What was being done.
+    pub action: &'static str,
+    /// The I/O error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Makes partition `part` (Prepare's per-partition directories, or the NRI hook's per-container ones): the
+/// [`PARTITION_DIRS`] with mode 0777 (the containers' processes, of any user, write them) and an empty
+/// `config/pids.config` unless one exists. Idempotent.
+pub fn create(part: &std::path::Path) -> Result<(), CreateError> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail =
+        |path: &std::path::Path, action, source| CreateError { path: path.to_path_buf(), action, source };
+    for sub in PARTITION_DIRS {
+        let dir = part.join(sub);
+        std::fs::create_dir_all(&dir).map_err(|e| fail(&dir, "create directory", e))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
+            .map_err(|e| fail(&dir, "chmod 0777", e))?;
+    }
+    let pids = part.join("config").join("pids.config");
+    if !pids.exists() {
+        vgpu_core::abi::atomic::write_atomic(&pids, b"", 0o644).map_err(|e| CreateError {
+            path: pids.clone(),
+            action: "create",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

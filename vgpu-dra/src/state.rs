@@ -270,15 +270,13 @@ impl std::fmt::Debug for DeviceState {
 #[derive(Debug)]
 struct Planned {
     device: PreparedDevice,
-    kind: DeviceType,
-    index: u32,
-    minor: u32,
     partition: String,
     register_uuid: String,
     ordinal: usize,
     cores: Option<u64>,
     memory_mib: Option<u64>,
     cdi_name: String,
+    /// The device the result names (its kind and GPU: index, minor).
     allocatable: AllocatableDevice,
 }
 
@@ -478,7 +476,7 @@ impl DeviceState {
         self.check_overlap(claim, &planned, &cp)?;
         let claim_dir = self.config.claim_dir(&claim.uid);
         let spec_path = self.config.cdi_spec_path(&claim.uid);
-        let has_vgpu = planned.iter().any(|p| p.kind == DeviceType::Vgpu);
+        let has_vgpu = planned.iter().any(|p| p.allocatable.kind == DeviceType::Vgpu);
         let mut register_uuids = BTreeMap::new();
         if has_vgpu {
             self.assign_partitions(claim, &object, &mut planned).await;
@@ -612,7 +610,7 @@ impl DeviceState {
     async fn assign_partitions(&self, claim: &ClaimRef, object: &ResourceClaim, planned: &mut [Planned]) {
         let requests: std::collections::BTreeSet<String> = planned
             .iter()
-            .filter(|p| p.kind == DeviceType::Vgpu)
+            .filter(|p| p.allocatable.kind == DeviceType::Vgpu)
             .filter_map(|p| p.device.request_names.first())
             .map(|r| crate::partition::main_request(r).to_owned())
             .collect();
@@ -630,7 +628,7 @@ impl DeviceState {
             }
         }
         let partitions = crate::partition::resolve(object, &requests, &pods);
-        for p in planned.iter_mut().filter(|p| p.kind == DeviceType::Vgpu) {
+        for p in planned.iter_mut().filter(|p| p.allocatable.kind == DeviceType::Vgpu) {
             let main =
                 p.device.request_names.first().map(|r| crate::partition::main_request(r)).unwrap_or_default();
             if let Some(key) = partitions.by_request.get(main) {
@@ -642,7 +640,7 @@ impl DeviceState {
     /// Client mode: one fresh register UUID per vGPU partition, set on its devices; returns UUID → key.
     fn mint_register_uuids(&self, planned: &mut [Planned]) -> Result<BTreeMap<String, String>, ClaimFailure> {
         let mut by_key: BTreeMap<String, String> = BTreeMap::new();
-        for p in planned.iter_mut().filter(|p| p.kind == DeviceType::Vgpu) {
+        for p in planned.iter_mut().filter(|p| p.allocatable.kind == DeviceType::Vgpu) {
             if !by_key.contains_key(&p.partition) {
                 let source = Path::new(client_mode::KERNEL_UUID);
                 let uuid = client_mode::mint_uuid(source).map_err(|source_err| ClaimFailure::Io {
@@ -742,9 +740,6 @@ impl DeviceState {
                     cdi_device_ids: vec![cdi::qualified(&cdi_name)],
                     uuid: device.gpu.uuid.clone(),
                 },
-                kind: device.kind,
-                index: device.gpu.index,
-                minor: device.gpu.minor,
                 partition: crate::partition::fallback_key(crate::partition::main_request(&result.request)),
                 register_uuid: String::new(),
                 ordinal: *ordinal,
@@ -757,7 +752,10 @@ impl DeviceState {
         }
         let consumers = status.and_then(|s| s.reserved_for.as_ref()).map_or(0, Vec::len);
         // With NRI the partitions are per container (made at CreateContainer), so several pods may share.
-        if consumers > 1 && !self.config.nri() && planned.iter().any(|p| p.kind == DeviceType::Vgpu) {
+        if consumers > 1
+            && !self.config.nri()
+            && planned.iter().any(|p| p.allocatable.kind == DeviceType::Vgpu)
+        {
             return Err(ClaimFailure::Shared { claim: name, consumers });
         }
         Ok(planned)
@@ -802,23 +800,18 @@ impl DeviceState {
         spec_path: &Path,
         edits: ModeEdits,
     ) -> Result<(), ClaimFailure> {
+        let mut vgpus = planned.iter().filter(|p| p.allocatable.kind == DeviceType::Vgpu).peekable();
         if self.config.nri() {
             // The NRI hook makes each container's partition under the claim directory at CreateContainer.
-            if planned.iter().any(|p| p.kind == DeviceType::Vgpu) {
+            if vgpus.peek().is_some() {
                 make_dir(claim_dir)?;
             }
-        }
-        for p in planned.iter().filter(|p| p.kind == DeviceType::Vgpu && !self.config.nri()) {
-            let part = claim_dir.join(&p.partition);
-            for sub in ["config", "vgpu_lock", "vmem_node", "sm_node"] {
-                make_dir(&part.join(sub))?;
-            }
-            let pids = part.join("config").join("pids.config");
-            if !pids.exists() {
-                vgpu_core::abi::atomic::write_atomic(&pids, b"", 0o644).map_err(|e| ClaimFailure::Io {
-                    path: pids.clone(),
-                    action: "create",
-                    source: std::io::Error::other(e.to_string()),
+        } else {
+            for p in vgpus {
+                crate::partition::create(&claim_dir.join(&p.partition)).map_err(|e| ClaimFailure::Io {
+                    path: e.path,
+                    action: e.action,
+                    source: e.source,
                 })?;
             }
         }
@@ -848,7 +841,7 @@ impl DeviceState {
             .and_then(|(_, v)| v.parse().ok())
             .unwrap_or_default();
         let mut common = ContainerEdits { device_nodes: self.control_nodes(), ..ContainerEdits::default() };
-        if planned.iter().any(|p| p.kind == DeviceType::Vgpu) {
+        if planned.iter().any(|p| p.allocatable.kind == DeviceType::Vgpu) {
             common.env = [
                 ("LD_PRELOAD", cdi::CONTROL_LIBRARY.to_owned()),
                 ("MANAGER_COMPATIBILITY_MODE", cfg.compatibility_mode.to_string()),
@@ -892,17 +885,17 @@ impl DeviceState {
             .iter()
             .map(|p| {
                 // A MIG or VFIO device's nodes come from its mode (the MIG caps, `/dev/vfio/<group>`).
-                let nodes = match p.kind {
+                let nodes = match p.allocatable.kind {
                     DeviceType::Gpu | DeviceType::Vgpu => self
                         .vendor
-                        .gpu_device_nodes(p.index, p.minor)
+                        .gpu_device_nodes(p.allocatable.gpu.index, p.allocatable.gpu.minor)
                         .iter()
                         .map(|n| DeviceNode::under(n, &cfg.host_driver_root))
                         .collect(),
                     DeviceType::Mig | DeviceType::Vfio => Vec::new(),
                 };
                 let mut edits = ContainerEdits { device_nodes: nodes, ..ContainerEdits::default() };
-                if p.kind == DeviceType::Vgpu {
+                if p.allocatable.kind == DeviceType::Vgpu {
                     let i = p.ordinal;
                     let (hard, soft) = match p.cores {
                         Some(cores) => vgpu_deviceplugin::vnumber::core_limits(policy, cores),
