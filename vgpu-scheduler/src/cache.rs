@@ -5,8 +5,8 @@
 //! else `predicate-node`) with its `pre-allocated` (else `real-allocated`) claim while
 //! [`should_count`](crate::prealloc::should_count) says so; terminal and deleted pods release. A reservation is
 //! taken by the filter under the node's lock in the same critical section as the allocation that chose it, so
-//! two filters can never hand out the same capacity; it is released on patch failure or expiry, and replaced
-//! by the pod's own counting once the patched pod is applied. Lock order: index, then node.
+//! two filters can never hand out the same capacity; it holds until the bind writes the pre-allocation (the
+//! patched pod's own counting replaces it), and is released on a failed bind or expiry. Lock order: index, then node.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -206,6 +206,9 @@ struct Index {
     pods: HashMap<String, PodRecord>,
     /// uid → (node, expiry) of the in-flight reservation.
     reservations: HashMap<String, (String, i64)>,
+    /// uid → distinct GPU UUIDs of an in-flight reservation of a pod in a sibling group (cross-pod alignment
+    /// sees a sibling from its filter on, before its bind writes the pre-allocation).
+    reserved_uuids: HashMap<String, Vec<String>>,
     /// (deadline, uid, is_reservation).
     deadlines: BTreeSet<(i64, String, bool)>,
     /// pods whose planned node is not (yet) in the cache.
@@ -215,6 +218,11 @@ struct Index {
 }
 
 impl Index {
+    fn forget_reservation(&mut self, uid: &str) {
+        self.reservations.remove(uid);
+        self.reserved_uuids.remove(uid);
+    }
+
     fn ungroup(&mut self, group: &Group, uid: &str) {
         if let Some(members) = self.groups.get_mut(group) {
             members.remove(uid);
@@ -374,8 +382,8 @@ impl ClusterCache {
     }
 
     /// The placements of a pod's gang siblings — pods of the same gang, or, for a pod without a gang, of the same
-    /// controller — other than the pod itself, while counted: (planned node, distinct GPU UUIDs of the planned
-    /// claim). Served from an index kept on pod events (no scan); empty for a pod with neither gang nor
+    /// controller — other than the pod itself, while counted or reserved: (planned node, distinct GPU UUIDs of
+    /// the planned claim, or of the reservation a filter took and its bind has not written yet). Served from an index kept on pod events (no scan); empty for a pod with neither gang nor
     /// controller.
     pub fn sibling_placements(&self, pod: &Pod) -> Vec<(String, Vec<String>)> {
         let Some(group) = sibling_group(pod) else { return Vec::new() };
@@ -385,9 +393,13 @@ impl ClusterCache {
             .iter()
             .filter(|u| **u != pod.uid)
             .filter_map(|u| idx.pods.get(u))
-            .filter_map(|r| {
-                let (node, _) = r.counted.as_ref()?;
-                (!r.uuids.is_empty()).then(|| (node.clone(), r.uuids.clone()))
+            .filter_map(|r| match r.counted.as_ref() {
+                Some((node, _)) => (!r.uuids.is_empty()).then(|| (node.clone(), r.uuids.clone())),
+                None => {
+                    let (node, _) = idx.reservations.get(&r.pod.uid)?;
+                    let uuids = idx.reserved_uuids.get(&r.pod.uid)?;
+                    Some((node.clone(), uuids.clone()))
+                }
             })
             .collect()
     }
@@ -566,7 +578,7 @@ impl ClusterCache {
             {
                 self.drop_reservation(&mut idx, &uid, None);
             }
-            idx.reservations.remove(&uid);
+            idx.forget_reservation(&uid);
             match self.node(node) {
                 Some(slot) => {
                     let mut s = lock(&slot);
@@ -621,18 +633,35 @@ impl ClusterCache {
     /// Records a reservation taken with [`reserve_locked`](Self::reserve_locked) for expiry (call after
     /// releasing the node lock).
     pub fn track_reservation(&self, node: &str, uid: &str, expires_ns: i64) {
+        self.track_reservation_of(node, uid, expires_ns, &[]);
+    }
+
+    /// [`track_reservation`](Self::track_reservation) that also records the reserved GPUs (distinct UUIDs), so
+    /// that the pod's siblings align with it ([`sibling_placements`](Self::sibling_placements)) before its
+    /// pre-allocation is written.
+    pub fn track_reservation_of(&self, node: &str, uid: &str, expires_ns: i64, uuids: &[String]) {
         let mut idx = lock(&self.index);
         let still = self.node(node).is_some_and(|s| lock(&s).reserved.get(uid) == Some(&expires_ns));
         if still {
             idx.reservations.insert(uid.to_owned(), (node.to_owned(), expires_ns));
             idx.deadlines.insert((expires_ns, uid.to_owned(), true));
+            if uuids.is_empty() {
+                idx.reserved_uuids.remove(uid);
+            } else {
+                idx.reserved_uuids.insert(uid.to_owned(), uuids.to_vec());
+            }
         }
+    }
+
+    /// A pod's in-flight reservation: (node, expiry in Unix ns), while it holds.
+    pub fn reservation(&self, uid: &str) -> Option<(String, i64)> {
+        lock(&self.index).reservations.get(uid).cloned()
     }
 
     /// Releases a pod's reservation (patch failure); the pod's own counting, if any, is restored.
     pub fn release(&self, node: &str, uid: &str) {
         let mut idx = lock(&self.index);
-        idx.reservations.remove(uid);
+        idx.forget_reservation(uid);
         self.release_on(&mut idx, node, uid, None);
     }
 
@@ -640,7 +669,7 @@ impl ClusterCache {
         if let Some((node, exp)) = idx.reservations.get(uid).cloned()
             && only_if.is_none_or(|t| t == exp)
         {
-            idx.reservations.remove(uid);
+            idx.forget_reservation(uid);
             self.release_on(idx, &node, uid, Some(exp));
         }
     }

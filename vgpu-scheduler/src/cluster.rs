@@ -106,9 +106,18 @@ pub struct MetadataPatch {
     pub labels: BTreeMap<String, Option<String>>,
     /// Annotation key → new value, or `None` to delete.
     pub annotations: BTreeMap<String, Option<String>>,
+    /// The UID the pod must have (`metadata.uid` in the patch): kube-apiserver refuses to change a UID, so
+    /// a patch by name never lands on a pod deleted and re-created under the same name.
+    pub uid: Option<String>,
 }
 
 impl MetadataPatch {
+    /// Requires the pod to have this UID (builder style; see [`uid`](Self::uid)).
+    pub fn with_uid(mut self, uid: impl Into<String>) -> Self {
+        self.uid = Some(uid.into());
+        self
+    }
+
     /// Sets a label (builder style).
     pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.labels.insert(key.into(), Some(value.into()));
@@ -156,6 +165,9 @@ impl MetadataPatch {
                     .collect();
                 meta.insert(name.to_owned(), serde_json::Value::Object(m));
             }
+        }
+        if let Some(uid) = &self.uid {
+            meta.insert("uid".to_owned(), serde_json::Value::String(uid.clone()));
         }
         serde_json::json!({ "metadata": meta }).to_string()
     }
@@ -423,6 +435,12 @@ impl Cluster for MemoryCluster {
                 .pods
                 .get_mut(&format!("{namespace}/{name}"))
                 .ok_or_else(|| ClusterError::NotFound(format!("pod {namespace}/{name}")))?;
+            if let Some(uid) = patch.uid.as_ref().filter(|u| **u != pod.uid) {
+                return Err(ClusterError::Conflict(format!(
+                    "pod {namespace}/{name}: metadata.uid: field is immutable (patch has {uid}, pod has {})",
+                    pod.uid
+                )));
+            }
             patch.apply_to(&mut pod.labels, &mut pod.annotations);
             pod.resource_version = version;
             pod.clone()

@@ -2,7 +2,7 @@
 //! preempt (contract §3.1–§3.5). Results mirror the extender protocol so an HTTP layer only translates.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -13,6 +13,7 @@ use vgpu_core::alloc::{
 };
 use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
+use vgpu_core::model::PodDeviceClaim;
 use vgpu_gates::{CoreGate, FeatureGates};
 
 use crate::cache::{ClusterCache, DecodedNode, NodeSlot, NodeState};
@@ -27,7 +28,7 @@ use crate::rank_table::NO_ROW;
 
 /// Default `--stuck-grace-period` (30 s).
 pub const DEFAULT_STUCK_GRACE_NS: i64 = 30_000_000_000;
-/// Default lifetime of an in-flight reservation (30 s; it normally lives for one patch round trip).
+/// Default lifetime of an in-flight reservation (30 s; it normally lives from a filter to its bind).
 pub const DEFAULT_RESERVATION_TTL_NS: i64 = 30_000_000_000;
 /// Fixed part of the margin over the cache's node count that a candidate list may have before it is treated
 /// as oversized (see [`candidate_bound`]).
@@ -312,9 +313,10 @@ pub enum FilterStage {
     Node,
     /// Allocation on the ranked nodes until one fits, including its reservation.
     Device,
-    /// The pre-allocation patch round trip (retries included), after a node was chosen.
+    /// The pre-allocation patch round trip (retries included). It runs in the bind, after kube-scheduler's
+    /// serial filter, since the filter only reserves.
     Patch,
-    /// Recording the reservation for expiry and the patched pod in the cache.
+    /// Recording the reservation for expiry (filter) and the patched pod (bind) in the cache.
     CacheUpdate,
 }
 
@@ -349,7 +351,7 @@ pub trait ExtenderObserver: Send + Sync {
     }
 
     /// A live filter placed a pod whose gang siblings were already placed, from this cross-pod window
-    /// (reported once per placed pod, after its pre-allocation patch).
+    /// (reported once per placed pod, once its reservation is taken).
     fn crosspod_window(&self, window: AlignmentWindow) {
         let _ = window;
     }
@@ -374,7 +376,33 @@ pub struct Extender<C, K> {
     bind_locks: Vec<tokio::sync::Mutex<()>>,
     stats: Stats,
     observer: Option<Arc<dyn ExtenderObserver>>,
+    /// Placements chosen by a filter and not yet bound (pod UID → placement); see [`Extender::filter`].
+    pending: std::sync::Mutex<PendingPlacements>,
 }
+
+/// The pending placements, and the size at which the next insert sweeps out expired ones (twice the size
+/// left by the last sweep, at least [`PENDING_SWEEP_AT`], so sweeping costs O(1) per insert amortised).
+#[derive(Debug, Default)]
+struct PendingPlacements {
+    by_uid: HashMap<String, PendingPlacement>,
+    sweep_at: usize,
+}
+
+/// A filter's choice waiting for its bind: what the bind writes onto the pod before it creates the binding.
+#[derive(Debug, Clone)]
+struct PendingPlacement {
+    node: String,
+    /// Expiry of the cache reservation that holds the GPUs meanwhile (Unix ns).
+    expires_ns: i64,
+    /// The encoded `pre-allocated` annotation.
+    pre_allocated: String,
+    /// The claim it encodes.
+    claim: PodDeviceClaim,
+}
+
+/// Pending placements beyond this many are swept for expired ones on the next insert (an expired one is
+/// otherwise dropped by its pod's bind or replaced by its next filter).
+const PENDING_SWEEP_AT: usize = 1024;
 
 impl<C, K> std::fmt::Debug for Extender<C, K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -449,6 +477,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             bind_locks: (0..BIND_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             stats: Stats::default(),
             observer: None,
+            pending: std::sync::Mutex::new(PendingPlacements::default()),
         }
     }
 
@@ -520,16 +549,24 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         PodRequest::from_pod(&pod.request_spec(), &self.config.domain)
     }
 
-    /// The live filter (`/scheduler/filter`): picks one node, reserves its GPUs, patches the pre-allocation.
+    /// The live filter (`/scheduler/filter`): picks one node and reserves its GPUs in the cache.
+    ///
+    /// The filter writes nothing to the API server: the chosen placement waits in memory, held by the cache's
+    /// reservation ([`DEFAULT_RESERVATION_TTL_NS`]), until [`bind`](Self::bind) writes it onto the pod in one
+    /// patch just before it creates the binding. kube-scheduler runs filters one pod at a time and binds in
+    /// parallel, so the patch round trip (about as long as the rest of a scheduling cycle together) is off its
+    /// serial path. Nothing reads a pre-allocation before the pod is bound: the device plugin allocates for
+    /// bound pods only, and the follower replicas of the extender do not filter. If this process restarts
+    /// between filter and bind, the bind finds no placement, fails, and kube-scheduler schedules the pod again.
     ///
     /// The candidate names are moved into the answer (the chosen node and the rejected ones), so a call over
     /// thousands of nodes copies none of them. Repeated names are collapsed and an oversized list is answered
     /// for the cached nodes only ([`candidate_bound`]).
     ///
-    /// Filters of the same pod (by UID) run one after the other; a pod that already holds a valid
-    /// pre-allocation (in the request's copy of the pod or, fresher, in the cache: the patch of an earlier
-    /// filter) gets that node back if it is a candidate, so concurrent or repeated filters of one pod all
-    /// answer the node its reservation is on and the bind that follows finds a matching pre-allocation. If
+    /// Filters of the same pod (by UID) run one after the other; a pod that already holds a valid placement
+    /// (pending here from an earlier filter, or a pre-allocation in the pod's annotations) gets that node back
+    /// if it is a candidate, so concurrent or repeated filters of one pod all answer the node its reservation
+    /// is on and the bind that follows finds a matching placement. If
     /// that node is not a candidate the call fails (`pod <uid> had been predicated`), as upstream does once its
     /// informer has seen the patch. Filters of different pods never wait on each other for this.
     pub async fn filter(&self, pod: Option<&Pod>, nodes: Vec<String>) -> FilterResult {
@@ -548,6 +585,40 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 FilterResult { error: e.to_string(), ..FilterResult::default() }
             }
         }
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, PendingPlacements> {
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The pod's pending placement while its reservation holds (same node, same expiry, not expired).
+    fn valid_pending(&self, uid: &str, now: i64) -> Option<PendingPlacement> {
+        let p = self.pending().by_uid.get(uid).cloned()?;
+        (p.expires_ns >= now && self.cache.reservation(uid) == Some((p.node.clone(), p.expires_ns)))
+            .then_some(p)
+    }
+
+    fn remember_pending(&self, uid: &str, placement: PendingPlacement, now: i64) {
+        let mut pending = self.pending();
+        if pending.by_uid.len() >= pending.sweep_at.max(PENDING_SWEEP_AT) {
+            pending.by_uid.retain(|_, p| p.expires_ns >= now);
+            pending.sweep_at = pending.by_uid.len() * 2;
+        }
+        pending.by_uid.insert(uid.to_owned(), placement);
+    }
+
+    /// The device claim a pod is placed with: the one its filter chose while the bind is pending, else the
+    /// planned claim of the cached pod (its `pre-allocated`, else `real-allocated` annotation).
+    pub fn placed_claim(&self, uid: &str) -> Option<PodDeviceClaim> {
+        if let Some(p) = self.pending().by_uid.get(uid) {
+            return Some(p.claim.clone());
+        }
+        prealloc::planned_claim(&*self.cache.pod(uid)?, &self.config.domain)
+    }
+
+    /// Placements chosen by filters and not bound yet (for tests and diagnostics).
+    pub fn pending_count(&self) -> usize {
+        self.pending().by_uid.len()
     }
 
     /// The node of a valid pre-allocation the pod holds (contract §3.1 step 5), if any.
@@ -590,7 +661,6 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         if nodes.is_empty() {
             return Err(ExtenderError::NoNodes);
         }
-        let d = &self.config.domain;
         let _pod_lock = self.pod_locks.lock(&pod.uid).await;
         let now = self.clock.now_ns();
         // The cache's copy of the pod is at least as fresh as the scheduler's: it carries the patch of an
@@ -599,7 +669,9 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         if let Some(n) = cached.as_ref().and_then(|p| p.node_name.as_deref()).filter(|n| !n.is_empty()) {
             return Err(ExtenderError::AlreadyBound(n.to_owned()));
         }
-        let held = [cached.as_deref(), Some(&pod)].into_iter().flatten().find_map(|p| self.held_node(p, now));
+        let held = self.valid_pending(&pod.uid, now).map(|p| p.node).or_else(|| {
+            [cached.as_deref(), Some(&pod)].into_iter().flatten().find_map(|p| self.held_node(p, now))
+        });
         if let Some(target) = held {
             let Some(at) = nodes.iter().position(|n| *n == target) else {
                 return Err(ExtenderError::AlreadyPredicated(pod.uid.clone()));
@@ -669,9 +741,6 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             return Ok(FilterResult::from_outcome(nodes, &outcome));
         };
         let node = nodes[pos].clone();
-        let t_stage = Instant::now();
-        self.cache.track_reservation(&node, &pod.uid, expires);
-        self.observe(FilterStage::CacheUpdate, t_stage);
         let encoded = match pod_devices::encode(&alloc.claim) {
             Ok(e) => e,
             Err(e) => {
@@ -679,27 +748,22 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 return Err(ExtenderError::Internal(e.to_string()));
             }
         };
-        let patch = MetadataPatch::default()
-            .label(d.metrics_node(), node.clone())
-            .label(d.assigned_phase(), phase::FILTERING)
-            .annotation(d.predicate_node(), node.clone())
-            .annotation(d.pre_allocated(), encoded)
-            .annotation(d.real_allocated(), "")
-            .annotation(d.predicate_time(), now.to_string());
         let t_stage = Instant::now();
-        let patched = self.patch(&pod, &patch).await;
-        self.observe(FilterStage::Patch, t_stage);
-        match patched {
-            Ok(updated) => {
-                let t_stage = Instant::now();
-                self.cache.upsert_pod(updated, now);
-                self.observe(FilterStage::CacheUpdate, t_stage);
-            }
-            Err(e) => {
-                self.cache.release(&node, &pod.uid);
-                return Err(e);
+        let mut uuids: Vec<String> = Vec::new();
+        for d in alloc.claim.devices() {
+            if !uuids.contains(&d.uuid) {
+                uuids.push(d.uuid.clone());
             }
         }
+        self.cache.track_reservation_of(&node, &pod.uid, expires, &uuids);
+        let placement = PendingPlacement {
+            node: node.clone(),
+            expires_ns: expires,
+            pre_allocated: encoded,
+            claim: alloc.claim.clone(),
+        };
+        self.remember_pending(&pod.uid, placement, now);
+        self.observe(FilterStage::CacheUpdate, t_stage);
         if let (Some(o), Some(w)) = (&self.observer, alloc.alignment) {
             o.crosspod_window(w);
         }
@@ -789,7 +853,8 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         self.event(pod, EventType::Warning, "BindingFailed", message.to_owned()).await;
     }
 
-    /// Bind (`/scheduler/bind`): checks the pre-allocation, marks the pod allocating and creates the binding.
+    /// Bind (`/scheduler/bind`): writes the filter's placement onto the pod (or checks the pre-allocation the
+    /// pod carries), marks the pod allocating and creates the binding.
     pub async fn bind(&self, namespace: &str, name: &str, uid: &str, node: &str) -> BindResult {
         match self.bind_inner(namespace, name, uid, node).await {
             Ok(()) => {
@@ -818,54 +883,150 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             (true, Some(l)) => Some(l.lock().await),
             _ => None,
         };
-        let mut pod = self.cluster.get_pod(namespace, name).await?;
+        // Binds of one pod (kube-scheduler retrying after a timeout) run one after the other, so a retry sees
+        // what the first one did.
+        let _pod_lock = self.pod_locks.lock(uid).await;
+        let now = self.clock.now_ns();
+        let pending = self.pending().by_uid.remove(uid);
+        let (pod, is_vgpu) = match pending {
+            Some(placement) => (self.bind_pending(namespace, name, uid, node, placement, now).await?, true),
+            None => {
+                let pod = self.cluster.get_pod(namespace, name).await?;
+                if pod.uid != uid {
+                    return Err(ExtenderError::UidMismatch(uid.to_owned()));
+                }
+                // A repeated bind must not touch a bound pod: binding to the same node again is a success, to
+                // another node an error; neither marks the pod failed.
+                match pod.node_name.as_deref() {
+                    Some(bound) if bound == node => return Ok(()),
+                    Some(bound) => return Err(ExtenderError::AlreadyBound(bound.to_owned())),
+                    None => {}
+                }
+                self.bind_annotated(pod, node, now).await?
+            }
+        };
+        self.create_binding(pod, node, is_vgpu, now).await
+    }
+
+    /// Bind of a pod whose placement a filter of this process chose ([`PendingPlacement`]): one patch writes the
+    /// whole pre-allocation (labels `metrics-node` and `assigned-phase=allocating`, annotations `predicate-node`,
+    /// `pre-allocated`, an empty `real-allocated` and `predicate-time`) with the pod's UID as precondition, and
+    /// the patched pod replaces the reservation in the cache. The pod is read from the cache (the watch's copy);
+    /// only a pod the cache does not hold yet is read from the API server.
+    async fn bind_pending(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+        placement: PendingPlacement,
+        now: i64,
+    ) -> Result<Pod, ExtenderError> {
+        let d = &self.config.domain;
+        let pod = match self.cache.pod(uid).filter(|p| p.namespace == namespace && p.name == name) {
+            Some(p) => (*p).clone(),
+            None => self.cluster.get_pod(namespace, name).await?,
+        };
+        let fail = |e: ExtenderError| {
+            self.cache.release(&placement.node, uid);
+            e
+        };
         if pod.uid != uid {
-            return Err(ExtenderError::UidMismatch(uid.to_owned()));
+            return Err(fail(ExtenderError::UidMismatch(uid.to_owned())));
         }
-        // A repeated bind (kube-scheduler retrying after a timeout) must not touch a bound pod: binding to the
-        // same node again is a success, to another node an error; neither marks the pod failed.
-        match pod.node_name.as_deref() {
-            Some(bound) if bound == node => return Ok(()),
-            Some(bound) => return Err(ExtenderError::AlreadyBound(bound.to_owned())),
-            None => {}
+        if let Some(bound) = pod.node_name.as_deref().filter(|n| !n.is_empty()) {
+            return Err(fail(ExtenderError::AlreadyBound(bound.to_owned())));
         }
+        if placement.node != node {
+            let e = ExtenderError::NodeMismatch { predicate: placement.node.clone(), node: node.to_owned() };
+            self.mark_failed(&pod, &e.to_string()).await;
+            return Err(fail(e));
+        }
+        let holds = placement.expires_ns >= now
+            && self.cache.reservation(uid) == Some((placement.node.clone(), placement.expires_ns));
+        if !holds {
+            let e = ExtenderError::PreallocExpired(placement.node.clone());
+            self.mark_failed(&pod, &e.to_string()).await;
+            return Err(fail(e));
+        }
+        let patch = MetadataPatch::default()
+            .with_uid(uid)
+            .label(d.metrics_node(), node)
+            .label(d.assigned_phase(), phase::ALLOCATING)
+            .annotation(d.predicate_node(), node)
+            .annotation(d.pre_allocated(), placement.pre_allocated)
+            .annotation(d.real_allocated(), "")
+            .annotation(d.predicate_time(), now.to_string());
+        let t_stage = Instant::now();
+        let patched = self.patch(&pod, &patch).await;
+        self.observe(FilterStage::Patch, t_stage);
+        match patched {
+            Ok(updated) => {
+                let t_stage = Instant::now();
+                self.cache.upsert_pod(updated.clone(), now);
+                self.observe(FilterStage::CacheUpdate, t_stage);
+                Ok(updated)
+            }
+            Err(e) => {
+                self.cache.release(node, uid);
+                self.mark_failed(&pod, &e.to_string()).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Bind of a pod without a pending placement here: a vGPU pod must carry a valid pre-allocation for this
+    /// node in its annotations (written by another replica's or an earlier version's filter, or by
+    /// vgpu-manager's extender); it is marked allocating. Returns the pod and whether it is a vGPU pod.
+    async fn bind_annotated(&self, pod: Pod, node: &str, now: i64) -> Result<(Pod, bool), ExtenderError> {
         let d = &self.config.domain;
         let is_vgpu = self.request(&pod).map(|r| !r.is_empty()).unwrap_or(true)
             || pod.annotations.contains_key(&d.pre_allocated());
-        let now = self.clock.now_ns();
-        if is_vgpu {
-            let predicate = prealloc::predicate_node(&pod, d).unwrap_or_default().to_owned();
-            if predicate != node {
-                let e = ExtenderError::NodeMismatch { predicate, node: node.to_owned() };
-                self.mark_failed(&pod, &e.to_string()).await;
-                return Err(e);
+        if !is_vgpu {
+            return Ok((pod, false));
+        }
+        let predicate = prealloc::predicate_node(&pod, d).unwrap_or_default().to_owned();
+        if predicate != node {
+            let e = ExtenderError::NodeMismatch { predicate, node: node.to_owned() };
+            self.mark_failed(&pod, &e.to_string()).await;
+            return Err(e);
+        }
+        let valid = prealloc::planned_claim(&pod, d).is_some()
+            && prealloc::should_count(&pod, d, self.config.stuck_grace_ns).at(now);
+        if !valid {
+            let e = ExtenderError::PreallocExpired(predicate);
+            self.mark_failed(&pod, &e.to_string()).await;
+            return Err(e);
+        }
+        let patch = MetadataPatch::default()
+            .with_uid(pod.uid.clone())
+            .label(d.assigned_phase(), phase::ALLOCATING)
+            .label(d.metrics_node(), node)
+            .annotation(d.predicate_time(), now.to_string());
+        match self.patch(&pod, &patch).await {
+            Ok(updated) => {
+                self.cache.upsert_pod(updated.clone(), now);
+                Ok((updated, true))
             }
-            let valid = prealloc::planned_claim(&pod, d).is_some()
-                && prealloc::should_count(&pod, d, self.config.stuck_grace_ns).at(now);
-            if !valid {
-                let e = ExtenderError::PreallocExpired(predicate);
+            Err(e) => {
                 self.mark_failed(&pod, &e.to_string()).await;
-                return Err(e);
-            }
-            let patch = MetadataPatch::default()
-                .label(d.assigned_phase(), phase::ALLOCATING)
-                .label(d.metrics_node(), node)
-                .annotation(d.predicate_time(), now.to_string());
-            match self.patch(&pod, &patch).await {
-                Ok(updated) => {
-                    self.cache.upsert_pod(updated.clone(), now);
-                    pod = updated;
-                }
-                Err(e) => {
-                    self.mark_failed(&pod, &e.to_string()).await;
-                    return Err(e);
-                }
+                Err(e)
             }
         }
+    }
+
+    /// Creates the binding; a vGPU pod whose binding fails is marked failed.
+    async fn create_binding(
+        &self,
+        mut pod: Pod,
+        node: &str,
+        is_vgpu: bool,
+        now: i64,
+    ) -> Result<(), ExtenderError> {
         let binding = Binding {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            uid: uid.to_owned(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
             node: node.to_owned(),
         };
         if let Err(e) = self.cluster.bind_pod(&binding).await {

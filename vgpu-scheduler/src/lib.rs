@@ -63,9 +63,10 @@
 //! });
 //! let filtered = rt.block_on(ext.filter(Some(&pod), vec!["n1".to_string()]));
 //! assert_eq!(filtered.node_names, ["n1"]);
-//! assert_eq!(cluster.pod("default", "p1").unwrap().annotations[&d.pre_allocated()], "main[0_GPU-0_0_4096]");
+//! // The filter reserved the GPU in the cache; the bind writes the pre-allocation and binds.
 //! let bound = rt.block_on(ext.bind("default", "p1", "u1", "n1"));
 //! assert_eq!(bound.error, "");
+//! assert_eq!(cluster.pod("default", "p1").unwrap().annotations[&d.pre_allocated()], "main[0_GPU-0_0_4096]");
 //! assert_eq!(ext.cache().counted_node("u1").as_deref(), Some("n1"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

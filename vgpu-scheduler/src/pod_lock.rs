@@ -1,7 +1,7 @@
-//! One async lock per pod UID, held by a live filter from its pre-allocation check to its patch, so that
-//! concurrent filters of the same pod run one after the other (and the later ones find the reservation of
-//! the first) while filters of different pods never wait on each other. Entries exist only while a filter
-//! holds or waits for them.
+//! One async lock per pod UID, held by a live filter from its pre-allocation check to its reservation (and by
+//! a bind from reading the pod to its binding), so that concurrent filters of the same pod run one after the
+//! other (and the later ones find the reservation of the first) while filters of different pods never wait
+//! on each other. Entries exist only while a verb holds or waits for them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -3,7 +3,7 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `POST /scheduler/filter` | [`ExtenderFilterResult`] (live filter: one node, pre-allocation patched) |
+//! | `POST /scheduler/filter` | [`ExtenderFilterResult`] (live filter: one node, its GPUs reserved) |
 //! | `POST /scheduler/filter-dryrun` | [`ExtenderFilterResult`] (every feasible node, no side effect) |
 //! | `POST /scheduler/prioritize` | [`HostPriorityList`](crate::wire::HostPriorityList) (scores 0–10 from the node policy) |
 //! | `POST /scheduler/bind` | [`ExtenderBindingResult`] |
@@ -377,11 +377,10 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
         PodRequest::from_pod(&pod.request_spec(), &self.extender.config().domain).is_ok_and(|r| !r.is_empty())
     }
 
-    /// `topology_placement_total` for a pod just placed on `node`, from its pre-allocation in the cache.
+    /// `topology_placement_total` for a pod just placed on `node`, from the claim its filter chose.
     fn record_placement(&self, pod: &Pod, node: &str, mode: TopologyMode) {
         let cache = self.extender.cache();
-        let Some(placed) = cache.pod(&pod.uid) else { return };
-        let Some(claim) = crate::prealloc::planned_claim(&placed, cache.domain()) else { return };
+        let Some(claim) = self.extender.placed_claim(&pod.uid) else { return };
         let Some(slot) = cache.node(node) else { return };
         let decoded = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).decoded.clone();
         let Ok(decoded) = decoded else { return };

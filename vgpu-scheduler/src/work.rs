@@ -13,7 +13,7 @@
 //!   [`WorkLimits::queue_timeout`], then is refused ([`Busy::QueueTimeout`]). Bind takes no worker (its work
 //!   is a few API calls) but is counted by the admission.
 //!
-//! A verb's async parts (the pre-allocation patch, events, the PodDisruptionBudget list) run inside the
+//! A verb's async parts (the bind's patch and binding, events, the PodDisruptionBudget list) run inside the
 //! blocking thread through [`tokio::runtime::Handle::block_on`]; their I/O is still driven by the runtime.
 
 use std::future::Future;

@@ -63,7 +63,7 @@ impl Env {
 }
 
 #[test]
-fn filter_patches_pre_allocation_and_bind_marks_allocating() {
+fn filter_reserves_and_bind_writes_the_pre_allocation() {
     let e = env(3, 2);
     let binpack = vec![(e.d.node_scheduler_policy(), "binpack".to_string())];
     let pod = e.pod("u1", 1, 50, 4096, &binpack);
@@ -72,27 +72,39 @@ fn filter_patches_pre_allocation_and_bind_marks_allocating() {
     assert_eq!(r.node_names, ["n0"], "binpack ties break by name");
     assert_eq!(r.failed_nodes.len(), 2);
     assert!(r.failed_nodes.iter().all(|f| f.reason == "pod already scheduled to another node"));
+    // The filter wrote nothing: the GPUs are held by the cache's reservation until the bind.
     let p = e.cluster.pod("default", "pod-u1").unwrap();
-    assert_eq!(p.annotations[&e.d.pre_allocated()], "main[0_GPU-0_50_4096]");
-    assert_eq!(p.annotations[&e.d.predicate_node()], "n0");
-    assert_eq!(p.annotations[&e.d.real_allocated()], "");
-    assert_eq!(p.annotations[&e.d.predicate_time()], T0.to_string());
-    assert_eq!(p.labels[&e.d.assigned_phase()], "filtering");
-    assert_eq!(p.labels[&e.d.metrics_node()], "n0");
+    assert_eq!(p, pod, "the filter does not patch the pod");
     assert_eq!(e.used("n0"), (1, 50, 4096));
-    assert_eq!(e.ext.cache().reservation_count(), 0, "the patched pod replaced the reservation");
+    assert_eq!((e.ext.cache().reservation_count(), e.ext.pending_count()), (1, 1));
 
-    // A second filter of the same pod short-circuits to its node.
+    // A second filter of the same pod short-circuits to its node, reserving nothing more.
     let again = e.filter(&p);
     assert_eq!(again.node_names, ["n0"]);
+    assert_eq!(e.used("n0"), (1, 50, 4096));
+    // Another pod sees the reserved capacity as taken.
+    let other = e.pod("u2", 1, 60, 0, &binpack);
+    assert_eq!(e.ext.filter_dry_run(Some(&other), vec!["n0".into()]).node_names, ["n0"], "GPU 1 is free");
 
     e.clock.advance(1_000);
     assert_eq!(e.bind(&p, "n0"), "");
     let p = e.cluster.pod("default", "pod-u1").unwrap();
     assert_eq!(p.node_name.as_deref(), Some("n0"));
-    assert_eq!(p.labels[&e.d.assigned_phase()], "allocating");
+    assert_eq!(p.annotations[&e.d.pre_allocated()], "main[0_GPU-0_50_4096]");
+    assert_eq!(p.annotations[&e.d.predicate_node()], "n0");
+    assert_eq!(p.annotations[&e.d.real_allocated()], "");
     assert_eq!(p.annotations[&e.d.predicate_time()], (T0 + 1_000).to_string());
+    assert_eq!(p.labels[&e.d.assigned_phase()], "allocating");
+    assert_eq!(p.labels[&e.d.metrics_node()], "n0");
     assert_eq!(e.used("n0"), (1, 50, 4096));
+    assert_eq!(
+        (e.ext.cache().reservation_count(), e.ext.pending_count()),
+        (0, 0),
+        "the patched pod replaced the reservation"
+    );
+    // A repeated bind (kube-scheduler retrying) is a success and changes nothing.
+    assert_eq!(e.bind(&p, "n0"), "");
+    assert_eq!(e.cluster.pod("default", "pod-u1").unwrap(), p);
     let reasons: Vec<&str> = e.cluster.events().iter().map(|ev| ev.reason).collect();
     assert_eq!(reasons, ["FilteringSucceed", "BindingSucceed"]);
 
@@ -126,13 +138,18 @@ fn patch_conflicts_are_retried_then_reservation_released() {
     let e = env(1, 1);
     e.cluster.fail_next_patches(2);
     let a = e.pod("a", 1, 50, 1024, &[]);
-    assert_eq!(e.filter(&a).node_names, ["n0"], "two conflicts, third attempt wins");
-    e.cluster.fail_next_patches(3);
+    assert_eq!(e.filter(&a).node_names, ["n0"]);
+    assert_eq!(e.bind(&a, "n0"), "", "two conflicts, third attempt wins");
     let b = e.pod("b", 1, 0, 1024, &[]);
-    let r = e.filter(&b);
-    assert!(r.error.starts_with("failed to patch pod default/pod-b: conflict"), "{}", r.error);
+    assert_eq!(e.filter(&b).node_names, ["n0"]);
+    e.cluster.fail_next_patches(3);
+    let err = e.bind(&b, "n0");
+    assert!(err.starts_with("failed to patch pod default/pod-b: conflict"), "{err}");
     assert_eq!(e.used("n0"), (1, 50, 1024), "b's reservation released, a kept");
     assert_eq!(e.ext.cache().reservation_count(), 0);
+    let b = e.cluster.pod("default", "pod-b").unwrap();
+    assert_eq!(b.labels[&e.d.assigned_phase()], "failed");
+    assert_eq!(b.node_name, None);
 }
 
 #[test]
@@ -223,7 +240,57 @@ fn dry_run_has_no_side_effects_and_lists_every_feasible_node() {
     let failed = &r.failed_nodes.first().unwrap().reason;
     assert!(failed.starts_with("Insufficient vGPU cores"), "{failed}");
     assert!(!e.cluster.pod("default", "pod-b").unwrap().annotations.contains_key(&e.d.pre_allocated()));
+    assert_eq!(e.ext.cache().reservation_count(), 1, "a's only");
+    assert_eq!(e.ext.pending_count(), 1, "a's only");
+}
+
+/// A pod whose pre-allocation another extender wrote (vgpu-manager's, or another replica's before a
+/// failover) is bound from its annotations: the filter answers its node, the bind marks it allocating.
+#[test]
+fn bind_of_a_pod_pre_allocated_elsewhere_uses_its_annotations() {
+    let e = env(2, 1);
+    let d = &e.d;
+    let ann = vec![
+        (d.pre_allocated(), "main[0_GPU-0_40_1024]".to_string()),
+        (d.predicate_node(), "n1".to_string()),
+        (d.predicate_time(), T0.to_string()),
+        (d.real_allocated(), String::new()),
+    ];
+    let p = e.pod("x", 1, 40, 1024, &ann);
+    assert_eq!(e.used("n1"), (1, 40, 1024), "counted from its annotations");
+    assert_eq!(e.filter(&p).node_names, ["n1"]);
+    assert_eq!(e.ext.pending_count(), 0);
+    e.clock.advance(1_000);
+    assert_eq!(e.bind(&p, "n1"), "");
+    let p = e.cluster.pod("default", "pod-x").unwrap();
+    assert_eq!(p.node_name.as_deref(), Some("n1"));
+    assert_eq!(p.labels[&d.assigned_phase()], "allocating");
+    assert_eq!(p.annotations[&d.predicate_time()], (T0 + 1_000).to_string());
+    assert_eq!(e.used("n1"), (1, 40, 1024));
+}
+
+/// The bind's patch carries the UID: a pod deleted and re-created under the same name between filter and
+/// bind gets neither the old pod's pre-allocation nor its binding, and the reservation is released.
+#[test]
+fn bind_never_writes_onto_a_pod_recreated_under_the_same_name() {
+    let e = env(1, 1);
+    let old = e.pod("old", 1, 30, 0, &[]);
+    assert_eq!(e.filter(&old).node_names, ["n0"]);
+    e.cluster.delete_pod("default", "pod-old");
+    let mut new = vgpu_scheduler::fixture::vgpu_pod("new", 1, 30, 0, &[], &e.d);
+    new.name = "pod-old".into();
+    let new = e.cluster.upsert_pod(new);
+    assert_eq!(e.bind(&old, "n0"), "different uid \"old\" from the target pod");
+    let now = e.cluster.pod("default", "pod-old").unwrap();
+    assert_eq!(now, new, "untouched");
+    assert_eq!(e.used("n0"), (0, 0, 0));
     assert_eq!(e.ext.cache().reservation_count(), 0);
+
+    // The patch itself refuses another UID (the cache may still hold the old pod when the bind runs).
+    let patch = vgpu_scheduler::MetadataPatch::default().with_uid("old").label("x", "y");
+    let err =
+        e.rt.block_on(vgpu_scheduler::Cluster::patch_pod_metadata(&e.cluster, "default", "pod-old", &patch));
+    assert!(err.unwrap_err().to_string().contains("metadata.uid: field is immutable"));
 }
 
 #[test]

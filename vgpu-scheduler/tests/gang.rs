@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use vgpu_core::codec::node_gpu_domain::{self, GpuRails};
-use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::DeviceTopology;
@@ -118,13 +117,13 @@ impl Env {
         self.rt.block_on(self.ext.filter(Some(pod), names))
     }
 
-    /// Filters and returns (node, GPU indices of the pre-allocation).
+    /// Filters and returns (node, GPU indices of the placement). The pod stays unbound: its siblings align
+    /// with the filter's reservation, before any pre-allocation is written.
     fn place(&self, pod: &Pod, nodes: &[&str]) -> (String, Vec<u32>) {
         let r = self.filter(pod, nodes);
         assert_eq!(r.error, "", "{r:?}");
         assert_eq!(r.node_names.len(), 1, "{r:?}");
-        let p = self.cluster.pod(&pod.namespace, &pod.name).unwrap();
-        let claim = pod_devices::decode_pre_allocated(&p.annotations[&self.d.pre_allocated()]).unwrap();
+        let claim = self.ext.placed_claim(&pod.uid).unwrap();
         (r.node_names[0].clone(), claim.devices().map(|d| d.index).collect())
     }
 
@@ -199,6 +198,7 @@ fn strict_member_is_rejected_when_its_island_cannot_take_it() {
     let r = e.filter(&second, &["n0", "n1"]);
     assert_eq!(r.node_names, ["n1"], "{r:?}");
     assert_eq!(r.failure("n0"), Some("GPU link topology unsatisfied"));
+    assert_eq!(e.rt.block_on(e.ext.bind("default", "pod-g2", &second.uid, "n1")).error, "");
     let p = e.cluster.pod("default", "pod-g2").unwrap();
     assert_eq!(
         p.annotations[&e.d.pre_allocated()],

@@ -208,13 +208,13 @@ async fn filter_fit_then_bind_then_bind_again() {
         })
     );
     let p = s.cluster.pod("default", "pod-u1").unwrap();
-    assert_eq!(p.annotations[&s.d.pre_allocated()], "main[0_GPU-0_50_4096]");
-    assert_eq!(p.labels[&s.d.assigned_phase()], "filtering");
+    assert!(!p.annotations.contains_key(&s.d.pre_allocated()), "the bind writes the pre-allocation");
 
     let (status, r) = s.post(vgpu_scheduler::BIND_PATH, &bind_args(&p, "n0")).await;
     assert_eq!((status, r), (StatusCode::OK, json!({"Error": ""})));
     let p = s.cluster.pod("default", "pod-u1").unwrap();
     assert_eq!(p.node_name.as_deref(), Some("n0"));
+    assert_eq!(p.annotations[&s.d.pre_allocated()], "main[0_GPU-0_50_4096]");
     assert_eq!(p.labels[&s.d.assigned_phase()], "allocating");
 
     // Binding a bound pod again (a retry) succeeds without touching it; to another node it fails, and
@@ -305,7 +305,7 @@ async fn filter_dry_run_has_no_side_effects() {
     assert!(why.starts_with("Insufficient vGPU cores"), "detailed reason: {why}");
     let b = s.cluster.pod("default", "pod-b").unwrap();
     assert!(!b.annotations.contains_key(&s.d.pre_allocated()), "no patch");
-    assert_eq!(s.ext.cache().reservation_count(), 0, "no reservation");
+    assert_eq!(s.ext.cache().reservation_count(), 1, "a's reservation only");
     assert_eq!(s.cluster.events().len(), events_before, "no event");
     // The live filter still sees n1 and n2 free.
     let (_, r) = s.post(vgpu_scheduler::FILTER_PATH, &filter_args(&b, &s.names)).await;
@@ -909,12 +909,14 @@ async fn sixteen_concurrent_filters_of_one_pod_get_one_node_and_the_bind_succeed
             .map(|(n, _, _)| n)
             .collect();
         assert_eq!(counted, std::slice::from_ref(&node));
-        assert_eq!(s.ext.cache().counted_node("one").as_deref(), Some(node.as_str()));
+        assert_eq!(s.ext.cache().reservation("one").map(|r| r.0), Some(node.clone()));
+        assert_eq!(s.ext.pending_count(), 1);
         let p = s.cluster.pod("default", "pod-one").unwrap();
-        assert_eq!(p.annotations[&s.d.predicate_node()], node);
         let (_, b) = s.post(vgpu_scheduler::BIND_PATH, &bind_args(&p, &node)).await;
         assert_eq!(b, json!({"Error": ""}), "serialize_filter={serialize_filter}");
-        assert_eq!(s.cluster.pod("default", "pod-one").unwrap().node_name.as_deref(), Some(node.as_str()));
+        let p = s.cluster.pod("default", "pod-one").unwrap();
+        assert_eq!(p.node_name.as_deref(), Some(node.as_str()));
+        assert_eq!(p.annotations[&s.d.predicate_node()], node);
         Arc::into_inner(s).unwrap().stop().await;
     }
 }

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use vgpu_core::alloc::ReasonCode;
-use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::DeviceTopology;
@@ -67,10 +66,9 @@ impl Env {
         self.rt.block_on(self.ext.filter(Some(pod), vec!["n".to_owned()]))
     }
 
-    /// GPU indices of a pod's pre-allocation.
+    /// GPU indices of a pod's placement (its filter's reservation).
     fn gpus(&self, pod: &Pod) -> Vec<u32> {
-        let p = self.cluster.pod(&pod.namespace, &pod.name).unwrap();
-        let claim = pod_devices::decode_pre_allocated(&p.annotations[&self.d.pre_allocated()]).unwrap();
+        let claim = self.ext.placed_claim(&pod.uid).unwrap();
         claim.devices().map(|d| d.index).collect()
     }
 
