@@ -42,8 +42,35 @@ pub struct DecodedNode {
     /// Slots, cores, memory over schedulable GPUs.
     pub totals: [u64; 3],
     /// NVLink components, domain signatures and rail keys for cross-pod alignment (from the links and the
-    /// optional `node-gpu-domain` rail map; a rail map that does not decode is ignored).
-    pub domains: NodeDomains,
+    /// optional `node-gpu-domain` rail map; a rail map that does not decode is ignored). Derived on first use
+    /// ([`LazyDomains`]): only nodes a gang or controller pod aligns with pay for them.
+    pub domains: LazyDomains,
+}
+
+/// A decoded node's [`NodeDomains`], computed the first time they are read (they copy every GPU's UUID and
+/// rail key, about 1 KiB per 8-GPU node, and only cross-pod alignment reads them). Dereferences to
+/// [`NodeDomains`].
+#[derive(Debug)]
+pub struct LazyDomains {
+    /// Boxed: a node that never aligns keeps one pointer, not the domains' inline size.
+    domains: std::sync::OnceLock<Box<NodeDomains>>,
+    /// The decoded node these domains belong to (its inventory and links).
+    node: std::sync::Weak<DecodedNode>,
+    /// The decoded `node-gpu-domain` rail map, when published and valid.
+    rails: Option<node_gpu_domain::GpuRails>,
+}
+
+impl std::ops::Deref for LazyDomains {
+    type Target = NodeDomains;
+
+    fn deref(&self) -> &NodeDomains {
+        self.domains.get_or_init(|| match self.node.upgrade() {
+            Some(d) => Box::new(NodeDomains::new(&d.inventory, d.links.as_ref(), self.rails.as_ref())),
+            // Unreachable while the node is only ever shared as `Arc<DecodedNode>` (its only constructor):
+            // borrowing these domains keeps that `Arc` alive.
+            None => Box::default(),
+        })
+    }
 }
 
 impl DecodedNode {
@@ -52,7 +79,7 @@ impl DecodedNode {
         config: NodeVgpuConfig,
         links: Option<NodeLinks>,
         rails: Option<&str>,
-    ) -> Self {
+    ) -> Arc<Self> {
         let uniform_memory = {
             let mut sizes = inventory.schedulable().map(|d| d.memory_mib);
             sizes.next().filter(|f| sizes.all(|s| s == *f))
@@ -64,8 +91,10 @@ impl DecodedNode {
             totals[2] += d.memory_mib;
         }
         let rails = rails.and_then(|r| node_gpu_domain::decode(r).ok());
-        let domains = NodeDomains::new(&inventory, links.as_ref(), rails.as_ref());
-        Self { inventory, config, links, uniform_memory, totals, domains }
+        Arc::new_cyclic(|node| {
+            let domains = LazyDomains { domains: std::sync::OnceLock::new(), node: node.clone(), rails };
+            Self { inventory, config, links, uniform_memory, totals, domains }
+        })
     }
 
     /// What a request's resolution on this node depends on: the memory factor and the uniform GPU memory.
@@ -96,8 +125,9 @@ pub struct NodeState {
     pub name: String,
     /// Decoded annotations, or why the node cannot take vGPU pods.
     pub decoded: Result<Arc<DecodedNode>, NodeFailure>,
-    raw: [Option<String>; 4],
-    enabled: bool,
+    /// Fingerprint of what the decoded state depends on ([`ClusterCache::decode_inputs`]): the annotation
+    /// texts are not kept (about 1.3 KiB per 8-GPU node), only a 128-bit randomly seeded hash of them.
+    inputs: u128,
     /// GPU usage by counted pods and reservations (keyed by pod UID).
     pub usage: NodeUsage,
     /// Free slots, cores, memory over schedulable GPUs.
@@ -259,6 +289,24 @@ pub struct ClusterCache {
     index: Mutex<Index>,
     /// Whether `node-device-topology` is read (gate `TopologyAwareGPUAllocation`).
     link_topology: bool,
+    /// Seeds of the decode-input fingerprints ([`NodeState`]'s `inputs`).
+    prints: InputPrints,
+}
+
+/// Two independently, randomly seeded hashers: a node's decode-input fingerprint is both hashes side by side.
+/// An annotation change goes unnoticed only if the old and new inputs collide in all 128 bits, with
+/// probability about 2⁻¹²⁸ per update.
+#[derive(Debug, Default)]
+struct InputPrints {
+    high: foldhash::quality::RandomState,
+    low: foldhash::quality::RandomState,
+}
+
+impl InputPrints {
+    fn of(&self, inputs: &([Option<&String>; 4], bool)) -> u128 {
+        use std::hash::BuildHasher;
+        (u128::from(self.high.hash_one(inputs)) << 64) | u128::from(self.low.hash_one(inputs))
+    }
 }
 
 impl ClusterCache {
@@ -272,6 +320,7 @@ impl ClusterCache {
             rows: RankTable::new(),
             index: Mutex::default(),
             link_topology: true,
+            prints: InputPrints::default(),
         }
     }
 
@@ -447,42 +496,40 @@ impl ClusterCache {
         (raw, node.allocatable.get(&d.vgpu_number()).is_some_and(|&n| n > 0))
     }
 
-    fn decode(&self, node: &Node) -> ([Option<String>; 4], bool, Result<Arc<DecodedNode>, NodeFailure>) {
-        let (raw, enabled) = self.decode_inputs(node);
-        let raw = raw.map(Option::<&String>::cloned);
+    fn decode(&self, node: &Node) -> (u128, Result<Arc<DecodedNode>, NodeFailure>) {
+        let inputs = self.decode_inputs(node);
+        let print = self.prints.of(&inputs);
+        let (raw, enabled) = inputs;
+        let raw = raw.map(|r| r.map(String::as_str));
         let decoded = if !enabled {
             Err(NodeFailure::new(ReasonCode::NodeNotVgpuEnabled))
         } else {
-            decode_node(raw[0].as_deref(), raw[1].as_deref()).map(|(inv, cfg)| {
-                let links = raw[2].as_deref().and_then(|t| NodeLinks::decode(t).ok());
-                Arc::new(DecodedNode::new(inv, cfg, links, raw[3].as_deref()))
+            decode_node(raw[0], raw[1]).map(|(inv, cfg)| {
+                let links = raw[2].and_then(|t| NodeLinks::decode(t).ok());
+                DecodedNode::new(inv, cfg, links, raw[3])
             })
         };
-        (raw, enabled, decoded)
+        (print, decoded)
     }
 
     /// Adds or updates a node; usage is kept across updates and re-derived only when the annotations change.
     pub fn upsert_node(&self, node: &Node) {
         if let Some(slot) = self.node(&node.name) {
             let mut s = lock(&slot);
-            let (raw, enabled) = self.decode_inputs(node);
-            let same = s.enabled == enabled && s.raw.iter().map(Option::as_ref).eq(raw);
-            if !same {
-                let (raw, enabled, decoded) = self.decode(node);
-                s.raw = raw;
-                s.enabled = enabled;
+            if s.inputs != self.prints.of(&self.decode_inputs(node)) {
+                let (inputs, decoded) = self.decode(node);
+                s.inputs = inputs;
                 s.decoded = decoded;
                 s.row.reset_fitness();
                 s.recompute();
             }
             return;
         }
-        let (raw, enabled, decoded) = self.decode(node);
+        let (inputs, decoded) = self.decode(node);
         let mut state = NodeState {
             name: node.name.clone(),
             decoded,
-            raw,
-            enabled,
+            inputs,
             usage: NodeUsage::new(),
             avail: [0; 3],
             row: self.rows.alloc(),
@@ -831,7 +878,7 @@ mod tests {
     fn domains(cache: &ClusterCache) -> NodeDomains {
         let slot = cache.node("n").unwrap();
         let s = lock(&slot);
-        s.decoded.as_ref().unwrap().domains.clone()
+        NodeDomains::clone(&s.decoded.as_ref().unwrap().domains)
     }
 
     #[test]
@@ -858,6 +905,19 @@ mod tests {
         assert_ne!(g2, g1);
         cache.upsert_node(&node(None));
         assert_ne!(cache.node_generation(), g2);
+    }
+
+    #[test]
+    fn domains_are_derived_on_first_read_as_the_eager_form() {
+        let cache = ClusterCache::new(ResourceDomain::default(), 0);
+        let rails = r#"{"G0":"r0","G1":"r0","G2":"r1","G3":"r1"}"#;
+        cache.upsert_node(&node(Some(rails)));
+        let d = cache.decoded("n").unwrap();
+        assert!(d.domains.domains.get().is_none(), "not derived before the first read");
+        let eager =
+            NodeDomains::new(&d.inventory, d.links.as_ref(), Some(&node_gpu_domain::decode(rails).unwrap()));
+        assert_eq!(*d.domains, eager);
+        assert!(d.domains.domains.get().is_some());
     }
 
     #[test]

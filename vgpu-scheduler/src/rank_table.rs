@@ -3,7 +3,9 @@
 //!
 //! A filter ranks thousands of candidates per call and usually allocates on one. Reading each candidate's
 //! inputs from its own locked [`NodeState`](crate::cache::NodeState) costs a mutex round trip and a few cold
-//! cache lines in separate heap objects per node; here a candidate costs one 128-byte row in a dense table.
+//! cache lines in separate heap objects per node; here a candidate costs one 64-byte row (one cache line) in a
+//! dense table. The topology fitness tables, read only for link and NUMA requests, sit in a parallel array
+//! beside the rows, so a ranking without topology never loads them.
 //!
 //! Rows are written only by the holder of their node's lock (every change of a node's usage or decoded
 //! annotations republishes its row), and read with relaxed atomics. A reader racing a writer may see a mix of
@@ -36,7 +38,7 @@ const FAILED: u32 = 2;
 /// Row id of a name the cache does not hold.
 pub const NO_ROW: u32 = u32::MAX;
 
-/// One node's ranking inputs (two cache lines).
+/// One node's ranking inputs (one cache line).
 #[derive(Debug)]
 #[repr(align(64))]
 pub struct RankRow {
@@ -48,8 +50,53 @@ pub struct RankRow {
     uniform_memory: AtomicU64,
     avail: [AtomicU64; 3],
     totals: [AtomicU64; 3],
-    /// Link, then NUMA fitness per need; `UNKNOWN` until first asked for.
-    fitness: [[AtomicU8; FITNESS_LEN]; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<RankRow>() == 64);
+
+/// Link, then NUMA fitness per need of one node; `UNKNOWN` until first asked for.
+type FitnessTable = [[AtomicU8; FITNESS_LEN]; 2];
+
+fn unknown_fitness() -> FitnessTable {
+    std::array::from_fn(|_| std::array::from_fn(|_| AtomicU8::new(UNKNOWN)))
+}
+
+/// `CHUNK` rows and their fitness tables, at the same positions.
+#[derive(Debug)]
+struct Chunk {
+    rows: Box<[RankRow]>,
+    fitness: Box<[FitnessTable]>,
+}
+
+impl Chunk {
+    fn new() -> Self {
+        Self {
+            rows: (0..CHUNK).map(|_| RankRow::vacant()).collect(),
+            fitness: (0..CHUNK).map(|_| unknown_fitness()).collect(),
+        }
+    }
+
+    fn reset(&self, i: usize) {
+        if let Some(row) = self.rows.get(i) {
+            row.status.store(VACANT, Relaxed);
+        }
+        self.reset_fitness(i);
+    }
+
+    fn reset_fitness(&self, i: usize) {
+        for lane in self.fitness.get(i).into_iter().flatten() {
+            for f in lane {
+                f.store(UNKNOWN, Relaxed);
+            }
+        }
+    }
+}
+
+/// A node's row and its fitness table, as read by [`RowReader::get`].
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    row: &'a RankRow,
+    fitness: &'a FitnessTable,
 }
 
 /// What a row says about its node.
@@ -101,13 +148,14 @@ impl RankRow {
             uniform_memory: AtomicU64::new(NOT_UNIFORM),
             avail: std::array::from_fn(|_| AtomicU64::new(0)),
             totals: std::array::from_fn(|_| AtomicU64::new(0)),
-            fitness: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU8::new(UNKNOWN))),
         }
     }
+}
 
+impl Row<'_> {
     /// The node's status.
     pub fn status(&self) -> RowStatus {
-        match self.status.load(Relaxed) {
+        match self.row.status.load(Relaxed) {
             READY => RowStatus::Ready,
             VACANT => RowStatus::Vacant,
             s => ReasonCode::ALL
@@ -119,11 +167,12 @@ impl RankRow {
     /// The row's numbers (meaningful when the status is [`RowStatus::Ready`]).
     pub fn inputs(&self) -> RankInputs {
         let load = |a: &[AtomicU64; 3]| [a[0].load(Relaxed), a[1].load(Relaxed), a[2].load(Relaxed)];
-        let uniform = self.uniform_memory.load(Relaxed);
+        let row = self.row;
+        let uniform = row.uniform_memory.load(Relaxed);
         RankInputs {
-            avail: load(&self.avail),
-            totals: load(&self.totals),
-            key: (self.factor.load(Relaxed), (uniform != NOT_UNIFORM).then_some(uniform)),
+            avail: load(&row.avail),
+            totals: load(&row.totals),
+            key: (row.factor.load(Relaxed), (uniform != NOT_UNIFORM).then_some(uniform)),
         }
     }
 
@@ -133,19 +182,6 @@ impl RankRow {
         match self.fitness[lane][(need as usize).min(FITNESS_LEN - 1)].load(Relaxed) {
             UNKNOWN => RowFitness::Unknown,
             f => RowFitness::Known(f),
-        }
-    }
-
-    fn reset(&self) {
-        self.status.store(VACANT, Relaxed);
-        self.reset_fitness();
-    }
-
-    fn reset_fitness(&self) {
-        for lane in &self.fitness {
-            for f in lane {
-                f.store(UNKNOWN, Relaxed);
-            }
         }
     }
 }
@@ -165,7 +201,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The table: chunks of rows, and the ids free for reuse.
 #[derive(Debug, Default)]
 pub struct RankTable {
-    chunks: RwLock<Vec<Arc<[RankRow]>>>,
+    chunks: RwLock<Vec<Arc<Chunk>>>,
     ids: Arc<Mutex<Allocation>>,
 }
 
@@ -191,11 +227,11 @@ impl RankTable {
         let chunk = {
             let mut chunks = self.chunks.write().unwrap_or_else(PoisonError::into_inner);
             while chunks.len() <= index / CHUNK {
-                chunks.push((0..CHUNK).map(|_| RankRow::vacant()).collect());
+                chunks.push(Arc::new(Chunk::new()));
             }
             chunks[index / CHUNK].clone()
         };
-        chunk[index % CHUNK].reset();
+        chunk.reset(index % CHUNK);
         RowRef { chunk, id, ids: Arc::downgrade(&self.ids) }
     }
 
@@ -208,21 +244,22 @@ impl RankTable {
 /// Lock-free access to rows by id.
 #[derive(Debug, Clone)]
 pub struct RowReader {
-    chunks: Vec<Arc<[RankRow]>>,
+    chunks: Vec<Arc<Chunk>>,
 }
 
 impl RowReader {
     /// The row of an id ([`NO_ROW`] and unknown ids: `None`).
-    pub fn get(&self, id: u32) -> Option<&RankRow> {
+    pub fn get(&self, id: u32) -> Option<Row<'_>> {
         let index = id as usize;
-        self.chunks.get(index / CHUNK)?.get(index % CHUNK)
+        let chunk = self.chunks.get(index / CHUNK)?;
+        Some(Row { row: chunk.rows.get(index % CHUNK)?, fitness: chunk.fitness.get(index % CHUNK)? })
     }
 }
 
 /// A node state's own row: the only way to write it. Dropping it vacates the row and frees its id.
 #[derive(Debug)]
 pub struct RowRef {
-    chunk: Arc<[RankRow]>,
+    chunk: Arc<Chunk>,
     id: u32,
     ids: Weak<Mutex<Allocation>>,
 }
@@ -233,13 +270,13 @@ impl RowRef {
         self.id
     }
 
-    fn row(&self) -> &RankRow {
-        &self.chunk[self.id as usize % CHUNK]
+    fn index(&self) -> usize {
+        self.id as usize % CHUNK
     }
 
     /// Publishes a node's decoded state and free capacity.
     pub fn publish(&self, decoded: &Result<Arc<DecodedNode>, NodeFailure>, avail: [u64; 3]) {
-        let row = self.row();
+        let Some(row) = self.chunk.rows.get(self.index()) else { return };
         match decoded {
             Ok(d) => {
                 let (factor, uniform) = d.resolve_key();
@@ -262,13 +299,13 @@ impl RowRef {
 
     /// Forgets the fitness entries (the node's topology changed).
     pub fn reset_fitness(&self) {
-        self.row().reset_fitness();
+        self.chunk.reset_fitness(self.index());
     }
 
     /// Stores a node's fitness table for a mode (computed from its decoded annotations).
     pub fn fill_fitness(&self, mode: TopologyMode, table: &[u8; FITNESS_LEN]) {
-        if let Some(lane) = fitness_lane(mode) {
-            for (cell, &f) in self.row().fitness[lane].iter().zip(table) {
+        if let (Some(lane), Some(fitness)) = (fitness_lane(mode), self.chunk.fitness.get(self.index())) {
+            for (cell, &f) in fitness[lane].iter().zip(table) {
                 cell.store(f.min(UNKNOWN - 1), Relaxed);
             }
         }
@@ -277,7 +314,7 @@ impl RowRef {
 
 impl Drop for RowRef {
     fn drop(&mut self) {
-        self.row().reset();
+        self.chunk.reset(self.index());
         if let Some(ids) = self.ids.upgrade() {
             lock(&ids).free.push(self.id);
         }
@@ -296,18 +333,15 @@ mod tests {
         assert_eq!((a.id(), b.id()), (0, 1));
         a.publish(&Err(NodeFailure::new(ReasonCode::NodeBadVgpuConfig)), [0; 3]);
         let reader = table.reader();
-        assert_eq!(
-            reader.get(0).map(RankRow::status),
-            Some(RowStatus::Failed(ReasonCode::NodeBadVgpuConfig))
-        );
-        assert_eq!(reader.get(1).map(RankRow::status), Some(RowStatus::Vacant));
+        assert_eq!(reader.get(0).map(|r| r.status()), Some(RowStatus::Failed(ReasonCode::NodeBadVgpuConfig)));
+        assert_eq!(reader.get(1).map(|r| r.status()), Some(RowStatus::Vacant));
         assert!(reader.get(NO_ROW).is_none());
         a.fill_fitness(TopologyMode::Link, &[5; FITNESS_LEN]);
         assert_eq!(reader.get(0).map(|r| r.fitness(TopologyMode::Link, 40)), Some(RowFitness::Known(5)));
         assert_eq!(reader.get(0).map(|r| r.fitness(TopologyMode::Numa, 1)), Some(RowFitness::Unknown));
         assert_eq!(reader.get(0).map(|r| r.fitness(TopologyMode::None, 1)), Some(RowFitness::NotRanked));
         drop(a);
-        assert_eq!(reader.get(0).map(RankRow::status), Some(RowStatus::Vacant));
+        assert_eq!(reader.get(0).map(|r| r.status()), Some(RowStatus::Vacant));
         let c = table.alloc();
         assert_eq!(c.id(), 0, "the freed id is reused");
         assert_eq!(reader.get(0).map(|r| r.fitness(TopologyMode::Link, 1)), Some(RowFitness::Unknown));
