@@ -375,7 +375,7 @@ impl ClusterCache {
     /// resolved at (under the same read lock).
     pub fn candidate_rows_at(&self, names: &[String]) -> (Vec<u32>, u64) {
         let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        (names.iter().map(|n| map.row_of(n)).collect(), map.generation())
+        (map.rows_of(names), map.generation())
     }
 
     /// A counter that changes whenever a node is added or removed: rows resolved at a generation are still
