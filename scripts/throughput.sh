@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Scheduling throughput under the real kube-scheduler (issue #22 item 1): e2e/tests/scheduler_throughput.rs at
-# the sizes of the issue, configuration (a) kube-scheduler alone with nvidia.com/gpu pods and (b) with our
-# extender and vGPU pods, each on a fresh control plane; prints pods/s per size and the ratio (b)/(a).
+# the sizes of the issue, configuration (a) kube-scheduler alone with nvidia.com/gpu pods, (b) with our
+# extender and vGPU pods, (c) kube-scheduler alone with DRA claims on our ResourceSlices, each on a fresh
+# control plane; prints pods/s per size and the ratios (b)/(a) and (c)/(a).
 #
 #   scripts/throughput.sh                 # 200x1000, 1000x1000, 200x5000, 1000x5000 (nodes x pods)
 #   scripts/throughput.sh 50x200 200x1000 # chosen sizes
@@ -23,17 +24,17 @@ cargo build --release -p vgpu-bins --bin vgpu-scheduler-extender
 export VGPU_E2E_VGPU_BIN_DIR="$target/release"
 cargo test -p vgpu-e2e --test scheduler_throughput --no-run
 
-printf '%-12s %12s %12s %8s\n' "nodes x pods" "(a) pods/s" "(b) pods/s" "(b)/(a)"
+printf '%-12s %12s %12s %12s %8s %8s\n' "nodes x pods" "(a) pods/s" "(b) pods/s" "(c) pods/s" "(b)/(a)" "(c)/(a)"
 for s in "${sizes[@]}"; do
   nodes="${s%x*}" pods="${s#*x}"
   declare -A rate=()
-  for config in a b; do
+  for config in a b c; do
     line="$(VGPU_THROUGHPUT_NODES="$nodes" VGPU_THROUGHPUT_PODS="$pods" \
       cargo test -q -p vgpu-e2e --test scheduler_throughput "throughput_${config}_" -- --ignored --nocapture \
       --test-threads=1 2>/dev/null | grep '^throughput ' || true)"
     [[ -n "$line" ]] || { echo "config $config at $s failed (rerun with e2e/run.sh throughput_${config}_)" >&2; exit 1; }
     rate[$config]="${line##*pods_per_s=}"
   done
-  ratio="$(awk -v a="${rate[a]}" -v b="${rate[b]}" 'BEGIN { printf "%.2f", b / a }')"
-  printf '%-12s %12s %12s %8s\n' "$s" "${rate[a]}" "${rate[b]}" "$ratio"
+  ratio() { awk -v a="${rate[a]}" -v x="${rate[$1]}" 'BEGIN { printf "%.2f", x / a }'; }
+  printf '%-12s %12s %12s %12s %8s %8s\n' "$s" "${rate[a]}" "${rate[b]}" "${rate[c]}" "$(ratio b)" "$(ratio c)"
 done

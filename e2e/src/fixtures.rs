@@ -202,7 +202,6 @@ pub async fn create_dra_node_and_classes(
     node: &str,
 ) -> Result<(Node, Vec<k8s_openapi::api::resource::v1::DeviceClass>)> {
     use anyhow::Context as _;
-    use k8s_openapi::api::resource::v1::DeviceClass;
     let nodes: Api<Node> = Api::all(client.clone());
     let object = Node {
         metadata: ObjectMeta {
@@ -217,6 +216,16 @@ pub async fn create_dra_node_and_classes(
         .await
         .with_context(|| format!("creating node {node}"))?;
     set_node_capacity(client, node, 0, 0, 0).await?;
+    let classes = create_dra_device_classes(client).await?;
+    Ok((created, classes))
+}
+
+/// Applies the DeviceClasses of `deploy/dra/deviceclasses.yaml` and returns them.
+pub async fn create_dra_device_classes(
+    client: &kube::Client,
+) -> Result<Vec<k8s_openapi::api::resource::v1::DeviceClass>> {
+    use anyhow::Context as _;
+    use k8s_openapi::api::resource::v1::DeviceClass;
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/dra/deviceclasses.yaml");
     let manifest = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     let classes: Vec<DeviceClass> =
@@ -225,7 +234,7 @@ pub async fn create_dra_node_and_classes(
     for class in &classes {
         class_api.create(&PostParams::default(), class).await.context("creating a DeviceClass")?;
     }
-    Ok((created, classes))
+    Ok(classes)
 }
 
 #[cfg(test)]

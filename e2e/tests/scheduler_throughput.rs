@@ -2,11 +2,16 @@
 //! capacity and our annotations, no kubelet), N pods created in parallel, the time from the first create to
 //! the last pod bound, observed through a watch on the API server.
 //!
-//! Two configurations, each on its own control plane:
+//! Three configurations, each on its own control plane:
 //! - `a`: kube-scheduler alone, pods asking a plain extended resource (`nvidia.com/gpu: 1`, 8 per node):
 //!   the scheduler's own ceiling;
 //! - `b`: kube-scheduler + `vgpu-scheduler-extender` (filter, prioritize, bind, preempt), vGPU pods (1 vGPU,
-//!   10 % cores, 1 GiB; 8 GPUs split 10 ways per node).
+//!   10 % cores, 1 GiB; 8 GPUs split 10 ways per node);
+//! - `c`: kube-scheduler alone with DRA: each node's ResourceSlice as our kubelet plugin publishes it (built by
+//!   `vgpu_dra::slices::build_slices` from 8 mock H100s, consumable `cores` 100 and `memory` per GPU), one
+//!   ResourceClaim per pod of the `vgpu-manager` class asking `cores: 10, memory: 1Gi` (so 10 per GPU, as in
+//!   `b`); the timed part creates each claim and then its pod (there is no kube-controller-manager to make
+//!   claims from templates), so a pod costs one write more than in `a` and `b`.
 //!
 //! kube-scheduler's client QPS and burst are raised to 5,000 so its rate limiter is not what is measured
 //! (our extender's kube-rs client has no client-side limiter). Sizes come from `VGPU_THROUGHPUT_NODES`
@@ -22,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use tokio::time::Instant;
@@ -71,8 +77,14 @@ async fn create_nodes(client: &kube::Client, count: usize, plain_gpus: bool) {
     }
 }
 
-/// Creates `pods` pods in parallel and returns the seconds from the first create to the last pod bound.
-async fn measure(client: &kube::Client, pods: usize, make: impl Fn(usize) -> Pod) -> f64 {
+/// Creates `pods` pods in parallel (each after its claim, when it has one) and returns the seconds from the
+/// first create to the last pod bound.
+async fn measure(
+    client: &kube::Client,
+    pods: usize,
+    make: impl Fn(usize) -> (Option<ResourceClaim>, Pod),
+) -> f64 {
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let list = api.list(&ListParams::default()).await.unwrap();
     let mut version = list.metadata.resource_version.clone().unwrap();
@@ -80,9 +92,12 @@ async fn measure(client: &kube::Client, pods: usize, make: impl Fn(usize) -> Pod
     let mut set = tokio::task::JoinSet::new();
     let started = Instant::now();
     for i in 0..pods {
-        let (api, limit, pod) = (api.clone(), limit.clone(), make(i));
+        let (api, claims, limit, (claim, pod)) = (api.clone(), claims.clone(), limit.clone(), make(i));
         set.spawn(async move {
             let _permit = limit.acquire_owned().await.unwrap();
+            if let Some(claim) = claim {
+                claims.create(&PostParams::default(), &claim).await?;
+            }
             api.create(&PostParams::default(), &pod).await.map(drop)
         });
     }
@@ -144,7 +159,7 @@ async fn throughput_a_kube_scheduler_alone_with_plain_gpus() {
         .await
         .unwrap();
     let seconds = measure(&client, pods, |i| {
-        fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), &[("nvidia.com/gpu", 1)], &[])
+        (None, fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), &[("nvidia.com/gpu", 1)], &[]))
     })
     .await;
     report("a", nodes, pods, seconds);
@@ -173,10 +188,131 @@ async fn throughput_b_kube_scheduler_with_our_extender() {
         .unwrap();
     let seconds = measure(&client, pods, |i| {
         let limits = [(VGPU_NUMBER, 1), (VGPU_CORES, 10), (VGPU_MEMORY, 1024)];
-        fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), &limits, &[])
+        (None, fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), &limits, &[]))
     })
     .await;
     report("b", nodes, pods, seconds);
+    let (_, metrics) = vgpu_e2e::http_get(port, "/metrics").await.unwrap();
+    println!("{}", verb_means(&metrics));
     env.check_process(EXTENDER).unwrap();
     env.finish();
+}
+
+/// The ResourceSlices our kubelet plugin publishes for a node of 8 mock H100s (default device config).
+fn dra_slices(node: &str) -> Vec<ResourceSlice> {
+    use vgpu_dra::devices::{AllocatableDevices, DeviceConfig};
+    use vgpu_dra::health::HealthSnapshot;
+    use vgpu_dra::slices::{SliceConfig, build_slices};
+    let gpus: String = (0..GPUS)
+        .map(|i| {
+            format!(
+                "  - {{ uuid: GPU-{node}-{i}, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559, computeCapability: '9.0', \
+                 numaNode: {}, busId: '0000:{:02x}:00.0' }}\n",
+                i / 4,
+                0x18 + i
+            )
+        })
+        .collect();
+    let yaml = format!("name: {node}\ndriver: {{ version: 570.86.10, cudaVersion: '12.8' }}\ngpus:\n{gpus}");
+    let backend = vgpu_core::backend::mock::MockBackend::from_yaml_str(&yaml).unwrap();
+    let devices = AllocatableDevices::from_backend(&backend, &DeviceConfig::default()).unwrap();
+    build_slices(&SliceConfig::new(node), &devices, &HealthSnapshot::unmonitored_default(), 1).unwrap()
+}
+
+fn dra_claim(name: &str) -> ResourceClaim {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": { "name": name, "namespace": NAMESPACE },
+        "spec": { "devices": { "requests": [{
+            "name": "vgpu",
+            "exactly": {
+                "deviceClassName": "vgpu-manager",
+                "allocationMode": "ExactCount",
+                "count": 1,
+                "capacity": { "requests": { "cores": "10", "memory": "1Gi" } },
+            },
+        }] } },
+    }))
+    .unwrap()
+}
+
+fn dra_pod(name: &str, claim: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": NAMESPACE },
+        "spec": {
+            "schedulerName": vgpu_e2e::SCHEDULER_NAME,
+            "containers": [{ "name": "cuda", "image": "example.invalid/cuda:never-pulled",
+                             "resources": { "claims": [{ "name": "gpu" }] } }],
+            "resourceClaims": [{ "name": "gpu", "resourceClaimName": claim }],
+        },
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn throughput_c_kube_scheduler_with_dra_claims() {
+    let (nodes, pods) = (size("VGPU_THROUGHPUT_NODES", 50), size("VGPU_THROUGHPUT_PODS", 200));
+    let mut env = TestEnv::builder("throughput_c").start().await.unwrap();
+    let client = env.client().await.unwrap();
+    create_nodes(&client, nodes, false).await;
+    fixtures::create_dra_device_classes(&client).await.unwrap();
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
+    let mut set = tokio::task::JoinSet::new();
+    for n in 0..nodes {
+        let (slices, limit) = (slices.clone(), limit.clone());
+        set.spawn(async move {
+            let _permit = limit.acquire_owned().await.unwrap();
+            for slice in dra_slices(&format!("node-{n:05}")) {
+                slices.create(&PostParams::default(), &slice).await.unwrap();
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+    env.start_scheduler_with_config(&with_qps(scheduler_configuration(env.kubeconfig_path(), &[])))
+        .await
+        .unwrap();
+    let seconds = measure(&client, pods, |i| {
+        let name = format!("pod-{i:05}");
+        (Some(dra_claim(&name)), dra_pod(&name, &name))
+    })
+    .await;
+    report("c", nodes, pods, seconds);
+    env.finish();
+}
+
+/// `extender verbs: filter/total 0.41 ms × 200, …`: the mean of each `vgpu_scheduler_verb_duration_seconds`
+/// series (its `_sum` over its `_count`), so a slow run says which verb and stage took the time.
+fn verb_means(metrics: &str) -> String {
+    let mut sums: std::collections::BTreeMap<String, (f64, f64)> = std::collections::BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("vgpu_scheduler_verb_duration_seconds_") else { continue };
+        let Some((kind, rest)) = rest.split_once('{') else { continue };
+        let Some((labels, value)) = rest.split_once("} ") else { continue };
+        let label = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=\""))?.strip_suffix('"').map(str::to_owned))
+        };
+        let key = format!("{}/{}", label("verb").unwrap_or_default(), label("stage").unwrap_or_default());
+        let value: f64 = value.trim().parse().unwrap_or(0.0);
+        let entry = sums.entry(key).or_default();
+        match kind {
+            "sum" => entry.0 = value,
+            "count" => entry.1 = value,
+            _ => {}
+        }
+    }
+    let parts: Vec<String> = sums
+        .iter()
+        .filter(|(_, (_, n))| *n > 0.0)
+        .map(|(k, (sum, n))| format!("{k} {:.2} ms × {n}", sum / n * 1000.0))
+        .collect();
+    format!("extender verbs: {}", parts.join(", "))
 }

@@ -134,8 +134,9 @@ pub struct NodeState {
     pub avail: [u64; 3],
     /// This node's row of the cache's rank table, republished on every change of usage or annotations.
     row: RowRef,
-    /// In-flight reservations: pod UID → expiry (Unix ns).
-    pub reserved: HashMap<String, i64>,
+    /// In-flight reservations: pod UID → expiry (Unix ns). A B-tree: empty on most nodes, and an empty one
+    /// takes 24 bytes and no allocation.
+    pub reserved: BTreeMap<String, i64>,
     /// Pods counted here (UIDs), reservations excluded.
     pub pods: BTreeSet<String>,
 }
@@ -533,7 +534,7 @@ impl ClusterCache {
             usage: NodeUsage::new(),
             avail: [0; 3],
             row: self.rows.alloc(),
-            reserved: HashMap::new(),
+            reserved: BTreeMap::new(),
             pods: BTreeSet::new(),
         };
         let mut idx = lock(&self.index);

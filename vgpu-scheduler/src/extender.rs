@@ -104,7 +104,8 @@ pub struct ExtenderConfig {
     pub scheduler_name: String,
     /// Gate `SerializedNodeFilter`: one global lock around node evaluation, allocation and the patch.
     pub serialize_filter: bool,
-    /// Gate `SerializedNodeBind`: one lock per target node around bind.
+    /// Gate `SerializedNodeBind`: the bindings to one node are created one after the other, in the order of
+    /// their `predicate-time` (see [`Extender::bind`]).
     pub serialize_bind: bool,
     /// Default stuck grace period, ns.
     pub stuck_grace_ns: i64,
@@ -365,6 +366,22 @@ pub trait ExtenderObserver: Send + Sync {
 
 const BIND_STRIPES: usize = 64;
 
+/// The bind queue of a stripe of nodes (gate `SerializedNodeBind`): the signal the latest bind gives when its
+/// binding is done, and the latest `predicate-time` handed out (kept strictly increasing).
+#[derive(Debug, Default)]
+struct BindQueue {
+    tail: Option<tokio::sync::oneshot::Receiver<()>>,
+    last_time_ns: i64,
+}
+
+/// A bind's place in its node's queue: wait for `previous` before creating the binding; dropping `done`
+/// (bound, failed or cancelled) lets the next one go.
+#[derive(Debug)]
+struct BindTurn {
+    previous: Option<tokio::sync::oneshot::Receiver<()>>,
+    _done: tokio::sync::oneshot::Sender<()>,
+}
+
 /// The scheduling core: cache + cluster + clock + gates.
 pub struct Extender<C, K> {
     cluster: C,
@@ -373,7 +390,7 @@ pub struct Extender<C, K> {
     config: ExtenderConfig,
     filter_lock: tokio::sync::Mutex<()>,
     pod_locks: PodLocks,
-    bind_locks: Vec<tokio::sync::Mutex<()>>,
+    bind_queues: Vec<std::sync::Mutex<BindQueue>>,
     stats: Stats,
     observer: Option<Arc<dyn ExtenderObserver>>,
     /// Placements chosen by a filter and not yet bound (pod UID → placement); see [`Extender::filter`].
@@ -474,7 +491,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             config,
             filter_lock: tokio::sync::Mutex::new(()),
             pod_locks: PodLocks::default(),
-            bind_locks: (0..BIND_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            bind_queues: (0..BIND_STRIPES).map(|_| std::sync::Mutex::new(BindQueue::default())).collect(),
             stats: Stats::default(),
             observer: None,
             pending: std::sync::Mutex::new(PendingPlacements::default()),
@@ -855,6 +872,11 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
 
     /// Bind (`/scheduler/bind`): writes the filter's placement onto the pod (or checks the pre-allocation the
     /// pod carries), marks the pod allocating and creates the binding.
+    ///
+    /// With `SerializedNodeBind` (upstream: a per-node mutex around the whole bind) the binds to one node form
+    /// a queue: their patches run concurrently, and each binding is created once the one queued before it is
+    /// done, so bindings land in `predicate-time` order as upstream's mutex makes them, at one API round trip
+    /// per pod and node instead of two.
     pub async fn bind(&self, namespace: &str, name: &str, uid: &str, node: &str) -> BindResult {
         match self.bind_inner(namespace, name, uid, node).await {
             Ok(()) => {
@@ -878,15 +900,10 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         if node.is_empty() {
             return Err(ExtenderError::NoBindNode);
         }
-        let stripe = (fnv32a(node) as usize) % BIND_STRIPES;
-        let _serial = match (self.config.serialize_bind, self.bind_locks.get(stripe)) {
-            (true, Some(l)) => Some(l.lock().await),
-            _ => None,
-        };
         // Binds of one pod (kube-scheduler retrying after a timeout) run one after the other, so a retry sees
         // what the first one did.
         let _pod_lock = self.pod_locks.lock(uid).await;
-        let now = self.clock.now_ns();
+        let (turn, now) = self.take_turn(node);
         let pending = self.pending().by_uid.remove(uid);
         let (pod, is_vgpu) = match pending {
             Some(placement) => (self.bind_pending(namespace, name, uid, node, placement, now).await?, true),
@@ -905,7 +922,31 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 self.bind_annotated(pod, node, now).await?
             }
         };
+        if let Some(previous) = turn.and_then(|t| t.previous) {
+            // Done or dropped: either way it is this bind's turn.
+            let _ = previous.await;
+        }
         self.create_binding(pod, node, is_vgpu, now).await
+    }
+
+    /// The bind's `predicate-time` and, with `SerializedNodeBind`, its place in the node's queue: the
+    /// pre-allocation patches of binds to one node run concurrently, but each binding is created only once the
+    /// one before it is done, so the bindings of a node land in `predicate-time` order — the order in which
+    /// the device plugin matches its Allocate calls to pods (the oldest `allocating` pod first). The time is
+    /// strictly increasing per queue.
+    fn take_turn(&self, node: &str) -> (Option<BindTurn>, i64) {
+        let now = self.clock.now_ns();
+        if !self.config.serialize_bind {
+            return (None, now);
+        }
+        let stripe = (fnv32a(node) as usize) % BIND_STRIPES;
+        let Some(queue) = self.bind_queues.get(stripe) else { return (None, now) };
+        let mut q = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let time = now.max(q.last_time_ns.saturating_add(1));
+        q.last_time_ns = time;
+        let (done, next) = tokio::sync::oneshot::channel();
+        let previous = q.tail.replace(next);
+        (Some(BindTurn { previous, _done: done }), time)
     }
 
     /// Bind of a pod whose placement a filter of this process chose ([`PendingPlacement`]): one patch writes the

@@ -53,10 +53,11 @@
 //! preempt call ends that preemption attempt. The 200 form for filter and bind keeps the answer vgpu-manager
 //! gives for every other refusal; the header is for other clients.
 //!
-//! Memory: request bodies held at once are at most `max_admitted × max_body_bytes`, and each running call holds
-//! its decoded request and answer (a few times its body at most), so peak memory is bounded by
-//! `base + max_admitted × max_body_bytes + max_running × k × max_body_bytes` with `k` about 6 for a body of
-//! node names only (measured by the `load` test in `tests/load.rs`).
+//! Memory: request bodies held at once are at most `max_admitted × max_body_bytes` (plus
+//! `max_admitted_binds ×` [`BIND_BODY_BYTES`](crate::work::BIND_BODY_BYTES) for binds), and each running call
+//! holds its decoded request and answer (a few times its body at most), so peak memory is bounded by
+//! `base + max_admitted × max_body_bytes + max_running × k × max_body_bytes` (+ the binds' part) with `k` about
+//! 6 for a body of node names only (measured by the `load` test in `tests/load.rs`).
 //!
 //! [`serve`] runs a router on a listener with the upstream timeouts, optional TLS ([`crate::tls`]) and graceful
 //! shutdown; [`run`] does it all from a [`ServerConfig`]. The whole request (headers and body) must arrive
@@ -314,7 +315,8 @@ enum RequestError {
 impl RequestError {
     fn status(&self) -> StatusCode {
         match self {
-            RequestError::NotSynced | RequestError::Busy(Busy::Full { .. } | Busy::QueueTimeout { .. }) => {
+            RequestError::NotSynced
+            | RequestError::Busy(Busy::Full { .. } | Busy::QueueTimeout { .. } | Busy::BindsFull { .. }) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             RequestError::Busy(Busy::Stopped(_)) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -358,6 +360,20 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
         start: Option<RequestStart>,
     ) -> Result<Bytes, RequestError> {
         Ok(vgpu_serve::http::read_body(headers, body, start, self.max_body_bytes, self.read_timeout).await?)
+    }
+
+    /// Admits a bind call (bind slots, [`work::BIND_BODY_BYTES`]) and reads its body, once the caches are synced.
+    async fn admit_bind(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+        start: Option<RequestStart>,
+    ) -> Result<(Admission, Bytes), RequestError> {
+        self.ensure_synced()?;
+        let admission = self.pool.admit_bind()?;
+        let limit = self.max_body_bytes.min(crate::work::BIND_BODY_BYTES);
+        let bytes = vgpu_serve::http::read_body(headers, body, start, limit, self.read_timeout).await?;
+        Ok((admission, bytes))
     }
 
     /// Admits a verb call and reads its body, once the caches are synced (every verb refuses to answer before).
@@ -638,8 +654,8 @@ async fn bind<C: Cluster, K: Clock + 'static>(
     body: Body,
 ) -> Response {
     let start = Instant::now();
-    // Bind is a few API calls: it is admitted (its body counts against the memory bound) but takes no worker.
-    let args = s.admit(&headers, body, req_start.map(|e| e.0)).await.and_then(|(admission, bytes)| {
+    // Bind is two API calls: it takes no worker, and has admission slots of its own (module `work`).
+    let args = s.admit_bind(&headers, body, req_start.map(|e| e.0)).await.and_then(|(admission, bytes)| {
         decode_json::<ExtenderBindingArgs>(&bytes, "ExtenderBindingArgs").map(|a| (admission, a))
     });
     let (response, label) = match args {

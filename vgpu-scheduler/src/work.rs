@@ -10,8 +10,12 @@
 //!   `max_admitted × max_body_bytes`.
 //! - **Workers** ([`WorkLimits::max_running`]): heavy calls running at once, each on a tokio blocking thread
 //!   (decoding the body, the verb, encoding the answer). An admitted call waits for a worker up to
-//!   [`WorkLimits::queue_timeout`], then is refused ([`Busy::QueueTimeout`]). Bind takes no worker (its work
-//!   is a few API calls) but is counted by the admission.
+//!   [`WorkLimits::queue_timeout`], then is refused ([`Busy::QueueTimeout`]).
+//! - **Binds** ([`WorkLimits::max_admitted_binds`]): bind calls take no worker (their work is two API calls)
+//!   and have an admission of their own, with a small body limit ([`BIND_BODY_BYTES`]). kube-scheduler binds
+//!   asynchronously while its next filters run, and binds to one node wait for each other (gate
+//!   `SerializedNodeBind`): counted with the filters, a burst of them would fill the admission and get the
+//!   filters refused as busy (each refusal sends a pod to kube-scheduler's backoff queue).
 //!
 //! A verb's async parts (the bind's patch and binding, events, the PodDisruptionBudget list) run inside the
 //! blocking thread through [`tokio::runtime::Handle::block_on`]; their I/O is still driven by the runtime.
@@ -28,6 +32,11 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_DEFAULT_WORKERS: usize = 16;
 /// Lower end of the default [`WorkLimits::max_admitted`].
 pub const MIN_DEFAULT_ADMITTED: usize = 16;
+/// Default [`WorkLimits::max_admitted_binds`].
+pub const DEFAULT_ADMITTED_BINDS: usize = 1024;
+/// Largest bind request body (`ExtenderBindingArgs` is four short strings): admitted binds hold at most
+/// `max_admitted_binds ×` this (64 MiB by default).
+pub const BIND_BODY_BYTES: usize = 64 * 1024;
 /// `Retry-After` (seconds) sent with a refused call.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
@@ -41,6 +50,8 @@ pub struct WorkLimits {
     pub max_admitted: usize,
     /// Longest wait of an admitted heavy call for a worker.
     pub queue_timeout: Duration,
+    /// Bind calls in the server at once (their own admission; see the module docs).
+    pub max_admitted_binds: usize,
 }
 
 impl Default for WorkLimits {
@@ -62,6 +73,7 @@ impl WorkLimits {
             max_running: workers,
             max_admitted: workers.saturating_mul(4).max(MIN_DEFAULT_ADMITTED),
             queue_timeout: DEFAULT_QUEUE_TIMEOUT,
+            max_admitted_binds: DEFAULT_ADMITTED_BINDS,
         }
     }
 }
@@ -83,6 +95,12 @@ pub enum Busy {
         /// [`WorkLimits::max_running`].
         running: usize,
     },
+    /// Every bind admission slot is taken.
+    #[error("extender busy: {admitted} bind calls already in progress; retry later")]
+    BindsFull {
+        /// [`WorkLimits::max_admitted_binds`].
+        admitted: usize,
+    },
     /// The blocking task ended without an answer (it panicked or the runtime is shutting down).
     #[error("extender internal error: the verb's worker stopped: {0}")]
     Stopped(String),
@@ -100,6 +118,7 @@ pub struct WorkPool {
     limits: WorkLimits,
     admitted: Arc<Semaphore>,
     running: Arc<Semaphore>,
+    binds: Arc<Semaphore>,
 }
 
 impl WorkPool {
@@ -107,11 +126,14 @@ impl WorkPool {
     pub fn new(limits: WorkLimits) -> Self {
         let running = limits.max_running.clamp(1, Semaphore::MAX_PERMITS);
         let admitted = limits.max_admitted.clamp(running, Semaphore::MAX_PERMITS);
-        let limits = WorkLimits { max_running: running, max_admitted: admitted, ..limits };
+        let binds = limits.max_admitted_binds.clamp(1, Semaphore::MAX_PERMITS);
+        let limits =
+            WorkLimits { max_running: running, max_admitted: admitted, max_admitted_binds: binds, ..limits };
         Self {
             limits,
             admitted: Arc::new(Semaphore::new(admitted)),
             running: Arc::new(Semaphore::new(running)),
+            binds: Arc::new(Semaphore::new(binds)),
         }
     }
 
@@ -132,6 +154,15 @@ impl WorkPool {
             .try_acquire_owned()
             .map(|slot| Admission { _slot: slot })
             .map_err(|_| Busy::Full { admitted: self.limits.max_admitted })
+    }
+
+    /// Admits a bind call (its own slots), or refuses it at once when every bind slot is taken.
+    pub fn admit_bind(&self) -> Result<Admission, Busy> {
+        self.binds
+            .clone()
+            .try_acquire_owned()
+            .map(|slot| Admission { _slot: slot })
+            .map_err(|_| Busy::BindsFull { admitted: self.limits.max_admitted_binds })
     }
 
     /// Runs `work` on a blocking thread once a worker is free (waiting up to the queue timeout), keeping the
@@ -187,8 +218,17 @@ mod tests {
         let d = WorkLimits::default();
         assert!((1..=MAX_DEFAULT_WORKERS).contains(&d.max_running));
         assert_eq!(d.queue_timeout, DEFAULT_QUEUE_TIMEOUT);
-        let p = WorkPool::new(WorkLimits { max_running: 0, max_admitted: 0, queue_timeout: Duration::ZERO });
-        assert_eq!((p.limits().max_running, p.limits().max_admitted), (1, 1));
+        let p = WorkPool::new(WorkLimits {
+            max_running: 0,
+            max_admitted: 0,
+            queue_timeout: Duration::ZERO,
+            max_admitted_binds: 0,
+        });
+        assert_eq!(
+            (p.limits().max_running, p.limits().max_admitted, p.limits().max_admitted_binds),
+            (1, 1, 1)
+        );
+        assert_eq!(d.max_admitted_binds, DEFAULT_ADMITTED_BINDS);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,10 +237,16 @@ mod tests {
             max_running: 1,
             max_admitted: 2,
             queue_timeout: Duration::from_millis(50),
+            max_admitted_binds: 1,
         }));
         let a = pool.admit().unwrap();
         let b = pool.admit().unwrap();
         assert_eq!(pool.admit().unwrap_err(), Busy::Full { admitted: 2 });
+        // Binds have slots of their own: a full verb admission does not refuse them, nor they the verbs.
+        let bind = pool.admit_bind().unwrap();
+        assert_eq!(pool.admit_bind().unwrap_err(), Busy::BindsFull { admitted: 1 });
+        drop(bind);
+        assert!(pool.admit_bind().is_ok());
         assert_eq!(pool.in_flight(), 2);
         // One runs (holding the worker until told), the other times out in the queue.
         let (tx, rx) = std::sync::mpsc::channel::<()>();

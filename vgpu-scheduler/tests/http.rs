@@ -505,10 +505,20 @@ async fn oversize_and_slow_bodies_are_refused() {
     let s = start(Opts::default()).await;
     // A declared length over 7 MiB is refused before the body is read.
     let over = vgpu_scheduler::server::MAX_BODY_BYTES + 1;
+    // Binds have a limit of their own, 64 KiB (`ExtenderBindingArgs` is four short strings).
+    let bind_over = vgpu_scheduler::work::BIND_BODY_BYTES + 1;
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    let head = format!(
+        "POST {} HTTP/1.1\r\nhost: x\r\ncontent-length: {bind_over}\r\n\r\n{{",
+        vgpu_scheduler::BIND_PATH
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    let reply = read_reply(&mut c).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "bind: {reply}");
+    assert!(reply.contains("request body exceeds the limit of 65536 bytes"), "bind: {reply}");
     for (path, status) in [
         (vgpu_scheduler::FILTER_PATH, "200"),
         (vgpu_scheduler::FILTER_DRYRUN_PATH, "200"),
-        (vgpu_scheduler::BIND_PATH, "200"),
         (vgpu_scheduler::PREEMPT_PATH, "413"),
         (vgpu_scheduler::PRIORITIZE_PATH, "413"),
     ] {
@@ -1048,7 +1058,12 @@ async fn the_request_deadline_counts_from_its_first_byte() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_server_refuses_verbs_with_retry_after_and_still_answers_probes() {
     let server = ServerConfig {
-        work: WorkLimits { max_running: 1, max_admitted: 1, queue_timeout: Duration::from_millis(200) },
+        work: WorkLimits {
+            max_running: 1,
+            max_admitted: 1,
+            queue_timeout: Duration::from_millis(200),
+            ..WorkLimits::default()
+        },
         ..ServerConfig::default()
     };
     let s = start(Opts { server, ..Opts::default() }).await;
@@ -1066,7 +1081,16 @@ async fn a_busy_server_refuses_verbs_with_retry_after_and_still_answers_probes()
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let busy = "extender busy: 1 verb calls already in progress; retry later";
-    for path in [vgpu_scheduler::FILTER_PATH, vgpu_scheduler::FILTER_DRYRUN_PATH, vgpu_scheduler::BIND_PATH] {
+    // A bind is not refused: binds have admission slots of their own (the pod is unknown here, so it fails
+    // on its arguments, not as busy).
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    let path = vgpu_scheduler::BIND_PATH;
+    c.write_all(format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}").as_bytes())
+        .await
+        .unwrap();
+    let reply = read_reply(&mut c).await;
+    assert!(reply.contains("\"Error\":\"ExtenderBindingArgs.Node cannot be empty\""), "{path}: {reply}");
+    for path in [vgpu_scheduler::FILTER_PATH, vgpu_scheduler::FILTER_DRYRUN_PATH] {
         let mut c = TcpStream::connect(s.addr).await.unwrap();
         c.write_all(format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}").as_bytes())
             .await
