@@ -258,6 +258,12 @@ impl TestEnv {
             .with_context(|| format!("no process named {name}"))
     }
 
+    /// CPU seconds (user + system) each running process of this environment has used so far, by name
+    /// (`etcd`, `kube-apiserver`, `kube-scheduler` and those of [`start_process`](Self::start_process)).
+    pub fn cpu_seconds(&self) -> Vec<(String, f64)> {
+        self.processes.iter().filter_map(|p| Some((p.name().to_owned(), p.cpu_seconds()?))).collect()
+    }
+
     /// The end of a component's log (for assertion messages).
     pub fn log_tail(&self, component: &str, lines: usize) -> String {
         log_tail(&self.log_path(component), lines)

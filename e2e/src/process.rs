@@ -51,6 +51,19 @@ impl ManagedProcess {
         Ok(Self { name: name.to_owned(), child: Some(child), log: log.to_owned() })
     }
 
+    /// CPU time (user + system, seconds) the process has used so far, from `/proc/<pid>/stat`; `None` when
+    /// it has exited or the file does not parse.
+    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
+        let pid = self.child.as_ref()?.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces) start at state: utime and stime are 14 and 15.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split(' ').collect();
+        let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // USER_HZ is 100 on Linux for every architecture the kernel exports to user space.
+        Some(ticks as f64 / 100.0)
+    }
+
     pub(crate) fn name(&self) -> &str {
         &self.name
     }

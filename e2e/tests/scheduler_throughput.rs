@@ -15,7 +15,8 @@
 //!
 //! kube-scheduler's client QPS and burst are raised to 5,000 so its rate limiter is not what is measured
 //! (our extender's kube-rs client has no client-side limiter). Sizes come from `VGPU_THROUGHPUT_NODES`
-//! (default 50) and `VGPU_THROUGHPUT_PODS` (default 200); the defaults are CI's small configuration, which
+//! (default 50) and `VGPU_THROUGHPUT_PODS` (default 200), extra extender flags for `b` from
+//! `VGPU_THROUGHPUT_EXTENDER_ARGS`; the defaults are CI's small configuration, which
 //! asserts only that every pod binds. Each test prints one line `throughput config=<a|b> nodes=M pods=N
 //! seconds=S pods_per_s=R`; `scripts/throughput.sh` runs the sizes of the issue and prints the ratio (b)/(a).
 //!
@@ -148,6 +149,20 @@ fn report(config: &str, nodes: usize, pods: usize, seconds: f64) {
     );
 }
 
+/// CPU seconds of each process since `before` (the machine is small: which process the run spent its CPU
+/// in is part of the answer).
+fn cpu_since(env: &TestEnv, before: &[(String, f64)]) -> String {
+    let parts: Vec<String> = env
+        .cpu_seconds()
+        .into_iter()
+        .map(|(name, now)| {
+            let was = before.iter().find(|(n, _)| *n == name).map_or(0.0, |(_, s)| *s);
+            format!("{name} {:.2}", now - was)
+        })
+        .collect();
+    format!("cpu seconds: {}", parts.join(", "))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control-plane binaries: run e2e/run.sh"]
 async fn throughput_a_kube_scheduler_alone_with_plain_gpus() {
@@ -158,11 +173,13 @@ async fn throughput_a_kube_scheduler_alone_with_plain_gpus() {
     env.start_scheduler_with_config(&with_qps(scheduler_configuration(env.kubeconfig_path(), &[])))
         .await
         .unwrap();
+    let cpu = env.cpu_seconds();
     let seconds = measure(&client, pods, |i| {
         (None, fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), &[("nvidia.com/gpu", 1)], &[]))
     })
     .await;
     report("a", nodes, pods, seconds);
+    println!("{}", cpu_since(&env, &cpu));
     env.finish();
 }
 
@@ -174,10 +191,17 @@ async fn throughput_b_kube_scheduler_with_our_extender() {
     let client = env.client().await.unwrap();
     create_nodes(&client, nodes, false).await;
     let port = free_port().unwrap();
-    let args = vec![
+    let mut args = vec![
         format!("--kubeconfig={}", env.kubeconfig_path().display()),
         format!("--server-bind-port={port}"),
     ];
+    // Extra extender flags for a comparison run, e.g. `--success-events=false`.
+    args.extend(
+        std::env::var("VGPU_THROUGHPUT_EXTENDER_ARGS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned),
+    );
     env.start_process(EXTENDER, &vgpu_binary(EXTENDER).unwrap(), &args, &[]).unwrap();
     if let Err(e) = wait_ready(port, Duration::from_secs(120)).await {
         panic!("{e}\n{}", env.log_tail(EXTENDER, 30));
@@ -186,12 +210,14 @@ async fn throughput_b_kube_scheduler_with_our_extender() {
     env.start_scheduler_with_config(&with_qps(scheduler_configuration(env.kubeconfig_path(), &[extender])))
         .await
         .unwrap();
+    let cpu = env.cpu_seconds();
     let seconds = measure(&client, pods, |i| {
         let limits = [(VGPU_NUMBER, 1), (VGPU_CORES, 10), (VGPU_MEMORY, 1024)];
         (None, fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), &limits, &[]))
     })
     .await;
     report("b", nodes, pods, seconds);
+    println!("{}", cpu_since(&env, &cpu));
     let (_, metrics) = vgpu_e2e::http_get(port, "/metrics").await.unwrap();
     println!("{}", verb_means(&metrics));
     env.check_process(EXTENDER).unwrap();
@@ -278,12 +304,14 @@ async fn throughput_c_kube_scheduler_with_dra_claims() {
     env.start_scheduler_with_config(&with_qps(scheduler_configuration(env.kubeconfig_path(), &[])))
         .await
         .unwrap();
+    let cpu = env.cpu_seconds();
     let seconds = measure(&client, pods, |i| {
         let name = format!("pod-{i:05}");
         (Some(dra_claim(&name)), dra_pod(&name, &name))
     })
     .await;
     report("c", nodes, pods, seconds);
+    println!("{}", cpu_since(&env, &cpu));
     env.finish();
 }
 

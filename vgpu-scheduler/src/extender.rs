@@ -115,6 +115,10 @@ pub struct ExtenderConfig {
     pub patch_attempts: u32,
     /// Send events to the cluster.
     pub emit_events: bool,
+    /// Also send the `Normal` events of a pod scheduled without trouble (`FilteringSucceed`,
+    /// `BindingSucceed`; upstream sends both). Each is one more write to the API server per pod, which on a
+    /// busy control plane is a measurable part of scheduling throughput; warnings are always sent.
+    pub success_events: bool,
     /// Gate `TopologyAwareGPUAllocation`: read the nodes' `node-device-topology`. Off, link-mode pods are
     /// placed as if no node published a topology (contract §3.2, §4.2): `link-strict` is rejected with
     /// `LinkTopologyUnsatisfied` ("node has no GPU link topology"), `link` falls back to the first GPUs in
@@ -135,6 +139,7 @@ impl Default for ExtenderConfig {
             reservation_ttl_ns: DEFAULT_RESERVATION_TTL_NS,
             patch_attempts: 3,
             emit_events: true,
+            success_events: true,
             link_topology: true,
         }
     }
@@ -544,7 +549,8 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     }
 
     async fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String) {
-        if self.config.emit_events {
+        let success = matches!(reason, "FilteringSucceed" | "BindingSucceed");
+        if self.config.emit_events && (self.config.success_events || !success) {
             let e = Event { namespace: pod.namespace.clone(), pod: pod.name.clone(), kind, reason, message };
             self.cluster.record_event(e).await;
         }

@@ -361,3 +361,23 @@ fn preempt_picks_unprotected_lower_priority_victims() {
     assert_eq!(e.rt.block_on(e.ext.preempt(Some(&plain), &victims)).node_victims, victims, "passthrough");
     let _ = ds;
 }
+
+/// Without success events only the warnings are sent; the pod is placed and bound all the same.
+#[test]
+fn success_events_can_be_left_out() {
+    let d = ResourceDomain::default();
+    let cluster = MemoryCluster::new();
+    cluster.upsert_node(vgpu_node("n0", &inventory(1, 16384), &NodeVgpuConfig::default(), None, &d).unwrap());
+    let config = ExtenderConfig { success_events: false, ..ExtenderConfig::default() };
+    let ext = Extender::new(cluster.clone(), Arc::new(ManualClock::new(T0)), config);
+    ext.attach();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(ext.sync()).unwrap();
+    let pod = cluster.upsert_pod(vgpu_pod("ok", 1, 10, 0, &[], &d));
+    assert_eq!(rt.block_on(ext.filter(Some(&pod), vec!["n0".into()])).node_names, ["n0"]);
+    assert_eq!(rt.block_on(ext.bind("default", "pod-ok", "ok", "n0")).error, "");
+    let big = cluster.upsert_pod(vgpu_pod("big", 2, 0, 0, &[], &d));
+    assert!(rt.block_on(ext.filter(Some(&big), vec!["n0".into()])).node_names.is_empty());
+    let reasons: Vec<&str> = cluster.events().iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["FilteringFailed"]);
+}

@@ -102,6 +102,10 @@ struct Cli {
     /// Resource and annotation domain.
     #[arg(long, default_value = "nvidia.com")]
     domain: String,
+    /// Send the Normal events of a pod scheduled without trouble (FilteringSucceed, BindingSucceed), as
+    /// vgpu-manager does; `false` saves two API writes per pod (warnings are always sent).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    success_events: bool,
     /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -192,6 +196,7 @@ async fn run(
         domain: domain.clone(),
         scheduler_name: cli.scheduler_name.clone(),
         stuck_grace_ns,
+        success_events: cli.success_events,
         ..ExtenderConfig::from_gates(&gates)
     };
     let metrics_authz = cli.enable_rbac.then(|| Arc::new(Authorizer::kube(client.clone())));
