@@ -105,6 +105,17 @@ async fn scheduler_calls_the_extender_which_binds_the_vgpu_pod() {
     assert_eq!(bind.1["PodName"], "vgpu-pod");
     assert_eq!(bind.1["Node"], "gpu-node-1");
 
+    // What the extender's bind relies on (`MetadataPatch::with_uid`): a merge patch carrying another
+    // `metadata.uid` is refused by kube-apiserver and changes nothing; the pod's own UID patches.
+    let uid = pods.get("vgpu-pod").await.unwrap().metadata.uid.unwrap();
+    let params = kube::api::PatchParams::default();
+    let other = json!({"metadata": {"uid": "00000000-0000-0000-0000-000000000000", "labels": {"e2e": "x"}}});
+    let err = pods.patch("vgpu-pod", &params, &kube::api::Patch::Merge(&other)).await.unwrap_err();
+    assert!(err.to_string().contains("uid"), "{err}");
+    let own = json!({"metadata": {"uid": uid, "labels": {"e2e": "y"}}});
+    let patched = pods.patch("vgpu-pod", &params, &kube::api::Patch::Merge(&own)).await.unwrap();
+    assert_eq!(patched.metadata.labels.unwrap()["e2e"], "y");
+
     drop(extender);
     env.finish();
 }
