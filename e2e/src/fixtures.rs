@@ -220,6 +220,46 @@ pub async fn create_dra_node_and_classes(
     Ok((created, classes))
 }
 
+/// A ResourceClaim of one device of `class` asking `capacity` (e.g. `{"requests": {"cores": "10"}}`).
+pub fn dra_claim(
+    namespace: &str,
+    name: &str,
+    class: &str,
+    capacity: &Value,
+) -> Result<k8s_openapi::api::resource::v1::ResourceClaim> {
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": { "devices": { "requests": [{
+            "name": "vgpu",
+            "exactly": {
+                "deviceClassName": class,
+                "allocationMode": "ExactCount",
+                "count": 1,
+                "capacity": capacity,
+            },
+        }] } },
+    });
+    Ok(serde_json::from_value(claim)?)
+}
+
+/// A pod for our scheduler whose one container uses the ResourceClaim `claim` (as `gpu`).
+pub fn dra_pod(namespace: &str, name: &str, claim: &str) -> Result<Pod> {
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": {
+            "schedulerName": crate::SCHEDULER_NAME,
+            "containers": [{ "name": "cuda", "image": "example.invalid/cuda:never-pulled",
+                             "resources": { "claims": [{ "name": "gpu" }] } }],
+            "resourceClaims": [{ "name": "gpu", "resourceClaimName": claim }],
+        },
+    });
+    Ok(serde_json::from_value(pod)?)
+}
+
 /// Applies the DeviceClasses of `deploy/dra/deviceclasses.yaml` and returns them.
 pub async fn create_dra_device_classes(
     client: &kube::Client,

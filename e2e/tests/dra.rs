@@ -41,7 +41,7 @@ use vgpu_dra::{
     health::{HealthConfig, HealthMonitor, HealthSnapshot},
     slices::{KubeSliceStore, PublishOutcome, SliceConfig, SlicePublisher},
 };
-use vgpu_e2e::{SCHEDULER_NAME, TestEnv, fixtures, scheduler_configuration};
+use vgpu_e2e::{TestEnv, fixtures, scheduler_configuration};
 
 const NODE: &str = "dra-node";
 const NAMESPACE: &str = "default";
@@ -62,36 +62,11 @@ fn claim(name: &str) -> ResourceClaim {
 }
 
 fn claim_of(name: &str, class: &str, capacity: &serde_json::Value) -> ResourceClaim {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": { "name": name, "namespace": NAMESPACE },
-        "spec": { "devices": { "requests": [{
-            "name": "vgpu",
-            "exactly": {
-                "deviceClassName": class,
-                "allocationMode": "ExactCount",
-                "count": 1,
-                "capacity": capacity,
-            },
-        }] } },
-    }))
-    .unwrap()
+    fixtures::dra_claim(NAMESPACE, name, class, capacity).unwrap()
 }
 
 fn pod(name: &str, claim: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": name, "namespace": NAMESPACE },
-        "spec": {
-            "schedulerName": SCHEDULER_NAME,
-            "containers": [{ "name": "cuda", "image": "example.invalid/cuda:never-pulled",
-                             "resources": { "claims": [{ "name": "gpu" }] } }],
-            "resourceClaims": [{ "name": "gpu", "resourceClaimName": claim }],
-        },
-    }))
-    .unwrap()
+    fixtures::dra_pod(NAMESPACE, name, claim).unwrap()
 }
 
 /// The device of a claim's allocation and its consumed capacity, once allocated.

@@ -33,7 +33,7 @@ use serde_json::json;
 use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
 use vgpu_deviceplugin::registration::connect_unix;
 use vgpu_dra::api::{dra_v1, pluginregistration as pr};
-use vgpu_e2e::{SCHEDULER_NAME, TestEnv, fixtures, scheduler_configuration, vgpu_binary};
+use vgpu_e2e::{TestEnv, fixtures, scheduler_configuration, vgpu_binary};
 
 const NODE: &str = "dra-mig-node";
 const NAMESPACE: &str = "default";
@@ -68,18 +68,7 @@ fn mig_claim(name: &str, profile: &str) -> ResourceClaim {
 }
 
 fn pod(name: &str, claim: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": name, "namespace": NAMESPACE },
-        "spec": {
-            "schedulerName": SCHEDULER_NAME,
-            "containers": [{ "name": "cuda", "image": "example.invalid/cuda:never-pulled",
-                             "resources": { "claims": [{ "name": "gpu" }] } }],
-            "resourceClaims": [{ "name": "gpu", "resourceClaimName": claim }],
-        },
-    }))
-    .unwrap()
+    fixtures::dra_pod(NAMESPACE, name, claim).unwrap()
 }
 
 fn allocated_device(claim: &ResourceClaim) -> Option<String> {

@@ -27,7 +27,7 @@ use kube::{
 use serde_json::json;
 use vgpu_deviceplugin::registration::connect_unix;
 use vgpu_dra::api::{dra_v1, pluginregistration as pr};
-use vgpu_e2e::{SCHEDULER_NAME, TestEnv, fixtures, scheduler_configuration, vgpu_binary};
+use vgpu_e2e::{TestEnv, fixtures, scheduler_configuration, vgpu_binary};
 
 const NODE: &str = "dra-prepare-node";
 const NAMESPACE: &str = "default";
@@ -117,34 +117,10 @@ async fn prepare_through_the_binary(name: &str, client_mode: bool) {
     // A claim of one vGPU share and its pod: allocated and bound by the real scheduler.
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let claim: ResourceClaim = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": { "name": "share", "namespace": NAMESPACE },
-        "spec": { "devices": { "requests": [{
-            "name": "vgpu",
-            "exactly": {
-                "deviceClassName": "vgpu-manager",
-                "allocationMode": "ExactCount",
-                "count": 1,
-                "capacity": { "requests": { "cores": "10", "memory": "1Gi" } },
-            },
-        }] } },
-    }))
-    .unwrap();
+    let capacity = json!({ "requests": { "cores": "10", "memory": "1Gi" } });
+    let claim = fixtures::dra_claim(NAMESPACE, "share", "vgpu-manager", &capacity).unwrap();
     claims.create(&PostParams::default(), &claim).await.unwrap();
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": "cuda", "namespace": NAMESPACE },
-        "spec": {
-            "schedulerName": SCHEDULER_NAME,
-            "containers": [{ "name": "cuda", "image": "example.invalid/cuda:never-pulled",
-                             "resources": { "claims": [{ "name": "gpu" }] } }],
-            "resourceClaims": [{ "name": "gpu", "resourceClaimName": "share" }],
-        },
-    }))
-    .unwrap();
+    let pod = fixtures::dra_pod(NAMESPACE, "cuda", "share").unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
     assert_eq!(fixtures::wait_for_pod_node(&client, NAMESPACE, "cuda", TIMEOUT).await.unwrap(), NODE);
     let allocated = claims.get("share").await.unwrap();

@@ -245,39 +245,6 @@ fn dra_slices(node: &str) -> Vec<ResourceSlice> {
     build_slices(&SliceConfig::new(node), &devices, &HealthSnapshot::unmonitored_default(), 1).unwrap()
 }
 
-fn dra_claim(name: &str) -> ResourceClaim {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": { "name": name, "namespace": NAMESPACE },
-        "spec": { "devices": { "requests": [{
-            "name": "vgpu",
-            "exactly": {
-                "deviceClassName": "vgpu-manager",
-                "allocationMode": "ExactCount",
-                "count": 1,
-                "capacity": { "requests": { "cores": "10", "memory": "1Gi" } },
-            },
-        }] } },
-    }))
-    .unwrap()
-}
-
-fn dra_pod(name: &str, claim: &str) -> Pod {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": name, "namespace": NAMESPACE },
-        "spec": {
-            "schedulerName": vgpu_e2e::SCHEDULER_NAME,
-            "containers": [{ "name": "cuda", "image": "example.invalid/cuda:never-pulled",
-                             "resources": { "claims": [{ "name": "gpu" }] } }],
-            "resourceClaims": [{ "name": "gpu", "resourceClaimName": claim }],
-        },
-    }))
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control-plane binaries: run e2e/run.sh"]
 async fn throughput_c_kube_scheduler_with_dra_claims() {
@@ -307,7 +274,9 @@ async fn throughput_c_kube_scheduler_with_dra_claims() {
     let cpu = env.cpu_seconds();
     let seconds = measure(&client, pods, |i| {
         let name = format!("pod-{i:05}");
-        (Some(dra_claim(&name)), dra_pod(&name, &name))
+        let capacity = serde_json::json!({ "requests": { "cores": "10", "memory": "1Gi" } });
+        let claim = fixtures::dra_claim(NAMESPACE, &name, "vgpu-manager", &capacity).unwrap();
+        (Some(claim), fixtures::dra_pod(NAMESPACE, &name, &name).unwrap())
     })
     .await;
     report("c", nodes, pods, seconds);

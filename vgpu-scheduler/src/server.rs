@@ -353,27 +353,16 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
         if self.readiness.is_synced() { Ok(()) } else { Err(RequestError::NotSynced) }
     }
 
-    async fn read_body(
-        &self,
-        headers: &HeaderMap,
-        body: Body,
-        start: Option<RequestStart>,
-    ) -> Result<Bytes, RequestError> {
-        Ok(vgpu_serve::http::read_body(headers, body, start, self.max_body_bytes, self.read_timeout).await?)
-    }
-
-    /// Admits a bind call (bind slots, [`work::BIND_BODY_BYTES`]) and reads its body, once the caches are synced.
+    /// Admits a bind call (bind slots, [`BIND_BODY_BYTES`](crate::work::BIND_BODY_BYTES)) and reads its body,
+    /// once the caches are synced.
     async fn admit_bind(
         &self,
         headers: &HeaderMap,
         body: Body,
         start: Option<RequestStart>,
     ) -> Result<(Admission, Bytes), RequestError> {
-        self.ensure_synced()?;
-        let admission = self.pool.admit_bind()?;
         let limit = self.max_body_bytes.min(crate::work::BIND_BODY_BYTES);
-        let bytes = vgpu_serve::http::read_body(headers, body, start, limit, self.read_timeout).await?;
-        Ok((admission, bytes))
+        self.admit_with(|pool| pool.admit_bind(), limit, headers, body, start).await
     }
 
     /// Admits a verb call and reads its body, once the caches are synced (every verb refuses to answer before).
@@ -383,9 +372,20 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
         body: Body,
         start: Option<RequestStart>,
     ) -> Result<(Admission, Bytes), RequestError> {
+        self.admit_with(WorkPool::admit, self.max_body_bytes, headers, body, start).await
+    }
+
+    async fn admit_with(
+        &self,
+        admit: impl FnOnce(&WorkPool) -> Result<Admission, Busy>,
+        limit: usize,
+        headers: &HeaderMap,
+        body: Body,
+        start: Option<RequestStart>,
+    ) -> Result<(Admission, Bytes), RequestError> {
         self.ensure_synced()?;
-        let admission = self.pool.admit()?;
-        let bytes = self.read_body(headers, body, start).await?;
+        let admission = admit(&self.pool)?;
+        let bytes = vgpu_serve::http::read_body(headers, body, start, limit, self.read_timeout).await?;
         Ok((admission, bytes))
     }
 

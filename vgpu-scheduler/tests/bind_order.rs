@@ -115,20 +115,28 @@ async fn until(what: &str, cond: impl Fn() -> bool) {
     panic!("{what}: not reached");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bindings_to_one_node_follow_predicate_time_when_a_later_patch_finishes_first() {
+type Bind = tokio::task::JoinHandle<String>;
+
+/// Pods a and b filtered onto n0 (gate on); a's bind takes the first place in n0's queue with its patch held
+/// back, b's bind patches meanwhile and waits for its turn.
+async fn a_held_and_b_queued_behind() -> (Env, Pod, Pod, Arc<Notify>, Bind, Bind) {
     let e = env(true).await;
     let a = e.filtered("a").await;
     let b = e.filtered("b").await;
     let gate = e.cluster.hold_patch(&a.name);
     let bind_a = e.bind(&a);
-    // a holds the first place in n0's queue (its patch is held back); b's patch goes through meanwhile.
     until("a queued", || e.ext.pending_count() == 1).await;
     let bind_b = e.bind(&b);
     until("b patched", || {
         e.cluster.inner.pod("default", &b.name).unwrap().annotations.contains_key(&e.d.pre_allocated())
     })
     .await;
+    (e, a, b, gate, bind_a, bind_b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bindings_to_one_node_follow_predicate_time_when_a_later_patch_finishes_first() {
+    let (e, a, b, gate, bind_a, bind_b) = a_held_and_b_queued_behind().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(e.cluster.bound().is_empty(), "b's binding waits for a's: {:?}", e.cluster.bound());
     gate.notify_one();
@@ -140,17 +148,7 @@ async fn bindings_to_one_node_follow_predicate_time_when_a_later_patch_finishes_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_binding_lets_the_next_one_go() {
-    let e = env(true).await;
-    let a = e.filtered("a").await;
-    let b = e.filtered("b").await;
-    let gate = e.cluster.hold_patch(&a.name);
-    let bind_a = e.bind(&a);
-    until("a queued", || e.ext.pending_count() == 1).await;
-    let bind_b = e.bind(&b);
-    until("b patched", || {
-        e.cluster.inner.pod("default", &b.name).unwrap().annotations.contains_key(&e.d.pre_allocated())
-    })
-    .await;
+    let (e, _a, b, gate, bind_a, bind_b) = a_held_and_b_queued_behind().await;
     // a's binding fails: b, queued behind it, is bound all the same.
     e.cluster.inner.fail_next_binds(1);
     gate.notify_one();
