@@ -692,7 +692,15 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         if let Some(n) = cached.as_ref().and_then(|p| p.node_name.as_deref()).filter(|n| !n.is_empty()) {
             return Err(ExtenderError::AlreadyBound(n.to_owned()));
         }
-        let held = self.valid_pending(&pod.uid, now).map(|p| p.node).or_else(|| {
+        // A placement of this process's own earlier filter that kube-scheduler no longer offers (its cycle
+        // failed after our filter, e.g. in another plugin's Reserve or Permit, and extenders are not told):
+        // nothing was written, so it is given up and the pod placed anew instead of refused until it expires.
+        let pending = self.valid_pending(&pod.uid, now);
+        if let Some(p) = pending.as_ref().filter(|p| !nodes.contains(&p.node)) {
+            self.pending().by_uid.remove(&pod.uid);
+            self.cache.release(&p.node, &pod.uid);
+        }
+        let held = pending.map(|p| p.node).filter(|n| nodes.contains(n)).or_else(|| {
             [cached.as_deref(), Some(&pod)].into_iter().flatten().find_map(|p| self.held_node(p, now))
         });
         if let Some(target) = held {

@@ -381,3 +381,29 @@ fn success_events_can_be_left_out() {
     let reasons: Vec<&str> = cluster.events().iter().map(|e| e.reason).collect();
     assert_eq!(reasons, ["FilteringFailed"]);
 }
+
+/// kube-scheduler may drop a pod's cycle after our filter (another plugin's Reserve or Permit failed) without
+/// telling the extender: a later filter of the pod that no longer offers the reserved node gives that
+/// placement up (nothing was written) and places the pod anew, instead of refusing it until it expires.
+#[test]
+fn a_pending_placement_off_the_candidates_is_given_up_and_the_pod_placed_again() {
+    let e = env(2, 1);
+    let pod = e.pod("p", 1, 60, 0, &[]);
+    assert_eq!(e.filter(&pod).node_names, ["n0"]);
+    assert_eq!(e.used("n0").1, 60);
+    let r = e.rt.block_on(e.ext.filter(Some(&pod), vec!["n1".to_owned()]));
+    assert_eq!((r.error.as_str(), r.node_names.as_slice()), ("", ["n1".to_owned()].as_slice()));
+    assert_eq!((e.used("n0").1, e.used("n1").1), (0, 60), "n0's reservation released");
+    assert_eq!((e.ext.cache().reservation_count(), e.ext.pending_count()), (1, 1));
+    assert_eq!(e.bind(&pod, "n1"), "");
+    // A pod whose pre-allocation is in its annotations (written by another extender) is still refused.
+    let d = &e.d;
+    let ann = vec![
+        (d.pre_allocated(), "main[0_GPU-0_10_0]".to_string()),
+        (d.predicate_node(), "n0".to_string()),
+        (d.predicate_time(), T0.to_string()),
+    ];
+    let other = e.pod("q", 1, 10, 0, &ann);
+    let r = e.rt.block_on(e.ext.filter(Some(&other), vec!["n1".to_owned()]));
+    assert_eq!(r.error, "pod q had been predicated");
+}
