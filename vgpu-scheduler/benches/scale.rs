@@ -1,6 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The extender at cluster scale (issue #22 item 2): 50,000 nodes x 8 GPUs with 200,000 placed pods when
 //! `VGPU_BENCH_50K=1` (setup takes a minute or more on a small machine), else 5,000 x 8 with 20,000.
+//! Run it as the chart runs the extender, with glibc's fastbins off (freeing tens of thousands of small
+//! candidate names otherwise spends up to half a 50,000-name call in fastbin consolidation):
+//! `GLIBC_TUNABLES=glibc.malloc.mxfast=0 VGPU_BENCH_50K=1 cargo bench -p vgpu-scheduler --bench scale`.
 //!
 //! Printed once before the timed benches (one run each, wall clock):
 //! - `cache bytes/node`, `cache bytes/pod`: heap the cache keeps per node and per placed pod, counted by

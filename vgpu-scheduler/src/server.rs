@@ -448,7 +448,12 @@ fn json_error(what: &'static str, path: Option<String>, e: serde_json::Error) ->
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
-    match serde_json::to_vec(value) {
+    json_bytes(status, serde_json::to_vec(value))
+}
+
+/// A JSON answer from already encoded bytes (or the encoding's error).
+fn json_bytes(status: StatusCode, encoded: Result<Vec<u8>, serde_json::Error>) -> Response {
+    match encoded {
         Ok(body) => {
             let mut r = (status, body).into_response();
             r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -580,7 +585,8 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
                 (ExtenderFilterResult::from_result(&args, result), label)
             }
         };
-        (json(StatusCode::OK, &out), label)
+        // The same bytes as `json()` would write, faster for thousands of `FailedNodes` (wire module docs).
+        (json_bytes(StatusCode::OK, out.to_json()), label)
     }
 
     /// Prioritize from the body to the encoded answer (on a worker thread).

@@ -154,7 +154,7 @@ async fn a_failed_binding_lets_the_next_one_go() {
     gate.notify_one();
     assert_eq!(bind_a.await.unwrap(), "injected binding failure");
     assert_eq!(bind_b.await.unwrap(), "");
-    assert_eq!(e.cluster.bound(), [b.name.clone()]);
+    assert_eq!(e.cluster.bound(), std::slice::from_ref(&b.name));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,7 +166,7 @@ async fn without_the_gate_a_later_bind_does_not_wait() {
     let bind_a = e.bind(&a);
     until("a started", || e.ext.pending_count() == 1).await;
     assert_eq!(e.bind(&b).await.unwrap(), "");
-    assert_eq!(e.cluster.bound(), [b.name.clone()]);
+    assert_eq!(e.cluster.bound(), std::slice::from_ref(&b.name));
     gate.notify_one();
     assert_eq!(bind_a.await.unwrap(), "");
     assert_eq!(e.cluster.bound(), [b.name.clone(), a.name.clone()]);
