@@ -3,7 +3,8 @@
 //! the last pod bound, observed through a watch on the API server.
 //!
 //! Three configurations, each on its own control plane:
-//! - `a`: kube-scheduler alone, pods asking a plain extended resource (`nvidia.com/gpu: 1`, 8 per node):
+//! - `a`: kube-scheduler alone, pods asking a plain extended resource (`nvidia.com/gpu: 1`, 80 per node, as
+//!   many as `b`'s vGPU shares, like time-slicing replicas):
 //!   the scheduler's own ceiling;
 //! - `b`: kube-scheduler + `vgpu-scheduler-extender` (filter, prioritize, bind, preempt), vGPU pods (1 vGPU,
 //!   10 % cores, 1 GiB; 8 GPUs split 10 ways per node);
@@ -55,7 +56,7 @@ fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
 }
 
-/// `count` vGPU nodes, `PARALLEL` at a time; with `plain_gpus`, also `nvidia.com/gpu: 8` in their capacity.
+/// `count` vGPU nodes, `PARALLEL` at a time; with `plain_gpus`, also `nvidia.com/gpu: 80` in their capacity.
 async fn create_nodes(client: &kube::Client, count: usize, plain_gpus: bool) {
     let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
     let mut set = tokio::task::JoinSet::new();
@@ -66,7 +67,8 @@ async fn create_nodes(client: &kube::Client, count: usize, plain_gpus: bool) {
             let name = format!("node-{n:05}");
             fixtures::create_vgpu_node(&client, &name, GPUS, SPLIT).await.unwrap();
             if plain_gpus {
-                let gpus = serde_json::json!({"nvidia.com/gpu": GPUS.to_string()});
+                // As many plain slots as `b` has vGPU shares (8 GPUs x 10), so every size fits in both.
+                let gpus = serde_json::json!({"nvidia.com/gpu": (GPUS * SPLIT).to_string()});
                 let status = serde_json::json!({"status": {"capacity": gpus, "allocatable": gpus}});
                 let nodes: Api<Node> = Api::all(client);
                 nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
