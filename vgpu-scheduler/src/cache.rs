@@ -681,13 +681,17 @@ impl ClusterCache {
     /// Records a reservation taken with [`reserve_locked`](Self::reserve_locked) for expiry (call after
     /// releasing the node lock).
     pub fn track_reservation(&self, node: &str, uid: &str, expires_ns: i64) {
-        self.track_reservation_of(node, uid, expires_ns, &[]);
+        self.track(node, uid, expires_ns, Vec::new());
     }
 
-    /// [`track_reservation`](Self::track_reservation) that also records the reserved GPUs (distinct UUIDs), so
-    /// that the pod's siblings align with it ([`sibling_placements`](Self::sibling_placements)) before its
-    /// pre-allocation is written.
-    pub fn track_reservation_of(&self, node: &str, uid: &str, expires_ns: i64, uuids: &[String]) {
+    /// [`track_reservation`](Self::track_reservation) that also records the reserved GPUs of `claim` (its
+    /// distinct UUIDs), so that the pod's siblings align with it
+    /// ([`sibling_placements`](Self::sibling_placements)) before its pre-allocation is written.
+    pub fn track_reservation_of(&self, node: &str, uid: &str, expires_ns: i64, claim: &PodDeviceClaim) {
+        self.track(node, uid, expires_ns, distinct_uuids(claim));
+    }
+
+    fn track(&self, node: &str, uid: &str, expires_ns: i64, uuids: Vec<String>) {
         let mut idx = lock(&self.index);
         let still = self.node(node).is_some_and(|s| lock(&s).reserved.get(uid) == Some(&expires_ns));
         if still {
@@ -696,7 +700,7 @@ impl ClusterCache {
             if uuids.is_empty() {
                 idx.reserved_uuids.remove(uid);
             } else {
-                idx.reserved_uuids.insert(uid.to_owned(), uuids.to_vec());
+                idx.reserved_uuids.insert(uid.to_owned(), uuids);
             }
         }
     }

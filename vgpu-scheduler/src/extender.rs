@@ -614,11 +614,16 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The pod's pending placement while its reservation holds (same node, same expiry, not expired).
-    fn valid_pending(&self, uid: &str, now: i64) -> Option<PendingPlacement> {
-        let p = self.pending().by_uid.get(uid).cloned()?;
-        (p.expires_ns >= now && self.cache.reservation(uid) == Some((p.node.clone(), p.expires_ns)))
-            .then_some(p)
+    /// Whether a pending placement on `node` expiring at `expires_ns` still holds its GPUs: not expired, and
+    /// the cache's reservation for the pod is this placement's (same node, same expiry).
+    fn holds(&self, uid: &str, node: &str, expires_ns: i64, now: i64) -> bool {
+        expires_ns >= now && self.cache.reservation(uid).is_some_and(|(n, e)| n == node && e == expires_ns)
+    }
+
+    /// The node of the pod's pending placement, while it [holds](Self::holds).
+    fn pending_node(&self, uid: &str, now: i64) -> Option<String> {
+        let (node, expires_ns) = self.pending().by_uid.get(uid).map(|p| (p.node.clone(), p.expires_ns))?;
+        self.holds(uid, &node, expires_ns, now).then_some(node)
     }
 
     fn remember_pending(&self, uid: &str, placement: PendingPlacement, now: i64) {
@@ -695,12 +700,15 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         // A placement of this process's own earlier filter that kube-scheduler no longer offers (its cycle
         // failed after our filter, e.g. in another plugin's Reserve or Permit, and extenders are not told):
         // nothing was written, so it is given up and the pod placed anew instead of refused until it expires.
-        let pending = self.valid_pending(&pod.uid, now);
-        if let Some(p) = pending.as_ref().filter(|p| !nodes.contains(&p.node)) {
-            self.pending().by_uid.remove(&pod.uid);
-            self.cache.release(&p.node, &pod.uid);
-        }
-        let held = pending.map(|p| p.node).filter(|n| nodes.contains(n)).or_else(|| {
+        let pending = match self.pending_node(&pod.uid, now) {
+            Some(node) if !nodes.contains(&node) => {
+                self.pending().by_uid.remove(&pod.uid);
+                self.cache.release(&node, &pod.uid);
+                None
+            }
+            held => held,
+        };
+        let held = pending.or_else(|| {
             [cached.as_deref(), Some(&pod)].into_iter().flatten().find_map(|p| self.held_node(p, now))
         });
         if let Some(target) = held {
@@ -780,13 +788,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             }
         };
         let t_stage = Instant::now();
-        let mut uuids: Vec<String> = Vec::new();
-        for d in alloc.claim.devices() {
-            if !uuids.contains(&d.uuid) {
-                uuids.push(d.uuid.clone());
-            }
-        }
-        self.cache.track_reservation_of(&node, &pod.uid, expires, &uuids);
+        self.cache.track_reservation_of(&node, &pod.uid, expires, &alloc.claim);
         let placement = PendingPlacement {
             node: node.clone(),
             expires_ns: expires,
@@ -994,15 +996,11 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         }
         if placement.node != node {
             let e = ExtenderError::NodeMismatch { predicate: placement.node.clone(), node: node.to_owned() };
-            self.mark_failed(&pod, &e.to_string()).await;
-            return Err(fail(e));
+            return Err(fail(self.refuse(&pod, e).await));
         }
-        let holds = placement.expires_ns >= now
-            && self.cache.reservation(uid) == Some((placement.node.clone(), placement.expires_ns));
-        if !holds {
+        if !self.holds(uid, &placement.node, placement.expires_ns, now) {
             let e = ExtenderError::PreallocExpired(placement.node.clone());
-            self.mark_failed(&pod, &e.to_string()).await;
-            return Err(fail(e));
+            return Err(fail(self.refuse(&pod, e).await));
         }
         let patch = MetadataPatch::default()
             .with_uid(uid)
@@ -1024,10 +1022,15 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             }
             Err(e) => {
                 self.cache.release(node, uid);
-                self.mark_failed(&pod, &e.to_string()).await;
-                Err(e)
+                Err(self.refuse(&pod, e).await)
             }
         }
+    }
+
+    /// Marks the pod failed (phase, `BindingFailed` event) with the error's text and returns the error.
+    async fn refuse(&self, pod: &Pod, e: ExtenderError) -> ExtenderError {
+        self.mark_failed(pod, &e.to_string()).await;
+        e
     }
 
     /// Bind of a pod without a pending placement here: a vGPU pod must carry a valid pre-allocation for this
@@ -1043,15 +1046,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let predicate = prealloc::predicate_node(&pod, d).unwrap_or_default().to_owned();
         if predicate != node {
             let e = ExtenderError::NodeMismatch { predicate, node: node.to_owned() };
-            self.mark_failed(&pod, &e.to_string()).await;
-            return Err(e);
+            return Err(self.refuse(&pod, e).await);
         }
         let valid = prealloc::planned_claim(&pod, d).is_some()
             && prealloc::should_count(&pod, d, self.config.stuck_grace_ns).at(now);
         if !valid {
-            let e = ExtenderError::PreallocExpired(predicate);
-            self.mark_failed(&pod, &e.to_string()).await;
-            return Err(e);
+            return Err(self.refuse(&pod, ExtenderError::PreallocExpired(predicate)).await);
         }
         let patch = MetadataPatch::default()
             .with_uid(pod.uid.clone())
@@ -1063,10 +1063,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 self.cache.upsert_pod(updated.clone(), now);
                 Ok((updated, true))
             }
-            Err(e) => {
-                self.mark_failed(&pod, &e.to_string()).await;
-                Err(e)
-            }
+            Err(e) => Err(self.refuse(&pod, e).await),
         }
     }
 
