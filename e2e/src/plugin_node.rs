@@ -181,3 +181,74 @@ pub async fn start_vgpu_scheduling(env: &mut TestEnv) -> Result<ExtenderConfig> 
     env.start_scheduler(&extender).await?;
     Ok(extender)
 }
+
+/// The scheduling scenario the `vgpuctl` tests read back: `nodes` vGPU nodes (`gpu-node-<n>`, `gpus` GPUs split
+/// `split` ways), our extender under kube-scheduler ([`start_vgpu_scheduling`]), and `pods` vGPU pods
+/// `default/pod-<i>` of 1–2 GPUs (25, 10 or 50 % cores, 2 GiB), each waited for until bound.
+pub async fn schedule_mixed_vgpu_pods(
+    env: &mut TestEnv,
+    nodes: u32,
+    gpus: u32,
+    split: u32,
+    pods: usize,
+) -> Result<()> {
+    let client = env.client().await?;
+    for n in 0..nodes {
+        crate::fixtures::create_vgpu_node(&client, &format!("gpu-node-{n}"), gpus, split).await?;
+    }
+    start_vgpu_scheduling(env).await?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for i in 0..pods {
+        let limits = [
+            (VGPU_NUMBER, [1, 2, 1][i % 3]),
+            (crate::fixtures::VGPU_CORES, [25, 10, 50][i % 3]),
+            (crate::fixtures::VGPU_MEMORY, 2048),
+        ];
+        let pod = crate::fixtures::vgpu_pod_with("default", &format!("pod-{i:02}"), &limits, &[]);
+        api.create(&PostParams::default(), &pod).await?;
+    }
+    for i in 0..pods {
+        crate::fixtures::wait_for_pod_node(
+            &client,
+            "default",
+            &format!("pod-{i:02}"),
+            Duration::from_secs(120),
+        )
+        .await
+        .with_context(|| env.log_tail("kube-scheduler", 30))?;
+    }
+    Ok(())
+}
+
+/// `namespace/name` → (resourceVersion, node, `nvidia.com/pre-allocated`) of every pod `pods` lists.
+pub async fn pod_state(
+    pods: &Api<Pod>,
+) -> Result<BTreeMap<String, (String, Option<String>, Option<String>)>> {
+    let list = pods.list(&kube::api::ListParams::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|p| {
+            let namespace = p.metadata.namespace.clone().unwrap_or_default();
+            let key = format!("{namespace}/{}", p.metadata.name.clone().unwrap_or_default());
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            let pre =
+                p.metadata.annotations.as_ref().and_then(|a| a.get("nvidia.com/pre-allocated").cloned());
+            (key, (p.metadata.resource_version.clone().unwrap_or_default(), node, pre))
+        })
+        .collect())
+}
+
+/// Runs `vgpuctl <args> --kubeconfig=<the environment's>`; its stdout, or an error with its stderr.
+pub fn vgpuctl(env: &TestEnv, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new(vgpu_binary("vgpuctl")?)
+        .args(args)
+        .arg(format!("--kubeconfig={}", env.kubeconfig_path().display()))
+        .output()
+        .context("running vgpuctl")?;
+    let stdout = String::from_utf8(out.stdout).context("vgpuctl's output is not UTF-8")?;
+    if !out.status.success() {
+        bail!("vgpuctl {args:?}: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(stdout)
+}

@@ -10,15 +10,10 @@
 //! Needs the control-plane binaries and our binaries: run `e2e/run.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{ListParams, PostParams};
-use vgpu_e2e::fixtures::{self, VGPU_CORES, VGPU_MEMORY, VGPU_NUMBER};
-use vgpu_e2e::plugin_node::start_vgpu_scheduling;
-use vgpu_e2e::{TestEnv, vgpu_binary};
+use vgpu_e2e::TestEnv;
+use vgpu_e2e::plugin_node::{pod_state, schedule_mixed_vgpu_pods, vgpuctl};
 
 const NODES: u32 = 3;
 const GPUS: u32 = 4;
@@ -27,37 +22,12 @@ const PODS: usize = 12;
 const SHAPE: &str = "gpus=2,cores=50,memory=8Gi,topology=none";
 const COUNT: usize = 40;
 
-fn vgpuctl(env: &TestEnv) -> serde_json::Value {
-    let out = std::process::Command::new(vgpu_binary("vgpuctl").unwrap())
-        .arg("simulate")
-        .arg("--from-cluster")
-        .arg(format!("--kubeconfig={}", env.kubeconfig_path().display()))
-        .arg(format!("--pod={SHAPE}"))
-        .arg(format!("--count={COUNT}"))
-        .arg("--json")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(out.status.success(), "vgpuctl: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+/// `vgpuctl simulate --from-cluster` of the shape, as JSON.
+fn simulate(env: &TestEnv) -> serde_json::Value {
+    let shape = format!("--pod={SHAPE}");
+    let count = format!("--count={COUNT}");
+    let stdout = vgpuctl(env, &["simulate", "--from-cluster", &shape, &count, "--json"]).unwrap();
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-}
-
-/// `namespace/name` → (resourceVersion, node, pre-allocated) of every pod.
-async fn pod_state(pods: &Api<Pod>) -> BTreeMap<String, (String, Option<String>, Option<String>)> {
-    pods.list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|p| {
-            let key =
-                format!("{}/{}", p.metadata.namespace.clone().unwrap(), p.metadata.name.clone().unwrap());
-            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
-            let pre =
-                p.metadata.annotations.as_ref().and_then(|a| a.get("nvidia.com/pre-allocated").cloned());
-            (key, (p.metadata.resource_version.clone().unwrap_or_default(), node, pre))
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,28 +35,12 @@ async fn pod_state(pods: &Api<Pod>) -> BTreeMap<String, (String, Option<String>,
 async fn simulate_from_cluster_reads_the_allocations_and_answers_deterministically() {
     let mut env = TestEnv::builder("simulate_from_cluster").start().await.unwrap();
     let client = env.client().await.unwrap();
-    for n in 0..NODES {
-        fixtures::create_vgpu_node(&client, &format!("gpu-node-{n}"), GPUS, SPLIT).await.unwrap();
-    }
-    start_vgpu_scheduling(&mut env).await.unwrap();
-
-    // The scheduling scenario: twelve pods of 1–2 GPUs, then wait for every one to be bound.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    for i in 0..PODS {
-        let limits =
-            [(VGPU_NUMBER, [1, 2, 1][i % 3]), (VGPU_CORES, [25, 10, 50][i % 3]), (VGPU_MEMORY, 2048)];
-        let pod = fixtures::vgpu_pod_with("default", &format!("pod-{i:02}"), &limits, &[]);
-        pods.create(&PostParams::default(), &pod).await.unwrap();
-    }
-    for i in 0..PODS {
-        fixtures::wait_for_pod_node(&client, "default", &format!("pod-{i:02}"), Duration::from_secs(120))
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tail("kube-scheduler", 30)));
-    }
+    // The scheduling scenario: twelve pods of 1–2 GPUs on three nodes, every one bound.
+    schedule_mixed_vgpu_pods(&mut env, NODES, GPUS, SPLIT, PODS).await.unwrap_or_else(|e| panic!("{e:#}"));
 
     let all: Api<Pod> = Api::all(client.clone());
-    let before = pod_state(&all).await;
-    let first = vgpuctl(&env);
+    let before = pod_state(&all).await.unwrap();
+    let first = simulate(&env);
 
     // The snapshot holds exactly the allocations the API objects show.
     let expected: Vec<(String, String, String)> = before
@@ -130,8 +84,8 @@ async fn simulate_from_cluster_reads_the_allocations_and_answers_deterministical
     );
 
     // Read-only: nothing in the cluster changed; and the same question gets the same answer.
-    assert_eq!(pod_state(&all).await, before, "vgpuctl changed the cluster");
-    let second = vgpuctl(&env);
+    assert_eq!(pod_state(&all).await.unwrap(), before, "vgpuctl changed the cluster");
+    let second = simulate(&env);
     assert_eq!(second, first, "a second run gave another answer");
     env.finish();
 }

@@ -19,9 +19,9 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_json::{Value, json};
 use vgpu_core::codec::pod_devices;
-use vgpu_e2e::fixtures::{self, VGPU_CORES, VGPU_MEMORY, VGPU_NUMBER};
-use vgpu_e2e::plugin_node::start_vgpu_scheduling;
-use vgpu_e2e::{TestEnv, vgpu_binary};
+use vgpu_e2e::TestEnv;
+use vgpu_e2e::fixtures::{self, VGPU_NUMBER};
+use vgpu_e2e::plugin_node::{self, pod_state, schedule_mixed_vgpu_pods};
 
 const NODES: u32 = 3;
 const GPUS: u32 = 4;
@@ -33,32 +33,7 @@ const TOO_BIG: &str = "too-big";
 type GpuUse = (u64, u64, u64, Vec<String>);
 
 fn vgpuctl(env: &TestEnv, args: &[&str]) -> String {
-    let out = std::process::Command::new(vgpu_binary("vgpuctl").unwrap())
-        .args(args)
-        .arg(format!("--kubeconfig={}", env.kubeconfig_path().display()))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(out.status.success(), "vgpuctl {args:?}: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
-    stdout
-}
-
-/// `namespace/name` → (resourceVersion, node, pre-allocated) of every pod.
-async fn pod_state(pods: &Api<Pod>) -> BTreeMap<String, (String, Option<String>, Option<String>)> {
-    pods.list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|p| {
-            let key =
-                format!("{}/{}", p.metadata.namespace.clone().unwrap(), p.metadata.name.clone().unwrap());
-            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
-            let pre =
-                p.metadata.annotations.as_ref().and_then(|a| a.get("nvidia.com/pre-allocated").cloned());
-            (key, (p.metadata.resource_version.clone().unwrap_or_default(), node, pre))
-        })
-        .collect()
+    plugin_node::vgpuctl(env, args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Waits for an event of `reason` about the pod; returns its message.
@@ -82,23 +57,8 @@ async fn wait_for_event(client: &kube::Client, pod: &str, reason: &str) -> Strin
 async fn vgpuctl_cluster_prints_the_allocations_and_pod_explains_a_pending_pod() {
     let mut env = TestEnv::builder("vgpuctl_cluster").start().await.unwrap();
     let client = env.client().await.unwrap();
-    for n in 0..NODES {
-        fixtures::create_vgpu_node(&client, &format!("gpu-node-{n}"), GPUS, SPLIT).await.unwrap();
-    }
-    start_vgpu_scheduling(&mut env).await.unwrap();
-
+    schedule_mixed_vgpu_pods(&mut env, NODES, GPUS, SPLIT, PODS).await.unwrap_or_else(|e| panic!("{e:#}"));
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    for i in 0..PODS {
-        let limits =
-            [(VGPU_NUMBER, [1, 2, 1][i % 3]), (VGPU_CORES, [25, 10, 50][i % 3]), (VGPU_MEMORY, 2048)];
-        let pod = fixtures::vgpu_pod_with("default", &format!("pod-{i:02}"), &limits, &[]);
-        pods.create(&PostParams::default(), &pod).await.unwrap();
-    }
-    for i in 0..PODS {
-        fixtures::wait_for_pod_node(&client, "default", &format!("pod-{i:02}"), Duration::from_secs(120))
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}\n{}", env.log_tail("kube-scheduler", 30)));
-    }
     // More GPUs than any node has: the extender rejects every node and records why.
     let big = fixtures::vgpu_pod_with("default", TOO_BIG, &[(VGPU_NUMBER, u64::from(GPUS) + 1)], &[]);
     pods.create(&PostParams::default(), &big).await.unwrap();
@@ -106,7 +66,7 @@ async fn vgpuctl_cluster_prints_the_allocations_and_pod_explains_a_pending_pod()
     assert!(filtering_failed.contains("Insufficient GPU cards"), "{filtering_failed}");
 
     let all: Api<Pod> = Api::all(client.clone());
-    let before = pod_state(&all).await;
+    let before = pod_state(&all).await.unwrap();
     let text = vgpuctl(&env, &["cluster", "--json"]);
     let first: Value = serde_json::from_str(&text).unwrap();
 
@@ -204,6 +164,6 @@ async fn vgpuctl_cluster_prints_the_allocations_and_pod_explains_a_pending_pod()
     assert_eq!(bound["allocation"]["containers"][0]["devices"].as_array().unwrap().len(), 2);
 
     // Read-only.
-    assert_eq!(pod_state(&all).await, before, "vgpuctl changed the cluster");
+    assert_eq!(pod_state(&all).await.unwrap(), before, "vgpuctl changed the cluster");
     env.finish();
 }
