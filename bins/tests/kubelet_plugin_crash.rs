@@ -235,28 +235,34 @@ fn kill(child: &mut Child) {
     child.wait().unwrap();
 }
 
+type PrepareCall = tokio::task::JoinHandle<Result<dra_v1::NodePrepareResourceResponse, tonic::Status>>;
+
+/// Starts the plugin paused at `point`, sends the kubelet's Prepare (it hangs in the process) and waits until the
+/// claim is `PrepareStarted` and `reached` holds; returns the plugin and the pending call.
+async fn hang_prepare_at(node: &Node, point: &str, reached: impl Fn(&Node) -> bool) -> (Child, PrepareCall) {
+    let mut child = node.spawn(Some(point));
+    let dra = endpoint(node, &mut child).await;
+    let call = tokio::spawn(async move { prepare(&dra).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let started = node.checkpoint().claims().get(UID).map(|c| c.checkpoint_state);
+        if started == Some(ClaimState::PrepareStarted) && reached(node) {
+            return (child, call);
+        }
+        assert!(child.try_wait().unwrap().is_none(), "{point}: the plugin exited");
+        assert!(Instant::now() < deadline, "{point}: never reached (state {started:?})");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_between_prepare_started_and_completed_then_restart_prepares_once() {
     let api = fake_api_server(claim_json()).await;
     for (point, files_written) in [("prepare-started", false), ("side-effects", true)] {
         let node = Node::new(api);
-        let mut child = node.spawn(Some(point));
-        let dra = endpoint(&node, &mut child).await;
         // The kubelet's Prepare hangs in the process (the test-only pause).
-        let call = tokio::spawn({
-            let dra = dra.clone();
-            async move { prepare(&dra).await }
-        });
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let started = node.checkpoint().claims().get(UID).map(|c| c.checkpoint_state);
-            if started == Some(ClaimState::PrepareStarted) && node.cdi_file().exists() == files_written {
-                break;
-            }
-            assert!(child.try_wait().unwrap().is_none(), "{point}: the plugin exited");
-            assert!(Instant::now() < deadline, "{point}: never reached PrepareStarted (state {started:?})");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (mut child, call) =
+            hang_prepare_at(&node, point, |n| n.cdi_file().exists() == files_written).await;
         // Give a Prepare that would wrongly go on the chance to finish: it must still be started.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(node.checkpoint().claims()[UID].checkpoint_state, ClaimState::PrepareStarted, "{point}");
@@ -304,23 +310,8 @@ async fn sigkill_after_a_mig_instance_is_created_then_restart_destroys_it_and_pr
     const A100: &str = "gpus:\n  - { uuid: GPU-MIG-0, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, computeCapability: '8.0', mig: { mode: Enabled } }\nmigStateFile: {dir}/mig-state.json\n";
     let api = fake_api_server(mig_claim_json()).await;
     let node = Node::with(api, A100, Some("DynamicMIG=true,NVMLDeviceHealthCheck=false"));
-    let mut child = node.spawn(Some("host-action"));
-    let dra = endpoint(&node, &mut child).await;
-    let call = tokio::spawn({
-        let dra = dra.clone();
-        async move { prepare(&dra).await }
-    });
     // Hung after the first host action: the instance exists, the claim is started, no CDI spec yet.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let started = node.checkpoint().claims().get(UID).map(|c| c.checkpoint_state);
-        if started == Some(ClaimState::PrepareStarted) && !mig_instances(&node).is_empty() {
-            break;
-        }
-        assert!(child.try_wait().unwrap().is_none(), "the plugin exited");
-        assert!(Instant::now() < deadline, "never reached the host action (state {started:?})");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (mut child, call) = hang_prepare_at(&node, "host-action", |n| !mig_instances(n).is_empty()).await;
     let recorded = node.checkpoint().claims()[UID].host_actions.clone();
     assert_eq!(recorded.iter().map(|a| a.mode.as_str()).collect::<Vec<_>>(), ["mig"]);
     assert_eq!(mig_instances(&node), [("4g.40gb".to_owned(), 0)]);
