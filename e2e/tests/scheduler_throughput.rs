@@ -56,8 +56,19 @@ fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
 }
 
-/// `count` vGPU nodes, `PARALLEL` at a time; with `plain_gpus`, also `nvidia.com/gpu: 80` in their capacity.
-async fn create_nodes(client: &kube::Client, count: usize, plain_gpus: bool) {
+/// What a node carries besides our vGPU annotations and capacity.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Extra {
+    /// Nothing (`b`).
+    None,
+    /// `nvidia.com/gpu: 80` in its capacity (`a`).
+    PlainGpus,
+    /// Its ResourceSlices ([`dra_slices`], `c`).
+    DraSlices,
+}
+
+/// `count` vGPU nodes with `extra`, `PARALLEL` at a time.
+async fn create_nodes(client: &kube::Client, count: usize, extra: Extra) {
     let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
     let mut set = tokio::task::JoinSet::new();
     for n in 0..count {
@@ -66,12 +77,21 @@ async fn create_nodes(client: &kube::Client, count: usize, plain_gpus: bool) {
             let _permit = limit.acquire_owned().await.unwrap();
             let name = format!("node-{n:05}");
             fixtures::create_vgpu_node(&client, &name, GPUS, SPLIT).await.unwrap();
-            if plain_gpus {
-                // As many plain slots as `b` has vGPU shares (8 GPUs x 10), so every size fits in both.
-                let gpus = serde_json::json!({"nvidia.com/gpu": (GPUS * SPLIT).to_string()});
-                let status = serde_json::json!({"status": {"capacity": gpus, "allocatable": gpus}});
-                let nodes: Api<Node> = Api::all(client);
-                nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+            match extra {
+                Extra::None => {}
+                Extra::PlainGpus => {
+                    // As many plain slots as `b` has vGPU shares (8 GPUs x 10), so every size fits in both.
+                    let gpus = serde_json::json!({"nvidia.com/gpu": (GPUS * SPLIT).to_string()});
+                    let status = serde_json::json!({"status": {"capacity": gpus, "allocatable": gpus}});
+                    let nodes: Api<Node> = Api::all(client);
+                    nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+                }
+                Extra::DraSlices => {
+                    let slices: Api<ResourceSlice> = Api::all(client);
+                    for slice in dra_slices(&name) {
+                        slices.create(&PostParams::default(), &slice).await.unwrap();
+                    }
+                }
             }
         });
     }
@@ -171,7 +191,7 @@ async fn throughput_a_kube_scheduler_alone_with_plain_gpus() {
     let (nodes, pods) = (size("VGPU_THROUGHPUT_NODES", 50), size("VGPU_THROUGHPUT_PODS", 200));
     let mut env = TestEnv::builder("throughput_a").start().await.unwrap();
     let client = env.client().await.unwrap();
-    create_nodes(&client, nodes, true).await;
+    create_nodes(&client, nodes, Extra::PlainGpus).await;
     env.start_scheduler_with_config(&with_qps(scheduler_configuration(env.kubeconfig_path(), &[])))
         .await
         .unwrap();
@@ -191,7 +211,7 @@ async fn throughput_b_kube_scheduler_with_our_extender() {
     let (nodes, pods) = (size("VGPU_THROUGHPUT_NODES", 50), size("VGPU_THROUGHPUT_PODS", 200));
     let mut env = TestEnv::builder("throughput_b").start().await.unwrap();
     let client = env.client().await.unwrap();
-    create_nodes(&client, nodes, false).await;
+    create_nodes(&client, nodes, Extra::None).await;
     let port = free_port().unwrap();
     let mut args = vec![
         format!("--kubeconfig={}", env.kubeconfig_path().display()),
@@ -253,23 +273,8 @@ async fn throughput_c_kube_scheduler_with_dra_claims() {
     let (nodes, pods) = (size("VGPU_THROUGHPUT_NODES", 50), size("VGPU_THROUGHPUT_PODS", 200));
     let mut env = TestEnv::builder("throughput_c").start().await.unwrap();
     let client = env.client().await.unwrap();
-    create_nodes(&client, nodes, false).await;
     fixtures::create_dra_device_classes(&client).await.unwrap();
-    let slices: Api<ResourceSlice> = Api::all(client.clone());
-    let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
-    let mut set = tokio::task::JoinSet::new();
-    for n in 0..nodes {
-        let (slices, limit) = (slices.clone(), limit.clone());
-        set.spawn(async move {
-            let _permit = limit.acquire_owned().await.unwrap();
-            for slice in dra_slices(&format!("node-{n:05}")) {
-                slices.create(&PostParams::default(), &slice).await.unwrap();
-            }
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        r.unwrap();
-    }
+    create_nodes(&client, nodes, Extra::DraSlices).await;
     env.start_scheduler_with_config(&with_qps(scheduler_configuration(env.kubeconfig_path(), &[])))
         .await
         .unwrap();
