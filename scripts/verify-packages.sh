@@ -20,16 +20,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export K8S_OPENAPI_ENABLED_VERSION="${K8S_OPENAPI_ENABLED_VERSION:-1.37}"
-target="$(cargo metadata --format-version 1 --no-deps --locked | jq -r .target_directory)"
-unpublished=(vgpu-bins vgpu-e2e)
+meta="$(cargo metadata --format-version 1 --no-deps --locked)"
+target="$(jq -r .target_directory <<<"$meta")"
+# The workspace members with `publish = false` (binaries, e2e) are not packaged.
 excludes=()
-for p in "${unpublished[@]}"; do excludes+=(--exclude "$p"); done
+for p in $(jq -r '.packages[] | select(.publish == []) | .name' <<<"$meta"); do excludes+=(--exclude "$p"); done
 
 cargo package --workspace "${excludes[@]}" --locked --no-verify --allow-dirty
 
 # "name version has-features" of the packaged (publishable) workspace members
-mapfile -t members < <(cargo metadata --format-version 1 --no-deps --locked \
-  | jq -r '.packages[] | select(.publish != []) | "\(.name) \(.version) \(.features | length > 0)"')
+mapfile -t members < <(jq -r '.packages[] | select(.publish != []) | "\(.name) \(.version) \(.features | length > 0)"' <<<"$meta")
 out="$target/package-verify"
 rm -rf "$out"
 mkdir -p "$out"
