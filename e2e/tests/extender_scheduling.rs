@@ -5,7 +5,10 @@
 //! extender is killed with SIGKILL and started again. Everything is asserted on objects read back from the
 //! API server: every fitting pod is bound, its `pre-allocated` claim names GPUs of its node with the
 //! requested shares, no GPU is over-committed, and the unfit pod stays Pending with a `FailedScheduling`
-//! event carrying our reason text.
+//! event carrying our reason text. A second scenario runs kube-apiserver with `PodTopologyLabelsAdmission`
+//! off (a server that drops a binding's labels, as before 1.35): `--bind-writes=auto` sees the first bound
+//! pod without its labels, patches them on, and patches before binding from then on — every pod ends with
+//! its labels.
 //!
 //! Needs the control-plane binaries and our binaries: run `e2e/run.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -167,6 +170,13 @@ async fn extender_places_30_pods_without_over_commit_across_a_restart() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     assert!(restarted, "the extender was never restarted");
+    // kube-apiserver 1.37 copies binding labels: after the first bound pod is read back, each bind is one write.
+    let log = std::fs::read_to_string(env.log_path(EXTENDER)).unwrap_or_default();
+    assert!(
+        log.contains("copies binding labels onto pods"),
+        "--bind-writes=auto never confirmed the binding's labels:\n{}",
+        env.log_tail(EXTENDER, 40)
+    );
 
     // Every claim names GPUs of the pod's node with the requested shares; no GPU is over-committed.
     let by_name: BTreeMap<String, Request> =
@@ -181,6 +191,7 @@ async fn extender_places_30_pods_without_over_commit_across_a_restart() {
         let claim = pod_devices::decode_pre_allocated(raw).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(annotation(pod, "nvidia.com/predicate-node"), Some(node.as_str()), "{name}");
         assert_eq!(label(pod, "nvidia.com/assigned-phase"), Some("allocating"), "{name}");
+        assert_eq!(label(pod, "nvidia.com/metrics-node"), Some(node.as_str()), "{name}");
         assert_eq!(claim.containers.len(), 1, "{name}: {raw}");
         let devices = &claim.containers[0].devices;
         assert_eq!(devices.len() as u64, req.gpus, "{name}: {raw}");
@@ -234,5 +245,66 @@ async fn extender_places_30_pods_without_over_commit_across_a_restart() {
         "FailedScheduling message: {message}"
     );
     eprintln!("too-big: {message}");
+    env.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn extender_repairs_labels_a_server_drops_from_bindings() {
+    let mut env = TestEnv::builder("extender_repairs_labels_a_server_drops_from_bindings")
+        .feature_gate("PodTopologyLabelsAdmission", false)
+        .start()
+        .await
+        .unwrap();
+    let client = env.client().await.unwrap();
+    for n in 0..2 {
+        fixtures::create_vgpu_node(&client, &format!("gpu-node-{n}"), GPUS, SPLIT).await.unwrap();
+    }
+    let port = free_port().unwrap();
+    start_extender(&mut env, port).await;
+    env.start_scheduler(&ExtenderConfig::vgpu(format!("http://127.0.0.1:{port}/scheduler"))).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    const N: usize = 6;
+    for i in 0..N {
+        let pod = fixtures::vgpu_pod_with(
+            "default",
+            &format!("pod-{i}"),
+            &[(VGPU_NUMBER, 1), (VGPU_CORES, 10)],
+            &[],
+        );
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let bound = loop {
+        let list = pods.list(&ListParams::default()).await.unwrap();
+        let bound: Vec<Pod> = list.items.into_iter().filter(|p| node_of(p).is_some()).collect();
+        if bound.len() == N {
+            break bound;
+        }
+        assert!(Instant::now() < deadline, "{} of {N} bound\n{}", bound.len(), env.log_tail(EXTENDER, 40));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    // The labels are what the device plugin finds the pod by: every pod has them, whichever way they came.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for pod in bound {
+        let name = pod.metadata.name.clone().unwrap();
+        let mut pod = pod;
+        while label(&pod, "nvidia.com/assigned-phase").is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            pod = pods.get(&name).await.unwrap();
+        }
+        let node = node_of(&pod).unwrap();
+        assert_eq!(label(&pod, "nvidia.com/assigned-phase"), Some("allocating"), "{name}");
+        assert_eq!(label(&pod, "nvidia.com/metrics-node"), Some(node.as_str()), "{name}");
+        assert_eq!(annotation(&pod, "nvidia.com/predicate-node"), Some(node.as_str()), "{name}");
+        assert!(annotation(&pod, "nvidia.com/pre-allocated").is_some(), "{name}");
+    }
+    let log = std::fs::read_to_string(env.log_path(EXTENDER)).unwrap_or_default();
+    assert!(
+        log.contains("dropped the labels of a binding"),
+        "the extender never noticed the dropped labels:\n{}",
+        env.log_tail(EXTENDER, 40)
+    );
+    assert!(!log.contains("copies binding labels onto pods"), "{}", env.log_tail(EXTENDER, 40));
     env.finish();
 }

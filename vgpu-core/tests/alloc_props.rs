@@ -1,12 +1,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! Property tests of the allocator: no over-commit of slots, cores or memory; deterministic results.
+//! Property tests of the allocator: no over-commit of slots, cores or memory; deterministic results; the
+//! allocation-free `quick_reject` agrees with a full placement wherever it answers.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use vgpu_core::alloc::{
     Alignment, AlignmentWindow, ContainerRole, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint,
-    PodRequest, PodSpec, allocate, place, place_aligned, topology_fitness, topology_fitness_table,
+    PodRequest, PodSpec, allocate, place, place_aligned, precheck, quick_reject, topology_fitness,
+    topology_fitness_table,
 };
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{
@@ -77,6 +79,63 @@ fn links_json(n: usize, codes: &[u8]) -> String {
         gpus.push(format!("{{\"index\":{i},\"links\":{{{}}}}}", peers.join(",")));
     }
     format!("[{}]", gpus.join(","))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Pods are placed one after the other on one node (usage grows); before each, `quick_reject` must give
+    /// exactly the code `precheck` + `place` fail with whenever it answers, and answer for every precheck
+    /// failure.
+    #[test]
+    fn quick_reject_agrees_with_placement(
+        devices in prop::collection::vec(device(), 1..=6),
+        codes in prop::collection::vec(prop::sample::select(vec![0u8, 1, 2, 4, 5, 7, 8, 12]), 1..10),
+        pods in prop::collection::vec(pod(), 1..=10),
+        types in prop::collection::vec(prop::option::of(prop::sample::select(vec!["T", "X"])), 10),
+    ) {
+        let d = ResourceDomain::default();
+        let inv = inventory(&devices);
+        let cfg = NodeVgpuConfig::default();
+        let links = NodeLinks::decode(&links_json(inv.len(), &codes)).unwrap();
+        let mut usage = NodeUsage::new();
+        let modes = ["none", "numa", "link", "numa-strict", "link-strict"];
+        let pols = ["none", "binpack", "spread"];
+        let (mut answered, mut failed) = (0, 0);
+        for (p, (ctrs, dp, np, mode)) in pods.iter().enumerate() {
+            let mut spec = PodSpec::new()
+                .annotation(d.device_scheduler_policy(), pols[*dp])
+                .annotation(d.node_scheduler_policy(), pols[*np])
+                .annotation(d.device_topology_mode(), modes[*mode]);
+            if let Some(t) = types[p] {
+                spec = spec.annotation(d.include_gpu_type(), t);
+            }
+            for (c, &(kind, n, cores, mem)) in ctrs.iter().enumerate() {
+                let name = format!("c{c}");
+                let base = match kind { 0 => PodContainer::app(name), 1 => PodContainer::init(name), _ => PodContainer::sidecar(name) };
+                spec = spec.container(base.limit(d.vgpu_number(), n).limit(d.vgpu_cores(), cores).limit(d.vgpu_memory(), mem));
+            }
+            let req = PodRequest::from_pod(&spec, &d).unwrap();
+            let view = NodeView { name: "n", inventory: &inv, config: &cfg, links: Some(&links), usage: &usage };
+            let resolved = req.resolve(&inv, &cfg);
+            let quick = quick_reject(&req, &resolved, &view);
+            let full = precheck(&req, &resolved, &view).and_then(|()| place(&req, &resolved, &view));
+            if let Err(f) = &precheck(&req, &resolved, &view) {
+                prop_assert_eq!(quick, Some(f.code), "every precheck failure is answered");
+            }
+            match (quick, &full) {
+                (Some(code), Err(f)) => { answered += 1; prop_assert_eq!(code, f.code, "{:?}", f) }
+                (Some(code), Ok(a)) => prop_assert!(false, "quick {:?} but placed {:?}", code, a.claim),
+                (None, Err(_)) => failed += 1,
+                (None, Ok(_)) => {}
+            }
+            let Ok(got) = full else { continue };
+            let roles: BTreeMap<String, ContainerRole> =
+                req.containers.iter().map(|c| (c.name.clone(), ContainerRole::of(c))).collect();
+            usage.insert_pod(format!("p{p}"), PodFootprint::from_claim_with_roles(&got.claim, |n| roles[n]));
+        }
+        let _ = (answered, failed);
+    }
 }
 
 proptest! {

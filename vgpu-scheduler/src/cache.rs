@@ -705,6 +705,24 @@ impl ClusterCache {
         }
     }
 
+    /// Moves a pod's in-flight reservation to a new expiry (a bind keeps the GPUs while it waits for its turn
+    /// and its write). False when the pod holds no reservation.
+    pub fn renew_reservation(&self, uid: &str, expires_ns: i64) -> bool {
+        let mut idx = lock(&self.index);
+        let Some((node, old)) = idx.reservations.get(uid).cloned() else { return false };
+        let Some(slot) = self.node(&node) else { return false };
+        match lock(&slot).reserved.get_mut(uid) {
+            Some(e) if *e == old => *e = expires_ns,
+            _ => return false,
+        }
+        idx.deadlines.remove(&(old, uid.to_owned(), true));
+        idx.deadlines.insert((expires_ns, uid.to_owned(), true));
+        if let Some(r) = idx.reservations.get_mut(uid) {
+            r.1 = expires_ns;
+        }
+        true
+    }
+
     /// A pod's in-flight reservation: (node, expiry in Unix ns), while it holds.
     pub fn reservation(&self, uid: &str) -> Option<(String, i64)> {
         lock(&self.index).reservations.get(uid).cloned()

@@ -174,7 +174,12 @@ impl MetadataPatch {
 }
 
 /// A `pods/binding` request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// kube-apiserver copies the binding's annotations onto the pod in the same write that sets `spec.nodeName`,
+/// and its labels too where the `PodTopologyLabelsAdmission` feature is on (beta and on by default since
+/// Kubernetes 1.35; older servers, or the feature off, drop them silently — see
+/// [`BindWrites`](crate::extender::BindWrites)).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Binding {
     /// Pod namespace.
     pub namespace: String,
@@ -184,6 +189,36 @@ pub struct Binding {
     pub uid: String,
     /// Target node.
     pub node: String,
+    /// Labels to set on the pod with the binding (`metadata.labels`).
+    pub labels: BTreeMap<String, String>,
+    /// Annotations to set on the pod with the binding (`metadata.annotations`).
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Binding {
+    /// A binding of a pod (by name, with its UID as precondition) to a node, carrying no metadata.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        uid: impl Into<String>,
+        node: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+            node: node.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Carries the values a [`MetadataPatch`] sets (a binding cannot delete a key: deletions are left out).
+    pub fn carrying(mut self, patch: &MetadataPatch) -> Self {
+        for (map, from) in [(&mut self.labels, &patch.labels), (&mut self.annotations, &patch.annotations)] {
+            map.extend(from.iter().filter_map(|(k, v)| Some((k.clone(), v.clone()?))));
+        }
+        self
+    }
 }
 
 /// `Normal` or `Warning`.
@@ -286,6 +321,8 @@ struct MemoryState {
     fail_binds: u32,
     fail_pdb_lists: u32,
     version: u64,
+    /// Bindings drop their labels (a kube-apiserver older than 1.35, or `PodTopologyLabelsAdmission` off).
+    binding_drops_labels: bool,
 }
 
 /// A thread-safe in-memory cluster for tests and the simulator, with failure injection.
@@ -315,6 +352,12 @@ impl MemoryCluster {
     pub fn without_event_log(mut self) -> Self {
         self.record_events = false;
         self
+    }
+
+    /// Makes bindings drop their labels, as kube-apiserver does before 1.35 or with the
+    /// `PodTopologyLabelsAdmission` feature off (annotations are still copied).
+    pub fn drop_binding_labels(&self, drop: bool) {
+        self.lock().binding_drops_labels = drop;
     }
 
     fn lock(&self) -> MutexGuard<'_, MemoryState> {
@@ -461,6 +504,7 @@ impl Cluster for MemoryCluster {
             }
             s.version += 1;
             let version = s.version;
+            let s_drops_labels = s.binding_drops_labels;
             let key = format!("{}/{}", binding.namespace, binding.name);
             let pod = s.pods.get_mut(&key).ok_or_else(|| ClusterError::NotFound(format!("pod {key}")))?;
             if pod.uid != binding.uid {
@@ -471,6 +515,10 @@ impl Cluster for MemoryCluster {
             }
             pod.node_name = Some(binding.node.clone());
             pod.unschedulable_since_ns = None;
+            pod.annotations.extend(binding.annotations.clone());
+            if !s_drops_labels {
+                pod.labels.extend(binding.labels.clone());
+            }
             pod.resource_version = version;
             pod.clone()
         };

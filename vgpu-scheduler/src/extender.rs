@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use vgpu_core::alloc::{
     AlignmentWindow, LinkSearch, NodeFailure, NodeUsage, NodeView, PodAllocation, PodFootprint, PodRequest,
-    ReasonCode, RequestBuildError, place, place_aligned, precheck, record_link_searches, render_unavailable,
+    ReasonCode, RequestBuildError, place, place_aligned, precheck, quick_reject, record_link_searches,
+    render_unavailable,
 };
 use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
@@ -126,7 +127,67 @@ pub struct ExtenderConfig {
     /// alignment has no NVLink component to align to. [`Default`] turns it on (the library places by topology
     /// wherever it is published); [`from_gates`](Self::from_gates) follows the gate, which is off by default.
     pub link_topology: bool,
+    /// How a bind writes the pre-allocation onto the pod (`--bind-writes`).
+    pub bind_writes: BindWrites,
 }
+
+/// How a bind writes a pod's pre-allocation (labels `assigned-phase`, `metrics-node`; annotations
+/// `predicate-node`, `pre-allocated`, `real-allocated`, `predicate-time`) onto the pod.
+///
+/// kube-apiserver copies a `pods/binding`'s annotations onto the pod in the write that binds it, and its
+/// labels too where the `PodTopologyLabelsAdmission` feature is on (beta, on by default, since Kubernetes
+/// 1.35; "permits external schedulers to set labels on pods in an atomic operation"). A server without it
+/// drops the labels without an error — and the device plugin finds the pod to allocate for by its
+/// `assigned-phase=allocating` label — so the labels must not be trusted to the binding unseen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BindWrites {
+    /// One write: the binding carries the labels and annotations (`--bind-writes=binding`: the operator
+    /// knows the feature is on).
+    Binding,
+    /// [`Binding`](Self::Binding), checked: until one bind has been seen to carry its labels, every bind reads
+    /// its pod back; if the labels were dropped they are patched on at once and every later bind writes with
+    /// [`PatchThenBinding`](Self::PatchThenBinding) (`--bind-writes=auto` on a 1.35+ server).
+    #[default]
+    BindingChecked,
+    /// Two writes: a merge patch with the pod's UID, then the binding (every Kubernetes version).
+    PatchThenBinding,
+}
+
+impl BindWrites {
+    /// The first Kubernetes minor version (1.x) whose kube-apiserver copies binding labels by default.
+    pub const LABELS_ON_BINDING_SINCE: u32 = 35;
+
+    /// What `--bind-writes=auto` picks for a kube-apiserver reporting this `/version` (`major` and `minor` as
+    /// served, e.g. `"1"`, `"35+"`): [`BindingChecked`](Self::BindingChecked) from 1.35 on, else
+    /// [`PatchThenBinding`](Self::PatchThenBinding) — also when the version does not parse.
+    pub fn auto_for(major: &str, minor: &str) -> Self {
+        let number = |s: &str| -> Option<u32> {
+            let digits: String = s.trim().chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        };
+        match (number(major), number(minor)) {
+            (Some(1), Some(m)) if m >= Self::LABELS_ON_BINDING_SINCE => Self::BindingChecked,
+            (Some(major), Some(_)) if major > 1 => Self::BindingChecked,
+            _ => Self::PatchThenBinding,
+        }
+    }
+
+    /// The flag value (`binding`, `binding-checked`, `patch`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Binding => "binding",
+            Self::BindingChecked => "binding-checked",
+            Self::PatchThenBinding => "patch",
+        }
+    }
+}
+
+/// [`Extender::bind_writes`] state: the labels ride the binding (confirmed or configured), not seen yet, or
+/// the server drops them.
+const LABELS_RIDE_BINDING: u8 = 0;
+const LABELS_UNCHECKED: u8 = 1;
+const LABELS_DROPPED: u8 = 2;
 
 impl Default for ExtenderConfig {
     fn default() -> Self {
@@ -141,6 +202,7 @@ impl Default for ExtenderConfig {
             emit_events: true,
             success_events: true,
             link_topology: true,
+            bind_writes: BindWrites::default(),
         }
     }
 }
@@ -400,6 +462,8 @@ pub struct Extender<C, K> {
     observer: Option<Arc<dyn ExtenderObserver>>,
     /// Placements chosen by a filter and not yet bound (pod UID → placement); see [`Extender::filter`].
     pending: std::sync::Mutex<PendingPlacements>,
+    /// `LABELS_*`: whether binds carry the pre-allocation on the binding ([`BindWrites`]).
+    bind_labels: std::sync::atomic::AtomicU8,
 }
 
 /// The pending placements, and the size at which the next insert sweeps out expired ones (twice the size
@@ -462,6 +526,30 @@ fn try_place(
     place_with(request, memo, &state.name, d, usage, gang)
 }
 
+/// Why [`try_place`] would reject the pod on a locked node, when that is known without a placement attempt
+/// ([`quick_reject`]: a structural gate, or the first container's GPU filter); `None`: try it. Nodes that
+/// fail the node checks or count the pod already are left to `try_place`.
+fn quick_reject_on(
+    request: &PodRequest,
+    memo: &mut ResolveMemo,
+    state: &NodeState,
+    uid: &str,
+) -> Option<ReasonCode> {
+    let d = state.decoded.as_ref().ok()?;
+    if state.usage.contains_pod(uid) {
+        return None;
+    }
+    let view = NodeView {
+        name: &state.name,
+        inventory: &d.inventory,
+        config: &d.config,
+        links: d.links.as_ref(),
+        usage: &state.usage,
+    };
+    view.check(request).ok()?;
+    quick_reject(request, memo.get(request, d), &view)
+}
+
 /// Allocates the pod on a decoded node under a given usage (the filter's node, or preempt's simulation with
 /// victims taken off).
 fn place_with(
@@ -489,6 +577,11 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             ClusterCache::new(config.domain.clone(), config.stuck_grace_ns)
                 .with_link_topology(config.link_topology),
         );
+        let bind_labels = match config.bind_writes {
+            BindWrites::Binding => LABELS_RIDE_BINDING,
+            BindWrites::BindingChecked => LABELS_UNCHECKED,
+            BindWrites::PatchThenBinding => LABELS_DROPPED,
+        };
         Self {
             cluster,
             clock,
@@ -500,6 +593,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             stats: Stats::default(),
             observer: None,
             pending: std::sync::Mutex::new(PendingPlacements::default()),
+            bind_labels: std::sync::atomic::AtomicU8::new(bind_labels),
         }
     }
 
@@ -749,6 +843,10 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 continue;
             };
             let mut s = lock(&slot);
+            if let Some(code) = quick_reject_on(&request, &mut memo, &s, &pod.uid) {
+                outcome[pos] = Some(code);
+                continue;
+            }
             let (placed, searches) =
                 record_link_searches(|| try_place(&request, &mut memo, &s, &pod.uid, gang.as_ref()));
             if let Some(o) = &self.observer {
@@ -921,8 +1019,11 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let _pod_lock = self.pod_locks.lock(uid).await;
         let (turn, now) = self.take_turn(node);
         let pending = self.pending().by_uid.remove(uid);
-        let (pod, is_vgpu) = match pending {
-            Some(placement) => (self.bind_pending(namespace, name, uid, node, placement, now).await?, true),
+        let (pod, is_vgpu, carried) = match pending {
+            Some(placement) => {
+                let (pod, carried) = self.bind_pending(namespace, name, uid, node, placement, now).await?;
+                (pod, true, carried)
+            }
             None => {
                 let pod = self.cluster.get_pod(namespace, name).await?;
                 if pod.uid != uid {
@@ -938,11 +1039,102 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 self.bind_annotated(pod, node, now).await?
             }
         };
-        if let Some(previous) = turn.and_then(|t| t.previous) {
-            // Done or dropped: either way it is this bind's turn.
-            let _ = previous.await;
+        // The turn is held until the binding is created (or failed): only then may the next bind of the node go.
+        let _done = match turn {
+            Some(BindTurn { previous, _done }) => {
+                if let Some(previous) = previous {
+                    // Done or dropped: either way it is this bind's turn.
+                    let _ = previous.await;
+                }
+                Some(_done)
+            }
+            None => None,
+        };
+        self.create_binding(pod, node, is_vgpu, carried, now).await
+    }
+
+    /// How binds write the pre-allocation now: [`BindWrites::BindingChecked`] until the first bind's labels
+    /// are seen on its pod, then [`BindWrites::Binding`] — or [`BindWrites::PatchThenBinding`] for good if
+    /// they were dropped (or when so configured).
+    pub fn bind_writes(&self) -> BindWrites {
+        match self.bind_labels.load(Ordering::Acquire) {
+            LABELS_RIDE_BINDING => BindWrites::Binding,
+            LABELS_UNCHECKED => BindWrites::BindingChecked,
+            _ => BindWrites::PatchThenBinding,
         }
-        self.create_binding(pod, node, is_vgpu, now).await
+    }
+
+    /// Whether the pre-allocation rides on the binding (else it is patched first).
+    fn binding_carries(&self) -> bool {
+        self.bind_labels.load(Ordering::Acquire) != LABELS_DROPPED
+    }
+
+    /// Writes a bind's pre-allocation: patched now (the patched pod is returned, nothing is carried), or, when
+    /// it rides on the binding, returned to be carried (the pod unchanged).
+    async fn write_or_carry(
+        &self,
+        pod: Pod,
+        patch: MetadataPatch,
+        now: i64,
+    ) -> Result<(Pod, Option<MetadataPatch>), ExtenderError> {
+        if self.binding_carries() {
+            return Ok((pod, Some(patch)));
+        }
+        let t_stage = Instant::now();
+        let patched = self.patch(&pod, &patch).await;
+        self.observe(FilterStage::Patch, t_stage);
+        let updated = patched?;
+        let t_stage = Instant::now();
+        self.cache.upsert_pod(updated.clone(), now);
+        self.observe(FilterStage::CacheUpdate, t_stage);
+        Ok((updated, None))
+    }
+
+    /// After each bind that carried labels before they were seen on a pod ([`BindWrites::BindingChecked`]):
+    /// reads the pod back; labels seen → binds carry them unchecked from now on (unless another check found
+    /// them dropped); labels dropped → they are patched on now (the device plugin finds the pod by them) and
+    /// every later bind patches first. A failed read leaves the check to the next bind.
+    async fn check_carried_labels(&self, pod: &Pod, carried: &MetadataPatch, now: i64) {
+        let live = match self.cluster.get_pod(&pod.namespace, &pod.name).await {
+            Ok(p) if p.uid == pod.uid => p,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(pod = %pod.key(), error = %e, "cannot read the bound pod back to check its labels");
+                return;
+            }
+        };
+        let missing: Vec<&String> = carried
+            .labels
+            .iter()
+            .filter(|(k, v)| v.is_some() && !live.labels.contains_key(*k))
+            .map(|(k, _)| k)
+            .collect();
+        if missing.is_empty() {
+            if self
+                .bind_labels
+                .compare_exchange(LABELS_UNCHECKED, LABELS_RIDE_BINDING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                tracing::info!("kube-apiserver copies binding labels onto pods: each bind is one write");
+            }
+            return;
+        }
+        if self.bind_labels.swap(LABELS_DROPPED, Ordering::AcqRel) != LABELS_DROPPED {
+            tracing::warn!(
+                pod = %pod.key(),
+                labels = ?missing,
+                "kube-apiserver dropped the labels of a binding (older than 1.35, or PodTopologyLabelsAdmission \
+                 off): patching them on, and patching before every later bind (--bind-writes=patch)"
+            );
+        }
+        let mut repair = MetadataPatch::default().with_uid(pod.uid.clone());
+        repair.labels = carried.labels.clone();
+        match self.patch(&live, &repair).await {
+            Ok(updated) => self.cache.upsert_pod(updated, now),
+            Err(e) => {
+                tracing::error!(pod = %pod.key(), error = %e, "cannot patch the dropped binding labels on");
+            }
+        }
     }
 
     /// The bind's `predicate-time` and, with `SerializedNodeBind`, its place in the node's queue: the
@@ -965,11 +1157,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         (Some(BindTurn { previous, _done: done }), time)
     }
 
-    /// Bind of a pod whose placement a filter of this process chose ([`PendingPlacement`]): one patch writes the
-    /// whole pre-allocation (labels `metrics-node` and `assigned-phase=allocating`, annotations `predicate-node`,
-    /// `pre-allocated`, an empty `real-allocated` and `predicate-time`) with the pod's UID as precondition, and
-    /// the patched pod replaces the reservation in the cache. The pod is read from the cache (the watch's copy);
-    /// only a pod the cache does not hold yet is read from the API server.
+    /// Bind of a pod whose placement a filter of this process chose ([`PendingPlacement`]): the whole
+    /// pre-allocation (labels `metrics-node` and `assigned-phase=allocating`, annotations `predicate-node`,
+    /// `pre-allocated`, an empty `real-allocated` and `predicate-time`) is returned to ride on the binding
+    /// ([`BindWrites`]; the reservation is renewed to hold until then), or written now in one patch with the
+    /// pod's UID as precondition, the patched pod replacing the reservation in the cache. The pod is read
+    /// from the cache (the watch's copy); only a pod the cache does not hold yet is read from the API server.
     async fn bind_pending(
         &self,
         namespace: &str,
@@ -978,7 +1171,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         node: &str,
         placement: PendingPlacement,
         now: i64,
-    ) -> Result<Pod, ExtenderError> {
+    ) -> Result<(Pod, Option<MetadataPatch>), ExtenderError> {
         let d = &self.config.domain;
         let pod = match self.cache.pod(uid).filter(|p| p.namespace == namespace && p.name == name) {
             Some(p) => (*p).clone(),
@@ -1010,16 +1203,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             .annotation(d.pre_allocated(), placement.pre_allocated)
             .annotation(d.real_allocated(), "")
             .annotation(d.predicate_time(), now.to_string());
-        let t_stage = Instant::now();
-        let patched = self.patch(&pod, &patch).await;
-        self.observe(FilterStage::Patch, t_stage);
-        match patched {
-            Ok(updated) => {
-                let t_stage = Instant::now();
-                self.cache.upsert_pod(updated.clone(), now);
-                self.observe(FilterStage::CacheUpdate, t_stage);
-                Ok(updated)
-            }
+        if self.binding_carries() {
+            // The reservation holds the GPUs until the binding is written: long enough for the node's queue.
+            self.cache.renew_reservation(uid, now.saturating_add(self.config.reservation_ttl_ns));
+        }
+        match self.write_or_carry(pod.clone(), patch, now).await {
+            Ok(out) => Ok(out),
             Err(e) => {
                 self.cache.release(node, uid);
                 Err(self.refuse(&pod, e).await)
@@ -1035,13 +1224,19 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
 
     /// Bind of a pod without a pending placement here: a vGPU pod must carry a valid pre-allocation for this
     /// node in its annotations (written by another replica's or an earlier version's filter, or by
-    /// vgpu-manager's extender); it is marked allocating. Returns the pod and whether it is a vGPU pod.
-    async fn bind_annotated(&self, pod: Pod, node: &str, now: i64) -> Result<(Pod, bool), ExtenderError> {
+    /// vgpu-manager's extender); it is marked allocating (patched now, or carried on the binding). Returns the
+    /// pod, whether it is a vGPU pod, and the metadata the binding carries.
+    async fn bind_annotated(
+        &self,
+        pod: Pod,
+        node: &str,
+        now: i64,
+    ) -> Result<(Pod, bool, Option<MetadataPatch>), ExtenderError> {
         let d = &self.config.domain;
         let is_vgpu = self.request(&pod).map(|r| !r.is_empty()).unwrap_or(true)
             || pod.annotations.contains_key(&d.pre_allocated());
         if !is_vgpu {
-            return Ok((pod, false));
+            return Ok((pod, false, None));
         }
         let predicate = prealloc::predicate_node(&pod, d).unwrap_or_default().to_owned();
         if predicate != node {
@@ -1058,38 +1253,47 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             .label(d.assigned_phase(), phase::ALLOCATING)
             .label(d.metrics_node(), node)
             .annotation(d.predicate_time(), now.to_string());
-        match self.patch(&pod, &patch).await {
-            Ok(updated) => {
-                self.cache.upsert_pod(updated.clone(), now);
-                Ok((updated, true))
-            }
+        match self.write_or_carry(pod.clone(), patch, now).await {
+            Ok((pod, carried)) => Ok((pod, true, carried)),
             Err(e) => Err(self.refuse(&pod, e).await),
         }
     }
 
-    /// Creates the binding; a vGPU pod whose binding fails is marked failed.
+    /// Creates the binding, carrying the pre-allocation when it was not patched; a vGPU pod whose binding fails
+    /// is marked failed (and a carried placement's reservation released).
     async fn create_binding(
         &self,
         mut pod: Pod,
         node: &str,
         is_vgpu: bool,
+        carried: Option<MetadataPatch>,
         now: i64,
     ) -> Result<(), ExtenderError> {
-        let binding = Binding {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            uid: pod.uid.clone(),
-            node: node.to_owned(),
-        };
+        let mut binding = Binding::new(&pod.namespace, &pod.name, &pod.uid, node);
+        if let Some(c) = &carried {
+            binding = binding.carrying(c);
+        }
+        // Every binding sent before the labels were seen on a pod is checked, even if another bind's check
+        // has meanwhile found them dropped: its labels need the same repair.
+        let check = carried.is_some() && self.bind_labels.load(Ordering::Acquire) != LABELS_RIDE_BINDING;
         if let Err(e) = self.cluster.bind_pod(&binding).await {
+            if carried.is_some() {
+                self.cache.release(node, &pod.uid);
+            }
             if is_vgpu {
                 self.mark_failed(&pod, &e.to_string()).await;
             }
             return Err(e.into());
         }
+        if let Some(c) = &carried {
+            c.apply_to(&mut pod.labels, &mut pod.annotations);
+        }
         pod.node_name = Some(node.to_owned());
         pod.unschedulable_since_ns = None;
         self.cache.upsert_pod(pod.clone(), now);
+        if let Some(c) = carried.as_ref().filter(|_| check) {
+            self.check_carried_labels(&pod, c, now).await;
+        }
         self.event(
             &pod,
             EventType::Normal,
@@ -1326,5 +1530,25 @@ impl<K: Clock + 'static> Extender<MemoryCluster, K> {
         let cache = self.cache.clone();
         let clock = self.clock.clone();
         self.cluster.watch(move |e| cache.apply(e, clock.now_ns()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BindWrites;
+
+    #[test]
+    fn bind_writes_auto_follows_the_server_version() {
+        for (major, minor, want) in [
+            ("1", "35", BindWrites::BindingChecked),
+            ("1", "37+", BindWrites::BindingChecked),
+            ("2", "0", BindWrites::BindingChecked),
+            ("1", "34", BindWrites::PatchThenBinding),
+            ("1", "30+", BindWrites::PatchThenBinding),
+            ("1", "", BindWrites::PatchThenBinding),
+            ("x", "40", BindWrites::PatchThenBinding),
+        ] {
+            assert_eq!(BindWrites::auto_for(major, minor), want, "{major}.{minor}");
+        }
     }
 }

@@ -148,13 +148,16 @@ pub fn cluster_error(operation: &str, object: &str, err: &kube::Error) -> Cluste
     }
 }
 
-/// The `v1 Binding` of a pod to a node, with the pod's UID as precondition.
+/// The `v1 Binding` of a pod to a node, with the pod's UID as precondition and the labels and annotations it
+/// carries onto the pod.
 pub fn binding_object(binding: &Binding) -> corev1::Binding {
     corev1::Binding {
         metadata: ObjectMeta {
             name: Some(binding.name.clone()),
             namespace: Some(binding.namespace.clone()),
             uid: Some(binding.uid.clone()).filter(|u| !u.is_empty()),
+            labels: Some(binding.labels.clone()).filter(|m| !m.is_empty()),
+            annotations: Some(binding.annotations.clone()).filter(|m| !m.is_empty()),
             ..ObjectMeta::default()
         },
         target: corev1::ObjectReference {

@@ -146,8 +146,8 @@ pub use cache::ClusterCache;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{Cluster, ClusterError, MemoryCluster, MetadataPatch, Node, Pod, PodPhase, WatchEvent};
 pub use extender::{
-    BindResult, Extender, ExtenderConfig, ExtenderError, ExtenderObserver, FailedNode, FilterResult,
-    FilterStage, HostPriority, PreemptResult,
+    BindResult, BindWrites, Extender, ExtenderConfig, ExtenderError, ExtenderObserver, FailedNode,
+    FilterResult, FilterStage, HostPriority, PreemptResult,
 };
 pub use kube_cluster::KubeCluster;
 pub use leader::{LeaderConfig, LeaderConfigError, LeaderMode, LeaseTimings};

@@ -1,8 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! Gate `SerializedNodeBind` at the extender level, over a cluster whose patches can be held back: the
-//! pre-allocation patches of binds to one node run concurrently, but the bindings are created in the order of
-//! the binds' `predicate-time` (the order the device plugin matches Allocate calls in), even when a later
-//! bind's patch finishes first. With the gate off, a later bind does not wait.
+//! Gate `SerializedNodeBind` and [`BindWrites`] at the extender level, over a cluster whose patches and
+//! bindings can be held back: with the pre-allocation patched before the binding, the patches of binds to one
+//! node run concurrently, but the bindings are created in the order of the binds' `predicate-time` (the order
+//! the device plugin matches Allocate calls in), even when a later bind's patch finishes first; with the
+//! pre-allocation riding on the binding, a later binding waits for the earlier one. With the gate off, a later
+//! bind does not wait. `BindWrites::BindingChecked` reads the first bound pod back: labels seen → one write per
+//! bind from then on; labels dropped (a server before 1.35) → patched on at once, and patch-then-bind after.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,6 +15,7 @@ use tokio::sync::Notify;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::cluster::{Binding, Event};
+use vgpu_scheduler::extender::BindWrites;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::{
     Cluster, ClusterError, Extender, ExtenderConfig, ManualClock, MemoryCluster, MetadataPatch,
@@ -24,7 +28,9 @@ use vgpu_scheduler::{Node, Pod};
 struct HeldCluster {
     inner: MemoryCluster,
     held: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+    held_binds: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
     bound: Arc<Mutex<Vec<String>>>,
+    patched: Arc<Mutex<Vec<String>>>,
 }
 
 impl HeldCluster {
@@ -33,8 +39,16 @@ impl HeldCluster {
         self.held.lock().unwrap().insert(name.to_owned(), n.clone());
         n
     }
+    fn hold_bind(&self, name: &str) -> Arc<Notify> {
+        let n = Arc::new(Notify::new());
+        self.held_binds.lock().unwrap().insert(name.to_owned(), n.clone());
+        n
+    }
     fn bound(&self) -> Vec<String> {
         self.bound.lock().unwrap().clone()
+    }
+    fn patched(&self) -> Vec<String> {
+        self.patched.lock().unwrap().clone()
     }
 }
 
@@ -56,9 +70,14 @@ impl Cluster for HeldCluster {
         if let Some(gate) = gate {
             gate.notified().await;
         }
+        self.patched.lock().unwrap().push(name.to_owned());
         self.inner.patch_pod_metadata(namespace, name, patch).await
     }
     async fn bind_pod(&self, binding: &Binding) -> Result<(), ClusterError> {
+        let gate = self.held_binds.lock().unwrap().remove(&binding.name);
+        if let Some(gate) = gate {
+            gate.notified().await;
+        }
         self.inner.bind_pod(binding).await?;
         self.bound.lock().unwrap().push(binding.name.clone());
         Ok(())
@@ -74,12 +93,13 @@ struct Env {
     d: ResourceDomain,
 }
 
-async fn env(serialize_bind: bool) -> Env {
+async fn env(serialize_bind: bool, bind_writes: BindWrites) -> Env {
     let d = ResourceDomain::default();
     let cluster = HeldCluster::default();
     let inv = NodeDeviceInventory::uniform(2, 16384, 4);
     cluster.inner.upsert_node(vgpu_node("n0", &inv, &NodeVgpuConfig::default(), None, &d).unwrap());
-    let config = ExtenderConfig { serialize_bind, emit_events: false, ..ExtenderConfig::default() };
+    let config =
+        ExtenderConfig { serialize_bind, bind_writes, emit_events: false, ..ExtenderConfig::default() };
     let ext = Arc::new(Extender::new(cluster.clone(), Arc::new(ManualClock::new(1_000_000_000)), config));
     ext.sync().await.unwrap();
     Env { cluster, ext, d }
@@ -120,7 +140,7 @@ type Bind = tokio::task::JoinHandle<String>;
 /// Pods a and b filtered onto n0 (gate on); a's bind takes the first place in n0's queue with its patch held
 /// back, b's bind patches meanwhile and waits for its turn.
 async fn a_held_and_b_queued_behind() -> (Env, Pod, Pod, Arc<Notify>, Bind, Bind) {
-    let e = env(true).await;
+    let e = env(true, BindWrites::PatchThenBinding).await;
     let a = e.filtered("a").await;
     let b = e.filtered("b").await;
     let gate = e.cluster.hold_patch(&a.name);
@@ -159,7 +179,7 @@ async fn a_failed_binding_lets_the_next_one_go() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_gate_a_later_bind_does_not_wait() {
-    let e = env(false).await;
+    let e = env(false, BindWrites::PatchThenBinding).await;
     let a = e.filtered("a").await;
     let b = e.filtered("b").await;
     let gate = e.cluster.hold_patch(&a.name);
@@ -170,4 +190,106 @@ async fn without_the_gate_a_later_bind_does_not_wait() {
     gate.notify_one();
     assert_eq!(bind_a.await.unwrap(), "");
     assert_eq!(e.cluster.bound(), [b.name.clone(), a.name.clone()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_pre_allocation_on_the_binding_a_later_binding_waits_its_turn() {
+    let e = env(true, BindWrites::Binding).await;
+    let a = e.filtered("a").await;
+    let b = e.filtered("b").await;
+    let gate = e.cluster.hold_bind(&a.name);
+    let bind_a = e.bind(&a);
+    until("a queued", || e.ext.pending_count() == 1).await;
+    let bind_b = e.bind(&b);
+    until("b queued", || e.ext.pending_count() == 0).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(e.cluster.bound().is_empty(), "b's binding waits for a's: {:?}", e.cluster.bound());
+    gate.notify_one();
+    assert_eq!(bind_a.await.unwrap(), "");
+    assert_eq!(bind_b.await.unwrap(), "");
+    assert_eq!(e.cluster.bound(), [a.name.clone(), b.name.clone()]);
+    assert!(e.cluster.patched().is_empty(), "one write per bind: {:?}", e.cluster.patched());
+    assert!(e.predicate_time(&a) < e.predicate_time(&b), "times follow the queue");
+    for p in [&a, &b] {
+        let live = e.cluster.inner.pod(&p.namespace, &p.name).unwrap();
+        assert_eq!(live.node_name.as_deref(), Some("n0"));
+        assert_eq!(live.labels[&e.d.assigned_phase()], "allocating");
+        assert_eq!(live.labels[&e.d.metrics_node()], "n0");
+        assert_eq!(live.annotations[&e.d.predicate_node()], "n0");
+        assert!(live.annotations.contains_key(&e.d.pre_allocated()));
+        assert_eq!(live.annotations[&e.d.real_allocated()], "");
+    }
+    // Both pods counted on n0 from their bound objects, the reservations gone.
+    assert_eq!(e.ext.cache().reservation_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_carrying_binding_releases_the_gpus() {
+    let e = env(true, BindWrites::Binding).await;
+    let a = e.filtered("a").await;
+    e.cluster.inner.fail_next_binds(1);
+    assert_eq!(e.bind(&a).await.unwrap(), "injected binding failure");
+    assert_eq!(e.ext.cache().reservation_count(), 0, "the reservation is released");
+    let live = e.cluster.inner.pod(&a.namespace, &a.name).unwrap();
+    assert_eq!(live.labels[&e.d.assigned_phase()], "failed");
+    assert!(!live.annotations.contains_key(&e.d.pre_allocated()), "nothing was written but the failure");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checked_binding_is_trusted_once_its_labels_are_seen() {
+    let e = env(true, BindWrites::BindingChecked).await;
+    assert_eq!(e.ext.bind_writes(), BindWrites::BindingChecked);
+    let a = e.filtered("a").await;
+    assert_eq!(e.bind(&a).await.unwrap(), "");
+    assert_eq!(e.ext.bind_writes(), BindWrites::Binding);
+    let b = e.filtered("b").await;
+    assert_eq!(e.bind(&b).await.unwrap(), "");
+    assert!(e.cluster.patched().is_empty(), "{:?}", e.cluster.patched());
+    let live = e.cluster.inner.pod(&b.namespace, &b.name).unwrap();
+    assert_eq!(live.labels[&e.d.assigned_phase()], "allocating");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checked_binding_on_a_server_that_drops_labels_repairs_and_patches_from_then_on() {
+    let e = env(true, BindWrites::BindingChecked).await;
+    e.cluster.inner.drop_binding_labels(true);
+    let a = e.filtered("a").await;
+    assert_eq!(e.bind(&a).await.unwrap(), "");
+    assert_eq!(e.ext.bind_writes(), BindWrites::PatchThenBinding);
+    // The dropped labels were patched on before the bind answered.
+    let live = e.cluster.inner.pod(&a.namespace, &a.name).unwrap();
+    assert_eq!(live.labels[&e.d.assigned_phase()], "allocating");
+    assert_eq!(live.labels[&e.d.metrics_node()], "n0");
+    assert!(live.annotations.contains_key(&e.d.pre_allocated()), "annotations rode on the binding");
+    assert_eq!(e.cluster.patched(), std::slice::from_ref(&a.name));
+    // The next bind patches first, then binds.
+    let b = e.filtered("b").await;
+    assert_eq!(e.bind(&b).await.unwrap(), "");
+    assert_eq!(e.cluster.patched(), [a.name.clone(), b.name.clone()]);
+    let live = e.cluster.inner.pod(&b.namespace, &b.name).unwrap();
+    assert_eq!(live.labels[&e.d.assigned_phase()], "allocating");
+    assert_eq!(live.node_name.as_deref(), Some("n0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_binding_sent_before_the_check_is_repaired() {
+    // Gate off: a's binding is held while b's is written and checked; a's, sent before b's check found the
+    // labels dropped, is checked and repaired too.
+    let e = env(false, BindWrites::BindingChecked).await;
+    e.cluster.inner.drop_binding_labels(true);
+    let a = e.filtered("a").await;
+    let b = e.filtered("b").await;
+    let gate = e.cluster.hold_bind(&a.name);
+    let bind_a = e.bind(&a);
+    until("a sent", || e.ext.pending_count() == 1).await;
+    assert_eq!(e.bind(&b).await.unwrap(), "");
+    assert_eq!(e.ext.bind_writes(), BindWrites::PatchThenBinding);
+    gate.notify_one();
+    assert_eq!(bind_a.await.unwrap(), "");
+    for p in [&a, &b] {
+        let live = e.cluster.inner.pod(&p.namespace, &p.name).unwrap();
+        assert_eq!(live.labels[&e.d.assigned_phase()], "allocating", "{}", p.name);
+        assert_eq!(live.labels[&e.d.metrics_node()], "n0", "{}", p.name);
+    }
+    assert_eq!(e.cluster.patched(), [b.name.clone(), a.name.clone()]);
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use vgpu_core::alloc::{NodeUsage, NodeView, PodRequest, order_nodes};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_scheduler::extender::BindWrites;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::rank::{ResolveMemo, rank_candidates, sort_ranked};
 use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, PodPhase};
@@ -27,6 +28,10 @@ struct Env {
 }
 
 fn env(nodes: usize, gpus: u32) -> Env {
+    env_with(nodes, gpus, ExtenderConfig::default())
+}
+
+fn env_with(nodes: usize, gpus: u32, config: ExtenderConfig) -> Env {
     let d = ResourceDomain::default();
     let cluster = MemoryCluster::new();
     let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
@@ -36,7 +41,7 @@ fn env(nodes: usize, gpus: u32) -> Env {
         );
     }
     let clock = Arc::new(ManualClock::new(T0));
-    let ext = Extender::new(cluster.clone(), clock.clone(), ExtenderConfig::default());
+    let ext = Extender::new(cluster.clone(), clock.clone(), config);
     ext.attach();
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     rt.block_on(ext.sync()).unwrap();
@@ -135,7 +140,8 @@ fn no_fit_reports_reasons_and_event_text() {
 
 #[test]
 fn patch_conflicts_are_retried_then_reservation_released() {
-    let e = env(1, 1);
+    let config = ExtenderConfig { bind_writes: BindWrites::PatchThenBinding, ..ExtenderConfig::default() };
+    let e = env_with(1, 1, config);
     e.cluster.fail_next_patches(2);
     let a = e.pod("a", 1, 50, 1024, &[]);
     assert_eq!(e.filter(&a).node_names, ["n0"]);

@@ -161,7 +161,38 @@ async fn binds_with_the_pod_uid_as_precondition() {
         );
         reply(send, 201, &json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}));
     });
-    let b = Binding { namespace: "ns".into(), name: "p".into(), uid: "u-p".into(), node: "n1".into() };
+    let b = Binding::new("ns", "p", "u-p", "n1");
+    cluster.bind_pod(&b).await.unwrap();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_binding_carries_labels_and_annotations() {
+    let (cluster, mut handle) = cluster();
+    let server = tokio::spawn(async move {
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.uri, "/api/v1/namespaces/ns/pods/p/binding?");
+        assert_eq!(
+            seen.body,
+            json!({
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {
+                    "name": "p", "namespace": "ns", "uid": "u-p",
+                    "labels": {"nvidia.com/assigned-phase": "allocating"},
+                    "annotations": {"nvidia.com/predicate-node": "n1", "nvidia.com/real-allocated": ""}
+                },
+                "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}
+            })
+        );
+        reply(send, 201, &json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}));
+    });
+    // A deletion in the patch cannot ride on a binding: it is left out.
+    let patch = MetadataPatch::default()
+        .label("nvidia.com/assigned-phase", "allocating")
+        .remove_label("nvidia.com/gone")
+        .annotation("nvidia.com/predicate-node", "n1")
+        .annotation("nvidia.com/real-allocated", "");
+    let b = Binding::new("ns", "p", "u-p", "n1").carrying(&patch);
     cluster.bind_pod(&b).await.unwrap();
     server.await.unwrap();
 }
@@ -174,7 +205,7 @@ async fn binding_a_recreated_pod_is_a_conflict() {
         let msg = "Operation cannot be fulfilled on pods/binding \"p\": Precondition failed: UID in precondition: u-old, UID in object meta: u-new";
         reply(send, 409, &status(409, "Conflict", msg));
     });
-    let b = Binding { namespace: "ns".into(), name: "p".into(), uid: "u-old".into(), node: "n1".into() };
+    let b = Binding::new("ns", "p", "u-old", "n1");
     let err = cluster.bind_pod(&b).await.unwrap_err();
     server.await.unwrap();
     match &err {

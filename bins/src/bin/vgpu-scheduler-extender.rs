@@ -28,8 +28,8 @@ use vgpu_scheduler::server::{AppState, ServerConfig};
 use vgpu_scheduler::tls::{ClientAuth, TlsFiles};
 use vgpu_scheduler::work::WorkLimits;
 use vgpu_scheduler::{
-    CacheDriver, Extender, ExtenderConfig, KubeCluster, LeaderConfig, LeaderMode, Readiness, SystemClock,
-    leader,
+    BindWrites, CacheDriver, Extender, ExtenderConfig, KubeCluster, LeaderConfig, LeaderMode, Readiness,
+    SystemClock, leader,
 };
 use vgpu_serve::authz::Authorizer;
 
@@ -106,6 +106,12 @@ struct Cli {
     /// vgpu-manager does; `false` saves two API writes per pod (warnings are always sent).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     success_events: bool,
+    /// How a bind writes the pre-allocation onto the pod: `binding` (one write: the binding carries the
+    /// labels and annotations; needs kube-apiserver 1.35+ with PodTopologyLabelsAdmission, on by default),
+    /// `patch` (a merge patch, then the binding: any version), `auto` (binding from 1.35 on, the first bound
+    /// pod read back and, if its labels were dropped, repaired and patch from then on; patch before 1.35).
+    #[arg(long, value_enum, default_value_t = BindWritesArg::Auto)]
+    bind_writes: BindWritesArg,
     /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -189,6 +195,18 @@ async fn run(
 ) -> anyhow::Result<()> {
     let domain = ResourceDomain::new(&cli.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
     let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let bind_writes = match cli.bind_writes {
+        BindWritesArg::Binding => BindWrites::Binding,
+        BindWritesArg::Patch => BindWrites::PatchThenBinding,
+        BindWritesArg::Auto => match client.apiserver_version().await {
+            Ok(v) => BindWrites::auto_for(&v.major, &v.minor),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the API server version: --bind-writes=auto patches before binding");
+                BindWrites::PatchThenBinding
+            }
+        },
+    };
+    tracing::info!(bind_writes = bind_writes.as_str(), "pre-allocation writes");
     let clock = Arc::new(SystemClock);
     let stuck_grace_ns =
         i64::try_from(cli.stuck_grace_period.as_nanos()).context("--stuck-grace-period is too large")?;
@@ -197,6 +215,7 @@ async fn run(
         scheduler_name: cli.scheduler_name.clone(),
         stuck_grace_ns,
         success_events: cli.success_events,
+        bind_writes,
         ..ExtenderConfig::from_gates(&gates)
     };
     let metrics_authz = cli.enable_rbac.then(|| Arc::new(Authorizer::kube(client.clone())));
@@ -240,6 +259,17 @@ async fn run(
     elector.await.context("the leader elector panicked")?.context("leader election")?;
     served.context("the HTTP server")?;
     Ok(())
+}
+
+/// `--bind-writes` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BindWritesArg {
+    /// By the API server's version (see --help).
+    Auto,
+    /// The binding carries the pre-allocation.
+    Binding,
+    /// Patch, then bind.
+    Patch,
 }
 
 fn main() -> ExitCode {

@@ -2,7 +2,7 @@
 
 use std::cmp::Ordering;
 
-use crate::model::{NodeDeviceInventory, SchedulingPolicy};
+use crate::model::{GpuDevice, NodeDeviceInventory, SchedulingPolicy};
 
 use super::reason::{ReasonCode, ReasonCounts};
 use super::request::{ContainerNeed, PodRequest};
@@ -29,6 +29,37 @@ fn frac(num: f64, den: f64) -> f64 {
     if den > 0.0 { num / den } else { 0.0 }
 }
 
+/// Why one GPU under usage `u` cannot take one vGPU of `need` (`None`: it can) — the per-GPU test of
+/// [`filter_devices`], in its order: health, MIG, free slot, memory, cores, type lists, UUID lists.
+pub(crate) fn exclusion(
+    d: &GpuDevice,
+    u: DeviceUsage,
+    need: &ContainerNeed,
+    request: &PodRequest,
+) -> Option<ReasonCode> {
+    let free_num = d.split_count.saturating_sub(u.number);
+    let free_mem = d.memory_mib.saturating_sub(u.memory_mib);
+    let free_core = d.cores.saturating_sub(u.cores);
+    let want_mem = if need.memory_mib == 0 { d.memory_mib } else { need.memory_mib };
+    if !d.health.is_healthy() {
+        Some(ReasonCode::DeviceUnhealthy)
+    } else if d.mig_enabled {
+        Some(ReasonCode::DeviceMigEnabled)
+    } else if free_num == 0 {
+        Some(ReasonCode::InsufficientVgpuSlot)
+    } else if want_mem > free_mem {
+        Some(ReasonCode::InsufficientVgpuMemory)
+    } else if need.cores > free_core || free_core == 0 {
+        Some(ReasonCode::InsufficientVgpuCore)
+    } else if !request.filter.types.admits(&d.type_name) {
+        Some(ReasonCode::DeviceTypeMismatch)
+    } else if !request.filter.uuids.admits(&d.uuid) {
+        Some(ReasonCode::DeviceUuidMismatch)
+    } else {
+        None
+    }
+}
+
 /// Filters the inventory for one container need against `work` usage (indexed by inventory position).
 /// GPUs outside `window` (when given) are skipped without being counted.
 pub(crate) fn filter_devices(
@@ -45,31 +76,13 @@ pub(crate) fn filter_devices(
             continue;
         }
         let u = work.get(pos).copied().unwrap_or_default();
-        let free_num = d.split_count.saturating_sub(u.number);
-        let free_mem = d.memory_mib.saturating_sub(u.memory_mib);
-        let free_core = d.cores.saturating_sub(u.cores);
-        let want_mem = if need.memory_mib == 0 { d.memory_mib } else { need.memory_mib };
-        let reject = if !d.health.is_healthy() {
-            Some(ReasonCode::DeviceUnhealthy)
-        } else if d.mig_enabled {
-            Some(ReasonCode::DeviceMigEnabled)
-        } else if free_num == 0 {
-            Some(ReasonCode::InsufficientVgpuSlot)
-        } else if want_mem > free_mem {
-            Some(ReasonCode::InsufficientVgpuMemory)
-        } else if need.cores > free_core || free_core == 0 {
-            Some(ReasonCode::InsufficientVgpuCore)
-        } else if !request.filter.types.admits(&d.type_name) {
-            Some(ReasonCode::DeviceTypeMismatch)
-        } else if !request.filter.uuids.admits(&d.uuid) {
-            Some(ReasonCode::DeviceUuidMismatch)
-        } else {
-            None
-        };
-        if let Some(code) = reject {
+        if let Some(code) = exclusion(d, u, need, request) {
             *counts.entry(code).or_default() += 1;
             continue;
         }
+        let free_num = d.split_count.saturating_sub(u.number);
+        let free_mem = d.memory_mib.saturating_sub(u.memory_mib);
+        let free_core = d.cores.saturating_sub(u.cores);
         let total = [f64::from(d.split_count), d.cores as f64, d.memory_mib as f64];
         let used = [f64::from(u.number), u.cores as f64, u.memory_mib as f64];
         let score = 100.0

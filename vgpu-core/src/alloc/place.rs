@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use crate::model::{ContainerDeviceClaim, DeviceClaim, PodDeviceClaim, TopologyMode};
 
 use super::align::{Alignment, AlignmentWindow};
-use super::filter::{Candidate, filter_devices, sort_candidates};
+use super::filter::{Candidate, exclusion, filter_devices, sort_candidates};
 use super::link::{self, LinkPlan};
 use super::node::{LinkTier, NodeLinks, NodeView};
 use super::numa;
@@ -89,68 +89,168 @@ pub fn precheck(
     resolved: &ResolvedRequest,
     node: &NodeView<'_>,
 ) -> Result<(), NodeFailure> {
-    let sched: Vec<_> = node.inventory.schedulable().collect();
-    let fail = |code, detail: String| Err(NodeFailure::new(code).with_detail(detail));
+    match failed_gate(request, resolved, node) {
+        Some(gate) => Err(gate.failure()),
+        None => Ok(()),
+    }
+}
+
+/// A structural gate of [`precheck`] that failed, with the numbers its detail names.
+#[derive(Debug, Clone, Copy)]
+enum Gate {
+    Cards { want: u64, have: usize },
+    MaxCores { want: u64, have: u64 },
+    MaxMemory { want: u64, have: u64 },
+    Slots { want: u64, free: u64 },
+    Cores { want: u64, free: u64 },
+    Memory { want: u64, free: u64 },
+    Uuids { matching: usize },
+    Types { matching: usize },
+}
+
+impl Gate {
+    fn code(self) -> ReasonCode {
+        match self {
+            Self::Cards { .. } => ReasonCode::InsufficientGpuCards,
+            Self::MaxCores { .. } | Self::Cores { .. } => ReasonCode::InsufficientVgpuCore,
+            Self::MaxMemory { .. } | Self::Memory { .. } => ReasonCode::InsufficientVgpuMemory,
+            Self::Slots { .. } => ReasonCode::InsufficientVgpuSlot,
+            Self::Uuids { .. } => ReasonCode::DeviceUuidMismatch,
+            Self::Types { .. } => ReasonCode::DeviceTypeMismatch,
+        }
+    }
+
+    fn failure(self) -> NodeFailure {
+        let detail = match self {
+            Self::Cards { want, have } => {
+                format!("a container requests {want} vGPUs, node has {have} schedulable GPUs")
+            }
+            Self::MaxCores { want, have } => format!("{want} cores per vGPU > largest GPU {have}"),
+            Self::MaxMemory { want, have } => format!("{want} MiB per vGPU > largest GPU {have} MiB"),
+            Self::Slots { want, free } => format!("{want} slots needed, {free} free"),
+            Self::Cores { want, free } => format!("{want} cores needed, {free} free"),
+            Self::Memory { want, free } => format!("{want} MiB needed, {free} MiB free"),
+            Self::Uuids { matching } => format!("{matching} GPUs match the UUID lists"),
+            Self::Types { matching } => format!("{matching} GPUs match the type lists"),
+        };
+        NodeFailure::new(self.code()).with_detail(detail)
+    }
+}
+
+/// The first structural gate that fails, in the contract's order; computed without allocating.
+fn failed_gate(request: &PodRequest, resolved: &ResolvedRequest, node: &NodeView<'_>) -> Option<Gate> {
+    let sched = || node.inventory.schedulable();
     let (max, total) = (resolved.max, resolved.total);
-    if max.number > sched.len() as u64 {
-        return fail(
-            ReasonCode::InsufficientGpuCards,
-            format!("a container requests {} vGPUs, node has {} schedulable GPUs", max.number, sched.len()),
-        );
+    let have = sched().count();
+    if max.number > have as u64 {
+        return Some(Gate::Cards { want: max.number, have });
     }
-    let max_cores = sched.iter().map(|d| d.cores).max().unwrap_or(0);
+    let max_cores = sched().map(|d| d.cores).max().unwrap_or(0);
     if max.cores > max_cores {
-        return fail(
-            ReasonCode::InsufficientVgpuCore,
-            format!("{} cores per vGPU > largest GPU {max_cores}", max.cores),
-        );
+        return Some(Gate::MaxCores { want: max.cores, have: max_cores });
     }
-    let max_mem = sched.iter().map(|d| d.memory_mib).max().unwrap_or(0);
+    let max_mem = sched().map(|d| d.memory_mib).max().unwrap_or(0);
     if max.memory_mib > max_mem {
-        return fail(
-            ReasonCode::InsufficientVgpuMemory,
-            format!("{} MiB per vGPU > largest GPU {max_mem} MiB", max.memory_mib),
-        );
+        return Some(Gate::MaxMemory { want: max.memory_mib, have: max_mem });
     }
     let mut avail = [0u64; 3];
-    for d in &sched {
+    for d in sched() {
         let u = node.usage.device(d.index);
         avail[0] += u64::from(d.split_count.saturating_sub(u.number));
         avail[1] += d.cores.saturating_sub(u.cores);
         avail[2] += d.memory_mib.saturating_sub(u.memory_mib);
     }
     if total.number > avail[0] {
-        return fail(
-            ReasonCode::InsufficientVgpuSlot,
-            format!("{} slots needed, {} free", total.number, avail[0]),
-        );
+        return Some(Gate::Slots { want: total.number, free: avail[0] });
     }
     if total.cores > avail[1] {
-        return fail(
-            ReasonCode::InsufficientVgpuCore,
-            format!("{} cores needed, {} free", total.cores, avail[1]),
-        );
+        return Some(Gate::Cores { want: total.cores, free: avail[1] });
     }
     if total.memory_mib > avail[2] {
-        return fail(
-            ReasonCode::InsufficientVgpuMemory,
-            format!("{} MiB needed, {} MiB free", total.memory_mib, avail[2]),
-        );
+        return Some(Gate::Memory { want: total.memory_mib, free: avail[2] });
     }
     if !request.filter.uuids.is_unset() {
-        let n = sched.iter().filter(|d| request.filter.uuids.admits(&d.uuid)).count();
-        if (n as u64) < max.number {
-            return fail(ReasonCode::DeviceUuidMismatch, format!("{n} GPUs match the UUID lists"));
+        let matching = sched().filter(|d| request.filter.uuids.admits(&d.uuid)).count();
+        if (matching as u64) < max.number {
+            return Some(Gate::Uuids { matching });
         }
     }
     if !request.filter.types.is_unset() {
-        let n = sched.iter().filter(|d| request.filter.types.admits(&d.type_name)).count();
-        if (n as u64) < max.number {
-            return fail(ReasonCode::DeviceTypeMismatch, format!("{n} GPUs match the type lists"));
+        let matching = sched().filter(|d| request.filter.types.admits(&d.type_name)).count();
+        if (matching as u64) < max.number {
+            return Some(Gate::Types { matching });
         }
     }
-    Ok(())
+    None
 }
+
+/// Why [`precheck`] then [`place_aligned`] would reject the pod — at a structural gate, or at the GPU
+/// filter of the first container placed — found without allocating; `None` when both pass (the placement
+/// may still fail later: another container, the topology). Exact: `Some(code)` only where
+/// `precheck` + `place_aligned` fail with `code`, whatever the alignment. A filter trying thousands of nodes
+/// that cannot take the pod pays this instead of a placement attempt per node.
+pub fn quick_reject(
+    request: &PodRequest,
+    resolved: &ResolvedRequest,
+    node: &NodeView<'_>,
+) -> Option<ReasonCode> {
+    if let Some(gate) = failed_gate(request, resolved, node) {
+        return Some(gate.code());
+    }
+    // The container `place_aligned` runs first: the first one without sequential init containers, else the
+    // first sidecar, else the first app container (sequential init containers alone: no quick answer).
+    let first = if !resolved.has_sequential_init {
+        resolved.containers.first()
+    } else {
+        let role = |r: ContainerRole| resolved.containers.iter().find(|c| c.role == r);
+        role(ContainerRole::Sidecar).or_else(|| role(ContainerRole::App))
+    }?;
+    let number = first.number as usize;
+    if number > node.inventory.schedulable().count() {
+        return Some(ReasonCode::InsufficientGpuCards);
+    }
+    // `filter_devices` with `ReasonCounts` as a fixed array, and `NodeFailure::from_counts`' choice: the
+    // highest count, ties to the code first in `ReasonCode` order.
+    let mut fit = 0usize;
+    let mut counts = [(ReasonCode::DeviceUnhealthy, 0u32); EXCLUSIONS.len()];
+    for (slot, code) in counts.iter_mut().zip(EXCLUSIONS) {
+        slot.0 = code;
+    }
+    for d in &node.inventory.devices {
+        match exclusion(d, node.usage.device(d.index), first, request) {
+            None => fit += 1,
+            Some(code) => {
+                if let Some(slot) = counts.iter_mut().find(|(c, _)| *c == code) {
+                    slot.1 += 1;
+                }
+            }
+        }
+    }
+    if fit >= number {
+        return None;
+    }
+    counts.sort_by_key(|(c, _)| *c);
+    let mut code = ReasonCode::InsufficientGpuResources;
+    let mut best = 0;
+    for (c, n) in counts {
+        if n > best {
+            best = n;
+            code = c;
+        }
+    }
+    Some(code)
+}
+
+/// Every code [`exclusion`] gives.
+const EXCLUSIONS: [ReasonCode; 7] = [
+    ReasonCode::DeviceUnhealthy,
+    ReasonCode::DeviceMigEnabled,
+    ReasonCode::InsufficientVgpuSlot,
+    ReasonCode::InsufficientVgpuMemory,
+    ReasonCode::InsufficientVgpuCore,
+    ReasonCode::DeviceTypeMismatch,
+    ReasonCode::DeviceUuidMismatch,
+];
 
 /// Places every container (fast path or two-pass path) without the node checks and gates.
 pub fn place(
