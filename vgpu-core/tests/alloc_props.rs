@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use vgpu_core::alloc::{
     Alignment, AlignmentWindow, ContainerRole, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint,
-    PodRequest, PodSpec, allocate, place, place_aligned, precheck, quick_reject, topology_fitness,
-    topology_fitness_table,
+    PodRequest, PodSpec, ReasonCode, allocate, gate_inputs, place, place_aligned, precheck, quick_reject,
+    size_gate, topology_fitness, topology_fitness_table,
 };
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{
@@ -120,8 +120,18 @@ proptest! {
             let resolved = req.resolve(&inv, &cfg);
             let quick = quick_reject(&req, &resolved, &view);
             let full = precheck(&req, &resolved, &view).and_then(|()| place(&req, &resolved, &view));
-            if let Err(f) = &precheck(&req, &resolved, &view) {
+            let pre = precheck(&req, &resolved, &view);
+            if let Err(f) = &pre {
                 prop_assert_eq!(quick, Some(f.code), "every precheck failure is answered");
+            }
+            // The size gates from a node summary agree with precheck: same code, or a later gate.
+            match (size_gate(&resolved, &gate_inputs(&view)), &pre) {
+                (Some(code), Err(f)) => prop_assert_eq!(code, f.code),
+                (Some(code), Ok(())) => prop_assert!(false, "size gate {:?} but precheck passed", code),
+                (None, Err(f)) => prop_assert!(
+                    matches!(f.code, ReasonCode::DeviceUuidMismatch | ReasonCode::DeviceTypeMismatch), "{:?}", f
+                ),
+                (None, Ok(())) => {}
             }
             match (quick, &full) {
                 (Some(code), Err(f)) => { answered += 1; prop_assert_eq!(code, f.code, "{:?}", f) }

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use vgpu_core::alloc::{
-    NodeDomains, NodeFailure, NodeLinks, NodeUsage, NodeView, PodFootprint, ReasonCode, decode_node,
-    topology_fitness_table,
+    GateInputs, NodeDomains, NodeFailure, NodeLinks, NodeUsage, NodeView, PodFootprint, ReasonCode,
+    decode_node, gate_inputs, topology_fitness_table,
 };
 use vgpu_core::codec::node_gpu_domain;
 use vgpu_core::domain::ResourceDomain;
@@ -143,17 +143,18 @@ pub struct NodeState {
 
 impl NodeState {
     fn recompute(&mut self) {
-        let mut avail = [0u64; 3];
-        if let Ok(d) = &self.decoded {
-            for g in d.inventory.schedulable() {
-                let u = self.usage.device(g.index);
-                avail[0] += u64::from(g.split_count.saturating_sub(u.number));
-                avail[1] += g.cores.saturating_sub(u.cores);
-                avail[2] += g.memory_mib.saturating_sub(u.memory_mib);
-            }
-        }
-        self.avail = avail;
-        self.row.publish(&self.decoded, avail);
+        let gates = match &self.decoded {
+            Ok(d) => gate_inputs(&NodeView {
+                name: &self.name,
+                inventory: &d.inventory,
+                config: &d.config,
+                links: d.links.as_ref(),
+                usage: &self.usage,
+            }),
+            Err(_) => GateInputs::default(),
+        };
+        self.avail = gates.avail;
+        self.row.publish(&self.decoded, &gates);
     }
 
     /// This node's row id in the rank table.
@@ -723,6 +724,14 @@ impl ClusterCache {
         true
     }
 
+    /// The nodes whose usage counts this pod: where it is counted (planned or bound) and where it holds a
+    /// reservation (usually none when a pod is filtered).
+    pub fn nodes_counting(&self, uid: &str) -> Vec<String> {
+        let idx = lock(&self.index);
+        let counted = idx.pods.get(uid).and_then(|r| r.counted.as_ref()).map(|(n, _)| n.clone());
+        counted.into_iter().chain(idx.reservations.get(uid).map(|(n, _)| n.clone())).collect()
+    }
+
     /// A pod's in-flight reservation: (node, expiry in Unix ns), while it holds.
     pub fn reservation(&self, uid: &str) -> Option<(String, i64)> {
         lock(&self.index).reservations.get(uid).cloned()
@@ -1111,7 +1120,21 @@ mod tests {
             let row = reader.get(e.row).ok_or(format!("{name}: row {} not readable", e.row))?;
             match (&s.decoded, row.status()) {
                 (Ok(d), RowStatus::Ready) => {
-                    let want = RankInputs { avail: s.avail, totals: d.totals, key: d.resolve_key() };
+                    let view = NodeView {
+                        name: &s.name,
+                        inventory: &d.inventory,
+                        config: &d.config,
+                        links: d.links.as_ref(),
+                        usage: &s.usage,
+                    };
+                    let gates = gate_inputs(&view);
+                    let checks = d.config.device_split != 0 && d.config.memory_factor != 0;
+                    let want = RankInputs {
+                        avail: s.avail,
+                        totals: d.totals,
+                        key: d.resolve_key(),
+                        gates: checks.then_some(gates),
+                    };
                     if row.inputs() != want {
                         return Err(format!("{name}: row {:?}, state {want:?}", row.inputs()));
                     }

@@ -827,9 +827,10 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         // Per input position: why the node was rejected (`None`: ranked and not tried yet, or chosen).
         let mut outcome: Vec<Option<ReasonCode>> = vec![None; nodes.len()];
         let mut memo = ResolveMemo::default();
-        let ranked = rank_candidates(&self.cache, &request, &nodes, &rows, &mut memo, |pos, code| {
-            outcome[pos] = Some(code)
-        });
+        let ranked =
+            rank_candidates(&self.cache, &request, &nodes, &rows, &mut memo, Some(&pod.uid), |pos, code| {
+                outcome[pos] = Some(code)
+            });
         // Only as much of the order as is tried gets sorted (usually the first node fits).
         let mut ranking = Ranking::new(request.node_policy, ranked);
         self.observe(FilterStage::Node, t_stage);
@@ -963,7 +964,8 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let mut scores = vec![0; nodes.len()];
         if !request.is_empty() {
             let mut memo = ResolveMemo::default();
-            for (pos, _, score) in rank_candidates(&self.cache, &request, &nodes, &rows, &mut memo, |_, _| ())
+            for (pos, _, score) in
+                rank_candidates(&self.cache, &request, &nodes, &rows, &mut memo, None, |_, _| ())
             {
                 scores[pos] = score.host_priority();
             }

@@ -4,7 +4,7 @@
 
 use std::cmp::Ordering;
 
-use vgpu_core::alloc::{Footprint, NodeScore, PodRequest, ReasonCode, ResolvedRequest};
+use vgpu_core::alloc::{Footprint, NodeScore, PodRequest, ReasonCode, ResolvedRequest, size_gate};
 use vgpu_core::model::SchedulingPolicy;
 
 use crate::cache::{ClusterCache, DecodedNode, ResolveKey};
@@ -72,15 +72,25 @@ pub fn score_inputs(
 /// names' row ids ([`ClusterCache::candidate_rows`]): the scored entries, and `reject(position, reason)` for
 /// every candidate the cache does not hold or that cannot take vGPU pods. A node's lock is taken only the
 /// first time its fitness table or a new resolve key is needed.
+///
+/// With the pod's UID (a filter), a node whose row shows it fails a size gate (cards, cores or memory per
+/// vGPU, free slots, cores or memory: `vgpu_core::alloc::size_gate`) is rejected here with that gate's
+/// reason, exactly as a placement attempt would reject it — unless the request has a memory policy (its node
+/// check comes first) or the node counts the pod itself (a placement attempt leaves the pod's own usage
+/// out). A full cluster's filter then never locks the nodes that are full. Without it (prioritize) every
+/// held node is ranked.
 pub fn rank_candidates<'a>(
     cache: &ClusterCache,
     request: &PodRequest,
     names: &'a [String],
     rows: &[u32],
     memo: &mut ResolveMemo,
+    pod_uid: Option<&str>,
     mut reject: impl FnMut(usize, ReasonCode),
 ) -> Vec<Ranked<'a>> {
     let table = cache.rank_rows();
+    let gated = pod_uid.filter(|_| request.memory_policy.is_none());
+    let own = gated.map(|uid| cache.nodes_counting(uid)).unwrap_or_default();
     let mode = request.topology.base();
     let need = request.containers.iter().map(|c| c.request.number).max().unwrap_or(0);
     let mut ranked = Vec::with_capacity(names.len());
@@ -101,21 +111,34 @@ pub fn rank_candidates<'a>(
             }
         }
         let inputs = row.inputs();
+        let mut key = inputs.key;
+        if memo.lookup(key).is_none() {
+            // Resolved under the decoded node's own key (never the row's, which may be a moment older).
+            let Some(d) = cache.decoded(name) else {
+                reject(pos, ReasonCode::NodeInfoBuildFailed);
+                continue;
+            };
+            key = d.resolve_key();
+            memo.get(request, &d);
+        }
+        let Some(resolved) = memo.lookup(key) else {
+            reject(pos, ReasonCode::NodeInfoBuildFailed);
+            continue;
+        };
+        // The row's gate inputs are judged only against the request resolved under the row's own key.
+        if gated.is_some()
+            && key == inputs.key
+            && let Some(code) = inputs.gates.as_ref().and_then(|g| size_gate(resolved, g))
+            && !own.iter().any(|n| n == name)
+        {
+            reject(pos, code);
+            continue;
+        }
+        let total = resolved.total;
         let fitness = match row.fitness(mode, need) {
             RowFitness::NotRanked => None,
             RowFitness::Known(f) => Some(f),
             RowFitness::Unknown => cache.fill_fitness(name, mode, need),
-        };
-        let total = match memo.lookup(inputs.key) {
-            Some(r) => r.total,
-            None => {
-                // Resolved under the decoded node's own key (never the row's, which may be a moment older).
-                let Some(d) = cache.decoded(name) else {
-                    reject(pos, ReasonCode::NodeInfoBuildFailed);
-                    continue;
-                };
-                memo.get(request, &d).total
-            }
         };
         ranked.push((pos, name.as_str(), score_inputs(request, &inputs, fitness, total)));
     }

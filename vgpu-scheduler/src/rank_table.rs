@@ -14,10 +14,11 @@
 //! life ([`RowRef`]) and is recycled only after the state is dropped, so a slot still held by an in-flight call
 //! after its node was deleted never writes into another node's row.
 
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, fence};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 
-use vgpu_core::alloc::{NodeFailure, ReasonCode};
+use vgpu_core::alloc::{GateInputs, NodeFailure, ReasonCode};
 use vgpu_core::model::TopologyMode;
 
 use crate::cache::{DecodedNode, ResolveKey};
@@ -38,19 +39,33 @@ const FAILED: u32 = 2;
 /// Row id of a name the cache does not hold.
 pub const NO_ROW: u32 = u32::MAX;
 
-/// One node's ranking inputs (one cache line).
+/// One node's ranking inputs (one cache line), written under a sequence lock: a reader sees one published
+/// state, never a mix.
 #[derive(Debug)]
 #[repr(align(64))]
 pub struct RankRow {
+    /// Even: stable; odd: a write is in progress.
+    seq: AtomicU32,
     /// `VACANT`, `READY`, or `FAILED + i` for `ReasonCode::ALL[i]`.
     status: AtomicU32,
     /// Memory factor (≥ 1).
     factor: AtomicU32,
+    /// Schedulable GPUs (low 16 bits) and `GATES_USABLE`.
+    schedulable: AtomicU32,
     /// Uniform GPU memory, or `NOT_UNIFORM`.
     uniform_memory: AtomicU64,
-    avail: [AtomicU64; 3],
-    totals: [AtomicU64; 3],
+    /// Free slots, cores, memory (MiB), saturated at `u32::MAX`.
+    avail: [AtomicU32; 3],
+    /// Total slots, cores, memory (MiB), saturated at `u32::MAX`.
+    totals: [AtomicU32; 3],
+    /// Largest cores and memory (MiB) of a schedulable GPU.
+    max_cores: AtomicU32,
+    max_memory: AtomicU32,
 }
+
+/// `schedulable` flag: the row's gate inputs are exact (nothing saturated) and the node passes the node checks
+/// a request without memory policy meets (`deviceSplit > 0`, `memoryFactor > 0`).
+const GATES_USABLE: u32 = 1 << 16;
 
 const _: () = assert!(std::mem::size_of::<RankRow>() == 64);
 
@@ -119,6 +134,9 @@ pub struct RankInputs {
     pub totals: [u64; 3],
     /// What resolving a request on the node depends on.
     pub key: ResolveKey,
+    /// The node's size-gate inputs, when they are exact and the node passes the node checks for a request
+    /// without memory policy (`vgpu_core::alloc::size_gate` then rejects exactly as a placement attempt would).
+    pub gates: Option<GateInputs>,
 }
 
 /// A row's fitness entry for a mode and need.
@@ -143,11 +161,39 @@ fn fitness_lane(mode: TopologyMode) -> Option<usize> {
 impl RankRow {
     fn vacant() -> Self {
         Self {
+            seq: AtomicU32::new(0),
             status: AtomicU32::new(VACANT),
             factor: AtomicU32::new(1),
+            schedulable: AtomicU32::new(0),
             uniform_memory: AtomicU64::new(NOT_UNIFORM),
-            avail: std::array::from_fn(|_| AtomicU64::new(0)),
-            totals: std::array::from_fn(|_| AtomicU64::new(0)),
+            avail: std::array::from_fn(|_| AtomicU32::new(0)),
+            totals: std::array::from_fn(|_| AtomicU32::new(0)),
+            max_cores: AtomicU32::new(0),
+            max_memory: AtomicU32::new(0),
+        }
+    }
+
+    /// Runs `write` as one sequence-locked write (the caller is the row's only writer: it holds its node's lock).
+    fn write(&self, write: impl FnOnce(&Self)) {
+        let s = self.seq.load(Relaxed);
+        self.seq.store(s.wrapping_add(1), Relaxed);
+        fence(Release);
+        write(self);
+        self.seq.store(s.wrapping_add(2), Release);
+    }
+
+    /// Reads a consistent copy through the sequence lock.
+    fn read<T>(&self, read: impl Fn(&Self) -> T) -> T {
+        loop {
+            let before = self.seq.load(Acquire);
+            if before % 2 == 0 {
+                let value = read(self);
+                fence(Acquire);
+                if self.seq.load(Relaxed) == before {
+                    return value;
+                }
+            }
+            std::hint::spin_loop();
         }
     }
 }
@@ -155,7 +201,7 @@ impl RankRow {
 impl Row<'_> {
     /// The node's status.
     pub fn status(&self) -> RowStatus {
-        match self.row.status.load(Relaxed) {
+        match self.row.read(|r| r.status.load(Relaxed)) {
             READY => RowStatus::Ready,
             VACANT => RowStatus::Vacant,
             s => ReasonCode::ALL
@@ -166,14 +212,23 @@ impl Row<'_> {
 
     /// The row's numbers (meaningful when the status is [`RowStatus::Ready`]).
     pub fn inputs(&self) -> RankInputs {
-        let load = |a: &[AtomicU64; 3]| [a[0].load(Relaxed), a[1].load(Relaxed), a[2].load(Relaxed)];
-        let row = self.row;
-        let uniform = row.uniform_memory.load(Relaxed);
-        RankInputs {
-            avail: load(&row.avail),
-            totals: load(&row.totals),
-            key: (row.factor.load(Relaxed), (uniform != NOT_UNIFORM).then_some(uniform)),
-        }
+        let load = |a: &[AtomicU32; 3]| a.each_ref().map(|v| u64::from(v.load(Relaxed)));
+        self.row.read(|row| {
+            let uniform = row.uniform_memory.load(Relaxed);
+            let schedulable = row.schedulable.load(Relaxed);
+            let avail = load(&row.avail);
+            RankInputs {
+                avail,
+                totals: load(&row.totals),
+                key: (row.factor.load(Relaxed), (uniform != NOT_UNIFORM).then_some(uniform)),
+                gates: (schedulable & GATES_USABLE != 0).then(|| GateInputs {
+                    schedulable: u64::from(schedulable & 0xffff),
+                    max_cores: u64::from(row.max_cores.load(Relaxed)),
+                    max_memory_mib: u64::from(row.max_memory.load(Relaxed)),
+                    avail,
+                }),
+            }
+        })
     }
 
     /// The topology fitness of a need under a base mode.
@@ -274,27 +329,39 @@ impl RowRef {
         self.id as usize % CHUNK
     }
 
-    /// Publishes a node's decoded state and free capacity.
-    pub fn publish(&self, decoded: &Result<Arc<DecodedNode>, NodeFailure>, avail: [u64; 3]) {
+    /// Publishes a node's decoded state and its size-gate inputs under its usage (free capacity included).
+    pub fn publish(&self, decoded: &Result<Arc<DecodedNode>, NodeFailure>, gates: &GateInputs) {
         let Some(row) = self.chunk.rows.get(self.index()) else { return };
-        match decoded {
+        let narrow = |v: u64| u32::try_from(v).ok();
+        row.write(|row| match decoded {
             Ok(d) => {
                 let (factor, uniform) = d.resolve_key();
                 row.factor.store(factor, Relaxed);
                 row.uniform_memory.store(uniform.unwrap_or(NOT_UNIFORM), Relaxed);
+                let mut exact = true;
+                let mut put = |cell: &AtomicU32, v: u64| {
+                    exact &= narrow(v).is_some();
+                    cell.store(narrow(v).unwrap_or(u32::MAX), Relaxed);
+                };
                 for (cell, v) in row.totals.iter().zip(d.totals) {
-                    cell.store(v, Relaxed);
+                    put(cell, v);
                 }
-                for (cell, v) in row.avail.iter().zip(avail) {
-                    cell.store(v, Relaxed);
+                for (cell, v) in row.avail.iter().zip(gates.avail) {
+                    put(cell, v);
                 }
+                put(&row.max_cores, gates.max_cores);
+                put(&row.max_memory, gates.max_memory_mib);
+                let checks_pass = d.config.device_split != 0 && d.config.memory_factor != 0;
+                let usable = exact && checks_pass && gates.schedulable <= 0xffff;
+                let schedulable = (gates.schedulable.min(0xffff)) as u32;
+                row.schedulable.store(schedulable | if usable { GATES_USABLE } else { 0 }, Relaxed);
                 row.status.store(READY, Relaxed);
             }
             Err(f) => {
                 let i = ReasonCode::ALL.iter().position(|c| *c == f.code).unwrap_or(0);
                 row.status.store(FAILED + i as u32, Relaxed);
             }
-        }
+        });
     }
 
     /// Forgets the fitness entries (the node's topology changed).
@@ -331,7 +398,7 @@ mod tests {
         let a = table.alloc();
         let b = table.alloc();
         assert_eq!((a.id(), b.id()), (0, 1));
-        a.publish(&Err(NodeFailure::new(ReasonCode::NodeBadVgpuConfig)), [0; 3]);
+        a.publish(&Err(NodeFailure::new(ReasonCode::NodeBadVgpuConfig)), &GateInputs::default());
         let reader = table.reader();
         assert_eq!(reader.get(0).map(|r| r.status()), Some(RowStatus::Failed(ReasonCode::NodeBadVgpuConfig)));
         assert_eq!(reader.get(1).map(|r| r.status()), Some(RowStatus::Vacant));

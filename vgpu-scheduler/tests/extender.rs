@@ -328,7 +328,7 @@ fn prioritize_and_rank_match_order_nodes() {
         let mut memo = ResolveMemo::default();
         let names: Vec<String> = owned.iter().map(|(n, _, _)| n.clone()).collect();
         let rows = e.ext.cache().candidate_rows(&names);
-        let mut ranked = rank_candidates(e.ext.cache(), &req, &names, &rows, &mut memo, |pos, code| {
+        let mut ranked = rank_candidates(e.ext.cache(), &req, &names, &rows, &mut memo, None, |pos, code| {
             panic!("{} rejected: {code:?}", names[pos])
         });
         sort_ranked(req.node_policy, &mut ranked);

@@ -98,7 +98,7 @@ pub fn precheck(
 /// A structural gate of [`precheck`] that failed, with the numbers its detail names.
 #[derive(Debug, Clone, Copy)]
 enum Gate {
-    Cards { want: u64, have: usize },
+    Cards { want: u64, have: u64 },
     MaxCores { want: u64, have: u64 },
     MaxMemory { want: u64, have: u64 },
     Slots { want: u64, free: u64 },
@@ -137,38 +137,73 @@ impl Gate {
     }
 }
 
+/// What the size gates of [`precheck`] read of a node: its schedulable GPUs' count, largest cores and
+/// memory, and free slots, cores and memory summed over them. A scheduler can keep it per node
+/// ([`gate_inputs`]) and reject nodes with [`size_gate`] without a placement attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GateInputs {
+    /// Schedulable GPUs.
+    pub schedulable: u64,
+    /// Largest cores of a schedulable GPU.
+    pub max_cores: u64,
+    /// Largest memory of a schedulable GPU, MiB.
+    pub max_memory_mib: u64,
+    /// Free slots, cores and memory (MiB) over schedulable GPUs.
+    pub avail: [u64; 3],
+}
+
+/// A node's [`GateInputs`] under its usage.
+pub fn gate_inputs(node: &NodeView<'_>) -> GateInputs {
+    let mut g = GateInputs::default();
+    for d in node.inventory.schedulable() {
+        let u = node.usage.device(d.index);
+        g.schedulable += 1;
+        g.max_cores = g.max_cores.max(d.cores);
+        g.max_memory_mib = g.max_memory_mib.max(d.memory_mib);
+        g.avail[0] += u64::from(d.split_count.saturating_sub(u.number));
+        g.avail[1] += d.cores.saturating_sub(u.cores);
+        g.avail[2] += d.memory_mib.saturating_sub(u.memory_mib);
+    }
+    g
+}
+
+/// The first size gate of [`precheck`] (cards, cores and memory per vGPU, free slots, cores and memory) that a
+/// resolved request fails on a node with these inputs; `None`: they pass (the include/exclude gates, which
+/// come after, are not looked at).
+pub fn size_gate(resolved: &ResolvedRequest, inputs: &GateInputs) -> Option<ReasonCode> {
+    failed_size_gate(resolved, inputs).map(Gate::code)
+}
+
+fn failed_size_gate(resolved: &ResolvedRequest, g: &GateInputs) -> Option<Gate> {
+    let (max, total) = (resolved.max, resolved.total);
+    if max.number > g.schedulable {
+        return Some(Gate::Cards { want: max.number, have: g.schedulable });
+    }
+    if max.cores > g.max_cores {
+        return Some(Gate::MaxCores { want: max.cores, have: g.max_cores });
+    }
+    if max.memory_mib > g.max_memory_mib {
+        return Some(Gate::MaxMemory { want: max.memory_mib, have: g.max_memory_mib });
+    }
+    if total.number > g.avail[0] {
+        return Some(Gate::Slots { want: total.number, free: g.avail[0] });
+    }
+    if total.cores > g.avail[1] {
+        return Some(Gate::Cores { want: total.cores, free: g.avail[1] });
+    }
+    if total.memory_mib > g.avail[2] {
+        return Some(Gate::Memory { want: total.memory_mib, free: g.avail[2] });
+    }
+    None
+}
+
 /// The first structural gate that fails, in the contract's order; computed without allocating.
 fn failed_gate(request: &PodRequest, resolved: &ResolvedRequest, node: &NodeView<'_>) -> Option<Gate> {
+    if let Some(gate) = failed_size_gate(resolved, &gate_inputs(node)) {
+        return Some(gate);
+    }
     let sched = || node.inventory.schedulable();
-    let (max, total) = (resolved.max, resolved.total);
-    let have = sched().count();
-    if max.number > have as u64 {
-        return Some(Gate::Cards { want: max.number, have });
-    }
-    let max_cores = sched().map(|d| d.cores).max().unwrap_or(0);
-    if max.cores > max_cores {
-        return Some(Gate::MaxCores { want: max.cores, have: max_cores });
-    }
-    let max_mem = sched().map(|d| d.memory_mib).max().unwrap_or(0);
-    if max.memory_mib > max_mem {
-        return Some(Gate::MaxMemory { want: max.memory_mib, have: max_mem });
-    }
-    let mut avail = [0u64; 3];
-    for d in sched() {
-        let u = node.usage.device(d.index);
-        avail[0] += u64::from(d.split_count.saturating_sub(u.number));
-        avail[1] += d.cores.saturating_sub(u.cores);
-        avail[2] += d.memory_mib.saturating_sub(u.memory_mib);
-    }
-    if total.number > avail[0] {
-        return Some(Gate::Slots { want: total.number, free: avail[0] });
-    }
-    if total.cores > avail[1] {
-        return Some(Gate::Cores { want: total.cores, free: avail[1] });
-    }
-    if total.memory_mib > avail[2] {
-        return Some(Gate::Memory { want: total.memory_mib, free: avail[2] });
-    }
+    let max = resolved.max;
     if !request.filter.uuids.is_unset() {
         let matching = sched().filter(|d| request.filter.uuids.admits(&d.uuid)).count();
         if (matching as u64) < max.number {
