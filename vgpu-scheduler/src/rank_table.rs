@@ -186,7 +186,7 @@ impl RankRow {
     fn read<T>(&self, read: impl Fn(&Self) -> T) -> T {
         loop {
             let before = self.seq.load(Acquire);
-            if before % 2 == 0 {
+            if before & 1 == 0 {
                 let value = read(self);
                 fence(Acquire);
                 if self.seq.load(Relaxed) == before {
