@@ -174,8 +174,8 @@ fn bench(c: &mut Criterion) {
         };
         reset();
         let first = rt.block_on(s.ext.filter(Some(&pod), s.names.clone()));
-        assert_eq!(first.node_names.len(), 1, "{label}: {first:?}");
-        assert_eq!(first.failed_nodes.len(), NODES - 1);
+        assert_eq!(first.node_names().len(), 1, "{label}: {first:?}");
+        assert_eq!(first.failed_nodes().len(), NODES - 1);
         // The candidate list is owned by the call (the server deserializes it); the copy is setup, not timed.
         let mut orders = shuffled_orders(&s.names, 16).into_iter().cycle();
         group.bench_function(format!("shuffled/{label}"), |b| {

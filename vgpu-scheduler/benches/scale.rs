@@ -180,7 +180,7 @@ fn bench(c: &mut Criterion) {
         .unwrap();
         reset();
         let first = rt.block_on(ext.filter(Some(&probe), candidates.to_vec()));
-        assert_eq!(first.node_names.len(), 1, "{label}: {:?}", first.error);
+        assert_eq!(first.node_names().len(), 1, "{label}: {:?}", first.error);
         group.bench_function(label, |b| {
             b.iter_batched(
                 reset,

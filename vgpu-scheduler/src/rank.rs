@@ -8,6 +8,7 @@ use vgpu_core::alloc::{Footprint, NodeScore, PodRequest, ReasonCode, ResolvedReq
 use vgpu_core::model::SchedulingPolicy;
 
 use crate::cache::{ClusterCache, DecodedNode, ResolveKey};
+use crate::names::CandidateNames;
 use crate::rank_table::{RankInputs, RowFitness, RowStatus};
 
 /// Resolved requests memoized by what `resolve` depends on (memory factor, uniform GPU memory).
@@ -75,7 +76,7 @@ pub fn score_inputs(
 pub fn rank_candidates<'a>(
     cache: &ClusterCache,
     request: &PodRequest,
-    names: &'a [String],
+    names: &'a CandidateNames,
     rows: &[u32],
     memo: &mut ResolveMemo,
     mut reject: impl FnMut(usize, ReasonCode),
@@ -117,7 +118,7 @@ pub fn rank_candidates<'a>(
                 memo.get(request, &d).total
             }
         };
-        ranked.push((pos, name.as_str(), score_inputs(request, &inputs, fitness, total)));
+        ranked.push((pos, name, score_inputs(request, &inputs, fitness, total)));
     }
     ranked
 }

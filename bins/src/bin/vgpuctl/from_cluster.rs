@@ -81,7 +81,7 @@ pub fn run(args: &FromClusterArgs) -> Result<String, String> {
         let pod = args.shape.pod(SIM_NAMESPACE, &name, &format!("{SIM_NAMESPACE}-{i:06}"), d);
         let pod = cluster.upsert_pod(pod);
         let r = rt.block_on(ext.filter(Some(&pod), candidates.clone()));
-        match r.node_names.first() {
+        match r.passed().next() {
             Some(node) => {
                 let b = rt.block_on(ext.bind(&pod.namespace, &pod.name, &pod.uid, node));
                 if b.error.is_empty() {
@@ -96,7 +96,7 @@ pub fn run(args: &FromClusterArgs) -> Result<String, String> {
             }
             None => {
                 let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-                for f in &r.failed_nodes {
+                for f in r.failed_nodes() {
                     *counts.entry(f.reason.to_string()).or_default() += 1;
                 }
                 let top = counts.iter().max_by_key(|(_, c)| **c).map(|(k, _)| k.clone()).unwrap_or_default();

@@ -269,11 +269,11 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
         let took = t.elapsed();
         stages.record_sched(sched);
         stages.record("filter", took);
-        let tried = r.failed_nodes.iter().filter(|f| f.code != ReasonCode::AlreadyScheduledElsewhere).count();
-        stages.record_count("nodes_tried", tried + r.node_names.len());
+        let tried = r.failed_nodes().filter(|f| f.code != ReasonCode::AlreadyScheduledElsewhere).count();
+        stages.record_count("nodes_tried", tried + r.passed().len());
         latencies.push(took.as_nanos() as u64);
         clock.advance(1_000_000);
-        if let Some(node) = r.node_names.first() {
+        if let Some(node) = r.passed().next() {
             let t = Instant::now();
             let b = rt.block_on(ext.bind(&pod.namespace, &pod.name, &pod.uid, node));
             stages.record("bind", t.elapsed());
@@ -286,7 +286,7 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
             *rejected.entry(r.error).or_default() += 1;
         } else {
             let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-            for f in &r.failed_nodes {
+            for f in r.failed_nodes() {
                 *counts.entry(f.reason.as_ref()).or_default() += 1;
             }
             let top =
