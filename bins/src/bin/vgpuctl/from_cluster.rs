@@ -81,11 +81,12 @@ pub fn run(args: &FromClusterArgs) -> Result<String, String> {
         let pod = args.shape.pod(SIM_NAMESPACE, &name, &format!("{SIM_NAMESPACE}-{i:06}"), d);
         let pod = cluster.upsert_pod(pod);
         let r = rt.block_on(ext.filter(Some(&pod), candidates.clone()));
-        match r.passed().next() {
+        let chosen = r.passed().next().map(str::to_owned);
+        match chosen {
             Some(node) => {
-                let b = rt.block_on(ext.bind(&pod.namespace, &pod.name, &pod.uid, node));
+                let b = rt.block_on(ext.bind(&pod.namespace, &pod.name, &pod.uid, &node));
                 if b.error.is_empty() {
-                    *placements.entry(node.clone()).or_default() += 1;
+                    *placements.entry(node).or_default() += 1;
                 } else {
                     *rejected.entry(format!("bind: {}", b.error)).or_default() += 1;
                 }
