@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde_json::json;
+use vgpu_scheduler::CandidateNames;
 
 use crate::pod_shape::PodShape;
 use crate::progress::Progress;
@@ -57,7 +58,9 @@ pub struct FromClusterArgs {
 pub fn run(args: &FromClusterArgs) -> Result<String, String> {
     let snap = Snapshot::load(args.kubeconfig.as_deref())?;
     let (rt, d, cluster, ext, cache) = (&snap.rt, &snap.domain, &snap.cluster, &snap.ext, &snap.cache);
-    let (total_nodes, total_pods, candidates) = (snap.total_nodes, snap.total_pods, &snap.candidates);
+    let (total_nodes, total_pods) = (snap.total_nodes, snap.total_pods);
+    // One buffer for every filter call (cloned per call as the server's request body would hand it over).
+    let candidates = &CandidateNames::from(&snap.candidates[..]);
     let snapshot = json!({
         "nodes": total_nodes,
         "vgpu_nodes": candidates.len(),
