@@ -55,7 +55,7 @@ pub fn candidate_bound(nodes: usize) -> usize {
 /// The candidates of a verb after [`candidate_bound`]'s rules (repeats collapsed, unknown names of an oversized
 /// list dropped), in request order, with their rank-table rows and the node generation those rows hold at
 /// ([`ClusterCache::node_generation`]).
-fn distinct_candidates(cache: &ClusterCache, names: CandidateNames) -> (CandidateNames, Vec<u32>, u64) {
+fn distinct_candidates(cache: &ClusterCache, mut names: CandidateNames) -> (CandidateNames, Vec<u32>, u64) {
     let (mut rows, generation) = cache.candidate_rows_at(&names);
     let oversized = names.len() > candidate_bound(cache.node_count());
     let keep: Vec<bool> = {
@@ -88,10 +88,9 @@ fn distinct_candidates(cache: &ClusterCache, names: CandidateNames) -> (Candidat
             "collapsed repeated candidate names{}",
             if oversized { " and dropped names the cache does not hold" } else { "" }
         );
-        let names = names.select(|i| keep.get(i).copied().unwrap_or(true));
+        names = names.select(|i| keep.get(i).copied().unwrap_or(true));
         let mut k = keep.iter();
         rows.retain(|_| k.next().copied().unwrap_or(true));
-        return (names, rows, generation);
     }
     (names, rows, generation)
 }
@@ -662,8 +661,8 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     ///
     /// The candidate names are moved into the answer (the chosen node and the rejected ones refer to them by
     /// position), so a call over thousands of nodes copies none of them and makes no `String` per node
-    /// ([`CandidateNames`]; a `Vec<String>` or a slice of names converts). Repeated names are collapsed and an oversized list is answered
-    /// for the cached nodes only ([`candidate_bound`]).
+    /// ([`CandidateNames`]; a `Vec<String>` or a slice of names converts). Repeated names are collapsed and an
+    /// oversized list is answered for the cached nodes only ([`candidate_bound`]).
     ///
     /// Filters of the same pod (by UID) run one after the other; a pod that already holds a valid placement
     /// (pending here from an earlier filter, or a pre-allocation in the pod's annotations) gets that node back

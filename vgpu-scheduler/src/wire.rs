@@ -670,6 +670,37 @@ mod tests {
     }
 
     #[test]
+    fn filter_result_reads_nodes_by_position() {
+        let mut a = FilterResult::default();
+        a.push_short("n0", ReasonCode::NodeCacheMiss);
+        a.push_passed("n1");
+        a.push_failed("n2", ReasonCode::InsufficientVgpuSlot, "detail".to_owned());
+        assert_eq!(a.node_names(), ["n1"]);
+        assert_eq!(a.passed().len(), 1);
+        assert_eq!(a.failure("n0"), Some("node missing from cache"));
+        assert_eq!(a.failure("n2"), Some("detail"));
+        assert_eq!(a.failure("n1"), None);
+        let failed: Vec<_> = a.failed_nodes().map(|f| (f.node, f.code)).collect();
+        assert_eq!(failed, [("n0", ReasonCode::NodeCacheMiss), ("n2", ReasonCode::InsufficientVgpuSlot)]);
+        // Equal by content, whatever order the names went into the buffer.
+        let mut b = FilterResult::default();
+        b.push_passed("n1");
+        b.push_short("n0", ReasonCode::NodeCacheMiss);
+        b.push_failed("n2", ReasonCode::InsufficientVgpuSlot, "detail");
+        assert_eq!(a, b);
+        b.push_passed("n3");
+        assert_ne!(a, b);
+        assert_eq!(
+            format!("{a:?}"),
+            r#"FilterResult { node_names: ["n1"], failed_nodes: [FailedNode { node: "n0", code: NodeCacheMiss, reason: "node missing from cache" }, FailedNode { node: "n2", code: InsufficientVgpuSlot, reason: "detail" }], error: "" }"#
+        );
+        let all = FilterResult::all_passed(["a", "b"].into());
+        assert_eq!(all.node_names(), ["a", "b"]);
+        assert_eq!(all.failed_nodes().len(), 0);
+        assert_eq!(FilterResult::failed_call("x").error, "x");
+    }
+
+    #[test]
     fn filter_error_carries_only_error() {
         let args = ExtenderArgs { node_names: Some(["n1"].into()), ..ExtenderArgs::default() };
         let r = FilterResult::failed_call("No schedulable nodes");
