@@ -26,7 +26,7 @@ use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::{DeviceTopology, GpuLinks, P2PLinkType};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::wire::{ExtenderArgs, ExtenderFilterResult};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, convert};
+use vgpu_scheduler::{CandidateNames, Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, convert};
 
 const NODES: usize = 5000;
 const PODS: usize = 20_000;
@@ -174,10 +174,16 @@ fn bench(c: &mut Criterion) {
         };
         reset();
         let first = rt.block_on(s.ext.filter(Some(&pod), s.names.clone()));
-        assert_eq!(first.node_names.len(), 1, "{label}: {first:?}");
-        assert_eq!(first.failed_nodes.len(), NODES - 1);
+        assert_eq!(first.node_names().len(), 1, "{label}: {first:?}");
+        assert_eq!(first.failed_nodes().len(), NODES - 1);
         // The candidate list is owned by the call (the server deserializes it); the copy is setup, not timed.
-        let mut orders = shuffled_orders(&s.names, 16).into_iter().cycle();
+        let mut orders = shuffled_orders(&s.names, 16)
+            .into_iter()
+            .map(CandidateNames::from)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .cycle();
+        let candidates = CandidateNames::from(&s.names[..]);
         group.bench_function(format!("shuffled/{label}"), |b| {
             b.iter_batched(
                 || {
@@ -192,7 +198,7 @@ fn bench(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     reset();
-                    s.names.clone()
+                    candidates.clone()
                 },
                 |names| black_box(rt.block_on(s.ext.filter(Some(&pod), names))),
                 BatchSize::PerIteration,

@@ -132,7 +132,7 @@ async fn pod_goes_from_filter_and_bind_to_allocate() {
         ..Pod::default()
     });
     let filtered = ext.filter(Some(&pod), vec![NODE.to_owned()]).await;
-    assert_eq!(filtered.node_names, [NODE], "{filtered:?}");
+    assert_eq!(filtered.node_names(), [NODE], "{filtered:?}");
     let bound = ext.bind("default", "trainer", &pod.uid, NODE).await;
     assert_eq!(bound.error, "");
     let scheduled = sched.pod("default", "trainer").unwrap();

@@ -20,6 +20,7 @@ use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig, PodDeviceClaim, TopologyMode};
 
 use crate::cluster::{Node, Pod, WatchEvent};
+use crate::names::CandidateNames;
 use crate::node_index::{NodeEntry, NodeIndex};
 use crate::prealloc::{self, Counting};
 use crate::rank_table::{FITNESS_LEN, RankTable, RowReader, RowRef};
@@ -369,13 +370,13 @@ impl ClusterCache {
     /// The rank-table row ids of a candidate list, per input position ([`NO_ROW`](crate::rank_table::NO_ROW) for a name the cache does not
     /// hold): one fingerprint lookup per name (module `node_index`). Ids only, no slot references: ranking
     /// reads rows, and a filter looks up the slots of the few nodes it tries.
-    pub fn candidate_rows(&self, names: &[String]) -> Vec<u32> {
+    pub fn candidate_rows(&self, names: &CandidateNames) -> Vec<u32> {
         self.candidate_rows_at(names).0
     }
 
     /// [`candidate_rows`](Self::candidate_rows) and the [`node_generation`](Self::node_generation) they were
     /// resolved at (under the same read lock).
-    pub fn candidate_rows_at(&self, names: &[String]) -> (Vec<u32>, u64) {
+    pub fn candidate_rows_at(&self, names: &CandidateNames) -> (Vec<u32>, u64) {
         let map = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         (map.rows_of(names), map.generation())
     }
@@ -856,7 +857,7 @@ mod tests {
             cache.upsert_node(&named(n));
         }
         let row_of = |n: &str| lock(&cache.node(n).unwrap()).row_id();
-        let list = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+        let list = |v: &[&str]| CandidateNames::from(v);
         assert_eq!(cache.candidate_rows(&list(&["a", "b", "x"])), [row_of("a"), row_of("b"), NO_ROW]);
         assert_eq!(cache.candidate_rows(&list(&["ab", "x", "b"])), [NO_ROW, NO_ROW, row_of("b")]);
         // A node update keeps its row.
@@ -920,7 +921,7 @@ mod tests {
         cache.upsert_node(&node(None));
         let g1 = cache.node_generation();
         assert_ne!(g1, g0, "a new node");
-        let names = vec!["n".to_owned(), "absent".to_owned()];
+        let names = CandidateNames::from(["n", "absent"]);
         let (rows, at) = cache.candidate_rows_at(&names);
         assert_eq!(at, g1);
         assert_ne!(rows[0], NO_ROW);

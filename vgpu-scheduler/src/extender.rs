@@ -21,6 +21,7 @@ use crate::cache::{ClusterCache, DecodedNode, NodeSlot, NodeState};
 use crate::clock::Clock;
 use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MemoryCluster, MetadataPatch, Pod};
 use crate::gang::GangPlacement;
+use crate::names::CandidateNames;
 use crate::pdb::{Budgets, PodDisruptionBudget};
 use crate::pod_lock::PodLocks;
 use crate::prealloc::{self, PREDICATE_TIME_DONE, phase};
@@ -55,7 +56,7 @@ pub fn candidate_bound(nodes: usize) -> usize {
 /// The candidates of a verb after [`candidate_bound`]'s rules (repeats collapsed, unknown names of an oversized
 /// list dropped), in request order, with their rank-table rows and the node generation those rows hold at
 /// ([`ClusterCache::node_generation`]).
-fn distinct_candidates(cache: &ClusterCache, mut names: Vec<String>) -> (Vec<String>, Vec<u32>, u64) {
+fn distinct_candidates(cache: &ClusterCache, mut names: CandidateNames) -> (CandidateNames, Vec<u32>, u64) {
     let (mut rows, generation) = cache.candidate_rows_at(&names);
     let oversized = names.len() > candidate_bound(cache.node_count());
     let keep: Vec<bool> = {
@@ -67,7 +68,7 @@ fn distinct_candidates(cache: &ClusterCache, mut names: Vec<String>) -> (Vec<Str
             .zip(&rows)
             .map(|(name, &row)| {
                 if row == NO_ROW {
-                    return !oversized && seen_unknown.insert(name.as_str());
+                    return !oversized && seen_unknown.insert(name);
                 }
                 let (word, bit) = ((row / 64) as usize, 1u64 << (row % 64));
                 if seen_rows.len() <= word {
@@ -88,8 +89,7 @@ fn distinct_candidates(cache: &ClusterCache, mut names: Vec<String>) -> (Vec<Str
             "collapsed repeated candidate names{}",
             if oversized { " and dropped names the cache does not hold" } else { "" }
         );
-        let mut k = keep.iter();
-        names.retain(|_| k.next().copied().unwrap_or(true));
+        names = names.select(|i| keep.get(i).copied().unwrap_or(true));
         let mut k = keep.iter();
         rows.retain(|_| k.next().copied().unwrap_or(true));
     }
@@ -270,52 +270,129 @@ pub enum ExtenderError {
     Cluster(#[from] ClusterError),
 }
 
-/// One rejected candidate node of a filter answer (an entry of `FailedNodes`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FailedNode {
+/// One rejected candidate node of a filter answer (an entry of `FailedNodes`), borrowed from its
+/// [`FilterResult`] ([`FilterResult::failed_nodes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailedNode<'a> {
     /// Node name.
-    pub node: String,
+    pub node: &'a str,
     /// Why it was rejected.
     pub code: ReasonCode,
     /// The `FailedNodes` text: the short phrase (live filter) or the detailed form (dry-run filter).
-    pub reason: Cow<'static, str>,
+    pub reason: &'a str,
 }
 
-impl FailedNode {
-    /// A rejection with the code's short phrase (the live filter's text).
-    pub fn short(node: impl Into<String>, code: ReasonCode) -> Self {
-        Self { node: node.into(), code, reason: Cow::Borrowed(code.phrase()) }
-    }
+/// A rejected candidate, by its position in [`FilterResult`]'s names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Failure {
+    /// Position in the result's candidate names.
+    pub(crate) pos: usize,
+    pub(crate) code: ReasonCode,
+    pub(crate) reason: Cow<'static, str>,
 }
 
 /// `ExtenderFilterResult`: passed node names, failed nodes (name → reason) and an error.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+///
+/// The names live once, in the call's [`CandidateNames`] (the request's list, moved in); passed and failed
+/// nodes refer to them by position, so an answer over 50,000 candidates holds no `String` per node
+/// ([`names`](crate::names) module docs). Read it with [`passed`](Self::passed) (or
+/// [`node_names`](Self::node_names)), [`failed_nodes`](Self::failed_nodes) and [`failure`](Self::failure);
+/// build one with [`push_passed`](Self::push_passed) and [`push_failed`](Self::push_failed).
+#[derive(Clone, Default)]
 pub struct FilterResult {
-    /// Nodes that passed (live: at most one).
-    pub node_names: Vec<String>,
+    pub(crate) names: CandidateNames,
+    /// Positions of the nodes that passed (live: at most one), in input order.
+    pub(crate) passed: Vec<usize>,
     /// Rejected nodes, in input order (live: short phrases; dry-run: detailed). A live filter that picked a node
     /// rejects every other candidate, most with [`ReasonCode::AlreadyScheduledElsewhere`].
-    pub failed_nodes: Vec<FailedNode>,
+    pub(crate) failed: Vec<Failure>,
     /// Whole-call error ("" on success).
     pub error: String,
 }
 
 impl FilterResult {
     /// The live answer from per-candidate outcomes: `None` passed, `Some(code)` rejected with its short phrase.
-    fn from_outcome(nodes: Vec<String>, outcome: &[Option<ReasonCode>]) -> Self {
-        let mut out = Self { failed_nodes: Vec::with_capacity(nodes.len()), ..Self::default() };
-        for (node, code) in nodes.into_iter().zip(outcome) {
+    fn from_outcome(names: CandidateNames, outcome: &[Option<ReasonCode>]) -> Self {
+        let mut out = Self { failed: Vec::with_capacity(names.len()), names, ..Self::default() };
+        for (pos, code) in outcome.iter().enumerate().take(out.names.len()) {
             match code {
-                None => out.node_names.push(node),
-                Some(c) => out.failed_nodes.push(FailedNode::short(node, *c)),
+                None => out.passed.push(pos),
+                Some(c) => out.failed.push(Failure { pos, code: *c, reason: Cow::Borrowed(c.phrase()) }),
             }
         }
         out
     }
 
+    /// Every candidate passed (a pod without vGPUs).
+    pub fn all_passed(names: CandidateNames) -> Self {
+        Self { passed: (0..names.len()).collect(), names, ..Self::default() }
+    }
+
+    /// A whole-call error.
+    pub fn failed_call(error: impl Into<String>) -> Self {
+        Self { error: error.into(), ..Self::default() }
+    }
+
+    /// Adds a node that passed.
+    pub fn push_passed(&mut self, node: &str) {
+        self.names.push(node);
+        self.passed.push(self.names.len() - 1);
+    }
+
+    /// Adds a rejected node with its `FailedNodes` text.
+    pub fn push_failed(&mut self, node: &str, code: ReasonCode, reason: impl Into<Cow<'static, str>>) {
+        self.names.push(node);
+        self.failed.push(Failure { pos: self.names.len() - 1, code, reason: reason.into() });
+    }
+
+    /// Adds a rejected node with the code's short phrase (the live filter's text).
+    pub fn push_short(&mut self, node: &str, code: ReasonCode) {
+        self.push_failed(node, code, code.phrase());
+    }
+
+    /// The nodes that passed, in input order (live: at most one).
+    pub fn passed(&self) -> impl ExactSizeIterator<Item = &str> + Clone + '_ {
+        self.passed.iter().map(|&p| self.names.get(p).unwrap_or_default())
+    }
+
+    /// [`passed`](Self::passed), collected.
+    pub fn node_names(&self) -> Vec<&str> {
+        self.passed().collect()
+    }
+
+    /// The rejected nodes, in input order.
+    pub fn failed_nodes(&self) -> impl ExactSizeIterator<Item = FailedNode<'_>> + Clone + '_ {
+        self.failed.iter().map(|f| FailedNode {
+            node: self.names.get(f.pos).unwrap_or_default(),
+            code: f.code,
+            reason: f.reason.as_ref(),
+        })
+    }
+
     /// The `FailedNodes` text of a node, if it was rejected.
     pub fn failure(&self, node: &str) -> Option<&str> {
-        self.failed_nodes.iter().find(|f| f.node == node).map(|f| f.reason.as_ref())
+        self.failed_nodes().find(|f| f.node == node).map(|f| f.reason)
+    }
+}
+
+impl PartialEq for FilterResult {
+    /// Same passed nodes, same failed nodes (name, code, text), same error, each in order.
+    fn eq(&self, other: &Self) -> bool {
+        self.error == other.error
+            && self.passed().eq(other.passed())
+            && self.failed_nodes().eq(other.failed_nodes())
+    }
+}
+
+impl Eq for FilterResult {}
+
+impl std::fmt::Debug for FilterResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FilterResult")
+            .field("node_names", &self.node_names())
+            .field("failed_nodes", &self.failed_nodes().collect::<Vec<_>>())
+            .field("error", &self.error)
+            .finish()
     }
 }
 
@@ -676,9 +753,10 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     /// bound pods only, and the follower replicas of the extender do not filter. If this process restarts
     /// between filter and bind, the bind finds no placement, fails, and kube-scheduler schedules the pod again.
     ///
-    /// The candidate names are moved into the answer (the chosen node and the rejected ones), so a call over
-    /// thousands of nodes copies none of them. Repeated names are collapsed and an oversized list is answered
-    /// for the cached nodes only ([`candidate_bound`]).
+    /// The candidate names are moved into the answer (the chosen node and the rejected ones refer to them by
+    /// position), so a call over thousands of nodes copies none of them and makes no `String` per node
+    /// ([`CandidateNames`]; a `Vec<String>` or a slice of names converts). Repeated names are collapsed and an
+    /// oversized list is answered for the cached nodes only ([`candidate_bound`]).
     ///
     /// Filters of the same pod (by UID) run one after the other; a pod that already holds a valid placement
     /// (pending here from an earlier filter, or a pre-allocation in the pod's annotations) gets that node back
@@ -686,20 +764,19 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     /// is on and the bind that follows finds a matching placement. If
     /// that node is not a candidate the call fails (`pod <uid> had been predicated`), as upstream does once its
     /// informer has seen the patch. Filters of different pods never wait on each other for this.
-    pub async fn filter(&self, pod: Option<&Pod>, nodes: Vec<String>) -> FilterResult {
+    pub async fn filter(&self, pod: Option<&Pod>, nodes: impl Into<CandidateNames>) -> FilterResult {
         let start = Instant::now();
-        let out = self.filter_inner(pod, nodes).await;
+        let out = self.filter_inner(pod, nodes.into()).await;
         self.stats.filter_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         match out {
             Ok(r) => {
-                let c =
-                    if r.node_names.is_empty() { &self.stats.filter_no_fit } else { &self.stats.filter_fit };
+                let c = if r.passed.is_empty() { &self.stats.filter_no_fit } else { &self.stats.filter_fit };
                 c.fetch_add(1, Ordering::Relaxed);
                 r
             }
             Err(e) => {
                 self.stats.filter_error.fetch_add(1, Ordering::Relaxed);
-                FilterResult { error: e.to_string(), ..FilterResult::default() }
+                FilterResult::failed_call(e.to_string())
             }
         }
     }
@@ -773,12 +850,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     async fn filter_inner(
         &self,
         pod: Option<&Pod>,
-        nodes: Vec<String>,
+        nodes: CandidateNames,
     ) -> Result<FilterResult, ExtenderError> {
         let (pod, request) = self.checked_request(pod).await?;
         let (nodes, rows, generation) = distinct_candidates(&self.cache, nodes);
         if request.is_empty() {
-            return Ok(FilterResult { node_names: nodes, ..FilterResult::default() });
+            return Ok(FilterResult::all_passed(nodes));
         }
         if nodes.is_empty() {
             return Err(ExtenderError::NoNodes);
@@ -806,7 +883,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             [cached.as_deref(), Some(&pod)].into_iter().flatten().find_map(|p| self.held_node(p, now))
         });
         if let Some(target) = held {
-            let Some(at) = nodes.iter().position(|n| *n == target) else {
+            let Some(at) = nodes.position(&target) else {
                 return Err(ExtenderError::AlreadyPredicated(pod.uid.clone()));
             };
             let mut outcome = vec![Some(ReasonCode::AlreadyScheduledElsewhere); nodes.len()];
@@ -873,12 +950,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let Some((pos, alloc)) = chosen else {
             let text = render_unavailable(
                 nodes.len(),
-                nodes.iter().zip(&outcome).filter_map(|(n, c)| c.map(|c| (n.as_str(), c))),
+                nodes.iter().zip(&outcome).filter_map(|(n, c)| c.map(|c| (n, c))),
             );
             self.event(&pod, EventType::Warning, "FilteringFailed", text).await;
             return Ok(FilterResult::from_outcome(nodes, &outcome));
         };
-        let node = nodes[pos].clone();
+        let node = nodes[pos].to_owned();
         let encoded = match pod_devices::encode(&alloc.claim) {
             Ok(e) => e,
             Err(e) => {
@@ -915,7 +992,8 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     /// The side-effect-free filter (`/scheduler/filter-dryrun`): every node evaluated, every feasible node
     /// returned in input order, detailed reasons, no lock, no reservation, no patch, no event. Candidates as
     /// in [`filter`](Self::filter) ([`candidate_bound`]).
-    pub fn filter_dry_run(&self, pod: Option<&Pod>, nodes: Vec<String>) -> FilterResult {
+    pub fn filter_dry_run(&self, pod: Option<&Pod>, nodes: impl Into<CandidateNames>) -> FilterResult {
+        let nodes = nodes.into();
         let run = || -> Result<FilterResult, ExtenderError> {
             let pod = pod.ok_or(ExtenderError::NoPod)?;
             if let Some(n) = pod.node_name.as_deref().filter(|n| !n.is_empty()) {
@@ -924,16 +1002,16 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             let request = self.request(pod)?;
             let (nodes, _, _) = distinct_candidates(&self.cache, nodes);
             if request.is_empty() {
-                return Ok(FilterResult { node_names: nodes, ..FilterResult::default() });
+                return Ok(FilterResult::all_passed(nodes));
             }
             if nodes.is_empty() {
                 return Err(ExtenderError::NoNodes);
             }
             let mut memo = ResolveMemo::default();
-            let mut out = FilterResult::default();
             let gang = self.gang_of(pod, &request);
-            let slots = self.cache.nodes(nodes.iter().map(String::as_str));
-            for (name, slot) in nodes.into_iter().zip(slots) {
+            let slots = self.cache.nodes(nodes.iter());
+            let mut out = FilterResult { names: nodes, ..FilterResult::default() };
+            for (pos, slot) in slots.into_iter().enumerate() {
                 let r = match slot {
                     None => Err(NodeFailure::new(ReasonCode::NodeCacheMiss)),
                     Some(slot) => {
@@ -941,26 +1019,28 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                     }
                 };
                 match r {
-                    Ok(()) => out.node_names.push(name),
-                    Err(f) => out.failed_nodes.push(FailedNode {
-                        node: name,
-                        code: f.code,
-                        reason: Cow::Owned(f.detailed()),
-                    }),
+                    Ok(()) => out.passed.push(pos),
+                    Err(f) => {
+                        out.failed.push(Failure { pos, code: f.code, reason: Cow::Owned(f.detailed()) })
+                    }
                 }
             }
             Ok(out)
         };
-        run().unwrap_or_else(|e| FilterResult { error: e.to_string(), ..FilterResult::default() })
+        run().unwrap_or_else(|e| FilterResult::failed_call(e.to_string()))
     }
 
     /// Prioritize: host priorities 0..=10 from the node-policy score (0 for nodes that cannot fit, are
     /// unknown, or for pods without vGPUs), one per distinct candidate ([`candidate_bound`]: repeats collapsed,
     /// unknown names of an oversized list left out). A pod whose vGPU limits are invalid (a bad quantity, too
     /// many GPUs) is an error, not a row of zeros.
-    pub fn prioritize(&self, pod: &Pod, nodes: Vec<String>) -> Result<Vec<HostPriority>, ExtenderError> {
+    pub fn prioritize(
+        &self,
+        pod: &Pod,
+        nodes: impl Into<CandidateNames>,
+    ) -> Result<Vec<HostPriority>, ExtenderError> {
         let request = self.request(pod)?;
-        let (nodes, rows, _) = distinct_candidates(&self.cache, nodes);
+        let (nodes, rows, _) = distinct_candidates(&self.cache, nodes.into());
         let mut scores = vec![0; nodes.len()];
         if !request.is_empty() {
             let mut memo = ResolveMemo::default();
@@ -970,7 +1050,11 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 scores[pos] = score.host_priority();
             }
         }
-        Ok(nodes.into_iter().zip(scores).map(|(host, score)| HostPriority { host, score }).collect())
+        Ok(nodes
+            .iter()
+            .zip(scores)
+            .map(|(host, score)| HostPriority { host: host.to_owned(), score })
+            .collect())
     }
 
     async fn mark_failed(&self, pod: &Pod, message: &str) {

@@ -62,7 +62,7 @@
 //!     ..Pod::default()
 //! });
 //! let filtered = rt.block_on(ext.filter(Some(&pod), vec!["n1".to_string()]));
-//! assert_eq!(filtered.node_names, ["n1"]);
+//! assert_eq!(filtered.node_names(), ["n1"]);
 //! // The filter reserved the GPU in the cache; the bind writes the pre-allocation and binds.
 //! let bound = rt.block_on(ext.bind("default", "p1", "u1", "n1"));
 //! assert_eq!(bound.error, "");
@@ -125,6 +125,7 @@ pub mod gang;
 pub mod kube_cluster;
 pub mod leader;
 pub mod metrics;
+pub mod names;
 mod node_index;
 pub mod pdb;
 mod pod_lock;
@@ -152,6 +153,7 @@ pub use extender::{
 pub use kube_cluster::KubeCluster;
 pub use leader::{LeaderConfig, LeaderConfigError, LeaderMode, LeaseTimings};
 pub use metrics::Metrics;
+pub use names::CandidateNames;
 pub use readiness::{Readiness, Role};
 pub use watch::{CacheDriver, WatchConfig};
 

@@ -231,7 +231,7 @@ impl PolicyLabels {
 pub fn filter_result_label(result: &FilterResult) -> &'static str {
     if !result.error.is_empty() {
         "error"
-    } else if result.node_names.is_empty() {
+    } else if result.passed().len() == 0 {
         "no_fit"
     } else {
         "fit"
@@ -509,7 +509,7 @@ impl Metrics {
     /// strict. Counts are summed per code first (a live filter rejects every candidate but one).
     pub fn filter_rejects(&self, verb: Verb, result: &FilterResult, topology_mode: &'static str) {
         let mut per_code: Vec<(ReasonCode, u64)> = Vec::new();
-        for f in &result.failed_nodes {
+        for f in result.failed_nodes() {
             match per_code.iter_mut().find(|(c, _)| *c == f.code) {
                 Some((_, n)) => *n += 1,
                 None => per_code.push((f.code, 1)),
@@ -579,7 +579,7 @@ impl ExtenderObserver for Metrics {
 mod tests {
     use super::*;
     use crate::cluster::ClusterError;
-    use crate::extender::{ExtenderError, FailedNode};
+    use crate::extender::ExtenderError;
 
     #[test]
     fn every_family_is_exposed_with_contract_names() {
@@ -590,14 +590,9 @@ mod tests {
         assert!(text.contains(r#"vgpu_scheduler_verb_total{verb="filter",result="fit"} 0"#), "{text}");
         m.verb(Verb::Bind, "success", Duration::ZERO);
         m.filter_rejects(Verb::Filter, &FilterResult::default(), "none");
-        m.filter_rejects(
-            Verb::Filter,
-            &FilterResult {
-                failed_nodes: vec![FailedNode::short("n", ReasonCode::DeviceUnhealthy)],
-                ..Default::default()
-            },
-            "none",
-        );
+        let mut unhealthy = FilterResult::default();
+        unhealthy.push_short("n", ReasonCode::DeviceUnhealthy);
+        m.filter_rejects(Verb::Filter, &unhealthy, "none");
         m.topology_placement("link", "nvlink");
         m.pod_policy(PolicyLabels { node_policy: "none", device_policy: "none", topology_mode: "none" });
         let text = m.encode().unwrap();
@@ -624,14 +619,10 @@ mod tests {
         let m = Metrics::new();
         m.verb(Verb::Filter, "fit", Duration::from_micros(150));
         m.filter_stage(FilterStage::LockWait, Duration::from_millis(2));
-        let r = FilterResult {
-            failed_nodes: vec![
-                FailedNode::short("a", ReasonCode::InsufficientVgpuSlot),
-                FailedNode::short("b", ReasonCode::LinkTopologyUnsatisfied),
-                FailedNode::short("c", ReasonCode::InsufficientVgpuSlot),
-            ],
-            ..FilterResult::default()
-        };
+        let mut r = FilterResult::default();
+        r.push_short("a", ReasonCode::InsufficientVgpuSlot);
+        r.push_short("b", ReasonCode::LinkTopologyUnsatisfied);
+        r.push_short("c", ReasonCode::InsufficientVgpuSlot);
         m.filter_rejects(Verb::Filter, &r, "link-strict");
         m.preempt_victims_added(3);
         let text = m.encode().unwrap();

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 use crate::cache::NodeSlot;
+use crate::names::CandidateNames;
 use crate::rank_table::NO_ROW;
 
 /// A node of the index: its slot and its rank-table row.
@@ -102,7 +103,7 @@ impl NodeIndex {
 
     /// [`row_of`](Self::row_of) of every name, in order. Two passes: every fingerprint first, then the probes,
     /// whose loop is short enough for the processor to keep several of their cache misses in flight at once.
-    pub(crate) fn rows_of(&self, names: &[String]) -> Vec<u32> {
+    pub(crate) fn rows_of(&self, names: &CandidateNames) -> Vec<u32> {
         let prints: Vec<(u64, u32)> = names.iter().map(|n| self.prints.of(n)).collect();
         let mut rows: Vec<u32> = prints
             .iter()
@@ -113,7 +114,7 @@ impl NodeIndex {
             .collect();
         for (row, name) in rows.iter_mut().zip(names) {
             if *row == NO_ROW {
-                *row = self.by_name.get(name.as_str()).map_or(NO_ROW, |e| e.row);
+                *row = self.by_name.get(name).map_or(NO_ROW, |e| e.row);
             }
         }
         rows
@@ -195,7 +196,7 @@ mod tests {
                 }
                 let all: Vec<String> = (0..12u8).rev().map(|k| format!("node-{k}")).collect();
                 let want: Vec<u32> = all.iter().map(|n| model.get(n).copied().unwrap_or(NO_ROW)).collect();
-                prop_assert_eq!(index.rows_of(&all), want);
+                prop_assert_eq!(index.rows_of(&CandidateNames::from(&all[..])), want);
                 prop_assert_eq!(index.iter().count(), model.len());
                 prop_assert_eq!(index.len(), model.len());
             }

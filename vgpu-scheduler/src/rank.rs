@@ -8,6 +8,7 @@ use vgpu_core::alloc::{Footprint, NodeScore, PodRequest, ReasonCode, ResolvedReq
 use vgpu_core::model::SchedulingPolicy;
 
 use crate::cache::{ClusterCache, DecodedNode, ResolveKey};
+use crate::names::CandidateNames;
 use crate::rank_table::{RankInputs, RowFitness, RowStatus};
 
 /// Resolved requests memoized by what `resolve` depends on (memory factor, uniform GPU memory).
@@ -82,7 +83,7 @@ pub fn score_inputs(
 pub fn rank_candidates<'a>(
     cache: &ClusterCache,
     request: &PodRequest,
-    names: &'a [String],
+    names: &'a CandidateNames,
     rows: &[u32],
     memo: &mut ResolveMemo,
     pod_uid: Option<&str>,
@@ -140,7 +141,7 @@ pub fn rank_candidates<'a>(
             RowFitness::Known(f) => Some(f),
             RowFitness::Unknown => cache.fill_fitness(name, mode, need),
         };
-        ranked.push((pos, name.as_str(), score_inputs(request, &inputs, fitness, total)));
+        ranked.push((pos, name, score_inputs(request, &inputs, fitness, total)));
     }
     ranked
 }
@@ -165,14 +166,35 @@ fn rank_cmp(policy: SchedulingPolicy, a: &Ranked<'_>, b: &Ranked<'_>) -> Orderin
 /// differ, either both bytes are the names' own, or the shorter name is a prefix of the longer one, whose
 /// byte there is not zero.
 fn name_cmp(a: &str, b: &str) -> Ordering {
-    fn padded(s: &[u8]) -> Option<u128> {
-        let mut buf = [0u8; 16];
-        buf.get_mut(..s.len())?.copy_from_slice(s);
-        Some(u128::from_be_bytes(buf))
-    }
-    match (padded(a.as_bytes()), padded(b.as_bytes())) {
+    padded_cmp(padded(a.as_bytes()), a, padded(b.as_bytes()), b)
+}
+
+/// [`name_cmp`] with the padded forms of the names given ([`padded`] of each).
+fn padded_cmp(pa: Option<u128>, a: &str, pb: Option<u128>, b: &str) -> Ordering {
+    match (pa, pb) {
         (Some(x), Some(y)) => x.cmp(&y).then_with(|| a.len().cmp(&b.len())),
         _ => a.cmp(b),
+    }
+}
+
+/// A name of up to 16 bytes zero-padded to 16 bytes, as a big-endian integer (`None` when longer). Fixed-size
+/// loads only (a variable-length copy into a buffer was a `memcpy` call per name): a name of 8 bytes or more
+/// is its first 8 bytes and its last 8 bytes shifted left over the bytes they share.
+fn padded(s: &[u8]) -> Option<u128> {
+    let n = s.len();
+    let word = |b: &[u8]| -> Option<u64> { Some(u64::from_be_bytes(b.try_into().ok()?)) };
+    if n > 16 {
+        None
+    } else if n >= 8 {
+        let hi = word(s.get(..8)?)?;
+        let lo = word(s.get(n - 8..)?)?.checked_shl(8 * (16 - n) as u32).unwrap_or(0);
+        Some((u128::from(hi) << 64) | u128::from(lo))
+    } else {
+        let mut buf = [0u8; 8];
+        for (d, b) in buf.iter_mut().zip(s) {
+            *d = *b;
+        }
+        Some(u128::from(u64::from_be_bytes(buf)) << 64)
     }
 }
 
@@ -218,15 +240,27 @@ impl<'a> Iterator for Ranking<'a> {
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.ordered == 0 && !self.entries.is_empty() {
-            // The first pick, usually the only one: one linear scan for the best entry.
+            // The first pick, usually the only one: one linear scan for the best entry, the padded name of the
+            // best so far kept (`rank_cmp` against it, each name padded once).
             let policy = self.policy;
-            let best = (1..self.entries.len()).fold(0, |best, i| {
-                if rank_cmp(policy, &self.entries[i], &self.entries[best]) == Ordering::Less {
-                    i
-                } else {
-                    best
+            let mut best = 0;
+            let mut best_pad = self.entries.first().and_then(|e| padded(e.1.as_bytes()));
+            for (i, a) in self.entries.iter().enumerate().skip(1) {
+                let Some(b) = self.entries.get(best) else { break };
+                let mut pad = None;
+                let ord = b.2.fitness.cmp(&a.2.fitness).then_with(|| match policy {
+                    SchedulingPolicy::None => a.0.cmp(&b.0),
+                    _ => b.2.score.total_cmp(&a.2.score).then_with(|| {
+                        let pa = padded(a.1.as_bytes());
+                        pad = Some(pa);
+                        padded_cmp(pa, a.1, best_pad, b.1).then_with(|| a.0.cmp(&b.0))
+                    }),
+                });
+                if ord == Ordering::Less {
+                    best = i;
+                    best_pad = pad.unwrap_or_else(|| padded(a.1.as_bytes()));
                 }
-            });
+            }
             self.entries.swap(0, best);
             self.ordered = 1;
         } else if self.next == self.ordered && self.ordered < self.entries.len() {
@@ -267,6 +301,17 @@ mod tests {
     }
 
     proptest! {
+        /// The padded form is the name's bytes zero-padded to 16, for every length up to 16.
+        #[test]
+        fn padded_is_zero_padding(s in proptest::collection::vec(any::<u8>(), 0..20)) {
+            let want = (s.len() <= 16).then(|| {
+                let mut buf = [0u8; 16];
+                buf[..s.len()].copy_from_slice(&s);
+                u128::from_be_bytes(buf)
+            });
+            prop_assert_eq!(padded(&s), want);
+        }
+
         /// The short-name comparison is the string order.
         #[test]
         fn name_cmp_is_str_cmp(a in "[a-c\\x00.-]{0,20}", b in "[a-c\\x00.-]{0,20}") {
@@ -286,7 +331,10 @@ mod tests {
                 Just(SchedulingPolicy::None),
             ],
         ) {
-            let names: Vec<String> = (0..7).map(|i| format!("node-{i}")).collect();
+            let names: Vec<String> = (0..7)
+                .map(|i| format!("node-{i}"))
+                .chain(["n", "node-", "node-1-long-name-x", "node-1-long-name-y", "node-10", "node-1\0"].map(String::from))
+                .collect();
             let e = entries(&raw, &names);
             let mut sorted = e.clone();
             sort_ranked(policy, &mut sorted);

@@ -578,7 +578,7 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
                 {
                     self.metrics.pod_policy(policy);
                     let mode = policy.topology_mode.parse::<TopologyMode>().unwrap_or_default();
-                    if let (Some(node), true) = (result.node_names.first(), result.node_names.len() == 1) {
+                    if let (Some(node), 1) = (result.passed().next(), result.passed().len()) {
                         self.record_placement(pod, node, mode);
                     }
                 }

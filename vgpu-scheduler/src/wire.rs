@@ -28,6 +28,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::extender::{BindResult, FilterResult, PreemptResult};
+use crate::names::CandidateNames;
 
 /// `MinExtenderPriority`: the lowest prioritize score.
 pub const MIN_EXTENDER_PRIORITY: i64 = 0;
@@ -97,15 +98,16 @@ pub struct ExtenderArgs {
     /// `Nodes`: candidate nodes (only when the extender is not `nodeCacheCapable`).
     #[serde(rename = "Nodes", alias = "nodes", default)]
     pub nodes: Option<NodeList>,
-    /// `NodeNames`: candidate node names (only when the extender is `nodeCacheCapable`).
+    /// `NodeNames`: candidate node names (only when the extender is `nodeCacheCapable`), decoded into one
+    /// buffer ([`CandidateNames`]).
     #[serde(rename = "NodeNames", alias = "nodenames", default)]
-    pub node_names: Option<Vec<String>>,
+    pub node_names: Option<CandidateNames>,
 }
 
 impl ExtenderArgs {
     /// [`candidate_names`](Self::candidate_names) without copying `NodeNames`: the list is moved out and an empty
     /// one left in its place, so the answer's form ([`ExtenderFilterResult::from_result`]) is unchanged.
-    pub fn take_candidate_names(&mut self) -> Result<Vec<String>, WireError> {
+    pub fn take_candidate_names(&mut self) -> Result<CandidateNames, WireError> {
         match &mut self.node_names {
             Some(names) => Ok(std::mem::take(names)),
             None => self.candidate_names(),
@@ -113,61 +115,97 @@ impl ExtenderArgs {
     }
 
     /// The candidate node names: `NodeNames` when sent, else the names of `Nodes.items`, else none.
-    pub fn candidate_names(&self) -> Result<Vec<String>, WireError> {
+    pub fn candidate_names(&self) -> Result<CandidateNames, WireError> {
         if let Some(names) = &self.node_names {
             return Ok(names.clone());
         }
-        let Some(list) = &self.nodes else { return Ok(Vec::new()) };
-        list.items
-            .iter()
-            .enumerate()
-            .map(|(index, n)| {
-                n.metadata.name.clone().filter(|s| !s.is_empty()).ok_or(WireError::UnnamedNode { index })
-            })
-            .collect()
+        let mut out = CandidateNames::new();
+        let Some(list) = &self.nodes else { return Ok(out) };
+        for (index, n) in list.items.iter().enumerate() {
+            match n.metadata.name.as_deref().filter(|s| !s.is_empty()) {
+                Some(name) => out.push(name),
+                None => return Err(WireError::UnnamedNode { index }),
+            }
+        }
+        Ok(out)
     }
 }
 
 /// A Go `map[string]string` of node name → reason (`FailedNodes`), kept as a list in the order the entries were
 /// produced: it is written as a JSON object without building a map, which matters for a live filter answer that
-/// rejects thousands of nodes. Reading accepts an object or `null`; a repeated key keeps its last value, as Go's
-/// decoder does.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeReasons(pub Vec<(String, Cow<'static, str>)>);
+/// rejects thousands of nodes. The names are positions in one [`CandidateNames`] (for a filter answer, the
+/// request's own list, moved in: no `String` per node). Reading accepts an object or `null`; a repeated key
+/// keeps its last value, as Go's decoder does.
+#[derive(Clone, Default)]
+pub struct NodeReasons {
+    names: CandidateNames,
+    /// Position in `names`, reason.
+    entries: Vec<(usize, Cow<'static, str>)>,
+}
 
 impl NodeReasons {
+    /// Entries by position in `names` (each position valid, as [`FilterResult`]'s are).
+    pub(crate) fn at_positions(names: CandidateNames, entries: Vec<(usize, Cow<'static, str>)>) -> Self {
+        Self { names, entries }
+    }
+
+    /// Appends a node and its reason (the caller keeps nodes distinct).
+    pub fn push(&mut self, node: &str, reason: impl Into<Cow<'static, str>>) {
+        self.names.push(node);
+        self.entries.push((self.names.len() - 1, reason.into()));
+    }
+
     /// The reason of a node, if listed.
     pub fn get(&self, node: &str) -> Option<&str> {
-        self.0.iter().find(|(n, _)| n == node).map(|(_, r)| r.as_ref())
+        self.iter().find(|(n, _)| *n == node).map(|(_, r)| r)
     }
 
     /// Number of nodes listed.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.entries.len()
     }
 
     /// Whether no node is listed.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.entries.is_empty()
     }
 
     /// `(node, reason)` pairs in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(n, r)| (n.as_str(), r.as_ref()))
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &str)> + Clone + '_ {
+        self.entries.iter().map(|(p, r)| (self.names.get(*p).unwrap_or_default(), r.as_ref()))
     }
 }
 
-impl<N: Into<String>, R: Into<Cow<'static, str>>> FromIterator<(N, R)> for NodeReasons {
+impl PartialEq for NodeReasons {
+    /// The same `(node, reason)` pairs in the same order.
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for NodeReasons {}
+
+impl fmt::Debug for NodeReasons {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl<N: AsRef<str>, R: Into<Cow<'static, str>>> FromIterator<(N, R)> for NodeReasons {
     fn from_iter<I: IntoIterator<Item = (N, R)>>(iter: I) -> Self {
-        Self(iter.into_iter().map(|(n, r)| (n.into(), r.into())).collect())
+        let mut out = Self::default();
+        for (n, r) in iter {
+            out.push(n.as_ref(), r);
+        }
+        out
     }
 }
 
 impl Serialize for NodeReasons {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (node, reason) in &self.0 {
-            map.serialize_entry(node, reason.as_ref())?;
+        let mut map = serializer.serialize_map(Some(self.len()))?;
+        for (node, reason) in self.iter() {
+            map.serialize_entry(node, reason)?;
         }
         map.end()
     }
@@ -196,20 +234,19 @@ impl<'de> Deserialize<'de> for NodeReasons {
             }
 
             fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-                let mut out: Vec<(String, Cow<'static, str>)> =
-                    Vec::with_capacity(access.size_hint().unwrap_or(0));
+                let mut out = NodeReasons::default();
                 let mut seen: BTreeMap<String, usize> = BTreeMap::new();
                 while let Some((node, reason)) = access.next_entry::<String, Option<String>>()? {
                     let reason = Cow::Owned(reason.unwrap_or_default());
                     match seen.get(&node) {
-                        Some(&i) => out[i].1 = reason,
+                        Some(&i) => out.entries[i].1 = reason,
                         None => {
-                            seen.insert(node.clone(), out.len());
-                            out.push((node, reason));
+                            seen.insert(node.clone(), out.entries.len());
+                            out.push(&node, reason);
                         }
                     }
                 }
-                Ok(NodeReasons(out))
+                Ok(out)
             }
         }
         deserializer.deserialize_option(ReasonsVisitor)
@@ -224,7 +261,7 @@ pub struct ExtenderFilterResult {
     pub nodes: Option<NodeList>,
     /// `NodeNames`: passed node names, when the request sent `NodeNames`.
     #[serde(rename = "NodeNames", alias = "nodenames", default)]
-    pub node_names: Option<Vec<String>>,
+    pub node_names: Option<CandidateNames>,
     /// `FailedNodes`: node → reason.
     #[serde(rename = "FailedNodes", alias = "failednodes", default)]
     pub failed_nodes: NodeReasons,
@@ -243,6 +280,12 @@ fn needs_no_escape(s: &str) -> bool {
     s.bytes().fold(true, |plain, b| plain & (b >= 0x20) & (b != b'"') & (b != b'\\'))
 }
 
+/// Whether two strings are equal, comparing the pointers first (the live filter's reasons are the same
+/// `&'static` phrase over and over).
+fn same_str(a: &str, b: &str) -> bool {
+    (a.as_ptr() == b.as_ptr() && a.len() == b.len()) || a == b
+}
+
 /// Appends `s` as a JSON string, as serde_json writes it.
 fn write_json_str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Error> {
     if needs_no_escape(s) {
@@ -256,22 +299,35 @@ fn write_json_str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Error> {
     }
 }
 
+/// Appends `name` as a JSON string, as serde_json writes it; `plain`: every name of its list is known to need
+/// no escape (one [`needs_no_escape`] over the list's whole text).
+fn write_name(out: &mut Vec<u8>, name: &str, plain: bool) -> Result<(), serde_json::Error> {
+    if plain {
+        out.push(b'"');
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'"');
+        Ok(())
+    } else {
+        write_json_str(out, name)
+    }
+}
+
 impl NodeReasons {
     /// Appends the JSON object of these reasons, as serde_json writes it.
     fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         out.push(b'{');
+        let plain = needs_no_escape(self.names.text());
         // The live filter gives most nodes the same phrase: a reason equal to the previous one is copied from
         // the previous one's output.
         let mut last: Option<(&str, std::ops::Range<usize>)> = None;
-        for (i, (node, reason)) in self.0.iter().enumerate() {
+        for (i, (node, reason)) in self.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
-            write_json_str(out, node)?;
+            write_name(out, node, plain)?;
             out.push(b':');
-            let reason = reason.as_ref();
             match &last {
-                Some((prev, range)) if *prev == reason => out.extend_from_within(range.clone()),
+                Some((prev, range)) if same_str(prev, reason) => out.extend_from_within(range.clone()),
                 _ => {
                     let start = out.len();
                     write_json_str(out, reason)?;
@@ -288,11 +344,11 @@ impl ExtenderFilterResult {
     /// The answer's JSON: exactly the bytes of `serde_json::to_vec(self)`, written faster for the live
     /// filter's long `FailedNodes` (module docs).
     pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
-        let names = self.node_names.as_deref().unwrap_or_default();
+        let names_len = self.node_names.as_ref().map_or(0, |n| n.text().len() + 3 * n.len());
         let estimate = 128
             + self.error.len()
-            + names.iter().map(|n| n.len() + 3).sum::<usize>()
-            + self.failed_nodes.0.iter().map(|(n, r)| n.len() + r.len() + 6).sum::<usize>();
+            + names_len
+            + self.failed_nodes.iter().map(|(n, r)| n.len() + r.len() + 6).sum::<usize>();
         let mut out = Vec::with_capacity(estimate);
         out.extend_from_slice(b"{\"Nodes\":");
         serde_json::to_writer(&mut out, &self.nodes)?;
@@ -300,12 +356,13 @@ impl ExtenderFilterResult {
         match &self.node_names {
             None => out.extend_from_slice(b"null"),
             Some(names) => {
+                let plain = needs_no_escape(names.text());
                 out.push(b'[');
                 for (i, n) in names.iter().enumerate() {
                     if i > 0 {
                         out.push(b',');
                     }
-                    write_json_str(&mut out, n)?;
+                    write_name(&mut out, n, plain)?;
                 }
                 out.push(b']');
             }
@@ -332,12 +389,14 @@ impl ExtenderFilterResult {
         if !result.error.is_empty() {
             return Self::error(result.error);
         }
-        let failed_nodes = NodeReasons(result.failed_nodes.into_iter().map(|f| (f.node, f.reason)).collect());
+        let passed_names: CandidateNames = result.passed().collect();
+        let failed = result.failed.into_iter().map(|f| (f.pos, f.reason)).collect();
+        let failed_nodes = NodeReasons::at_positions(result.names, failed);
         let mut out = Self { failed_nodes, ..Self::default() };
         match (&args.node_names, &args.nodes) {
             (None, Some(list)) => {
                 // Each passed node once, even if the request repeated its object.
-                let mut passed: BTreeSet<&str> = result.node_names.iter().map(String::as_str).collect();
+                let mut passed: BTreeSet<&str> = passed_names.iter().collect();
                 let items = list
                     .items
                     .iter()
@@ -346,7 +405,7 @@ impl ExtenderFilterResult {
                     .collect();
                 out.nodes = Some(NodeList { metadata: ListMeta::default(), items, ..NodeList::default() });
             }
-            _ => out.node_names = Some(result.node_names),
+            _ => out.node_names = Some(passed_names),
         }
         out
     }
@@ -540,7 +599,6 @@ impl ExtenderPreemptionResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::extender::FailedNode;
     use serde_json::json;
     use vgpu_core::alloc::ReasonCode;
 
@@ -560,11 +618,9 @@ mod tests {
         .unwrap();
         assert_eq!(args.pod.as_ref().unwrap().metadata.uid.as_deref(), Some("u"));
         assert_eq!(args.candidate_names().unwrap(), ["n1", "n2"]);
-        let r = FilterResult {
-            node_names: vec!["n2".into()],
-            failed_nodes: vec![FailedNode::short("n1", ReasonCode::InsufficientVgpuSlot)],
-            error: String::new(),
-        };
+        let mut r = FilterResult::default();
+        r.push_short("n1", ReasonCode::InsufficientVgpuSlot);
+        r.push_passed("n2");
         let out = serde_json::to_value(ExtenderFilterResult::from_result(&args, r)).unwrap();
         assert_eq!(
             out,
@@ -587,7 +643,8 @@ mod tests {
         .unwrap();
         assert_eq!(args.node_names, None);
         assert_eq!(args.candidate_names().unwrap(), ["a", "b"]);
-        let r = FilterResult { node_names: vec!["b".into()], ..FilterResult::default() };
+        let mut r = FilterResult::default();
+        r.push_passed("b");
         let out = ExtenderFilterResult::from_result(&args, r);
         assert_eq!(out.node_names, None);
         assert_eq!(out.nodes.as_ref().unwrap().items, [node("b")]);
@@ -613,9 +670,40 @@ mod tests {
     }
 
     #[test]
+    fn filter_result_reads_nodes_by_position() {
+        let mut a = FilterResult::default();
+        a.push_short("n0", ReasonCode::NodeCacheMiss);
+        a.push_passed("n1");
+        a.push_failed("n2", ReasonCode::InsufficientVgpuSlot, "detail".to_owned());
+        assert_eq!(a.node_names(), ["n1"]);
+        assert_eq!(a.passed().len(), 1);
+        assert_eq!(a.failure("n0"), Some("node missing from cache"));
+        assert_eq!(a.failure("n2"), Some("detail"));
+        assert_eq!(a.failure("n1"), None);
+        let failed: Vec<_> = a.failed_nodes().map(|f| (f.node, f.code)).collect();
+        assert_eq!(failed, [("n0", ReasonCode::NodeCacheMiss), ("n2", ReasonCode::InsufficientVgpuSlot)]);
+        // Equal by content, whatever order the names went into the buffer.
+        let mut b = FilterResult::default();
+        b.push_passed("n1");
+        b.push_short("n0", ReasonCode::NodeCacheMiss);
+        b.push_failed("n2", ReasonCode::InsufficientVgpuSlot, "detail");
+        assert_eq!(a, b);
+        b.push_passed("n3");
+        assert_ne!(a, b);
+        assert_eq!(
+            format!("{a:?}"),
+            r#"FilterResult { node_names: ["n1"], failed_nodes: [FailedNode { node: "n0", code: NodeCacheMiss, reason: "node missing from cache" }, FailedNode { node: "n2", code: InsufficientVgpuSlot, reason: "detail" }], error: "" }"#
+        );
+        let all = FilterResult::all_passed(["a", "b"].into());
+        assert_eq!(all.node_names(), ["a", "b"]);
+        assert_eq!(all.failed_nodes().len(), 0);
+        assert_eq!(FilterResult::failed_call("x").error, "x");
+    }
+
+    #[test]
     fn filter_error_carries_only_error() {
-        let args = ExtenderArgs { node_names: Some(vec!["n1".into()]), ..ExtenderArgs::default() };
-        let r = FilterResult { error: "No schedulable nodes".into(), ..FilterResult::default() };
+        let args = ExtenderArgs { node_names: Some(["n1"].into()), ..ExtenderArgs::default() };
+        let r = FilterResult::failed_call("No schedulable nodes");
         assert_eq!(
             serde_json::to_value(ExtenderFilterResult::from_result(&args, r)).unwrap(),
             json!({"Nodes": null, "NodeNames": null, "FailedNodes": {}, "FailedAndUnresolvableNodes": null,
@@ -637,14 +725,31 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Any list of distinct nodes round-trips through JSON in order.
+        /// Any list of distinct nodes round-trips through JSON in order, and so does any `FilterResult`'s
+        /// answer: its passed and failed nodes read back as they were put in.
         #[test]
         fn node_reasons_round_trip(entries in proptest::collection::btree_map("[a-z0-9.-]{1,12}", ".{0,20}", 0..20)) {
             let mut v: Vec<(String, String)> = entries.into_iter().collect();
             v.reverse();
             let reasons: NodeReasons = v.iter().cloned().collect();
             let back: NodeReasons = serde_json::from_str(&serde_json::to_string(&reasons).unwrap()).unwrap();
-            proptest::prop_assert_eq!(back, reasons);
+            proptest::prop_assert_eq!(&back, &reasons);
+            proptest::prop_assert_eq!(back.iter().map(|(n, r)| (n.to_owned(), r.to_owned())).collect::<Vec<_>>(), v.clone());
+            // The same entries as a filter's rejections (every other node passed), through the answer.
+            let mut r = FilterResult::default();
+            for (i, (n, reason)) in v.iter().enumerate() {
+                r.push_failed(n, ReasonCode::NodeCacheMiss, reason.clone());
+                r.push_passed(&format!("passed-{i}"));
+            }
+            let args = ExtenderArgs { node_names: Some(CandidateNames::new()), ..ExtenderArgs::default() };
+            let out = ExtenderFilterResult::from_result(&args, r);
+            proptest::prop_assert_eq!(&out.failed_nodes, &reasons);
+            let passed: Vec<String> = (0..v.len()).map(|i| format!("passed-{i}")).collect();
+            proptest::prop_assert_eq!(out.node_names.as_ref().unwrap(), &passed);
+            let bytes = out.to_json().unwrap();
+            proptest::prop_assert_eq!(&bytes, &serde_json::to_vec(&out).unwrap());
+            let back: ExtenderFilterResult = serde_json::from_slice(&bytes).unwrap();
+            proptest::prop_assert_eq!(back, out);
         }
     }
 
@@ -669,7 +774,7 @@ mod tests {
                     items: names.iter().map(|n| node(n)).collect(),
                     ..NodeList::default()
                 }),
-                node_names,
+                node_names: node_names.map(CandidateNames::from),
                 failed_nodes: failed.into_iter().collect(),
                 failed_and_unresolvable_nodes: unresolvable,
                 error,
@@ -677,28 +782,51 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The fast writer writes exactly serde_json's bytes, whatever the strings hold.
+        /// The fast writer writes exactly serde_json's bytes, whatever the strings hold; and those are the bytes
+        /// of the same answer held as plain `Vec<String>` and `BTreeMap`-free pairs (what the types held
+        /// before the names moved into one buffer).
         #[test]
         fn to_json_is_serde_json(result in filter_result()) {
-            proptest::prop_assert_eq!(result.to_json().unwrap(), serde_json::to_vec(&result).unwrap());
+            let bytes = result.to_json().unwrap();
+            proptest::prop_assert_eq!(&bytes, &serde_json::to_vec(&result).unwrap());
+            let failed: Vec<(String, String)> =
+                result.failed_nodes.iter().map(|(n, r)| (n.to_owned(), r.to_owned())).collect();
+            let mut text = String::from("{");
+            for (i, (n, r)) in failed.iter().enumerate() {
+                if i > 0 {
+                    text.push(',');
+                }
+                text.push_str(&serde_json::to_string(n).unwrap());
+                text.push(':');
+                text.push_str(&serde_json::to_string(r).unwrap());
+            }
+            text.push('}');
+            let want = format!(
+                "{{\"Nodes\":{},\"NodeNames\":{},\"FailedNodes\":{text},\"FailedAndUnresolvableNodes\":{},\"Error\":{}}}",
+                serde_json::to_string(&result.nodes).unwrap(),
+                serde_json::to_string(&result.node_names.as_ref().map(CandidateNames::to_vec)).unwrap(),
+                serde_json::to_string(&result.failed_and_unresolvable_nodes).unwrap(),
+                serde_json::to_string(&result.error).unwrap(),
+            );
+            proptest::prop_assert_eq!(String::from_utf8(bytes).unwrap(), want);
         }
     }
 
     #[test]
     fn to_json_of_a_live_answer() {
-        let args = ExtenderArgs { node_names: Some(vec![]), ..ExtenderArgs::default() };
-        let r = FilterResult {
-            node_names: vec!["n1".into()],
-            failed_nodes: vec![
-                FailedNode::short("n0", ReasonCode::AlreadyScheduledElsewhere),
-                FailedNode::short("n2", ReasonCode::AlreadyScheduledElsewhere),
-                FailedNode::short("n\"3", ReasonCode::NodeCacheMiss),
-            ],
-            error: String::new(),
-        };
+        let args = ExtenderArgs { node_names: Some(CandidateNames::new()), ..ExtenderArgs::default() };
+        let mut r = FilterResult::default();
+        r.push_short("n0", ReasonCode::AlreadyScheduledElsewhere);
+        r.push_passed("n1");
+        r.push_short("n2", ReasonCode::AlreadyScheduledElsewhere);
+        r.push_short("n\"3", ReasonCode::NodeCacheMiss);
         let out = ExtenderFilterResult::from_result(&args, r);
         let bytes = out.to_json().unwrap();
         assert_eq!(bytes, serde_json::to_vec(&out).unwrap());
+        assert_eq!(
+            String::from_utf8(bytes.clone()).unwrap(),
+            r#"{"Nodes":null,"NodeNames":["n1"],"FailedNodes":{"n0":"pod already scheduled to another node","n2":"pod already scheduled to another node","n\"3":"node missing from cache"},"FailedAndUnresolvableNodes":null,"Error":""}"#
+        );
         let back: ExtenderFilterResult = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(back, out);
     }
@@ -710,7 +838,7 @@ mod tests {
             r#"{"NodeNames":["node1"],"FailedNodes":{"foo":"bar"},"FailedAndUnresolvableNodes":{"baz":"qux"},"Error":"myerror"}"#,
         )
         .unwrap();
-        assert_eq!(f.node_names.as_deref(), Some(&["node1".to_owned()][..]));
+        assert_eq!(f.node_names.clone().unwrap(), ["node1"]);
         assert_eq!(f.failed_nodes.get("foo"), Some("bar"));
         assert_eq!(f.failed_and_unresolvable_nodes.as_ref().unwrap()["baz"], "qux");
         assert_eq!(f.error, "myerror");
@@ -755,7 +883,7 @@ mod tests {
         assert_eq!(serde_json::to_string(&ExtenderBindingResult::default()).unwrap(), r#"{"Error":""}"#);
         let a: ExtenderArgs = serde_json::from_str(r#"{"pod":null,"nodenames":null,"Extra":1}"#).unwrap();
         assert_eq!(a, ExtenderArgs::default());
-        assert_eq!(a.candidate_names().unwrap(), Vec::<String>::new());
+        assert!(a.candidate_names().unwrap().is_empty());
         let e: ExtenderFilterResult = serde_json::from_str("{}").unwrap();
         assert_eq!(e, ExtenderFilterResult::default());
     }

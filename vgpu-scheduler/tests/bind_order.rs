@@ -111,7 +111,7 @@ impl Env {
         let pod = self.cluster.inner.upsert_pod(vgpu_pod(uid, 1, 10, 0, &[], &self.d));
         self.ext.cache().upsert_pod(pod.clone(), 1_000_000_000);
         let r = self.ext.filter(Some(&pod), vec!["n0".to_owned()]).await;
-        assert_eq!(r.node_names, ["n0"], "{r:?}");
+        assert_eq!(r.node_names(), ["n0"], "{r:?}");
         pod
     }
     fn bind(&self, pod: &Pod) -> tokio::task::JoinHandle<String> {

@@ -52,7 +52,7 @@ fn run(serialize: bool) {
                     );
                     let pod = cluster.upsert_pod(pod);
                     let r = ext.filter(Some(&pod), names.to_vec()).await;
-                    if let Some(node) = r.node_names.first() {
+                    if let Some(node) = r.passed().next() {
                         tokio::task::yield_now().await;
                         if ext.bind(&pod.namespace, &pod.name, &pod.uid, node).await.error.is_empty() {
                             placed += 1;

@@ -10,7 +10,7 @@ use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::extender::BindWrites;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::rank::{ResolveMemo, rank_candidates, sort_ranked};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, PodPhase};
+use vgpu_scheduler::{CandidateNames, Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, PodPhase};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 
@@ -74,9 +74,9 @@ fn filter_reserves_and_bind_writes_the_pre_allocation() {
     let pod = e.pod("u1", 1, 50, 4096, &binpack);
     let r = e.filter(&pod);
     assert_eq!(r.error, "");
-    assert_eq!(r.node_names, ["n0"], "binpack ties break by name");
-    assert_eq!(r.failed_nodes.len(), 2);
-    assert!(r.failed_nodes.iter().all(|f| f.reason == "pod already scheduled to another node"));
+    assert_eq!(r.node_names(), ["n0"], "binpack ties break by name");
+    assert_eq!(r.failed_nodes().len(), 2);
+    assert!(r.failed_nodes().all(|f| f.reason == "pod already scheduled to another node"));
     // The filter wrote nothing: the GPUs are held by the cache's reservation until the bind.
     let p = e.cluster.pod("default", "pod-u1").unwrap();
     assert_eq!(p, pod, "the filter does not patch the pod");
@@ -85,11 +85,11 @@ fn filter_reserves_and_bind_writes_the_pre_allocation() {
 
     // A second filter of the same pod short-circuits to its node, reserving nothing more.
     let again = e.filter(&p);
-    assert_eq!(again.node_names, ["n0"]);
+    assert_eq!(again.node_names(), ["n0"]);
     assert_eq!(e.used("n0"), (1, 50, 4096));
     // Another pod sees the reserved capacity as taken.
     let other = e.pod("u2", 1, 60, 0, &binpack);
-    assert_eq!(e.ext.filter_dry_run(Some(&other), vec!["n0".into()]).node_names, ["n0"], "GPU 1 is free");
+    assert_eq!(e.ext.filter_dry_run(Some(&other), vec!["n0"]).node_names(), ["n0"], "GPU 1 is free");
 
     e.clock.advance(1_000);
     assert_eq!(e.bind(&p, "n0"), "");
@@ -124,7 +124,7 @@ fn no_fit_reports_reasons_and_event_text() {
     let e = env(2, 1);
     let pod = e.pod("big", 2, 0, 0, &[]);
     let r = e.filter(&pod);
-    assert!(r.node_names.is_empty() && r.error.is_empty());
+    assert!(r.node_names().is_empty() && r.error.is_empty());
     assert_eq!(r.failure("n0").unwrap(), "Insufficient GPU cards");
     let ev = e.cluster.events().pop().unwrap();
     assert_eq!(ev.reason, "FilteringFailed");
@@ -133,7 +133,7 @@ fn no_fit_reports_reasons_and_event_text() {
     assert!(e.filter(&bad).error.contains("exceeding limit"), "{}", e.filter(&bad).error);
     assert_eq!(e.rt.block_on(e.ext.filter(None, e.names.clone())).error, "extenderArgs.Pod cannot be empty");
     let p = e.pod("x", 1, 0, 0, &[]);
-    assert_eq!(e.rt.block_on(e.ext.filter(Some(&p), Vec::new())).error, "No schedulable nodes");
+    assert_eq!(e.rt.block_on(e.ext.filter(Some(&p), CandidateNames::new())).error, "No schedulable nodes");
     let r = e.rt.block_on(e.ext.filter(Some(&p), vec!["ghost".to_string()]));
     assert_eq!(r.failure("ghost").unwrap(), "node missing from cache");
 }
@@ -144,10 +144,10 @@ fn patch_conflicts_are_retried_then_reservation_released() {
     let e = env_with(1, 1, config);
     e.cluster.fail_next_patches(2);
     let a = e.pod("a", 1, 50, 1024, &[]);
-    assert_eq!(e.filter(&a).node_names, ["n0"]);
+    assert_eq!(e.filter(&a).node_names(), ["n0"]);
     assert_eq!(e.bind(&a, "n0"), "", "two conflicts, third attempt wins");
     let b = e.pod("b", 1, 0, 1024, &[]);
-    assert_eq!(e.filter(&b).node_names, ["n0"]);
+    assert_eq!(e.filter(&b).node_names(), ["n0"]);
     e.cluster.fail_next_patches(3);
     let err = e.bind(&b, "n0");
     assert!(err.starts_with("failed to patch pod default/pod-b: conflict"), "{err}");
@@ -162,7 +162,7 @@ fn patch_conflicts_are_retried_then_reservation_released() {
 fn bind_checks_node_and_expiry_and_failure_cleans_up() {
     let e = env(2, 1);
     let a = e.pod("a", 1, 10, 0, &[]);
-    assert_eq!(e.filter(&a).node_names, ["n0"]);
+    assert_eq!(e.filter(&a).node_names(), ["n0"]);
     let a = e.cluster.pod("default", "pod-a").unwrap();
     assert_eq!(e.bind(&a, "n1"), "predicate node \"n0\" does not match the bound node \"n1\"");
     let a = e.cluster.pod("default", "pod-a").unwrap();
@@ -179,7 +179,7 @@ fn bind_checks_node_and_expiry_and_failure_cleans_up() {
 
     // Expired: unschedulable after the predicate, past the grace period.
     let b = e.pod("b", 1, 10, 0, &[]);
-    assert_eq!(e.filter(&b).node_names, ["n0"]);
+    assert_eq!(e.filter(&b).node_names(), ["n0"]);
     let mut b = e.cluster.pod("default", "pod-b").unwrap();
     b.unschedulable_since_ns = Some(T0 - 5_000_000_000);
     let b = e.cluster.upsert_pod(b);
@@ -191,7 +191,7 @@ fn bind_checks_node_and_expiry_and_failure_cleans_up() {
 
     // Binding API failure.
     let c = e.pod("c", 1, 10, 0, &[]);
-    let node = e.filter(&c).node_names[0].clone();
+    let node = e.filter(&c).node_names()[0].to_owned();
     e.cluster.fail_next_binds(1);
     let c = e.cluster.pod("default", "pod-c").unwrap();
     assert_eq!(e.bind(&c, &node), "injected binding failure");
@@ -242,8 +242,8 @@ fn dry_run_has_no_side_effects_and_lists_every_feasible_node() {
     e.filter(&a);
     let b = e.pod("b", 1, 100, 0, &[]);
     let r = e.ext.filter_dry_run(Some(&b), e.names.clone());
-    assert_eq!(r.node_names.len(), 2);
-    let failed = &r.failed_nodes.first().unwrap().reason;
+    assert_eq!(r.node_names().len(), 2);
+    let failed = r.failed_nodes().next().unwrap().reason;
     assert!(failed.starts_with("Insufficient vGPU cores"), "{failed}");
     assert!(!e.cluster.pod("default", "pod-b").unwrap().annotations.contains_key(&e.d.pre_allocated()));
     assert_eq!(e.ext.cache().reservation_count(), 1, "a's only");
@@ -264,7 +264,7 @@ fn bind_of_a_pod_pre_allocated_elsewhere_uses_its_annotations() {
     ];
     let p = e.pod("x", 1, 40, 1024, &ann);
     assert_eq!(e.used("n1"), (1, 40, 1024), "counted from its annotations");
-    assert_eq!(e.filter(&p).node_names, ["n1"]);
+    assert_eq!(e.filter(&p).node_names(), ["n1"]);
     assert_eq!(e.ext.pending_count(), 0);
     e.clock.advance(1_000);
     assert_eq!(e.bind(&p, "n1"), "");
@@ -281,7 +281,7 @@ fn bind_of_a_pod_pre_allocated_elsewhere_uses_its_annotations() {
 fn bind_never_writes_onto_a_pod_recreated_under_the_same_name() {
     let e = env(1, 1);
     let old = e.pod("old", 1, 30, 0, &[]);
-    assert_eq!(e.filter(&old).node_names, ["n0"]);
+    assert_eq!(e.filter(&old).node_names(), ["n0"]);
     e.cluster.delete_pod("default", "pod-old");
     let mut new = vgpu_scheduler::fixture::vgpu_pod("new", 1, 30, 0, &[], &e.d);
     new.name = "pod-old".into();
@@ -326,10 +326,10 @@ fn prioritize_and_rank_match_order_nodes() {
             .collect();
         let expected: Vec<&str> = order_nodes(&req, &views).into_iter().map(|i| views[i].name).collect();
         let mut memo = ResolveMemo::default();
-        let names: Vec<String> = owned.iter().map(|(n, _, _)| n.clone()).collect();
+        let names: CandidateNames = owned.iter().map(|(n, _, _)| n).collect();
         let rows = e.ext.cache().candidate_rows(&names);
         let mut ranked = rank_candidates(e.ext.cache(), &req, &names, &rows, &mut memo, None, |pos, code| {
-            panic!("{} rejected: {code:?}", names[pos])
+            panic!("{} rejected: {code:?}", &names[pos])
         });
         sort_ranked(req.node_policy, &mut ranked);
         let got: Vec<&str> = ranked.iter().map(|r| r.1).collect();
@@ -346,7 +346,7 @@ fn preempt_picks_unprotected_lower_priority_victims() {
     low.priority = 1;
     low.created_ns = 1;
     let low = e.cluster.upsert_pod(low);
-    assert_eq!(e.rt.block_on(e.ext.filter(Some(&low), e.names[..1].to_vec())).node_names, ["n0"]);
+    assert_eq!(e.rt.block_on(e.ext.filter(Some(&low), e.names[..1].to_vec())).node_names(), ["n0"]);
     let low = e.cluster.pod("default", "pod-low").unwrap();
     assert_eq!(e.bind(&low, "n0"), "");
     let mut ds = vgpu_pod("ds", 1, 0, 0, &[], &e.d);
@@ -380,10 +380,10 @@ fn success_events_can_be_left_out() {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     rt.block_on(ext.sync()).unwrap();
     let pod = cluster.upsert_pod(vgpu_pod("ok", 1, 10, 0, &[], &d));
-    assert_eq!(rt.block_on(ext.filter(Some(&pod), vec!["n0".into()])).node_names, ["n0"]);
+    assert_eq!(rt.block_on(ext.filter(Some(&pod), vec!["n0"])).node_names(), ["n0"]);
     assert_eq!(rt.block_on(ext.bind("default", "pod-ok", "ok", "n0")).error, "");
     let big = cluster.upsert_pod(vgpu_pod("big", 2, 0, 0, &[], &d));
-    assert!(rt.block_on(ext.filter(Some(&big), vec!["n0".into()])).node_names.is_empty());
+    assert!(rt.block_on(ext.filter(Some(&big), vec!["n0"])).node_names().is_empty());
     let reasons: Vec<&str> = cluster.events().iter().map(|e| e.reason).collect();
     assert_eq!(reasons, ["FilteringFailed"]);
 }
@@ -395,10 +395,10 @@ fn success_events_can_be_left_out() {
 fn a_pending_placement_off_the_candidates_is_given_up_and_the_pod_placed_again() {
     let e = env(2, 1);
     let pod = e.pod("p", 1, 60, 0, &[]);
-    assert_eq!(e.filter(&pod).node_names, ["n0"]);
+    assert_eq!(e.filter(&pod).node_names(), ["n0"]);
     assert_eq!(e.used("n0").1, 60);
     let r = e.rt.block_on(e.ext.filter(Some(&pod), vec!["n1".to_owned()]));
-    assert_eq!((r.error.as_str(), r.node_names.as_slice()), ("", ["n1".to_owned()].as_slice()));
+    assert_eq!((r.error.as_str(), r.node_names().as_slice()), ("", ["n1"].as_slice()));
     assert_eq!((e.used("n0").1, e.used("n1").1), (0, 60), "n0's reservation released");
     assert_eq!((e.ext.cache().reservation_count(), e.ext.pending_count()), (1, 1));
     assert_eq!(e.bind(&pod, "n1"), "");

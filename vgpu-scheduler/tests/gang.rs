@@ -122,9 +122,9 @@ impl Env {
     fn place(&self, pod: &Pod, nodes: &[&str]) -> (String, Vec<u32>) {
         let r = self.filter(pod, nodes);
         assert_eq!(r.error, "", "{r:?}");
-        assert_eq!(r.node_names.len(), 1, "{r:?}");
+        assert_eq!(r.node_names().len(), 1, "{r:?}");
         let claim = self.ext.placed_claim(&pod.uid).unwrap();
-        (r.node_names[0].clone(), claim.devices().map(|d| d.index).collect())
+        (r.node_names()[0].to_owned(), claim.devices().map(|d| d.index).collect())
     }
 
     fn alignment_count(&self, result: &str) -> u64 {
@@ -196,7 +196,7 @@ fn strict_member_is_rejected_when_its_island_cannot_take_it() {
     // sibling, but the gang's domain signature (ord:1) anchors the member to n1's island 4-7.
     let second = e.pod("g2", 4, "link-strict", Sibling::Gang("train"), true, &[]);
     let r = e.filter(&second, &["n0", "n1"]);
-    assert_eq!(r.node_names, ["n1"], "{r:?}");
+    assert_eq!(r.node_names(), ["n1"], "{r:?}");
     assert_eq!(r.failure("n0"), Some("GPU link topology unsatisfied"));
     assert_eq!(e.rt.block_on(e.ext.bind("default", "pod-g2", &second.uid, "n1")).error, "");
     let p = e.cluster.pod("default", "pod-g2").unwrap();

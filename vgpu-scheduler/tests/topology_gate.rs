@@ -95,7 +95,7 @@ fn topology_gate_on_places_by_links_off_as_if_unpublished() {
     assert!(on.ext.config().link_topology);
     assert!(on.ext.cache().decoded("n").unwrap().links.is_some());
     let strict = on.pod("strict", "link-strict");
-    assert_eq!(on.filter(&strict).node_names, ["n"]);
+    assert_eq!(on.filter(&strict).node_names(), ["n"]);
     assert_eq!(on.gpus(&strict), [0, 2], "the NVLink pair, not the policy-order prefix 0,1");
     assert!(on.events(&strict, "TopologyFallback").is_empty());
 
@@ -114,9 +114,9 @@ fn topology_gate_on_places_by_links_off_as_if_unpublished() {
     // link-strict: rejected as on a node without topology.
     let strict = off.pod("strict", "link-strict");
     let r = off.filter(&strict);
-    assert!(r.node_names.is_empty());
-    assert_eq!(r.failed_nodes.len(), 1);
-    assert_eq!(r.failed_nodes[0].code, ReasonCode::LinkTopologyUnsatisfied);
+    assert!(r.node_names().is_empty());
+    assert_eq!(r.failed_nodes().len(), 1);
+    assert_eq!(r.failed_nodes().next().unwrap().code, ReasonCode::LinkTopologyUnsatisfied);
     let dry = off.ext.filter_dry_run(Some(&strict), vec!["n".to_owned()]);
     let detail = dry.failure("n").unwrap();
     assert!(detail.contains("node has no GPU link topology"), "{detail}");
@@ -125,7 +125,7 @@ fn topology_gate_on_places_by_links_off_as_if_unpublished() {
 
     // link (non-strict): placed on the first GPUs of the policy order, with a TopologyFallback warning.
     let loose = off.pod("loose", "link");
-    assert_eq!(off.filter(&loose).node_names, ["n"]);
+    assert_eq!(off.filter(&loose).node_names(), ["n"]);
     assert_eq!(off.gpus(&loose), [0, 1], "policy-order prefix");
     let fallback = off.events(&loose, "TopologyFallback");
     assert_eq!(fallback.len(), 1, "{fallback:?}");
@@ -133,7 +133,7 @@ fn topology_gate_on_places_by_links_off_as_if_unpublished() {
 
     // With the gate on, the non-strict pod gets the NVLink pair and no warning.
     let loose = on.pod("loose", "link");
-    assert_eq!(on.filter(&loose).node_names, ["n"]);
+    assert_eq!(on.filter(&loose).node_names(), ["n"]);
     assert_eq!(on.gpus(&loose), [1, 3], "the other NVLink pair (0 and 2 are taken by the strict pod)");
     assert!(on.events(&loose, "TopologyFallback").is_empty());
 }
@@ -155,7 +155,7 @@ fn topology_gate_off_ranks_link_pods_without_fitness() {
         ];
         let pod = e.cluster.upsert_pod(vgpu_pod("p", 2, 10, 1024, &ann, &e.d));
         let r = e.rt.block_on(e.ext.filter(Some(&pod), vec!["a-plain".to_owned(), "b-linked".to_owned()]));
-        r.node_names.concat()
+        r.node_names().concat()
     };
     assert_eq!(run("TopologyAwareGPUAllocation=true"), "b-linked");
     assert_eq!(run("TopologyAwareGPUAllocation=false"), "a-plain");

@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde_json::json;
+use vgpu_scheduler::CandidateNames;
 
 use crate::pod_shape::PodShape;
 use crate::progress::Progress;
@@ -57,7 +58,9 @@ pub struct FromClusterArgs {
 pub fn run(args: &FromClusterArgs) -> Result<String, String> {
     let snap = Snapshot::load(args.kubeconfig.as_deref())?;
     let (rt, d, cluster, ext, cache) = (&snap.rt, &snap.domain, &snap.cluster, &snap.ext, &snap.cache);
-    let (total_nodes, total_pods, candidates) = (snap.total_nodes, snap.total_pods, &snap.candidates);
+    let (total_nodes, total_pods) = (snap.total_nodes, snap.total_pods);
+    // One buffer for every filter call (cloned per call as the server's request body would hand it over).
+    let candidates = &CandidateNames::from(&snap.candidates[..]);
     let snapshot = json!({
         "nodes": total_nodes,
         "vgpu_nodes": candidates.len(),
@@ -81,11 +84,12 @@ pub fn run(args: &FromClusterArgs) -> Result<String, String> {
         let pod = args.shape.pod(SIM_NAMESPACE, &name, &format!("{SIM_NAMESPACE}-{i:06}"), d);
         let pod = cluster.upsert_pod(pod);
         let r = rt.block_on(ext.filter(Some(&pod), candidates.clone()));
-        match r.node_names.first() {
+        let chosen = r.passed().next().map(str::to_owned);
+        match chosen {
             Some(node) => {
-                let b = rt.block_on(ext.bind(&pod.namespace, &pod.name, &pod.uid, node));
+                let b = rt.block_on(ext.bind(&pod.namespace, &pod.name, &pod.uid, &node));
                 if b.error.is_empty() {
-                    *placements.entry(node.clone()).or_default() += 1;
+                    *placements.entry(node).or_default() += 1;
                 } else {
                     *rejected.entry(format!("bind: {}", b.error)).or_default() += 1;
                 }
@@ -96,7 +100,7 @@ pub fn run(args: &FromClusterArgs) -> Result<String, String> {
             }
             None => {
                 let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-                for f in &r.failed_nodes {
+                for f in r.failed_nodes() {
                     *counts.entry(f.reason.to_string()).or_default() += 1;
                 }
                 let top = counts.iter().max_by_key(|(_, c)| **c).map(|(k, _)| k.clone()).unwrap_or_default();

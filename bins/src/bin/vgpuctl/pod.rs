@@ -131,27 +131,27 @@ fn allocation(snap: &Snapshot, pod: &Pod) -> Value {
 fn placement(snap: &Snapshot, pod: &Pod) -> Value {
     let r = snap.ext.filter_dry_run(Some(pod), snap.candidates.clone());
     let mut nodes: Vec<(String, Value)> = r
-        .node_names
-        .iter()
-        .map(|n| (n.clone(), json!({ "node": n, "fits": true, "code": Value::Null, "reason": Value::Null })))
+        .passed()
+        .map(|n| {
+            (n.to_owned(), json!({ "node": n, "fits": true, "code": Value::Null, "reason": Value::Null }))
+        })
         .collect();
-    nodes.extend(r.failed_nodes.iter().map(|f| {
+    nodes.extend(r.failed_nodes().map(|f| {
         (
-            f.node.clone(),
+            f.node.to_owned(),
             json!({ "node": f.node, "fits": false, "code": f.code.as_str(), "reason": f.reason }),
         )
     }));
     nodes.sort_by(|a, b| a.0.cmp(&b.0));
-    let summary = if r.node_names.is_empty() && r.error.is_empty() {
-        let failed: Vec<(&str, ReasonCode)> =
-            r.failed_nodes.iter().map(|f| (f.node.as_str(), f.code)).collect();
+    let summary = if r.passed().len() == 0 && r.error.is_empty() {
+        let failed: Vec<(&str, ReasonCode)> = r.failed_nodes().map(|f| (f.node, f.code)).collect();
         render_unavailable(snap.candidates.len(), failed)
     } else if r.error.is_empty() {
-        format!("{}/{} nodes fit", r.node_names.len(), snap.candidates.len())
+        format!("{}/{} nodes fit", r.passed().len(), snap.candidates.len())
     } else {
         String::new()
     };
-    let mut fits = r.node_names.clone();
+    let mut fits: Vec<String> = r.passed().map(str::to_owned).collect();
     fits.sort();
     json!({
         "error": r.error,

@@ -17,7 +17,7 @@ use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::{DeviceTopology, GpuLinks};
 use vgpu_scheduler::fixture::{topology_of, vgpu_node, vgpu_pod};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster};
+use vgpu_scheduler::{CandidateNames, Extender, ExtenderConfig, ManualClock, MemoryCluster};
 
 use crate::from_cluster::{self, FromClusterArgs};
 use crate::pod_shape::PodShape;
@@ -212,7 +212,7 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
     let stages = Arc::new(StageHistograms::default());
     let ext = Extender::new(cluster.clone(), clock.clone(), config).with_observer(stages.clone());
     ext.attach();
-    let mut names = Vec::with_capacity(args.nodes);
+    let mut names = CandidateNames::with_capacity(args.nodes, args.nodes * 10);
     let mut inventories = BTreeMap::new();
     for n in 0..args.nodes {
         let name = format!("node-{n:05}");
@@ -228,8 +228,8 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
         let node = vgpu_node(&name, &inv, &NodeVgpuConfig::default(), Some(&topology), &d)
             .map_err(|e| e.to_string())?;
         cluster.upsert_node(node);
-        inventories.insert(name.clone(), inv);
-        names.push(name);
+        names.push(&name);
+        inventories.insert(name, inv);
     }
     let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| e.to_string())?;
     rt.block_on(ext.sync()).map_err(|e| e.to_string())?;
@@ -269,11 +269,11 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
         let took = t.elapsed();
         stages.record_sched(sched);
         stages.record("filter", took);
-        let tried = r.failed_nodes.iter().filter(|f| f.code != ReasonCode::AlreadyScheduledElsewhere).count();
-        stages.record_count("nodes_tried", tried + r.node_names.len());
+        let tried = r.failed_nodes().filter(|f| f.code != ReasonCode::AlreadyScheduledElsewhere).count();
+        stages.record_count("nodes_tried", tried + r.passed().len());
         latencies.push(took.as_nanos() as u64);
         clock.advance(1_000_000);
-        if let Some(node) = r.node_names.first() {
+        if let Some(node) = r.passed().next() {
             let t = Instant::now();
             let b = rt.block_on(ext.bind(&pod.namespace, &pod.name, &pod.uid, node));
             stages.record("bind", t.elapsed());
@@ -286,7 +286,7 @@ fn simulate(args: &SimulateArgs) -> Result<(String, bool), String> {
             *rejected.entry(r.error).or_default() += 1;
         } else {
             let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-            for f in &r.failed_nodes {
+            for f in r.failed_nodes() {
                 *counts.entry(f.reason.as_ref()).or_default() += 1;
             }
             let top =
