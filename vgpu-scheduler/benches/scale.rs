@@ -3,7 +3,7 @@
 //! `VGPU_BENCH_50K=1` (setup takes a minute or more on a small machine), else 5,000 x 8 with 20,000.
 //! `VGPU_BENCH_50K=1 cargo bench -p vgpu-scheduler --bench scale`. The filter makes no heap allocation per
 //! candidate (names in one buffer, [`vgpu_scheduler::CandidateNames`]), so it runs about as fast with glibc's
-//! default allocator as with the chart's `GLIBC_TUNABLES=glibc.malloc.mxfast=0` (fastbins off; when each name
+//! default allocator as with `GLIBC_TUNABLES=glibc.malloc.mxfast=0` (fastbins off; when each name
 //! was a `String`, freeing them spent up to half a 50,000-name call in fastbin consolidation).
 //!
 //! Printed once before the timed benches (one run each, wall clock):

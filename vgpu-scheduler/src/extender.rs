@@ -32,6 +32,12 @@ use crate::rank_table::NO_ROW;
 pub const DEFAULT_STUCK_GRACE_NS: i64 = 30_000_000_000;
 /// Default lifetime of an in-flight reservation (30 s; it normally lives from a filter to its bind).
 pub const DEFAULT_RESERVATION_TTL_NS: i64 = 30_000_000_000;
+
+/// Default [`ExtenderConfig::success_event_qps`] (the kubelet's `--event-qps` default).
+pub const DEFAULT_EVENT_QPS: u32 = 50;
+
+/// Default [`ExtenderConfig::success_event_burst`] (the kubelet's `--event-burst` default).
+pub const DEFAULT_EVENT_BURST: u32 = 100;
 /// Fixed part of the margin over the cache's node count that a candidate list may have before it is treated
 /// as oversized (see [`candidate_bound`]).
 pub const CANDIDATE_MARGIN: usize = 256;
@@ -120,6 +126,14 @@ pub struct ExtenderConfig {
     /// `BindingSucceed`; upstream sends both). Each is one more write to the API server per pod, which on a
     /// busy control plane is a measurable part of scheduling throughput; warnings are always sent.
     pub success_events: bool,
+    /// Success events (above) sent per second on average, with bursts of up to
+    /// [`success_event_burst`](Self::success_event_burst); the ones over the limit are dropped and counted
+    /// ([`Stats::events_dropped`]). The kubelet limits its events the same way (`--event-qps` 50,
+    /// `--event-burst` 100, the defaults here too): at hundreds of pods per second, two more API writes per
+    /// pod are a large part of a CPU-bound control plane's work. 0: no limit. Warnings are never limited.
+    pub success_event_qps: u32,
+    /// Burst of [`success_event_qps`](Self::success_event_qps).
+    pub success_event_burst: u32,
     /// Gate `TopologyAwareGPUAllocation`: read the nodes' `node-device-topology`. Off, link-mode pods are
     /// placed as if no node published a topology (contract §3.2, §4.2): `link-strict` is rejected with
     /// `LinkTopologyUnsatisfied` ("node has no GPU link topology"), `link` falls back to the first GPUs in
@@ -201,6 +215,8 @@ impl Default for ExtenderConfig {
             patch_attempts: 3,
             emit_events: true,
             success_events: true,
+            success_event_qps: DEFAULT_EVENT_QPS,
+            success_event_burst: DEFAULT_EVENT_BURST,
             link_topology: true,
             bind_writes: BindWrites::default(),
         }
@@ -442,6 +458,8 @@ pub struct Stats {
     pub preempt_other: AtomicU64,
     /// Total filter time, ns.
     pub filter_ns: AtomicU64,
+    /// Success events dropped by the rate limit ([`ExtenderConfig::success_event_qps`]).
+    pub events_dropped: AtomicU64,
 }
 
 /// A timed stage of a live filter call (reported to [`ExtenderObserver::filter_stage`]).
@@ -541,6 +559,8 @@ pub struct Extender<C, K> {
     pending: std::sync::Mutex<PendingPlacements>,
     /// `LABELS_*`: whether binds carry the pre-allocation on the binding ([`BindWrites`]).
     bind_labels: std::sync::atomic::AtomicU8,
+    /// Success-event token bucket: (tokens, time of the last refill in Unix ns).
+    event_tokens: std::sync::Mutex<(f64, i64)>,
 }
 
 /// The pending placements, and the size at which the next insert sweeps out expired ones (twice the size
@@ -605,17 +625,10 @@ fn try_place(
 
 /// Why [`try_place`] would reject the pod on a locked node, when that is known without a placement attempt
 /// ([`quick_reject`]: a structural gate, or the first container's GPU filter); `None`: try it. Nodes that
-/// fail the node checks or count the pod already are left to `try_place`.
-fn quick_reject_on(
-    request: &PodRequest,
-    memo: &mut ResolveMemo,
-    state: &NodeState,
-    uid: &str,
-) -> Option<ReasonCode> {
+/// fail the node checks are left to `try_place`, and so must be the nodes that count the pod already (the
+/// caller skips them: `try_place` leaves the pod's own usage out).
+fn quick_reject_on(request: &PodRequest, memo: &mut ResolveMemo, state: &NodeState) -> Option<ReasonCode> {
     let d = state.decoded.as_ref().ok()?;
-    if state.usage.contains_pod(uid) {
-        return None;
-    }
     let view = NodeView {
         name: &state.name,
         inventory: &d.inventory,
@@ -654,6 +667,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             ClusterCache::new(config.domain.clone(), config.stuck_grace_ns)
                 .with_link_topology(config.link_topology),
         );
+        let burst = config.success_event_burst.max(1);
         let bind_labels = match config.bind_writes {
             BindWrites::Binding => LABELS_RIDE_BINDING,
             BindWrites::BindingChecked => LABELS_UNCHECKED,
@@ -671,6 +685,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             observer: None,
             pending: std::sync::Mutex::new(PendingPlacements::default()),
             bind_labels: std::sync::atomic::AtomicU8::new(bind_labels),
+            event_tokens: std::sync::Mutex::new((f64::from(burst), i64::MIN)),
         }
     }
 
@@ -721,10 +736,33 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
 
     async fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String) {
         let success = matches!(reason, "FilteringSucceed" | "BindingSucceed");
-        if self.config.emit_events && (self.config.success_events || !success) {
-            let e = Event { namespace: pod.namespace.clone(), pod: pod.name.clone(), kind, reason, message };
-            self.cluster.record_event(e).await;
+        if !self.config.emit_events || (success && !self.config.success_events) {
+            return;
         }
+        if success && !self.take_event_token() {
+            self.stats.events_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let e = Event { namespace: pod.namespace.clone(), pod: pod.name.clone(), kind, reason, message };
+        self.cluster.record_event(e).await;
+    }
+
+    /// One token of the success-event bucket, if there is one (refilled at `success_event_qps` per second up to
+    /// `success_event_burst`).
+    fn take_event_token(&self) -> bool {
+        let qps = self.config.success_event_qps;
+        if qps == 0 {
+            return true;
+        }
+        let burst = f64::from(self.config.success_event_burst.max(1));
+        let now = self.clock.now_ns();
+        let mut bucket = self.event_tokens.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (tokens, last) = *bucket;
+        let refill = if last == i64::MIN { 0.0 } else { now.saturating_sub(last).max(0) as f64 * 1e-9 };
+        let tokens = (tokens + refill * f64::from(qps)).min(burst);
+        let (left, sent) = if tokens >= 1.0 { (tokens - 1.0, true) } else { (tokens, false) };
+        *bucket = (left, now);
+        sent
     }
 
     async fn patch(&self, pod: &Pod, patch: &MetadataPatch) -> Result<Pod, ExtenderError> {
@@ -915,13 +953,17 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let mut chosen: Option<(usize, PodAllocation)> = None;
         let expires = now.saturating_add(self.config.reservation_ttl_ns);
         let gang = self.gang_of(&pod, &request);
+        // Nodes whose usage counts this pod (as a rule none: a pod holding a placement was answered above).
+        let own = self.cache.nodes_counting(&pod.uid);
         for (pos, name, _) in ranking.by_ref() {
             let Some(slot) = self.cache.node(name) else {
                 outcome[pos] = Some(ReasonCode::NodeCacheMiss);
                 continue;
             };
             let mut s = lock(&slot);
-            if let Some(code) = quick_reject_on(&request, &mut memo, &s, &pod.uid) {
+            if !own.iter().any(|n| n == name)
+                && let Some(code) = quick_reject_on(&request, &mut memo, &s)
+            {
                 outcome[pos] = Some(code);
                 continue;
             }

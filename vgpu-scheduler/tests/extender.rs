@@ -413,3 +413,34 @@ fn a_pending_placement_off_the_candidates_is_given_up_and_the_pod_placed_again()
     let r = e.rt.block_on(e.ext.filter(Some(&other), vec!["n1".to_owned()]));
     assert_eq!(r.error, "pod q had been predicated");
 }
+
+#[test]
+fn success_events_are_rate_limited_and_warnings_never() {
+    let config = ExtenderConfig { success_event_qps: 1, success_event_burst: 2, ..ExtenderConfig::default() };
+    let e = env_with(3, 2, config);
+    let successes = |e: &Env| {
+        e.cluster
+            .events()
+            .iter()
+            .filter(|ev| matches!(ev.reason, "FilteringSucceed" | "BindingSucceed"))
+            .count()
+    };
+    // Three pods scheduled at one instant: six success events, a burst of two is sent.
+    for uid in ["a", "b", "c"] {
+        let p = e.pod(uid, 1, 10, 0, &[]);
+        let node = e.filter(&p).node_names()[0].to_owned();
+        assert_eq!(e.bind(&p, &node), "");
+    }
+    assert_eq!(successes(&e), 2);
+    assert_eq!(e.ext.stats().events_dropped.load(std::sync::atomic::Ordering::Relaxed), 4);
+    // A warning is sent even with the bucket empty.
+    let big = e.pod("big", 3, 0, 0, &[]);
+    assert!(e.filter(&big).node_names().is_empty());
+    assert_eq!(e.cluster.events().last().unwrap().reason, "FilteringFailed");
+    // One second later one more token.
+    e.clock.advance(1_000_000_000);
+    let p = e.pod("d", 1, 10, 0, &[]);
+    let node = e.filter(&p).node_names()[0].to_owned();
+    assert_eq!(e.bind(&p, &node), "");
+    assert_eq!(successes(&e), 3);
+}

@@ -106,6 +106,13 @@ struct Cli {
     /// vgpu-manager does; `false` saves two API writes per pod (warnings are always sent).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     success_events: bool,
+    /// Success events sent per second at most on average (0: no limit); the rest are dropped. Warnings are
+    /// never limited.
+    #[arg(long, default_value_t = vgpu_scheduler::extender::DEFAULT_EVENT_QPS, value_name = "N")]
+    event_qps: u32,
+    /// Burst of --event-qps.
+    #[arg(long, default_value_t = vgpu_scheduler::extender::DEFAULT_EVENT_BURST, value_name = "N")]
+    event_burst: u32,
     /// How a bind writes the pre-allocation onto the pod: `binding` (one write: the binding carries the
     /// labels and annotations; needs kube-apiserver 1.35+ with PodTopologyLabelsAdmission, on by default),
     /// `patch` (a merge patch, then the binding: any version), `auto` (binding from 1.35 on, the first bound
@@ -215,6 +222,8 @@ async fn run(
         scheduler_name: cli.scheduler_name.clone(),
         stuck_grace_ns,
         success_events: cli.success_events,
+        success_event_qps: cli.event_qps,
+        success_event_burst: cli.event_burst,
         bind_writes,
         ..ExtenderConfig::from_gates(&gates)
     };

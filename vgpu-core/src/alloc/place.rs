@@ -219,8 +219,9 @@ fn failed_gate(request: &PodRequest, resolved: &ResolvedRequest, node: &NodeView
     None
 }
 
-/// Why [`precheck`] then [`place_aligned`] would reject the pod — at a structural gate, or at the GPU
-/// filter of the first container placed — found without allocating; `None` when both pass (the placement
+/// Why [`precheck`] then [`place_aligned`] would reject the pod — at a structural gate, at the GPU filter of
+/// the first container placed, or (`numa-strict`) at that container's NUMA placement — found without
+/// allocating; `None` when both pass (the placement
 /// may still fail later: another container, the topology). Exact: `Some(code)` only where
 /// `precheck` + `place_aligned` fail with `code`, whatever the alignment. A filter trying thousands of nodes
 /// that cannot take the pod pays this instead of a placement attempt per node.
@@ -251,9 +252,26 @@ pub fn quick_reject(
     for (slot, code) in counts.iter_mut().zip(EXCLUSIONS) {
         slot.0 = code;
     }
+    // Fitting GPUs per NUMA node (`numa::pick`'s groups), while there are at most NUMA_GROUPS of them.
+    let mut numa = [(0u32, 0usize); NUMA_GROUPS];
+    let mut groups = Some(0usize);
     for d in &node.inventory.devices {
         match exclusion(d, node.usage.device(d.index), first, request) {
-            None => fit += 1,
+            None => {
+                fit += 1;
+                if let (Some(n), Some(len)) = (d.numa_node, groups) {
+                    groups = match numa[..len].iter_mut().find(|(id, _)| *id == n) {
+                        Some(g) => {
+                            g.1 += 1;
+                            Some(len)
+                        }
+                        None => numa.get_mut(len).map(|g| {
+                            *g = (n, 1);
+                            len + 1
+                        }),
+                    };
+                }
+            }
             Some(code) => {
                 if let Some(slot) = counts.iter_mut().find(|(c, _)| *c == code) {
                     slot.1 += 1;
@@ -262,6 +280,14 @@ pub fn quick_reject(
         }
     }
     if fit >= number {
+        // `numa-strict`: the first container's NUMA placement fails when no NUMA node holds enough of the GPUs
+        // that fit (`dispatch`).
+        let strict_numa = request.topology.base() == TopologyMode::Numa && request.topology.is_strict();
+        if let (true, Some(len)) = (strict_numa, groups)
+            && numa[..len].iter().all(|(_, c)| *c < number)
+        {
+            return Some(ReasonCode::NumaTopologyUnsatisfied);
+        }
         return None;
     }
     counts.sort_by_key(|(c, _)| *c);
@@ -275,6 +301,9 @@ pub fn quick_reject(
     }
     Some(code)
 }
+
+/// NUMA nodes [`quick_reject`] keeps counts for (more: it leaves the NUMA question to the placement).
+const NUMA_GROUPS: usize = 16;
 
 /// Every code [`exclusion`] gives.
 const EXCLUSIONS: [ReasonCode; 7] = [
