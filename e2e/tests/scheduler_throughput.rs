@@ -17,7 +17,8 @@
 //! kube-scheduler's client QPS and burst are raised to 5,000 so its rate limiter is not what is measured
 //! (our extender's kube-rs client has no client-side limiter). Sizes come from `VGPU_THROUGHPUT_NODES`
 //! (default 50) and `VGPU_THROUGHPUT_PODS` (default 200), extra extender flags for `b` from
-//! `VGPU_THROUGHPUT_EXTENDER_ARGS`; the defaults are CI's small configuration, which
+//! `VGPU_THROUGHPUT_EXTENDER_ARGS`, the node policy of `b`'s pods from `VGPU_THROUGHPUT_NODE_POLICY` (none,
+//! binpack, spread); the defaults are CI's small configuration, which
 //! asserts only that every pod binds. Each test prints one line `throughput config=<a|b> nodes=M pods=N
 //! seconds=S pods_per_s=R`; `scripts/throughput.sh` runs the sizes of the issue and prints the ratio (b)/(a).
 //!
@@ -233,9 +234,18 @@ async fn throughput_b_kube_scheduler_with_our_extender() {
         .await
         .unwrap();
     let cpu = env.cpu_seconds();
+    // The pods' node policy (`VGPU_THROUGHPUT_NODE_POLICY`: none, the default, binpack or spread). With none or
+    // binpack consecutive pods go to the same node until it is full, and `SerializedNodeBind` creates their
+    // bindings one after the other; spread sends them to different nodes, as kube-scheduler's own scoring does
+    // in (a).
+    let policy = std::env::var("VGPU_THROUGHPUT_NODE_POLICY").unwrap_or_default();
+    let annotations: Vec<(&str, &str)> = match policy.as_str() {
+        "" | "none" => Vec::new(),
+        p => vec![("nvidia.com/node-scheduler-policy", p)],
+    };
     let seconds = measure(&client, pods, |i| {
         let limits = [(VGPU_NUMBER, 1), (VGPU_CORES, 10), (VGPU_MEMORY, 1024)];
-        (None, fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), &limits, &[]))
+        (None, fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), &limits, &annotations))
     })
     .await;
     report("b", nodes, pods, seconds);

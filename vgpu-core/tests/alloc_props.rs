@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use vgpu_core::alloc::{
-    Alignment, AlignmentWindow, ContainerRole, NodeLinks, NodeUsage, NodeView, PodContainer, PodFootprint,
-    PodRequest, PodSpec, ReasonCode, allocate, gate_inputs, place, place_aligned, precheck, quick_reject,
-    size_gate, topology_fitness, topology_fitness_table,
+    Alignment, AlignmentWindow, ContainerRole, GpuFree, NodeLinks, NodeUsage, NodeView, PodContainer,
+    PodFootprint, PodRequest, PodSpec, ReasonCode, allocate, gate_inputs, place, place_aligned, precheck,
+    quick_reject, quick_reject_summary, size_gate, topology_fitness, topology_fitness_table,
 };
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{
@@ -119,6 +119,14 @@ proptest! {
             let view = NodeView { name: "n", inventory: &inv, config: &cfg, links: Some(&links), usage: &usage };
             let resolved = req.resolve(&inv, &cfg);
             let quick = quick_reject(&req, &resolved, &view);
+            // From a node summary: the same answer without include/exclude lists, the size gates with them.
+            let gpus = inv.devices.iter().map(|g| GpuFree::of(g, usage.device(g.index)));
+            let summary = quick_reject_summary(&req, &resolved, &gate_inputs(&view), gpus);
+            if types[p].is_none() {
+                prop_assert_eq!(summary, quick);
+            } else {
+                prop_assert_eq!(summary, size_gate(&resolved, &gate_inputs(&view)));
+            }
             let full = precheck(&req, &resolved, &view).and_then(|()| place(&req, &resolved, &view));
             let pre = precheck(&req, &resolved, &view);
             if let Err(f) = &pre {

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use vgpu_core::alloc::{
-    GateInputs, NodeDomains, NodeFailure, NodeLinks, NodeUsage, NodeView, PodFootprint, ReasonCode,
+    GateInputs, GpuFree, NodeDomains, NodeFailure, NodeLinks, NodeUsage, NodeView, PodFootprint, ReasonCode,
     decode_node, gate_inputs, topology_fitness_table,
 };
 use vgpu_core::codec::node_gpu_domain;
@@ -155,7 +155,13 @@ impl NodeState {
             Err(_) => GateInputs::default(),
         };
         self.avail = gates.avail;
-        self.row.publish(&self.decoded, &gates);
+        match &self.decoded {
+            Ok(d) => {
+                let gpus = d.inventory.devices.iter().map(|g| GpuFree::of(g, self.usage.device(g.index)));
+                self.row.publish(&self.decoded, &gates, gpus);
+            }
+            Err(_) => self.row.publish(&self.decoded, &gates, std::iter::empty()),
+        }
     }
 
     /// This node's row id in the rank table.
@@ -1138,6 +1144,12 @@ mod tests {
                     };
                     if row.inputs() != want {
                         return Err(format!("{name}: row {:?}, state {want:?}", row.inputs()));
+                    }
+                    let gpus: Vec<GpuFree> =
+                        d.inventory.devices.iter().map(|g| GpuFree::of(g, s.usage.device(g.index))).collect();
+                    let lane: Option<Vec<GpuFree>> = row.inputs_with_gpus().1.map(|l| l.iter().collect());
+                    if checks && lane.as_ref() != Some(&gpus) {
+                        return Err(format!("{name}: lane {lane:?}, state {gpus:?}"));
                     }
                     for mode in [TopologyMode::Link, TopologyMode::Numa] {
                         let table = d.fitness_table(&s.name, mode).ok_or("no table")?;

@@ -4,7 +4,10 @@
 
 use std::cmp::Ordering;
 
-use vgpu_core::alloc::{Footprint, NodeScore, PodRequest, ReasonCode, ResolvedRequest, size_gate};
+use vgpu_core::alloc::{
+    Footprint, GateInputs, NodeScore, PodRequest, ReasonCode, ResolvedRequest, quick_reject_summary,
+    size_gate,
+};
 use vgpu_core::model::SchedulingPolicy;
 
 use crate::cache::{ClusterCache, DecodedNode, ResolveKey};
@@ -75,8 +78,9 @@ pub fn score_inputs(
 /// first time its fitness table or a new resolve key is needed.
 ///
 /// With the pod's UID (a filter), a node whose row shows it fails a size gate (cards, cores or memory per
-/// vGPU, free slots, cores or memory: `vgpu_core::alloc::size_gate`) is rejected here with that gate's
-/// reason, exactly as a placement attempt would reject it — unless the request has a memory policy (its node
+/// vGPU, free slots, cores or memory: `vgpu_core::alloc::size_gate`) or, from the row's GPU lane, the first
+/// container's GPU filter (`vgpu_core::alloc::quick_reject_summary`) is rejected here with that reason,
+/// exactly as a placement attempt would reject it — unless the request has a memory policy (its node
 /// check comes first) or the node counts the pod itself (a placement attempt leaves the pod's own usage
 /// out). A full cluster's filter then never locks the nodes that are full. Without it (prioritize) every
 /// held node is ranked.
@@ -111,7 +115,7 @@ pub fn rank_candidates<'a>(
                 continue;
             }
         }
-        let inputs = row.inputs();
+        let (inputs, lane) = if gated.is_some() { row.inputs_with_gpus() } else { (row.inputs(), None) };
         let mut key = inputs.key;
         if memo.lookup(key).is_none() {
             // Resolved under the decoded node's own key (never the row's, which may be a moment older).
@@ -126,10 +130,14 @@ pub fn rank_candidates<'a>(
             reject(pos, ReasonCode::NodeInfoBuildFailed);
             continue;
         };
-        // The row's gate inputs are judged only against the request resolved under the row's own key.
+        // The row is judged only against the request resolved under the row's own key.
+        let quick = |g: &GateInputs| match &lane {
+            Some(lane) => quick_reject_summary(request, resolved, g, lane.iter()),
+            None => size_gate(resolved, g),
+        };
         if gated.is_some()
             && key == inputs.key
-            && let Some(code) = inputs.gates.as_ref().and_then(|g| size_gate(resolved, g))
+            && let Some(code) = inputs.gates.as_ref().and_then(quick)
             && !own.iter().any(|n| n == name)
         {
             reject(pos, code);

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, fence};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 
-use vgpu_core::alloc::{GateInputs, NodeFailure, ReasonCode};
+use vgpu_core::alloc::{GateInputs, GpuFree, NodeFailure, ReasonCode};
 use vgpu_core::model::TopologyMode;
 
 use crate::cache::{DecodedNode, ResolveKey};
@@ -66,6 +66,60 @@ pub struct RankRow {
 /// `schedulable` flag: the row's gate inputs are exact (nothing saturated) and the node passes the node checks
 /// a request without memory policy meets (`deviceSplit > 0`, `memoryFactor > 0`).
 const GATES_USABLE: u32 = 1 << 16;
+/// `schedulable` flag: the GPU lane holds every GPU of the inventory (bits `LANE_LEN_SHIFT..`: how many).
+const LANE_USABLE: u32 = 1 << 17;
+const LANE_LEN_SHIFT: u32 = 20;
+
+/// GPUs a row's lane holds; a node with more is left to its lock.
+pub const LANE_GPUS: usize = 8;
+
+/// A GPU packed into one word: bit 0 healthy, 1 MIG, 2 a free slot, 3 NUMA known, 4–7 NUMA node, 8–23 free
+/// cores, 24–43 free memory (MiB), 44–63 memory (MiB). `None` when a value does not fit.
+fn pack(g: &GpuFree) -> Option<u64> {
+    let numa = match g.numa {
+        None => 0,
+        Some(n) if n < 16 => 0x8 | u64::from(n) << 4,
+        Some(_) => return None,
+    };
+    if g.free_cores > 0xffff || g.free_memory_mib >= 1 << 20 || g.memory_mib >= 1 << 20 {
+        return None;
+    }
+    Some(
+        u64::from(g.healthy)
+            | u64::from(g.mig) << 1
+            | u64::from(g.has_slot) << 2
+            | numa
+            | g.free_cores << 8
+            | g.free_memory_mib << 24
+            | g.memory_mib << 44,
+    )
+}
+
+fn unpack(w: u64) -> GpuFree {
+    GpuFree {
+        healthy: w & 1 != 0,
+        mig: w & 2 != 0,
+        has_slot: w & 4 != 0,
+        numa: (w & 8 != 0).then_some(((w >> 4) & 0xf) as u32),
+        free_cores: (w >> 8) & 0xffff,
+        free_memory_mib: (w >> 24) & 0xf_ffff,
+        memory_mib: w >> 44,
+    }
+}
+
+/// A copy of a row's GPU lane: every GPU of the node's inventory, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuLane {
+    packed: [u64; LANE_GPUS],
+    len: usize,
+}
+
+impl GpuLane {
+    /// The GPUs.
+    pub fn iter(&self) -> impl Iterator<Item = GpuFree> + '_ {
+        self.packed.iter().take(self.len).map(|&w| unpack(w))
+    }
+}
 
 const _: () = assert!(std::mem::size_of::<RankRow>() == 64);
 
@@ -76,11 +130,13 @@ fn unknown_fitness() -> FitnessTable {
     std::array::from_fn(|_| std::array::from_fn(|_| AtomicU8::new(UNKNOWN)))
 }
 
-/// `CHUNK` rows and their fitness tables, at the same positions.
+/// `CHUNK` rows, their fitness tables and GPU lanes, at the same positions.
 #[derive(Debug)]
 struct Chunk {
     rows: Box<[RankRow]>,
     fitness: Box<[FitnessTable]>,
+    /// Per row, its GPUs packed ([`pack`]), written and read under the row's sequence lock.
+    gpus: Box<[[AtomicU64; LANE_GPUS]]>,
 }
 
 impl Chunk {
@@ -88,6 +144,7 @@ impl Chunk {
         Self {
             rows: (0..CHUNK).map(|_| RankRow::vacant()).collect(),
             fitness: (0..CHUNK).map(|_| unknown_fitness()).collect(),
+            gpus: (0..CHUNK).map(|_| std::array::from_fn(|_| AtomicU64::new(0))).collect(),
         }
     }
 
@@ -107,11 +164,12 @@ impl Chunk {
     }
 }
 
-/// A node's row and its fitness table, as read by [`RowReader::get`].
+/// A node's row, fitness table and GPU lane, as read by [`RowReader::get`].
 #[derive(Debug, Clone, Copy)]
 pub struct Row<'a> {
     row: &'a RankRow,
     fitness: &'a FitnessTable,
+    gpus: &'a [AtomicU64; LANE_GPUS],
 }
 
 /// What a row says about its node.
@@ -212,22 +270,36 @@ impl Row<'_> {
 
     /// The row's numbers (meaningful when the status is [`RowStatus::Ready`]).
     pub fn inputs(&self) -> RankInputs {
+        self.row.read(Self::inputs_of)
+    }
+
+    fn inputs_of(row: &RankRow) -> RankInputs {
         let load = |a: &[AtomicU32; 3]| a.each_ref().map(|v| u64::from(v.load(Relaxed)));
-        self.row.read(|row| {
-            let uniform = row.uniform_memory.load(Relaxed);
-            let schedulable = row.schedulable.load(Relaxed);
-            let avail = load(&row.avail);
-            RankInputs {
+        let uniform = row.uniform_memory.load(Relaxed);
+        let schedulable = row.schedulable.load(Relaxed);
+        let avail = load(&row.avail);
+        RankInputs {
+            avail,
+            totals: load(&row.totals),
+            key: (row.factor.load(Relaxed), (uniform != NOT_UNIFORM).then_some(uniform)),
+            gates: (schedulable & GATES_USABLE != 0).then(|| GateInputs {
+                schedulable: u64::from(schedulable & 0xffff),
+                max_cores: u64::from(row.max_cores.load(Relaxed)),
+                max_memory_mib: u64::from(row.max_memory.load(Relaxed)),
                 avail,
-                totals: load(&row.totals),
-                key: (row.factor.load(Relaxed), (uniform != NOT_UNIFORM).then_some(uniform)),
-                gates: (schedulable & GATES_USABLE != 0).then(|| GateInputs {
-                    schedulable: u64::from(schedulable & 0xffff),
-                    max_cores: u64::from(row.max_cores.load(Relaxed)),
-                    max_memory_mib: u64::from(row.max_memory.load(Relaxed)),
-                    avail,
-                }),
-            }
+            }),
+        }
+    }
+
+    /// The row's numbers and, when it holds every GPU of the node, its GPU lane — one consistent copy.
+    pub fn inputs_with_gpus(&self) -> (RankInputs, Option<GpuLane>) {
+        self.row.read(|row| {
+            let flags = row.schedulable.load(Relaxed);
+            let lane = (flags & LANE_USABLE != 0).then(|| GpuLane {
+                packed: self.gpus.each_ref().map(|w| w.load(Relaxed)),
+                len: ((flags >> LANE_LEN_SHIFT) as usize).min(LANE_GPUS),
+            });
+            (Self::inputs_of(row), lane)
         })
     }
 
@@ -307,7 +379,8 @@ impl RowReader {
     pub fn get(&self, id: u32) -> Option<Row<'_>> {
         let index = id as usize;
         let chunk = self.chunks.get(index / CHUNK)?;
-        Some(Row { row: chunk.rows.get(index % CHUNK)?, fitness: chunk.fitness.get(index % CHUNK)? })
+        let i = index % CHUNK;
+        Some(Row { row: chunk.rows.get(i)?, fitness: chunk.fitness.get(i)?, gpus: chunk.gpus.get(i)? })
     }
 }
 
@@ -329,9 +402,16 @@ impl RowRef {
         self.id as usize % CHUNK
     }
 
-    /// Publishes a node's decoded state and its size-gate inputs under its usage (free capacity included).
-    pub fn publish(&self, decoded: &Result<Arc<DecodedNode>, NodeFailure>, gates: &GateInputs) {
+    /// Publishes a node's decoded state, its size-gate inputs under its usage (free capacity included) and its
+    /// GPUs (every GPU of the inventory, in order; the lane is left unused past [`LANE_GPUS`]).
+    pub fn publish(
+        &self,
+        decoded: &Result<Arc<DecodedNode>, NodeFailure>,
+        gates: &GateInputs,
+        gpus: impl ExactSizeIterator<Item = GpuFree>,
+    ) {
         let Some(row) = self.chunk.rows.get(self.index()) else { return };
+        let Some(lane) = self.chunk.gpus.get(self.index()) else { return };
         let narrow = |v: u64| u32::try_from(v).ok();
         row.write(|row| match decoded {
             Ok(d) => {
@@ -354,7 +434,22 @@ impl RowRef {
                 let checks_pass = d.config.device_split != 0 && d.config.memory_factor != 0;
                 let usable = exact && checks_pass && gates.schedulable <= 0xffff;
                 let schedulable = (gates.schedulable.min(0xffff)) as u32;
-                row.schedulable.store(schedulable | if usable { GATES_USABLE } else { 0 }, Relaxed);
+                let len = gpus.len();
+                let mut packed = len <= LANE_GPUS;
+                for (cell, g) in lane.iter().zip(gpus) {
+                    match pack(&g) {
+                        Some(w) => cell.store(w, Relaxed),
+                        None => packed = false,
+                    }
+                }
+                let mut flags = schedulable;
+                if usable {
+                    flags |= GATES_USABLE;
+                    if packed {
+                        flags |= LANE_USABLE | (len as u32) << LANE_LEN_SHIFT;
+                    }
+                }
+                row.schedulable.store(flags, Relaxed);
                 row.status.store(READY, Relaxed);
             }
             Err(f) => {
@@ -398,7 +493,11 @@ mod tests {
         let a = table.alloc();
         let b = table.alloc();
         assert_eq!((a.id(), b.id()), (0, 1));
-        a.publish(&Err(NodeFailure::new(ReasonCode::NodeBadVgpuConfig)), &GateInputs::default());
+        a.publish(
+            &Err(NodeFailure::new(ReasonCode::NodeBadVgpuConfig)),
+            &GateInputs::default(),
+            std::iter::empty(),
+        );
         let reader = table.reader();
         assert_eq!(reader.get(0).map(|r| r.status()), Some(RowStatus::Failed(ReasonCode::NodeBadVgpuConfig)));
         assert_eq!(reader.get(1).map(|r| r.status()), Some(RowStatus::Vacant));
@@ -419,5 +518,24 @@ mod tests {
         assert!(table.reader().get(CHUNK as u32).is_some());
         drop(b);
         drop(c);
+    }
+
+    #[test]
+    fn gpus_pack_into_one_word_and_back() {
+        let g = GpuFree {
+            healthy: true,
+            mig: false,
+            has_slot: true,
+            free_cores: 65_535,
+            free_memory_mib: (1 << 20) - 1,
+            memory_mib: 196_608,
+            numa: Some(15),
+        };
+        assert_eq!(pack(&g).map(unpack), Some(g));
+        let none = GpuFree { numa: None, healthy: false, mig: true, ..g };
+        assert_eq!(pack(&none).map(unpack), Some(none));
+        assert_eq!(pack(&GpuFree { numa: Some(16), ..g }), None);
+        assert_eq!(pack(&GpuFree { free_cores: 65_536, ..g }), None);
+        assert_eq!(pack(&GpuFree { memory_mib: 1 << 20, ..g }), None);
     }
 }

@@ -29,6 +29,72 @@ fn frac(num: f64, den: f64) -> f64 {
     if den > 0.0 { num / den } else { 0.0 }
 }
 
+/// One GPU as the per-GPU filter reads it under a usage: what [`GpuFree::exclusion`] tests, without the
+/// type and UUID lists. A scheduler can keep it per GPU and reject nodes without a placement attempt
+/// ([`quick_reject_summary`](super::quick_reject_summary)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GpuFree {
+    /// Healthy.
+    pub healthy: bool,
+    /// In MIG mode.
+    pub mig: bool,
+    /// At least one vGPU slot free.
+    pub has_slot: bool,
+    /// Free cores.
+    pub free_cores: u64,
+    /// Free memory, MiB.
+    pub free_memory_mib: u64,
+    /// Memory, MiB (what a vGPU asking no memory takes).
+    pub memory_mib: u64,
+    /// NUMA node.
+    pub numa: Option<u32>,
+}
+
+impl GpuFree {
+    /// A GPU under usage `u`.
+    pub fn of(d: &GpuDevice, u: DeviceUsage) -> Self {
+        Self {
+            healthy: d.health.is_healthy(),
+            mig: d.mig_enabled,
+            has_slot: d.split_count.saturating_sub(u.number) > 0,
+            free_cores: d.cores.saturating_sub(u.cores),
+            free_memory_mib: d.memory_mib.saturating_sub(u.memory_mib),
+            memory_mib: d.memory_mib,
+            numa: d.numa_node,
+        }
+    }
+
+    /// Why the GPU cannot take one vGPU of `need`, before the type and UUID lists: health, MIG, free slot,
+    /// memory, cores (`None`: it can).
+    pub(crate) fn exclusion(&self, need: &ContainerNeed) -> Option<ReasonCode> {
+        let want_mem = if need.memory_mib == 0 { self.memory_mib } else { need.memory_mib };
+        if !self.healthy {
+            Some(ReasonCode::DeviceUnhealthy)
+        } else if self.mig {
+            Some(ReasonCode::DeviceMigEnabled)
+        } else if !self.has_slot {
+            Some(ReasonCode::InsufficientVgpuSlot)
+        } else if want_mem > self.free_memory_mib {
+            Some(ReasonCode::InsufficientVgpuMemory)
+        } else if need.cores > self.free_cores || self.free_cores == 0 {
+            Some(ReasonCode::InsufficientVgpuCore)
+        } else {
+            None
+        }
+    }
+}
+
+/// Why the request's type or UUID lists exclude a GPU (`None`: they admit it).
+pub(crate) fn list_exclusion(d: &GpuDevice, request: &PodRequest) -> Option<ReasonCode> {
+    if !request.filter.types.admits(&d.type_name) {
+        Some(ReasonCode::DeviceTypeMismatch)
+    } else if !request.filter.uuids.admits(&d.uuid) {
+        Some(ReasonCode::DeviceUuidMismatch)
+    } else {
+        None
+    }
+}
+
 /// Why one GPU under usage `u` cannot take one vGPU of `need` (`None`: it can) — the per-GPU test of
 /// [`filter_devices`], in its order: health, MIG, free slot, memory, cores, type lists, UUID lists.
 pub(crate) fn exclusion(
@@ -37,27 +103,7 @@ pub(crate) fn exclusion(
     need: &ContainerNeed,
     request: &PodRequest,
 ) -> Option<ReasonCode> {
-    let free_num = d.split_count.saturating_sub(u.number);
-    let free_mem = d.memory_mib.saturating_sub(u.memory_mib);
-    let free_core = d.cores.saturating_sub(u.cores);
-    let want_mem = if need.memory_mib == 0 { d.memory_mib } else { need.memory_mib };
-    if !d.health.is_healthy() {
-        Some(ReasonCode::DeviceUnhealthy)
-    } else if d.mig_enabled {
-        Some(ReasonCode::DeviceMigEnabled)
-    } else if free_num == 0 {
-        Some(ReasonCode::InsufficientVgpuSlot)
-    } else if want_mem > free_mem {
-        Some(ReasonCode::InsufficientVgpuMemory)
-    } else if need.cores > free_core || free_core == 0 {
-        Some(ReasonCode::InsufficientVgpuCore)
-    } else if !request.filter.types.admits(&d.type_name) {
-        Some(ReasonCode::DeviceTypeMismatch)
-    } else if !request.filter.uuids.admits(&d.uuid) {
-        Some(ReasonCode::DeviceUuidMismatch)
-    } else {
-        None
-    }
+    GpuFree::of(d, u).exclusion(need).or_else(|| list_exclusion(d, request))
 }
 
 /// Filters the inventory for one container need against `work` usage (indexed by inventory position).

@@ -63,12 +63,13 @@ mod usage;
 mod tests;
 
 pub use align::{Alignment, AlignmentWindow, GangKeys, GangVotes, NodeDomains};
+pub use filter::GpuFree;
 pub use link::{MAX_COMBINATIONS, MAX_OPTIMIZER_POOL};
 pub use link_search::{LinkSearch, LinkSearchAlgo, record_link_searches};
 pub use node::{LinkTier, NodeLinks, NodeView, decode_node};
 pub use place::{
     GateInputs, Notice, NoticeKind, PodAllocation, allocate, gate_inputs, place, place_aligned, precheck,
-    quick_reject, size_gate,
+    quick_reject, quick_reject_summary, size_gate,
 };
 pub use pod::{PodContainer, PodSpec, parse_quantity};
 pub use reason::{MAX_NODES_PER_REASON, NodeFailure, ReasonCode, ReasonCounts, render_unavailable};

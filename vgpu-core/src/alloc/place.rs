@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use crate::model::{ContainerDeviceClaim, DeviceClaim, PodDeviceClaim, TopologyMode};
 
 use super::align::{Alignment, AlignmentWindow};
-use super::filter::{Candidate, exclusion, filter_devices, sort_candidates};
+use super::filter::{Candidate, GpuFree, filter_devices, list_exclusion, sort_candidates};
 use super::link::{self, LinkPlan};
 use super::node::{LinkTier, NodeLinks, NodeView};
 use super::numa;
@@ -221,10 +221,10 @@ fn failed_gate(request: &PodRequest, resolved: &ResolvedRequest, node: &NodeView
 
 /// Why [`precheck`] then [`place_aligned`] would reject the pod — at a structural gate, at the GPU filter of
 /// the first container placed, or (`numa-strict`) at that container's NUMA placement — found without
-/// allocating; `None` when both pass (the placement
-/// may still fail later: another container, the topology). Exact: `Some(code)` only where
-/// `precheck` + `place_aligned` fail with `code`, whatever the alignment. A filter trying thousands of nodes
-/// that cannot take the pod pays this instead of a placement attempt per node.
+/// allocating; `None` when both pass (the placement may still fail later: another container, the topology).
+/// Exact: `Some(code)` only where `precheck` + `place_aligned` fail with `code`, whatever the alignment. A
+/// filter trying thousands of nodes that cannot take the pod pays this instead of a placement attempt per
+/// node.
 pub fn quick_reject(
     request: &PodRequest,
     resolved: &ResolvedRequest,
@@ -233,6 +233,40 @@ pub fn quick_reject(
     if let Some(gate) = failed_gate(request, resolved, node) {
         return Some(gate.code());
     }
+    let gpus = node.inventory.devices.iter().map(|d| {
+        let g = GpuFree::of(d, node.usage.device(d.index));
+        (g, list_exclusion(d, request))
+    });
+    first_container_reject(request, resolved, node.inventory.schedulable().count(), gpus)
+}
+
+/// [`quick_reject`] from a node summary — its [`GateInputs`] and every GPU of its inventory, in order, as
+/// [`GpuFree`] — for a node that passes [`NodeView::check`]: the same answer for a request without
+/// include/exclude lists; with lists, only the size gates are answered.
+pub fn quick_reject_summary(
+    request: &PodRequest,
+    resolved: &ResolvedRequest,
+    gates: &GateInputs,
+    gpus: impl IntoIterator<Item = GpuFree>,
+) -> Option<ReasonCode> {
+    if let Some(code) = size_gate(resolved, gates) {
+        return Some(code);
+    }
+    if !request.filter.uuids.is_unset() || !request.filter.types.is_unset() {
+        return None;
+    }
+    let schedulable = usize::try_from(gates.schedulable).unwrap_or(usize::MAX);
+    first_container_reject(request, resolved, schedulable, gpus.into_iter().map(|g| (g, None)))
+}
+
+/// The first container's GPU filter (and `numa-strict` NUMA placement) of [`quick_reject`], over the node's
+/// GPUs with their list exclusions.
+fn first_container_reject(
+    request: &PodRequest,
+    resolved: &ResolvedRequest,
+    schedulable: usize,
+    gpus: impl Iterator<Item = (GpuFree, Option<ReasonCode>)>,
+) -> Option<ReasonCode> {
     // The container `place_aligned` runs first: the first one without sequential init containers, else the
     // first sidecar, else the first app container (sequential init containers alone: no quick answer).
     let first = if !resolved.has_sequential_init {
@@ -242,7 +276,7 @@ pub fn quick_reject(
         role(ContainerRole::Sidecar).or_else(|| role(ContainerRole::App))
     }?;
     let number = first.number as usize;
-    if number > node.inventory.schedulable().count() {
+    if number > schedulable {
         return Some(ReasonCode::InsufficientGpuCards);
     }
     // `filter_devices` with `ReasonCounts` as a fixed array, and `NodeFailure::from_counts`' choice: the
@@ -255,18 +289,18 @@ pub fn quick_reject(
     // Fitting GPUs per NUMA node (`numa::pick`'s groups), while there are at most NUMA_GROUPS of them.
     let mut numa = [(0u32, 0usize); NUMA_GROUPS];
     let mut groups = Some(0usize);
-    for d in &node.inventory.devices {
-        match exclusion(d, node.usage.device(d.index), first, request) {
+    for (g, listed) in gpus {
+        match g.exclusion(first).or(listed) {
             None => {
                 fit += 1;
-                if let (Some(n), Some(len)) = (d.numa_node, groups) {
+                if let (Some(n), Some(len)) = (g.numa, groups) {
                     groups = match numa[..len].iter_mut().find(|(id, _)| *id == n) {
-                        Some(g) => {
-                            g.1 += 1;
+                        Some(group) => {
+                            group.1 += 1;
                             Some(len)
                         }
-                        None => numa.get_mut(len).map(|g| {
-                            *g = (n, 1);
+                        None => numa.get_mut(len).map(|group| {
+                            *group = (n, 1);
                             len + 1
                         }),
                     };
