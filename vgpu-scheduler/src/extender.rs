@@ -25,7 +25,7 @@ use crate::names::CandidateNames;
 use crate::pdb::{Budgets, PodDisruptionBudget};
 use crate::pod_lock::PodLocks;
 use crate::prealloc::{self, PREDICATE_TIME_DONE, phase};
-use crate::rank::{Ranking, ResolveMemo, rank_candidates};
+use crate::rank::{Ranking, ResolveMemo, rank_candidates, row_reject};
 use crate::rank_table::NO_ROW;
 
 /// Default `--stuck-grace-period` (30 s).
@@ -955,15 +955,21 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let gang = self.gang_of(&pod, &request);
         // Nodes whose usage counts this pod (as a rule none: a pod holding a placement was answered above).
         let own = self.cache.nodes_counting(&pod.uid);
+        let table = self.cache.rank_rows();
         for (pos, name, _) in ranking.by_ref() {
+            let own_node = own.iter().any(|n| n == name);
+            if !own_node
+                && let Some(code) = rows.get(pos).and_then(|&id| row_reject(&table, id, &request, &memo))
+            {
+                outcome[pos] = Some(code);
+                continue;
+            }
             let Some(slot) = self.cache.node(name) else {
                 outcome[pos] = Some(ReasonCode::NodeCacheMiss);
                 continue;
             };
             let mut s = lock(&slot);
-            if !own.iter().any(|n| n == name)
-                && let Some(code) = quick_reject_on(&request, &mut memo, &s)
-            {
+            if !own_node && let Some(code) = quick_reject_on(&request, &mut memo, &s) {
                 outcome[pos] = Some(code);
                 continue;
             }

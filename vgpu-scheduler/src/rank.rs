@@ -5,14 +5,13 @@
 use std::cmp::Ordering;
 
 use vgpu_core::alloc::{
-    Footprint, GateInputs, NodeScore, PodRequest, ReasonCode, ResolvedRequest, quick_reject_summary,
-    size_gate,
+    Footprint, NodeScore, PodRequest, ReasonCode, ResolvedRequest, quick_reject_summary, size_gate,
 };
 use vgpu_core::model::SchedulingPolicy;
 
 use crate::cache::{ClusterCache, DecodedNode, ResolveKey};
 use crate::names::CandidateNames;
-use crate::rank_table::{RankInputs, RowFitness, RowStatus};
+use crate::rank_table::{RankInputs, RowFitness, RowReader, RowStatus};
 
 /// Resolved requests memoized by what `resolve` depends on (memory factor, uniform GPU memory).
 #[derive(Debug, Default)]
@@ -78,9 +77,8 @@ pub fn score_inputs(
 /// first time its fitness table or a new resolve key is needed.
 ///
 /// With the pod's UID (a filter), a node whose row shows it fails a size gate (cards, cores or memory per
-/// vGPU, free slots, cores or memory: `vgpu_core::alloc::size_gate`) or, from the row's GPU lane, the first
-/// container's GPU filter (`vgpu_core::alloc::quick_reject_summary`) is rejected here with that reason,
-/// exactly as a placement attempt would reject it — unless the request has a memory policy (its node
+/// vGPU, free slots, cores or memory: `vgpu_core::alloc::size_gate`) is rejected here with that gate's
+/// reason, exactly as a placement attempt would reject it — unless the request has a memory policy (its node
 /// check comes first) or the node counts the pod itself (a placement attempt leaves the pod's own usage
 /// out). A full cluster's filter then never locks the nodes that are full. Without it (prioritize) every
 /// held node is ranked.
@@ -115,7 +113,7 @@ pub fn rank_candidates<'a>(
                 continue;
             }
         }
-        let (inputs, lane) = if gated.is_some() { row.inputs_with_gpus() } else { (row.inputs(), None) };
+        let inputs = row.inputs();
         let mut key = inputs.key;
         if memo.lookup(key).is_none() {
             // Resolved under the decoded node's own key (never the row's, which may be a moment older).
@@ -130,14 +128,10 @@ pub fn rank_candidates<'a>(
             reject(pos, ReasonCode::NodeInfoBuildFailed);
             continue;
         };
-        // The row is judged only against the request resolved under the row's own key.
-        let quick = |g: &GateInputs| match &lane {
-            Some(lane) => quick_reject_summary(request, resolved, g, lane.iter()),
-            None => size_gate(resolved, g),
-        };
+        // The row's gate inputs are judged only against the request resolved under the row's own key.
         if gated.is_some()
             && key == inputs.key
-            && let Some(code) = inputs.gates.as_ref().and_then(quick)
+            && let Some(code) = inputs.gates.as_ref().and_then(|g| size_gate(resolved, g))
             && !own.iter().any(|n| n == name)
         {
             reject(pos, code);
@@ -152,6 +146,29 @@ pub fn rank_candidates<'a>(
         ranked.push((pos, name, score_inputs(request, &inputs, fitness, total)));
     }
     ranked
+}
+
+/// Why a ranked node cannot take the pod, read from its rank-table row alone (no node lock): the size gates
+/// and, from the row's GPU lane, the first container's GPU filter (`vgpu_core::alloc::quick_reject_summary`)
+/// — the reason a placement attempt gives. `None` when the row cannot say (no usable lane, the request
+/// resolved under another key, a memory policy whose node check comes first): lock the node and try it. The
+/// caller leaves out nodes that count the pod itself. The filter asks this of each node just before it
+/// would lock it, so a pod that fits at once pays it for one node, not for every candidate.
+pub fn row_reject(rows: &RowReader, id: u32, request: &PodRequest, memo: &ResolveMemo) -> Option<ReasonCode> {
+    if request.memory_policy.is_some() {
+        return None;
+    }
+    let row = rows.get(id)?;
+    if row.status() != RowStatus::Ready {
+        return None;
+    }
+    let (inputs, lane) = row.inputs_with_gpus();
+    let gates = inputs.gates?;
+    let resolved = memo.lookup(inputs.key)?;
+    match lane {
+        Some(lane) => quick_reject_summary(request, resolved, &gates, lane.iter()),
+        None => size_gate(resolved, &gates),
+    }
 }
 
 /// A ranked candidate: input position, node name, rank inputs.

@@ -454,6 +454,8 @@ impl RowRef {
             }
             Err(f) => {
                 let i = ReasonCode::ALL.iter().position(|c| *c == f.code).unwrap_or(0);
+                // No gates or lane for a node that cannot take vGPU pods.
+                row.schedulable.store(0, Relaxed);
                 row.status.store(FAILED + i as u32, Relaxed);
             }
         });

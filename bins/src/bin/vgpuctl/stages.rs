@@ -16,8 +16,9 @@
 //! slow call was the machine's, `filter_on_cpu` how much was ours (both at the kernel's accounting
 //! granularity, a scheduler tick: meaningful in the tail, 0 for most short calls).
 //!
-//! Counts (`counts` in the JSON): `nodes_tried`, the candidates a filter tried to allocate on (the rejected
-//! ones after ranking, plus the chosen one).
+//! Counts (`counts` in the JSON): `nodes_tried`, the candidates a filter judged (every one rejected with a
+//! reason of its own — from its rank-table row or by an allocation attempt — plus the chosen one; the ones
+//! left untried once a node fits are not counted).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
