@@ -942,8 +942,11 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         // Per input position: why the node was rejected (`None`: ranked and not tried yet, or chosen).
         let mut outcome: Vec<Option<ReasonCode>> = vec![None; nodes.len()];
         let mut memo = ResolveMemo::default();
+        // Nodes whose usage counts this pod (as a rule none: a pod holding a placement was answered above):
+        // they are never rejected from their rows (a placement attempt leaves the pod's own usage out).
+        let own = self.cache.nodes_counting(&pod.uid);
         let ranked =
-            rank_candidates(&self.cache, &request, &nodes, &rows, &mut memo, Some(&pod.uid), |pos, code| {
+            rank_candidates(&self.cache, &request, &nodes, &rows, &mut memo, Some(&own), |pos, code| {
                 outcome[pos] = Some(code)
             });
         // Only as much of the order as is tried gets sorted (usually the first node fits).
@@ -953,8 +956,6 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let mut chosen: Option<(usize, PodAllocation)> = None;
         let expires = now.saturating_add(self.config.reservation_ttl_ns);
         let gang = self.gang_of(&pod, &request);
-        // Nodes whose usage counts this pod (as a rule none: a pod holding a placement was answered above).
-        let own = self.cache.nodes_counting(&pod.uid);
         let table = self.cache.rank_rows();
         for (pos, name, _) in ranking.by_ref() {
             let own_node = own.iter().any(|n| n == name);

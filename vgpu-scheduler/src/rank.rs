@@ -76,7 +76,8 @@ pub fn score_inputs(
 /// every candidate the cache does not hold or that cannot take vGPU pods. A node's lock is taken only the
 /// first time its fitness table or a new resolve key is needed.
 ///
-/// With the pod's UID (a filter), a node whose row shows it fails a size gate (cards, cores or memory per
+/// With `row_rejection` (a filter: the nodes whose usage counts the pod, [`ClusterCache::nodes_counting`],
+/// as a rule none), a node whose row shows it fails a size gate (cards, cores or memory per
 /// vGPU, free slots, cores or memory: `vgpu_core::alloc::size_gate`) is rejected here with that gate's
 /// reason, exactly as a placement attempt would reject it — unless the request has a memory policy (its node
 /// check comes first) or the node counts the pod itself (a placement attempt leaves the pod's own usage
@@ -88,12 +89,12 @@ pub fn rank_candidates<'a>(
     names: &'a CandidateNames,
     rows: &[u32],
     memo: &mut ResolveMemo,
-    pod_uid: Option<&str>,
+    row_rejection: Option<&[String]>,
     mut reject: impl FnMut(usize, ReasonCode),
 ) -> Vec<Ranked<'a>> {
     let table = cache.rank_rows();
-    let gated = pod_uid.filter(|_| request.memory_policy.is_none());
-    let own = gated.map(|uid| cache.nodes_counting(uid)).unwrap_or_default();
+    let gated = row_rejection.filter(|_| request.memory_policy.is_none());
+    let own = gated.unwrap_or_default();
     let mode = request.topology.base();
     let need = request.containers.iter().map(|c| c.request.number).max().unwrap_or(0);
     let mut ranked = Vec::with_capacity(names.len());
