@@ -60,7 +60,7 @@ fn json_reports_per_stage_latency_histograms() {
             (s["p50_us"].as_f64().unwrap(), s["p99_us"].as_f64().unwrap(), s["max_us"].as_f64().unwrap());
         assert!(p50 <= p99 && p99 <= max, "{stage}: {s}");
     }
-    // One filter per pod; the patch runs once per placed pod.
+    // One filter per pod; the pre-allocation is written once per placed pod (on its binding).
     assert_eq!(stages["filter"]["count"], 60);
     assert_eq!(stages["rank"]["count"], 60);
     assert_eq!(stages["patch"]["count"], v["placed"]);

@@ -476,8 +476,9 @@ pub enum FilterStage {
     Node,
     /// Allocation on the ranked nodes until one fits, including its reservation.
     Device,
-    /// The pre-allocation patch round trip (retries included). It runs in the bind, after kube-scheduler's
-    /// serial filter, since the filter only reserves.
+    /// The round trip that writes the pre-allocation: the binding that carries it, or the patch before the
+    /// binding (retries included; [`BindWrites`]). It runs in the bind, after kube-scheduler's serial filter,
+    /// since the filter only reserves.
     Patch,
     /// Recording the reservation for expiry (filter) and the patched pod (bind) in the cache.
     CacheUpdate,
@@ -1411,7 +1412,12 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         // Every binding sent before the labels were seen on a pod is checked, even if another bind's check
         // has meanwhile found them dropped: its labels need the same repair.
         let check = carried.is_some() && self.bind_labels.load(Ordering::Acquire) != LABELS_RIDE_BINDING;
-        if let Err(e) = self.cluster.bind_pod(&binding).await {
+        let t_stage = Instant::now();
+        let bound = self.cluster.bind_pod(&binding).await;
+        if carried.is_some() {
+            self.observe(FilterStage::Patch, t_stage);
+        }
+        if let Err(e) = bound {
             if carried.is_some() {
                 self.cache.release(node, &pod.uid);
             }
