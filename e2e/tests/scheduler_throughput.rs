@@ -197,12 +197,14 @@ async fn throughput_a_kube_scheduler_alone_with_plain_gpus() {
         .await
         .unwrap();
     let cpu = env.cpu_seconds();
+    let requests = api_requests(&client).await;
     let seconds = measure(&client, pods, |i| {
         (None, fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), &[("nvidia.com/gpu", 1)], &[]))
     })
     .await;
     report("a", nodes, pods, seconds);
     println!("{}", cpu_since(&env, &cpu));
+    println!("{}", api_requests_since(&client, &requests).await);
     env.finish();
 }
 
@@ -234,6 +236,7 @@ async fn throughput_b_kube_scheduler_with_our_extender() {
         .await
         .unwrap();
     let cpu = env.cpu_seconds();
+    let requests = api_requests(&client).await;
     // The pods' node policy (`VGPU_THROUGHPUT_NODE_POLICY`: none, the default, binpack or spread). With none or
     // binpack consecutive pods go to the same node until it is full, and `SerializedNodeBind` creates their
     // bindings one after the other; spread sends them to different nodes, as kube-scheduler's own scoring does
@@ -250,6 +253,7 @@ async fn throughput_b_kube_scheduler_with_our_extender() {
     .await;
     report("b", nodes, pods, seconds);
     println!("{}", cpu_since(&env, &cpu));
+    println!("{}", api_requests_since(&client, &requests).await);
     let (_, metrics) = vgpu_e2e::http_get(port, "/metrics").await.unwrap();
     println!("{}", verb_means(&metrics));
     env.check_process(EXTENDER).unwrap();
@@ -289,6 +293,7 @@ async fn throughput_c_kube_scheduler_with_dra_claims() {
         .await
         .unwrap();
     let cpu = env.cpu_seconds();
+    let requests = api_requests(&client).await;
     let seconds = measure(&client, pods, |i| {
         let name = format!("pod-{i:05}");
         let capacity = serde_json::json!({ "requests": { "cores": "10", "memory": "1Gi" } });
@@ -298,7 +303,53 @@ async fn throughput_c_kube_scheduler_with_dra_claims() {
     .await;
     report("c", nodes, pods, seconds);
     println!("{}", cpu_since(&env, &cpu));
+    println!("{}", api_requests_since(&client, &requests).await);
     env.finish();
+}
+
+/// `apiserver_request_total` summed by verb and resource (`create pods/binding`, …): kube-apiserver's
+/// request counts, read through `client` (the admin user may read `/metrics`).
+async fn api_requests(client: &kube::Client) -> std::collections::BTreeMap<String, f64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    let mut counts = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else { continue };
+        let Some((labels, value)) = rest.split_once("} ") else { continue };
+        let label = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=\""))?.strip_suffix('"'))
+                .unwrap_or("")
+        };
+        let resource = match label("subresource") {
+            "" => label("resource").to_owned(),
+            sub => format!("{}/{sub}", label("resource")),
+        };
+        *counts.entry(format!("{} {resource}", label("verb").to_lowercase())).or_insert(0.0) +=
+            value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    counts
+}
+
+/// `api requests: create pods 1000, create pods/binding 1000, …`: what changed since `before`, largest first
+/// (which writes a configuration costs the API server per pod is part of the answer).
+async fn api_requests_since(
+    client: &kube::Client,
+    before: &std::collections::BTreeMap<String, f64>,
+) -> String {
+    let now = api_requests(client).await;
+    let mut deltas: Vec<(String, f64)> = now
+        .into_iter()
+        .map(|(k, v)| {
+            let was = before.get(&k).copied().unwrap_or(0.0);
+            (k, v - was)
+        })
+        .filter(|(_, d)| *d >= 1.0)
+        .collect();
+    deltas.sort_by(|x, y| y.1.total_cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+    let parts: Vec<String> = deltas.iter().map(|(k, d)| format!("{k} {d}")).collect();
+    format!("api requests: {}", parts.join(", "))
 }
 
 /// `extender verbs: filter/total 0.41 ms × 200, …`: the mean of each `vgpu_scheduler_verb_duration_seconds`

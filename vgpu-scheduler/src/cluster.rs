@@ -243,6 +243,9 @@ pub struct Event {
     pub reason: &'static str,
     /// Message.
     pub message: String,
+    /// When it happened (ns since the Unix epoch): the event's timestamps, even when it is sent later
+    /// ([`event_queue`](crate::event_queue)).
+    pub at_ns: i64,
 }
 
 /// A change seen by a watch.

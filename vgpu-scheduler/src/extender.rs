@@ -20,6 +20,7 @@ use vgpu_gates::{CoreGate, FeatureGates};
 use crate::cache::{ClusterCache, DecodedNode, NodeSlot, NodeState};
 use crate::clock::Clock;
 use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MemoryCluster, MetadataPatch, Pod};
+use crate::event_queue::{DeferConfig, DeferredEvents, TokenBucket};
 use crate::gang::GangPlacement;
 use crate::names::CandidateNames;
 use crate::pdb::{Budgets, PodDisruptionBudget};
@@ -134,6 +135,11 @@ pub struct ExtenderConfig {
     pub success_event_qps: u32,
     /// Burst of [`success_event_qps`](Self::success_event_qps).
     pub success_event_burst: u32,
+    /// Hold success events back while scheduling is busy ([`event_queue`](crate::event_queue)): `Some`,
+    /// they wait in a queue until no filter or bind has started for the quiet period (or until the maximum
+    /// delay), and whoever runs the extender sends them with [`Extender::flush_events`] (the binary runs
+    /// [`Extender::run_event_flusher`]); `None` ([`Default`]), each is sent when it happens.
+    pub defer_success_events: Option<DeferConfig>,
     /// Gate `TopologyAwareGPUAllocation`: read the nodes' `node-device-topology`. Off, link-mode pods are
     /// placed as if no node published a topology (contract §3.2, §4.2): `link-strict` is rejected with
     /// `LinkTopologyUnsatisfied` ("node has no GPU link topology"), `link` falls back to the first GPUs in
@@ -217,6 +223,7 @@ impl Default for ExtenderConfig {
             success_events: true,
             success_event_qps: DEFAULT_EVENT_QPS,
             success_event_burst: DEFAULT_EVENT_BURST,
+            defer_success_events: None,
             link_topology: true,
             bind_writes: BindWrites::default(),
         }
@@ -560,8 +567,10 @@ pub struct Extender<C, K> {
     pending: std::sync::Mutex<PendingPlacements>,
     /// `LABELS_*`: whether binds carry the pre-allocation on the binding ([`BindWrites`]).
     bind_labels: std::sync::atomic::AtomicU8,
-    /// Success-event token bucket: (tokens, time of the last refill in Unix ns).
-    event_tokens: std::sync::Mutex<(f64, i64)>,
+    /// Success-event token bucket ([`ExtenderConfig::success_event_qps`]).
+    event_tokens: std::sync::Mutex<TokenBucket>,
+    /// Success events waiting for a quiet moment ([`ExtenderConfig::defer_success_events`]).
+    deferred_events: Option<DeferredEvents>,
 }
 
 /// The pending placements, and the size at which the next insert sweeps out expired ones (twice the size
@@ -668,7 +677,8 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             ClusterCache::new(config.domain.clone(), config.stuck_grace_ns)
                 .with_link_topology(config.link_topology),
         );
-        let burst = config.success_event_burst.max(1);
+        let event_tokens = TokenBucket::new(config.success_event_qps, config.success_event_burst);
+        let deferred_events = config.defer_success_events.map(DeferredEvents::new);
         let bind_labels = match config.bind_writes {
             BindWrites::Binding => LABELS_RIDE_BINDING,
             BindWrites::BindingChecked => LABELS_UNCHECKED,
@@ -686,7 +696,8 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             observer: None,
             pending: std::sync::Mutex::new(PendingPlacements::default()),
             bind_labels: std::sync::atomic::AtomicU8::new(bind_labels),
-            event_tokens: std::sync::Mutex::new((f64::from(burst), i64::MIN)),
+            event_tokens: std::sync::Mutex::new(event_tokens),
+            deferred_events,
         }
     }
 
@@ -740,30 +751,87 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         if !self.config.emit_events || (success && !self.config.success_events) {
             return;
         }
-        if success && !self.take_event_token() {
-            self.stats.events_dropped.fetch_add(1, Ordering::Relaxed);
+        let at_ns = self.clock.now_ns();
+        let e =
+            Event { namespace: pod.namespace.clone(), pod: pod.name.clone(), kind, reason, message, at_ns };
+        if success {
+            let kept = match &self.deferred_events {
+                Some(queue) => queue.push(e),
+                None if self.event_tokens().take(at_ns) => {
+                    self.cluster.record_event(e).await;
+                    true
+                }
+                None => false,
+            };
+            if !kept {
+                self.stats.events_dropped.fetch_add(1, Ordering::Relaxed);
+            }
             return;
         }
-        let e = Event { namespace: pod.namespace.clone(), pod: pod.name.clone(), kind, reason, message };
         self.cluster.record_event(e).await;
     }
 
-    /// One token of the success-event bucket, if there is one (refilled at `success_event_qps` per second up to
-    /// `success_event_burst`).
-    fn take_event_token(&self) -> bool {
-        let qps = self.config.success_event_qps;
-        if qps == 0 {
-            return true;
+    fn event_tokens(&self) -> std::sync::MutexGuard<'_, TokenBucket> {
+        self.event_tokens.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Marks scheduling busy now (a filter or bind started), so deferred success events wait.
+    fn scheduling_busy(&self) {
+        if let Some(queue) = &self.deferred_events {
+            queue.busy(self.clock.now_ns());
         }
-        let burst = f64::from(self.config.success_event_burst.max(1));
+    }
+
+    /// Sends the deferred success events that are due ([`ExtenderConfig::defer_success_events`]): all the rate
+    /// limit allows once no filter or bind has started for the quiet period, else those past the maximum
+    /// delay. With `drain`, every waiting event the rate limit allows, quiet or not (shutting down). Returns
+    /// how many were sent; 0 without deferral.
+    pub async fn flush_events(&self, drain: bool) -> usize {
+        let Some(queue) = &self.deferred_events else { return 0 };
         let now = self.clock.now_ns();
-        let mut bucket = self.event_tokens.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (tokens, last) = *bucket;
-        let refill = if last == i64::MIN { 0.0 } else { now.saturating_sub(last).max(0) as f64 * 1e-9 };
-        let tokens = (tokens + refill * f64::from(qps)).min(burst);
-        let (left, sent) = if tokens >= 1.0 { (tokens - 1.0, true) } else { (tokens, false) };
-        *bucket = (left, now);
+        let due = {
+            let mut tokens = self.event_tokens();
+            if drain { queue.drain(now, &mut tokens) } else { queue.due(now, &mut tokens) }
+        };
+        let sent = due.len();
+        for event in due {
+            self.cluster.record_event(event).await;
+        }
         sent
+    }
+
+    /// Success events waiting to be sent (0 without deferral).
+    pub fn deferred_events(&self) -> usize {
+        self.deferred_events.as_ref().map_or(0, DeferredEvents::len)
+    }
+
+    /// Sends deferred success events every `tick` (see [`flush_events`](Self::flush_events)) until `shutdown`
+    /// completes, then what the rate limit allows of the rest. Returns at once without deferral.
+    pub async fn run_event_flusher(
+        self: Arc<Self>,
+        tick: std::time::Duration,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        if self.deferred_events.is_none() {
+            return;
+        }
+        let mut interval = tokio::time::interval(tick.max(std::time::Duration::from_millis(1)));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = interval.tick() => {
+                    self.flush_events(false).await;
+                }
+            }
+        }
+        let sent = self.flush_events(true).await;
+        let left = self.deferred_events();
+        if left > 0 {
+            self.stats.events_dropped.fetch_add(left as u64, Ordering::Relaxed);
+        }
+        tracing::debug!(sent, dropped = left, "deferred events flushed at shutdown");
     }
 
     async fn patch(&self, pod: &Pod, patch: &MetadataPatch) -> Result<Pod, ExtenderError> {
@@ -805,6 +873,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     /// informer has seen the patch. Filters of different pods never wait on each other for this.
     pub async fn filter(&self, pod: Option<&Pod>, nodes: impl Into<CandidateNames>) -> FilterResult {
         let start = Instant::now();
+        self.scheduling_busy();
         let out = self.filter_inner(pod, nodes.into()).await;
         self.stats.filter_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         match out {
@@ -1128,6 +1197,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     /// done, so bindings land in `predicate-time` order as upstream's mutex makes them, at one API round trip
     /// per pod and node instead of two.
     pub async fn bind(&self, namespace: &str, name: &str, uid: &str, node: &str) -> BindResult {
+        self.scheduling_busy();
         match self.bind_inner(namespace, name, uid, node).await {
             Ok(()) => {
                 self.stats.bind_success.fetch_add(1, Ordering::Relaxed);

@@ -59,8 +59,6 @@
 //! # }
 //! ```
 
-use std::sync::Arc;
-
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -70,7 +68,6 @@ use kube::{
 };
 use vgpu_core::domain::ResourceDomain;
 
-use crate::clock::{Clock, SystemClock};
 use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MetadataPatch, Node, Pod};
 use crate::convert::{node_from_k8s, pdb_from_k8s, pod_from_k8s};
 use crate::pdb::PodDisruptionBudget;
@@ -84,7 +81,6 @@ pub struct KubeCluster {
     client: Client,
     scheduler_name: String,
     domain: ResourceDomain,
-    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for KubeCluster {
@@ -95,25 +91,14 @@ impl std::fmt::Debug for KubeCluster {
 
 impl KubeCluster {
     /// Wraps a client (from a kubeconfig, the in-cluster config, or a test service); `scheduler_name` is the
-    /// event source (`--scheduler-name`). Default resource domain, wall clock.
+    /// event source (`--scheduler-name`). Default resource domain.
     pub fn new(client: Client, scheduler_name: impl Into<String>) -> Self {
-        Self {
-            client,
-            scheduler_name: scheduler_name.into(),
-            domain: ResourceDomain::default(),
-            clock: Arc::new(SystemClock),
-        }
+        Self { client, scheduler_name: scheduler_name.into(), domain: ResourceDomain::default() }
     }
 
     /// Uses another resource domain (`--domain`) to read node allocatable quantities.
     pub fn with_domain(mut self, domain: ResourceDomain) -> Self {
         self.domain = domain;
-        self
-    }
-
-    /// Uses another clock for event timestamps (tests).
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
         self
     }
 
@@ -173,8 +158,10 @@ fn timestamp(ns: i64) -> Timestamp {
     Timestamp::from_second(ns.div_euclid(1_000_000_000)).unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
-/// The core/v1 `Event` recorded for `event` by `component` at `now_ns` (see the module docs).
-pub fn event_object(event: &Event, component: &str, now_ns: i64) -> corev1::Event {
+/// The core/v1 `Event` recorded for `event` by `component`, stamped with the time it happened
+/// ([`Event::at_ns`]; see the module docs).
+pub fn event_object(event: &Event, component: &str) -> corev1::Event {
+    let now_ns = event.at_ns;
     let now = Time(timestamp(now_ns));
     corev1::Event {
         metadata: ObjectMeta {
@@ -291,7 +278,7 @@ impl Cluster for KubeCluster {
     /// Sends the event from a background task, so the verb that records it never waits for the API server.
     async fn record_event(&self, event: Event) {
         let api: Api<corev1::Event> = Api::namespaced(self.client.clone(), &event.namespace);
-        let object = event_object(&event, &self.scheduler_name, self.clock.now_ns());
+        let object = event_object(&event, &self.scheduler_name);
         tokio::spawn(async move {
             if let Err(e) = api.create(&PostParams::default(), &object).await {
                 tracing::warn!(

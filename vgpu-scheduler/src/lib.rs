@@ -119,6 +119,7 @@ pub mod cache;
 pub use vgpu_core::clock;
 pub mod cluster;
 pub mod convert;
+pub mod event_queue;
 pub mod extender;
 pub mod fixture;
 pub mod gang;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use vgpu_core::alloc::{NodeUsage, NodeView, PodRequest, order_nodes};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_scheduler::cluster::EventType;
 use vgpu_scheduler::extender::BindWrites;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::rank::{ResolveMemo, rank_candidates, sort_ranked};
@@ -443,4 +444,72 @@ fn success_events_are_rate_limited_and_warnings_never() {
     let node = e.filter(&p).node_names()[0].to_owned();
     assert_eq!(e.bind(&p, &node), "");
     assert_eq!(successes(&e), 3);
+}
+
+#[test]
+fn deferred_success_events_wait_for_a_quiet_moment() {
+    use vgpu_scheduler::event_queue::DeferConfig;
+    const MS: i64 = 1_000_000;
+    let defer = DeferConfig { quiet_ns: 250 * MS, max_delay_ns: 10_000 * MS, capacity: 5 };
+    let config = ExtenderConfig {
+        success_event_qps: 1,
+        success_event_burst: 3,
+        defer_success_events: Some(defer),
+        ..ExtenderConfig::default()
+    };
+    let e = env_with(3, 2, config);
+    let successes = |e: &Env| e.cluster.events().iter().filter(|ev| ev.kind == EventType::Normal).count();
+    // Three pods scheduled 10 ms apart: six success events, five fit the queue, none sent while busy.
+    for uid in ["a", "b", "c"] {
+        let p = e.pod(uid, 1, 10, 0, &[]);
+        let node = e.filter(&p).node_names()[0].to_owned();
+        e.clock.advance(10 * MS);
+        assert_eq!(e.bind(&p, &node), "");
+    }
+    assert_eq!((successes(&e), e.ext.deferred_events()), (0, 5));
+    assert_eq!(e.ext.stats().events_dropped.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // A warning goes at once.
+    let big = e.pod("big", 3, 0, 0, &[]);
+    assert!(e.filter(&big).node_names().is_empty());
+    assert_eq!(e.cluster.events().iter().map(|ev| ev.reason).collect::<Vec<_>>(), ["FilteringFailed"]);
+    assert_eq!(e.rt.block_on(e.ext.flush_events(false)), 0, "a filter started just now");
+    // Quiet for 250 ms: the burst of three tokens goes, oldest first, stamped when they happened.
+    e.clock.advance(250 * MS);
+    assert_eq!(e.rt.block_on(e.ext.flush_events(false)), 3);
+    let sent: Vec<(&str, String, i64)> = e
+        .cluster
+        .events()
+        .iter()
+        .filter(|ev| ev.kind == EventType::Normal)
+        .map(|ev| (ev.reason, ev.pod.clone(), ev.at_ns - T0))
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            ("FilteringSucceed", "pod-a".to_owned(), 0),
+            ("BindingSucceed", "pod-a".to_owned(), 10 * MS),
+            ("FilteringSucceed", "pod-b".to_owned(), 10 * MS),
+        ]
+    );
+    // The rest go at the rate limit: one a second.
+    e.clock.advance(1_000 * MS);
+    assert_eq!(e.rt.block_on(e.ext.flush_events(false)), 1);
+    assert_eq!(e.ext.deferred_events(), 1);
+    // Draining (shutdown) ignores the quiet period but not the rate limit.
+    e.rt.block_on(e.ext.filter(Some(&big), e.names.clone()));
+    assert_eq!(e.rt.block_on(e.ext.flush_events(true)), 0);
+    e.clock.advance(1_000 * MS);
+    e.rt.block_on(e.ext.filter(Some(&big), e.names.clone()));
+    assert_eq!(e.rt.block_on(e.ext.flush_events(true)), 1);
+    assert_eq!((successes(&e), e.ext.deferred_events()), (5, 0));
+}
+
+#[test]
+fn without_deferral_flushing_sends_nothing() {
+    let e = env(2, 2);
+    let p = e.pod("a", 1, 10, 0, &[]);
+    let node = e.filter(&p).node_names()[0].to_owned();
+    assert_eq!(e.bind(&p, &node), "");
+    assert_eq!(e.cluster.events().len(), 2, "sent when they happened");
+    assert_eq!((e.rt.block_on(e.ext.flush_events(true)), e.ext.deferred_events()), (0, 0));
 }

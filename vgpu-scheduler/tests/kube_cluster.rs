@@ -6,19 +6,17 @@
 #[path = "../../vgpu-serve/tests/support/mock_api_server.rs"]
 mod mock_api_server;
 
-use std::sync::Arc;
-
 use mock_api_server::{ApiHandle, next, reply};
 use serde_json::{Value, json};
 use vgpu_scheduler::cluster::{Binding, Event, EventType};
-use vgpu_scheduler::{Cluster, ClusterError, KubeCluster, ManualClock, MetadataPatch, PodPhase};
+use vgpu_scheduler::{Cluster, ClusterError, KubeCluster, MetadataPatch, PodPhase};
 
 /// 2026-01-02T03:04:05.123456789Z
 const NOW_NS: i64 = 1_767_323_045_123_456_789;
 
 fn cluster() -> (KubeCluster, ApiHandle) {
     let (client, handle) = mock_api_server::mock_client();
-    let cluster = KubeCluster::new(client, "vgpu-scheduler").with_clock(Arc::new(ManualClock::new(NOW_NS)));
+    let cluster = KubeCluster::new(client, "vgpu-scheduler");
     (cluster, handle)
 }
 
@@ -255,6 +253,7 @@ async fn records_core_v1_events() {
             kind: EventType::Warning,
             reason: "FilteringFailed",
             message: "0/2 nodes are available: Insufficient vGPU slots (n1, n2).".into(),
+            at_ns: NOW_NS,
         })
         .await;
     cluster
@@ -264,6 +263,7 @@ async fn records_core_v1_events() {
             kind: EventType::Normal,
             reason: "FilteringSucceed",
             message: "Successfully matched node \"n1\"".into(),
+            at_ns: NOW_NS,
         })
         .await;
     server.await.unwrap();

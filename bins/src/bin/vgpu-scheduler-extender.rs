@@ -23,6 +23,7 @@ use vgpu_bins::{
 };
 use vgpu_core::domain::ResourceDomain;
 use vgpu_gates::{CoreGate, FeatureGates};
+use vgpu_scheduler::event_queue::DeferConfig;
 use vgpu_scheduler::metrics::Metrics;
 use vgpu_scheduler::server::{AppState, ServerConfig};
 use vgpu_scheduler::tls::{ClientAuth, TlsFiles};
@@ -113,6 +114,13 @@ struct Cli {
     /// Burst of --event-qps.
     #[arg(long, default_value_t = vgpu_scheduler::extender::DEFAULT_EVENT_BURST, value_name = "N")]
     event_burst: u32,
+    /// Success events wait until no filter or bind has started for this long, so a burst of pods is bound
+    /// before its events compete with the bindings for the API server (Go duration; 0: sent at once).
+    #[arg(long, default_value = "250ms", value_parser = parse_go_duration)]
+    event_quiet_period: Duration,
+    /// ... but no longer than this: under steady load, success events go out this late at most (Go duration).
+    #[arg(long, default_value = "10s", value_parser = parse_go_duration)]
+    event_max_delay: Duration,
     /// How a bind writes the pre-allocation onto the pod: `binding` (one write: the binding carries the
     /// labels and annotations; needs kube-apiserver 1.35+ with PodTopologyLabelsAdmission, on by default),
     /// `patch` (a merge patch, then the binding: any version), `auto` (binding from 1.35 on, the first bound
@@ -224,6 +232,7 @@ async fn run(
         success_events: cli.success_events,
         success_event_qps: cli.event_qps,
         success_event_burst: cli.event_burst,
+        defer_success_events: defer_config(&cli)?,
         bind_writes,
         ..ExtenderConfig::from_gates(&gates)
     };
@@ -242,6 +251,8 @@ async fn run(
         .spawn(stopped(stopping.clone()));
     let elector =
         tokio::spawn(leader::run(client, leader_config, readiness.clone(), stopped(stopping.clone())));
+    let events =
+        tokio::spawn(extender.clone().run_event_flusher(EVENT_FLUSH_TICK, stopped(stopping.clone())));
 
     let shutdown = shutdown_signal()?;
     let stop_all = async move {
@@ -266,8 +277,27 @@ async fn run(
     drop(stopping);
     cache.await.context("the cache driver panicked")?;
     elector.await.context("the leader elector panicked")?.context("leader election")?;
+    events.await.context("the event flusher panicked")?;
     served.context("the HTTP server")?;
     Ok(())
+}
+
+/// How often deferred success events are looked at (`--event-quiet-period`).
+const EVENT_FLUSH_TICK: Duration = Duration::from_millis(50);
+
+/// `--event-quiet-period` and `--event-max-delay` as the extender's deferral (`None`: quiet period 0).
+fn defer_config(cli: &Cli) -> anyhow::Result<Option<DeferConfig>> {
+    if cli.event_quiet_period.is_zero() {
+        return Ok(None);
+    }
+    let ns = |d: Duration, flag: &str| {
+        i64::try_from(d.as_nanos()).with_context(|| format!("--{flag} is too large"))
+    };
+    Ok(Some(DeferConfig {
+        quiet_ns: ns(cli.event_quiet_period, "event-quiet-period")?,
+        max_delay_ns: ns(cli.event_max_delay, "event-max-delay")?,
+        ..DeferConfig::default()
+    }))
 }
 
 /// `--bind-writes` values.
