@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Scheduling throughput under the real kube-scheduler (issue #22 item 1): e2e/tests/scheduler_throughput.rs at
-# the sizes of the issue, configuration (a) kube-scheduler alone with nvidia.com/gpu pods, (b) with our
-# extender and vGPU pods, (c) kube-scheduler alone with DRA claims on our ResourceSlices, each on a fresh
-# control plane; prints pods/s per size and the ratios (b)/(a) and (c)/(a).
+# the sizes of the issue, configuration (a) kube-scheduler alone with nvidia.com/gpu pods, (v) kube-scheduler
+# alone with the vGPU pods of (b) counted as plain extended resources (the cost of the pod shape itself),
+# (b) with our extender and vGPU pods, (c) kube-scheduler alone with DRA claims on our ResourceSlices, each
+# on a fresh control plane; prints pods/s per size and the ratios (b)/(a), (b)/(v) (the extender's own cost)
+# and (c)/(a).
 #
 #   scripts/throughput.sh                 # 200x1000, 1000x1000, 200x5000, 1000x5000 (nodes x pods)
 #   scripts/throughput.sh 50x200 200x1000 # chosen sizes
-#   VGPU_THROUGHPUT_REPEAT=3 scripts/throughput.sh 200x1000   # a, b, c interleaved 3 times: medians
+#   VGPU_THROUGHPUT_REPEAT=3 scripts/throughput.sh 200x1000   # a, v, b, c interleaved 3 times: medians
 #
 # On a small shared machine the control plane is CPU-bound and one run varies by ±20 %: repeat and compare
-# the medians. VGPU_THROUGHPUT_CONFIGS (default "a b c") leaves configurations out.
+# the medians. VGPU_THROUGHPUT_CONFIGS (default "a v b c") leaves configurations out.
 #
 # Environment: VGPU_E2E_BIN_DIR (control-plane binaries; else e2e/build-controlplane.sh builds them),
 # CARGO_TARGET_DIR (where our binaries are built). Our binaries are built with --release (the extender's speed
@@ -29,12 +31,13 @@ export VGPU_E2E_VGPU_BIN_DIR="$target/release"
 cargo test -p vgpu-e2e --test scheduler_throughput --no-run
 
 repeat="${VGPU_THROUGHPUT_REPEAT:-1}"
-read -r -a configs <<<"${VGPU_THROUGHPUT_CONFIGS:-a b c}"
+read -r -a configs <<<"${VGPU_THROUGHPUT_CONFIGS:-a v b c}"
 median() { tr ' ' '\n' | { grep . || true; } | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-printf '%-12s %12s %12s %12s %8s %8s   (median of %s)\n' "nodes x pods" "(a) pods/s" "(b) pods/s" "(c) pods/s" "(b)/(a)" "(c)/(a)" "$repeat"
+printf '%-12s %11s %11s %11s %11s %8s %8s %8s   (median of %s)\n' "nodes x pods" "(a) pods/s" "(v) pods/s" \
+  "(b) pods/s" "(c) pods/s" "(b)/(a)" "(b)/(v)" "(c)/(a)" "$repeat"
 for s in "${sizes[@]}"; do
   nodes="${s%x*}" pods="${s#*x}"
-  declare -A runs=([a]="" [b]="" [c]="")
+  declare -A runs=([a]="" [v]="" [b]="" [c]="")
   for ((r = 1; r <= repeat; r++)); do
     for config in "${configs[@]}"; do
       line="$(VGPU_THROUGHPUT_NODES="$nodes" VGPU_THROUGHPUT_PODS="$pods" \
@@ -46,7 +49,8 @@ for s in "${sizes[@]}"; do
     done
   done
   declare -A rate=()
-  for config in a b c; do rate[$config]="$(echo "${runs[$config]}" | median)"; done
-  ratio() { awk -v a="${rate[a]}" -v x="${rate[$1]}" 'BEGIN { if (a == "-" || x == "-") print "-"; else printf "%.2f", x / a }'; }
-  printf '%-12s %12s %12s %12s %8s %8s\n' "$s" "${rate[a]}" "${rate[b]}" "${rate[c]}" "$(ratio b)" "$(ratio c)"
+  for config in a v b c; do rate[$config]="$(echo "${runs[$config]}" | median)"; done
+  ratio() { awk -v d="${rate[$2]}" -v x="${rate[$1]}" 'BEGIN { if (d == "-" || x == "-") print "-"; else printf "%.2f", x / d }'; }
+  printf '%-12s %11s %11s %11s %11s %8s %8s %8s\n' "$s" "${rate[a]}" "${rate[v]}" "${rate[b]}" "${rate[c]}" \
+    "$(ratio b a)" "$(ratio b v)" "$(ratio c a)"
 done

@@ -6,6 +6,10 @@
 //! - `a`: kube-scheduler alone, pods asking a plain extended resource (`nvidia.com/gpu: 1`, 80 per node, as
 //!   many as `b`'s vGPU shares, like time-slicing replicas):
 //!   the scheduler's own ceiling;
+//! - `v`: kube-scheduler alone with `b`'s vGPU pods (`vgpu-number` 1, `vgpu-cores` 10, `vgpu-memory` 1024),
+//!   counted against the nodes' totals of those three extended resources as plain resources (no per-GPU
+//!   placement, no extender): what kube-scheduler and kube-apiserver themselves pay for the vGPU pod shape
+//!   (three extended resources per pod instead of one), so `b`/`v` is the cost of the extender alone;
 //! - `b`: kube-scheduler + `vgpu-scheduler-extender` (filter, prioritize, bind, preempt), vGPU pods (1 vGPU,
 //!   10 % cores, 1 GiB; 8 GPUs split 10 ways per node);
 //! - `c`: kube-scheduler alone with DRA: each node's ResourceSlice as our kubelet plugin publishes it (built by
@@ -186,26 +190,39 @@ fn cpu_since(env: &TestEnv, before: &[(String, f64)]) -> String {
     format!("cpu seconds: {}", parts.join(", "))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
-async fn throughput_a_kube_scheduler_alone_with_plain_gpus() {
+/// Configurations `a` and `v`: kube-scheduler alone, pods asking `limits` (extended resources).
+async fn kube_scheduler_alone(config: &str, extra: Extra, limits: &[(&str, u64)]) {
     let (nodes, pods) = (size("VGPU_THROUGHPUT_NODES", 50), size("VGPU_THROUGHPUT_PODS", 200));
-    let mut env = TestEnv::builder("throughput_a").start().await.unwrap();
+    let mut env = TestEnv::builder(&format!("throughput_{config}")).start().await.unwrap();
     let client = env.client().await.unwrap();
-    create_nodes(&client, nodes, Extra::PlainGpus).await;
+    create_nodes(&client, nodes, extra).await;
     env.start_scheduler_with_config(&with_qps(scheduler_configuration(env.kubeconfig_path(), &[])))
         .await
         .unwrap();
     let cpu = env.cpu_seconds();
     let requests = api_requests(&client).await;
     let seconds = measure(&client, pods, |i| {
-        (None, fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), &[("nvidia.com/gpu", 1)], &[]))
+        (None, fixtures::vgpu_pod_with(NAMESPACE, &format!("pod-{i:05}"), limits, &[]))
     })
     .await;
-    report("a", nodes, pods, seconds);
+    report(config, nodes, pods, seconds);
     println!("{}", cpu_since(&env, &cpu));
     println!("{}", api_requests_since(&client, &requests).await);
     env.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn throughput_a_kube_scheduler_alone_with_plain_gpus() {
+    kube_scheduler_alone("a", Extra::PlainGpus, &[("nvidia.com/gpu", 1)]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn throughput_v_kube_scheduler_alone_with_vgpu_shaped_pods() {
+    // The nodes' capacity has the three vGPU resources (8 x 10 shares, 8 x 100 cores, the GPUs' memory):
+    // 80 of these pods fit a node by its totals, as in `b`.
+    kube_scheduler_alone("v", Extra::None, &[(VGPU_NUMBER, 1), (VGPU_CORES, 10), (VGPU_MEMORY, 1024)]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
