@@ -421,6 +421,11 @@ fn decode_json<T: DeserializeOwned>(bytes: &[u8], what: &'static str) -> Result<
             });
         }
     }
+    // Well-formed bodies (all of kube-scheduler's) decode without tracking the path, which costs about a
+    // third more; only a body that fails is decoded again to name where.
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
