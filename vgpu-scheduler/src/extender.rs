@@ -346,6 +346,18 @@ impl FilterResult {
         out
     }
 
+    /// The answer kube-scheduler needs from a live filter: where a node passed, without the rejected ones.
+    /// kube-scheduler reads `FailedNodes` only to explain a pod that fits nowhere (its `FailedScheduling`
+    /// diagnosis and preemption); once a node passes it schedules the pod there and drops them, after decoding
+    /// every entry — at 1,000 nodes it sends about 420 candidates, and decoding the 419 "pod already scheduled
+    /// to another node" took about a tenth of its CPU. A result where nothing passed keeps every reason.
+    pub fn without_failures_if_passed(mut self) -> Self {
+        if !self.passed.is_empty() {
+            self.failed = Vec::new();
+        }
+        self
+    }
+
     /// Every candidate passed (a pod without vGPUs).
     pub fn all_passed(names: CandidateNames) -> Self {
         Self { passed: (0..names.len()).collect(), names, ..Self::default() }

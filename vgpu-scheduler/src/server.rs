@@ -587,6 +587,9 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
                         self.record_placement(pod, node, mode);
                     }
                 }
+                // The live answer leaves out the rejected nodes once one passed (kube-scheduler drops them);
+                // the dry run, read by people and vgpuctl, keeps every reason.
+                let result = if verb == Verb::Filter { result.without_failures_if_passed() } else { result };
                 (ExtenderFilterResult::from_result(&args, result), label)
             }
         };
