@@ -544,8 +544,9 @@ async fn filter_verb<C: Cluster, K: Clock + 'static>(
     let (response, label) = match s.admit(&headers, body, req_start).await {
         Err(e) => (e.into_error_result(ExtenderFilterResult::error), "error"),
         Ok((admission, bytes)) => {
-            let state = s.clone();
-            match s.pool.run_async(admission, async move { state.filter_work(&bytes, verb).await }).await {
+            let (state, len) = (s.clone(), bytes.len());
+            let work = async move { state.filter_work(&bytes, verb).await };
+            match s.pool.run_small_async(admission, len, work).await {
                 Ok(done) => done,
                 Err(busy) => {
                     (RequestError::from(busy).into_error_result(ExtenderFilterResult::error), "error")
