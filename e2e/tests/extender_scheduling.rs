@@ -13,7 +13,7 @@
 //! Needs the control-plane binaries and our binaries: run `e2e/run.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -306,5 +306,23 @@ async fn extender_repairs_labels_a_server_drops_from_bindings() {
         env.log_tail(EXTENDER, 40)
     );
     assert!(!log.contains("copies binding labels onto pods"), "{}", env.log_tail(EXTENDER, 40));
+    // The success events wait for a quiet moment (`--event-quiet-period`, 250 ms by default), then every pod
+    // has both.
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = events.list(&ListParams::default()).await.unwrap();
+        let ours: BTreeSet<(String, String)> = list
+            .items
+            .iter()
+            .filter(|e| matches!(e.reason.as_deref(), Some("FilteringSucceed" | "BindingSucceed")))
+            .filter_map(|e| Some((e.involved_object.name.clone()?, e.reason.clone()?)))
+            .collect();
+        if ours.len() == 2 * N {
+            break;
+        }
+        assert!(Instant::now() < deadline, "success events: {ours:?}\n{}", env.log_tail(EXTENDER, 40));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     env.finish();
 }
