@@ -193,7 +193,7 @@ fn cpu_since(env: &TestEnv, before: &[(String, f64)]) -> String {
 /// Configurations `a` and `v`: kube-scheduler alone, pods asking `limits` (extended resources).
 async fn kube_scheduler_alone(config: &str, extra: Extra, limits: &[(&str, u64)]) {
     let (nodes, pods) = (size("VGPU_THROUGHPUT_NODES", 50), size("VGPU_THROUGHPUT_PODS", 200));
-    let mut env = TestEnv::builder(&format!("throughput_{config}")).start().await.unwrap();
+    let mut env = TestEnv::builder(format!("throughput_{config}")).start().await.unwrap();
     let client = env.client().await.unwrap();
     create_nodes(&client, nodes, extra).await;
     env.start_scheduler_with_config(&with_qps(scheduler_configuration(env.kubeconfig_path(), &[])))
