@@ -131,8 +131,6 @@ pub struct NodeState {
     inputs: u128,
     /// GPU usage by counted pods and reservations (keyed by pod UID).
     pub usage: NodeUsage,
-    /// Free slots, cores, memory over schedulable GPUs.
-    pub avail: [u64; 3],
     /// This node's row of the cache's rank table, republished on every change of usage or annotations.
     row: RowRef,
     /// In-flight reservations: pod UID → expiry (Unix ns). A B-tree: empty on most nodes, and an empty one
@@ -154,7 +152,6 @@ impl NodeState {
             }),
             Err(_) => GateInputs::default(),
         };
-        self.avail = gates.avail;
         match &self.decoded {
             Ok(d) => {
                 let gpus = d.inventory.devices.iter().map(|g| GpuFree::of(g, self.usage.device(g.index)));
@@ -540,7 +537,6 @@ impl ClusterCache {
             decoded,
             inputs,
             usage: NodeUsage::new(),
-            avail: [0; 3],
             row: self.rows.alloc(),
             reserved: BTreeMap::new(),
             pods: BTreeSet::new(),
@@ -1137,7 +1133,7 @@ mod tests {
                     let gates = gate_inputs(&view);
                     let checks = d.config.device_split != 0 && d.config.memory_factor != 0;
                     let want = RankInputs {
-                        avail: s.avail,
+                        avail: gates.avail,
                         totals: d.totals,
                         key: d.resolve_key(),
                         gates: checks.then_some(gates),
