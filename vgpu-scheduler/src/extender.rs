@@ -128,8 +128,9 @@ pub struct ExtenderConfig {
     /// busy control plane is a measurable part of scheduling throughput; warnings are always sent.
     pub success_events: bool,
     /// Success events (above) sent per second on average, with bursts of up to
-    /// [`success_event_burst`](Self::success_event_burst); the ones over the limit are dropped and counted
-    /// ([`Stats::events_dropped`]). The kubelet limits its events the same way (`--event-qps` 50,
+    /// [`success_event_burst`](Self::success_event_burst); sent at once, the ones over the limit are dropped
+    /// and counted ([`Stats::events_dropped`]); deferred ([`defer_success_events`](Self::defer_success_events)),
+    /// they wait their turn in the queue and are dropped only when it is full. The kubelet limits its events the same way (`--event-qps` 50,
     /// `--event-burst` 100, the defaults here too): at hundreds of pods per second, two more API writes per
     /// pod are a large part of a CPU-bound control plane's work. 0: no limit. Warnings are never limited.
     pub success_event_qps: u32,
@@ -477,7 +478,8 @@ pub struct Stats {
     pub preempt_other: AtomicU64,
     /// Total filter time, ns.
     pub filter_ns: AtomicU64,
-    /// Success events dropped by the rate limit ([`ExtenderConfig::success_event_qps`]).
+    /// Success events dropped: over the rate limit ([`ExtenderConfig::success_event_qps`]), refused by a full
+    /// deferral queue, or still waiting there at shutdown.
     pub events_dropped: AtomicU64,
 }
 

@@ -107,8 +107,8 @@ struct Cli {
     /// vgpu-manager does; `false` saves two API writes per pod (warnings are always sent).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     success_events: bool,
-    /// Success events sent per second at most on average (0: no limit); the rest are dropped. Warnings are
-    /// never limited.
+    /// Success events sent per second at most on average (0: no limit); the rest wait their turn (see
+    /// --event-quiet-period; with 0 there they are dropped). Warnings are never limited.
     #[arg(long, default_value_t = vgpu_scheduler::extender::DEFAULT_EVENT_QPS, value_name = "N")]
     event_qps: u32,
     /// Burst of --event-qps.
