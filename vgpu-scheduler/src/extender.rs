@@ -546,6 +546,17 @@ pub trait ExtenderObserver: Send + Sync {
     fn link_subset_search(&self, search: LinkSearch) {
         let _ = search;
     }
+
+    /// Success events sent and dropped since the last report ([`ExtenderConfig::success_event_qps`],
+    /// [`ExtenderConfig::defer_success_events`]).
+    fn success_events(&self, sent: u64, dropped: u64) {
+        let _ = (sent, dropped);
+    }
+
+    /// Success events now waiting for a quiet moment (after each change).
+    fn events_deferred(&self, waiting: usize) {
+        let _ = waiting;
+    }
 }
 
 const BIND_STRIPES: usize = 64;
@@ -727,6 +738,13 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         if GangPlacement::applies(request) { GangPlacement::resolve(&self.cache, pod) } else { None }
     }
 
+    /// Calls the observer, if there is one.
+    fn notify(&self, f: impl FnOnce(&dyn ExtenderObserver)) {
+        if let Some(o) = &self.observer {
+            f(o.as_ref());
+        }
+    }
+
     fn observe(&self, stage: FilterStage, since: Instant) {
         if let Some(o) = &self.observer {
             o.filter_stage(stage, since.elapsed());
@@ -770,15 +788,20 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             Event { namespace: pod.namespace.clone(), pod: pod.name.clone(), kind, reason, message, at_ns };
         if success {
             let kept = match &self.deferred_events {
-                Some(queue) => queue.push(e),
+                Some(queue) => {
+                    let kept = queue.push(e);
+                    self.notify(|o| o.events_deferred(queue.len()));
+                    kept
+                }
                 None if self.event_tokens().take(at_ns) => {
                     self.cluster.record_event(e).await;
+                    self.notify(|o| o.success_events(1, 0));
                     true
                 }
                 None => false,
             };
             if !kept {
-                self.stats.events_dropped.fetch_add(1, Ordering::Relaxed);
+                self.success_events_dropped(1);
             }
             return;
         }
@@ -808,10 +831,21 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             if drain { queue.drain(now, &mut tokens) } else { queue.due(now, &mut tokens) }
         };
         let sent = due.len();
+        if sent > 0 {
+            self.notify(|o| {
+                o.success_events(sent as u64, 0);
+                o.events_deferred(queue.len());
+            });
+        }
         for event in due {
             self.cluster.record_event(event).await;
         }
         sent
+    }
+
+    fn success_events_dropped(&self, n: u64) {
+        self.stats.events_dropped.fetch_add(n, Ordering::Relaxed);
+        self.notify(|o| o.success_events(0, n));
     }
 
     /// Success events waiting to be sent (0 without deferral).
@@ -843,7 +877,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let sent = self.flush_events(true).await;
         let left = self.deferred_events();
         if left > 0 {
-            self.stats.events_dropped.fetch_add(left as u64, Ordering::Relaxed);
+            self.success_events_dropped(left as u64);
         }
         tracing::debug!(sent, dropped = left, "deferred events flushed at shutdown");
     }

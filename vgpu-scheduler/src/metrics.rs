@@ -31,6 +31,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use vgpu_core::alloc::{AlignmentWindow, LinkSearch, LinkSearchAlgo, LinkTier, ReasonCode};
@@ -366,6 +367,8 @@ pub struct Metrics {
     preempt_victims_added: Histogram,
     preempt_protected: Family<ReasonLabel, Counter>,
     crosspod_alignment: Family<ResultLabel, Counter>,
+    success_events: Family<ResultLabel, Counter>,
+    events_deferred: Gauge,
 }
 
 impl fmt::Debug for Metrics {
@@ -397,6 +400,8 @@ impl Metrics {
         let preempt_victims_added = Histogram::new(PREEMPT_VICTIMS_ADDED_BUCKETS);
         let preempt_protected = Family::<ReasonLabel, Counter>::default();
         let crosspod_alignment = Family::<ResultLabel, Counter>::default();
+        let success_events = Family::<ResultLabel, Counter>::default();
+        let events_deferred = Gauge::default();
         // Counter names get their `_total` suffix from the encoder.
         registry.register("verb", "Extender verb calls by result", verb_total.clone());
         registry.register(
@@ -437,6 +442,17 @@ impl Metrics {
             "Cross-pod (gang) topology alignment outcomes",
             crosspod_alignment.clone(),
         );
+        registry.register(
+            "success_events",
+            "Normal events of pods scheduled without trouble (FilteringSucceed, BindingSucceed): sent, or dropped \
+             (over the rate limit, a full deferral queue, or waiting at shutdown)",
+            success_events.clone(),
+        );
+        registry.register(
+            "events_deferred",
+            "Success events waiting for a quiet moment (--event-quiet-period)",
+            events_deferred.clone(),
+        );
         // Series known in advance start at zero, so they are exposed before the first event.
         for (verb, results) in VERB_RESULTS {
             for result in *results {
@@ -456,6 +472,9 @@ impl Metrics {
         for result in ["rail", "component", "none"] {
             let _ = crosspod_alignment.get_or_create(&ResultLabel { result });
         }
+        for result in ["sent", "dropped"] {
+            let _ = success_events.get_or_create(&ResultLabel { result });
+        }
         let mut process = Registry::default();
         process.register_collector(Box::new(crate::process_metrics::ProcessCollector));
         Self {
@@ -472,6 +491,8 @@ impl Metrics {
             preempt_victims_added,
             preempt_protected,
             crosspod_alignment,
+            success_events,
+            events_deferred,
         }
     }
 
@@ -573,6 +594,15 @@ impl ExtenderObserver for Metrics {
     fn link_subset_search(&self, search: LinkSearch) {
         self.link_search(search.algo.as_str(), search.candidates);
     }
+
+    fn success_events(&self, sent: u64, dropped: u64) {
+        self.success_events.get_or_create(&ResultLabel { result: "sent" }).inc_by(sent);
+        self.success_events.get_or_create(&ResultLabel { result: "dropped" }).inc_by(dropped);
+    }
+
+    fn events_deferred(&self, waiting: usize) {
+        self.events_deferred.set(i64::try_from(waiting).unwrap_or(i64::MAX));
+    }
 }
 
 #[cfg(test)]
@@ -587,6 +617,8 @@ mod tests {
         // Families whose series are only known once seen are not exposed before (as in client_golang).
         let text = m.encode().unwrap();
         assert!(!text.contains("vgpu_scheduler_node_reject"));
+        assert!(text.contains("vgpu_scheduler_success_events_total{result=\"dropped\"} 0\n"), "{text}");
+        assert!(text.contains("vgpu_scheduler_events_deferred 0\n"), "{text}");
         assert!(text.contains(r#"vgpu_scheduler_verb_total{verb="filter",result="fit"} 0"#), "{text}");
         m.verb(Verb::Bind, "success", Duration::ZERO);
         m.filter_rejects(Verb::Filter, &FilterResult::default(), "none");

@@ -513,3 +513,35 @@ fn without_deferral_flushing_sends_nothing() {
     assert_eq!(e.cluster.events().len(), 2, "sent when they happened");
     assert_eq!((e.rt.block_on(e.ext.flush_events(true)), e.ext.deferred_events()), (0, 0));
 }
+
+#[test]
+fn success_event_counts_reach_the_metrics() {
+    use vgpu_scheduler::event_queue::DeferConfig;
+    use vgpu_scheduler::metrics::Metrics;
+    let d = ResourceDomain::default();
+    let cluster = MemoryCluster::new();
+    cluster.upsert_node(vgpu_node("n0", &inventory(2, 16384), &NodeVgpuConfig::default(), None, &d).unwrap());
+    let clock = Arc::new(ManualClock::new(T0));
+    let metrics = Arc::new(Metrics::new());
+    let config = ExtenderConfig {
+        defer_success_events: Some(DeferConfig { quiet_ns: 1_000, max_delay_ns: i64::MAX, capacity: 1 }),
+        ..ExtenderConfig::default()
+    };
+    let ext = Extender::new(cluster.clone(), clock.clone(), config).with_observer(metrics.clone());
+    ext.attach();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(ext.sync()).unwrap();
+    let pod = cluster.upsert_pod(vgpu_pod("a", 1, 10, 0, &[], &d));
+    assert_eq!(rt.block_on(ext.filter(Some(&pod), vec!["n0".to_owned()])).node_names(), ["n0"]);
+    // The queue holds one event: FilteringSucceed waits, BindingSucceed is refused.
+    assert_eq!(rt.block_on(ext.bind(&pod.namespace, &pod.name, &pod.uid, "n0")).error, "");
+    let text = metrics.encode().unwrap();
+    assert!(text.contains("vgpu_scheduler_events_deferred 1\n"), "{text}");
+    assert!(text.contains("vgpu_scheduler_success_events_total{result=\"dropped\"} 1\n"), "{text}");
+    assert!(text.contains("vgpu_scheduler_success_events_total{result=\"sent\"} 0\n"), "{text}");
+    clock.advance(1_000);
+    assert_eq!(rt.block_on(ext.flush_events(false)), 1);
+    let text = metrics.encode().unwrap();
+    assert!(text.contains("vgpu_scheduler_events_deferred 0\n"), "{text}");
+    assert!(text.contains("vgpu_scheduler_success_events_total{result=\"sent\"} 1\n"), "{text}");
+}
