@@ -130,9 +130,10 @@ pub struct ExtenderConfig {
     /// Success events (above) sent per second on average, with bursts of up to
     /// [`success_event_burst`](Self::success_event_burst); sent at once, the ones over the limit are dropped
     /// and counted ([`Stats::events_dropped`]); deferred ([`defer_success_events`](Self::defer_success_events)),
-    /// they wait their turn in the queue and are dropped only when it is full. The kubelet limits its events the same way (`--event-qps` 50,
-    /// `--event-burst` 100, the defaults here too): at hundreds of pods per second, two more API writes per
-    /// pod are a large part of a CPU-bound control plane's work. 0: no limit. Warnings are never limited.
+    /// they wait their turn in the queue and are dropped only when it is full. The kubelet limits its events
+    /// the same way (`--event-qps` 50, `--event-burst` 100, the defaults here too): at hundreds of pods per
+    /// second, two more API writes per pod are a large part of a CPU-bound control plane's work. 0: no limit.
+    /// Warnings are never limited.
     pub success_event_qps: u32,
     /// Burst of [`success_event_qps`](Self::success_event_qps).
     pub success_event_burst: u32,
@@ -746,9 +747,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     }
 
     fn observe(&self, stage: FilterStage, since: Instant) {
-        if let Some(o) = &self.observer {
-            o.filter_stage(stage, since.elapsed());
-        }
+        self.notify(|o| o.filter_stage(stage, since.elapsed()));
     }
 
     /// The cache.
@@ -1094,11 +1093,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             }
             let (placed, searches) =
                 record_link_searches(|| try_place(&request, &mut memo, &s, &pod.uid, gang.as_ref()));
-            if let Some(o) = &self.observer {
-                for search in searches {
-                    o.link_subset_search(search);
-                }
-            }
+            self.notify(|o| searches.into_iter().for_each(|search| o.link_subset_search(search)));
             match placed {
                 Ok(alloc) => {
                     let fp = prealloc::footprint(&pod, &alloc.claim);

@@ -596,8 +596,11 @@ impl ExtenderObserver for Metrics {
     }
 
     fn success_events(&self, sent: u64, dropped: u64) {
-        self.success_events.get_or_create(&ResultLabel { result: "sent" }).inc_by(sent);
-        self.success_events.get_or_create(&ResultLabel { result: "dropped" }).inc_by(dropped);
+        for (result, n) in [("sent", sent), ("dropped", dropped)] {
+            if n > 0 {
+                self.success_events.get_or_create(&ResultLabel { result }).inc_by(n);
+            }
+        }
     }
 
     fn events_deferred(&self, waiting: usize) {
