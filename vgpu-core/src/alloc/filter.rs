@@ -29,7 +29,8 @@ fn frac(num: f64, den: f64) -> f64 {
     if den > 0.0 { num / den } else { 0.0 }
 }
 
-/// One GPU under a usage, as the per-GPU filter reads it (everything but the type and UUID lists). A scheduler can keep it per GPU and reject nodes without a placement attempt
+/// One GPU under a usage, as the per-GPU filter reads it (everything but the type and UUID lists). A
+/// scheduler can keep it per GPU and reject nodes without a placement attempt
 /// ([`quick_reject_summary`](super::quick_reject_summary)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GpuFree {
