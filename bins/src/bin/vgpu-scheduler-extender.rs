@@ -223,8 +223,7 @@ async fn run(
     };
     tracing::info!(bind_writes = bind_writes.as_str(), "pre-allocation writes");
     let clock = Arc::new(SystemClock);
-    let stuck_grace_ns =
-        i64::try_from(cli.stuck_grace_period.as_nanos()).context("--stuck-grace-period is too large")?;
+    let stuck_grace_ns = flag_ns(cli.stuck_grace_period, "stuck-grace-period")?;
     let config = ExtenderConfig {
         domain: domain.clone(),
         scheduler_name: cli.scheduler_name.clone(),
@@ -290,14 +289,16 @@ fn defer_config(cli: &Cli) -> anyhow::Result<Option<DeferConfig>> {
     if cli.event_quiet_period.is_zero() {
         return Ok(None);
     }
-    let ns = |d: Duration, flag: &str| {
-        i64::try_from(d.as_nanos()).with_context(|| format!("--{flag} is too large"))
-    };
     Ok(Some(DeferConfig {
-        quiet_ns: ns(cli.event_quiet_period, "event-quiet-period")?,
-        max_delay_ns: ns(cli.event_max_delay, "event-max-delay")?,
+        quiet_ns: flag_ns(cli.event_quiet_period, "event-quiet-period")?,
+        max_delay_ns: flag_ns(cli.event_max_delay, "event-max-delay")?,
         ..DeferConfig::default()
     }))
+}
+
+/// A duration flag in nanoseconds, as the extender's settings hold them.
+fn flag_ns(d: Duration, flag: &str) -> anyhow::Result<i64> {
+    i64::try_from(d.as_nanos()).with_context(|| format!("--{flag} is too large"))
 }
 
 /// `--bind-writes` values.
