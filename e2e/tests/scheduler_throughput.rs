@@ -324,32 +324,38 @@ async fn throughput_c_kube_scheduler_with_dra_claims() {
     env.finish();
 }
 
-/// `apiserver_request_total` summed by verb and resource (`create pods/binding`, …): kube-apiserver's
+/// The samples of one metric family member in a text exposition: each line `<name>{labels} value` as a
+/// lookup of its label values ("" when absent) and the value.
+fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (impl Fn(&str) -> &'a str, f64)> + 'a {
+    text.lines().filter_map(move |line| {
+        let (labels, value) = line.strip_prefix(name)?.strip_prefix('{')?.split_once("} ")?;
+        let label = move |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix("=\"")?.strip_suffix('"'))
+                .unwrap_or("")
+        };
+        Some((label, value.trim().parse().unwrap_or(0.0)))
+    })
+}
+
+/// `apiserver_request_total` summed by verb and resource (`post pods/binding`, …): kube-apiserver's
 /// request counts, read through `client` (the admin user may read `/metrics`).
 async fn api_requests(client: &kube::Client) -> std::collections::BTreeMap<String, f64> {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = client.request_text(request).await.unwrap();
     let mut counts = std::collections::BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else { continue };
-        let Some((labels, value)) = rest.split_once("} ") else { continue };
-        let label = |k: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{k}=\""))?.strip_suffix('"'))
-                .unwrap_or("")
-        };
+    for (label, value) in samples(&text, "apiserver_request_total") {
         let resource = match label("subresource") {
             "" => label("resource").to_owned(),
             sub => format!("{}/{sub}", label("resource")),
         };
-        *counts.entry(format!("{} {resource}", label("verb").to_lowercase())).or_insert(0.0) +=
-            value.trim().parse::<f64>().unwrap_or(0.0);
+        *counts.entry(format!("{} {resource}", label("verb").to_lowercase())).or_insert(0.0) += value;
     }
     counts
 }
 
-/// `api requests: create pods 1000, create pods/binding 1000, …`: what changed since `before`, largest first
+/// `api requests: post pods 1000, post pods/binding 1000, …`: what changed since `before`, largest first
 /// (which writes a configuration costs the API server per pod is part of the answer).
 async fn api_requests_since(
     client: &kube::Client,
@@ -373,22 +379,11 @@ async fn api_requests_since(
 /// series (its `_sum` over its `_count`), so a slow run says which verb and stage took the time.
 fn verb_means(metrics: &str) -> String {
     let mut sums: std::collections::BTreeMap<String, (f64, f64)> = std::collections::BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("vgpu_scheduler_verb_duration_seconds_") else { continue };
-        let Some((kind, rest)) = rest.split_once('{') else { continue };
-        let Some((labels, value)) = rest.split_once("} ") else { continue };
-        let label = |k: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{k}=\""))?.strip_suffix('"').map(str::to_owned))
-        };
-        let key = format!("{}/{}", label("verb").unwrap_or_default(), label("stage").unwrap_or_default());
-        let value: f64 = value.trim().parse().unwrap_or(0.0);
-        let entry = sums.entry(key).or_default();
-        match kind {
-            "sum" => entry.0 = value,
-            "count" => entry.1 = value,
-            _ => {}
+    for (kind, is_sum) in [("sum", true), ("count", false)] {
+        let name = format!("vgpu_scheduler_verb_duration_seconds_{kind}");
+        for (label, value) in samples(metrics, &name) {
+            let entry = sums.entry(format!("{}/{}", label("verb"), label("stage"))).or_default();
+            if is_sum { entry.0 = value } else { entry.1 = value }
         }
     }
     let parts: Vec<String> = sums
