@@ -97,62 +97,80 @@ proptest! {
         sizes in prop::collection::vec(0usize..5000, 1..10),
         reply_body in 0usize..12_000,
     ) {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let (ours, mut peer) = tokio::io::duplex(1 << 16);
-            let mut mux = Mux::new(ours, &[1, 2]).unwrap();
-            let mut one = mux.take(1).unwrap();
-            let mut two = mux.take(2).unwrap();
-            // The peer frames each connection's bytes in its own sizes, with empty frames and frames for
-            // connection 7 (nobody opened it) in between.
-            let mut wire = Vec::new();
-            for (conn, data) in [(1u32, &to_one), (2, &to_two)] {
-                let mut rest = data.as_slice();
-                let mut i = 0;
-                while !rest.is_empty() {
-                    let n = sizes[i % sizes.len()].min(rest.len());
-                    encode_frames(conn, &rest[..n], &mut wire);
-                    encode_frames(7, b"ignored", &mut wire);
-                    rest = &rest[n..];
-                    i += 1;
-                }
-            }
-            let writer = tokio::spawn(async move {
-                peer.write_all(&wire).await.unwrap();
-                peer
-            });
-            let mut got_one = vec![0u8; to_one.len()];
-            one.read_exact(&mut got_one).await.unwrap();
-            let mut got_two = vec![0u8; to_two.len()];
-            two.read_exact(&mut got_two).await.unwrap();
-            assert_eq!(got_one, to_one);
-            assert_eq!(got_two, to_two);
-            let mut peer = writer.await.unwrap();
-
-            // What we write back: one ttrpc message on connection 2, framed at most 4096 bytes per frame.
-            let reply = ttrpc_message(&vec![9u8; reply_body], 1);
-            two.write_all(&reply).await.unwrap();
-            let mut decoder = FrameDecoder::default();
-            let mut back = Vec::new();
-            let mut buf = vec![0u8; 8192];
-            while back.len() < reply.len() {
-                let n = peer.read(&mut buf).await.unwrap();
-                assert!(n > 0);
-                decoder.push(&buf[..n]);
-                while let Some(frame) = decoder.next_frame().unwrap() {
-                    assert_eq!(frame.conn, 2);
-                    assert!(frame.payload.len() <= 4096 && !frame.payload.is_empty());
-                    back.extend(frame.payload);
-                }
-            }
-            assert_eq!(back, reply);
-
-            // The peer hangs up: the mux ends, each connection reads end-of-file.
-            drop(peer);
-            assert_eq!(mux.watcher().ended().await, MuxEnd::Eof);
-            assert_eq!(one.read(&mut buf).await.unwrap(), 0);
-        });
+        mux_round_trip(&to_one, &to_two, &sizes, reply_body);
     }
+}
+
+/// Runs a `Mux` over an in-memory trunk: the peer sends `to_one` and `to_two` framed in `sizes`, we answer
+/// one ttrpc message of `reply_body` bytes on connection 2, then the peer hangs up.
+fn mux_round_trip(to_one: &[u8], to_two: &[u8], sizes: &[usize], reply_body: usize) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let (ours, mut peer) = tokio::io::duplex(1 << 16);
+        let mut mux = Mux::new(ours, &[1, 2]).unwrap();
+        let mut one = mux.take(1).unwrap();
+        let mut two = mux.take(2).unwrap();
+        // The peer frames each connection's bytes in its own sizes, with empty frames and frames for
+        // connection 7 (nobody opened it) in between.
+        let mut wire = Vec::new();
+        for (conn, data) in [(1u32, to_one), (2, to_two)] {
+            let mut rest = data;
+            let mut i = 0;
+            while !rest.is_empty() {
+                // A size of 0 is an empty frame; the next frame still carries at least one byte, so
+                // the loop ends even when every size is 0.
+                let size = sizes[i % sizes.len()];
+                if size == 0 {
+                    encode_frames(conn, &[], &mut wire);
+                }
+                let n = size.max(1).min(rest.len());
+                encode_frames(conn, &rest[..n], &mut wire);
+                encode_frames(7, b"ignored", &mut wire);
+                rest = &rest[n..];
+                i += 1;
+            }
+        }
+        let writer = tokio::spawn(async move {
+            peer.write_all(&wire).await.unwrap();
+            peer
+        });
+        let mut got_one = vec![0u8; to_one.len()];
+        one.read_exact(&mut got_one).await.unwrap();
+        let mut got_two = vec![0u8; to_two.len()];
+        two.read_exact(&mut got_two).await.unwrap();
+        assert_eq!(got_one, to_one);
+        assert_eq!(got_two, to_two);
+        let mut peer = writer.await.unwrap();
+
+        // What we write back: one ttrpc message on connection 2, framed at most 4096 bytes per frame.
+        let reply = ttrpc_message(&vec![9u8; reply_body], 1);
+        two.write_all(&reply).await.unwrap();
+        let mut decoder = FrameDecoder::default();
+        let mut back = Vec::new();
+        let mut buf = vec![0u8; 8192];
+        while back.len() < reply.len() {
+            let n = peer.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            decoder.push(&buf[..n]);
+            while let Some(frame) = decoder.next_frame().unwrap() {
+                assert_eq!(frame.conn, 2);
+                assert!(frame.payload.len() <= 4096 && !frame.payload.is_empty());
+                back.extend(frame.payload);
+            }
+        }
+        assert_eq!(back, reply);
+
+        // The peer hangs up: the mux ends, each connection reads end-of-file.
+        drop(peer);
+        assert_eq!(mux.watcher().ended().await, MuxEnd::Eof);
+        assert_eq!(one.read(&mut buf).await.unwrap(), 0);
+    });
+}
+
+#[test]
+fn peer_framing_with_only_empty_sizes_still_ends() {
+    // Once a case with every size 0 made the test loop forever while framing the peer's bytes.
+    mux_round_trip(&[1, 2, 3], &[4], &[0], 10);
 }
 
 #[tokio::test]
