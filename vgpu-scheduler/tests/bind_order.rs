@@ -118,6 +118,19 @@ impl Env {
         let (ext, pod) = (self.ext.clone(), pod.clone());
         tokio::spawn(async move { ext.bind(&pod.namespace, &pod.name, &pod.uid, "n0").await.error })
     }
+    /// Pods a and b filtered onto n0, and a's bind started with its patch or its binding held back (the gate
+    /// is returned), once it counts as pending.
+    async fn a_held(&self, hold: Hold) -> (Pod, Pod, Arc<Notify>, Bind) {
+        let a = self.filtered("a").await;
+        let b = self.filtered("b").await;
+        let gate = match hold {
+            Hold::Patch => self.cluster.hold_patch(&a.name),
+            Hold::Binding => self.cluster.hold_bind(&a.name),
+        };
+        let bind_a = self.bind(&a);
+        until("a started", || self.ext.pending_count() == 1).await;
+        (a, b, gate, bind_a)
+    }
     fn predicate_time(&self, pod: &Pod) -> i64 {
         let p = self.cluster.inner.pod(&pod.namespace, &pod.name).unwrap();
         p.annotations[&self.d.predicate_time()].parse().unwrap()
@@ -137,15 +150,20 @@ async fn until(what: &str, cond: impl Fn() -> bool) {
 
 type Bind = tokio::task::JoinHandle<String>;
 
+/// Which write of a bind [`Env::a_held`] holds back.
+#[derive(Clone, Copy)]
+enum Hold {
+    /// The pre-allocation patch (`BindWrites::PatchThenBinding`).
+    Patch,
+    /// The binding itself.
+    Binding,
+}
+
 /// Pods a and b filtered onto n0 (gate on); a's bind takes the first place in n0's queue with its patch held
 /// back, b's bind patches meanwhile and waits for its turn.
 async fn a_held_and_b_queued_behind() -> (Env, Pod, Pod, Arc<Notify>, Bind, Bind) {
     let e = env(true, BindWrites::PatchThenBinding).await;
-    let a = e.filtered("a").await;
-    let b = e.filtered("b").await;
-    let gate = e.cluster.hold_patch(&a.name);
-    let bind_a = e.bind(&a);
-    until("a queued", || e.ext.pending_count() == 1).await;
+    let (a, b, gate, bind_a) = e.a_held(Hold::Patch).await;
     let bind_b = e.bind(&b);
     until("b patched", || {
         e.cluster.inner.pod("default", &b.name).unwrap().annotations.contains_key(&e.d.pre_allocated())
@@ -180,11 +198,7 @@ async fn a_failed_binding_lets_the_next_one_go() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_gate_a_later_bind_does_not_wait() {
     let e = env(false, BindWrites::PatchThenBinding).await;
-    let a = e.filtered("a").await;
-    let b = e.filtered("b").await;
-    let gate = e.cluster.hold_patch(&a.name);
-    let bind_a = e.bind(&a);
-    until("a started", || e.ext.pending_count() == 1).await;
+    let (a, b, gate, bind_a) = e.a_held(Hold::Patch).await;
     assert_eq!(e.bind(&b).await.unwrap(), "");
     assert_eq!(e.cluster.bound(), std::slice::from_ref(&b.name));
     gate.notify_one();
@@ -195,11 +209,7 @@ async fn without_the_gate_a_later_bind_does_not_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_pre_allocation_on_the_binding_a_later_binding_waits_its_turn() {
     let e = env(true, BindWrites::Binding).await;
-    let a = e.filtered("a").await;
-    let b = e.filtered("b").await;
-    let gate = e.cluster.hold_bind(&a.name);
-    let bind_a = e.bind(&a);
-    until("a queued", || e.ext.pending_count() == 1).await;
+    let (a, b, gate, bind_a) = e.a_held(Hold::Binding).await;
     let bind_b = e.bind(&b);
     until("b queued", || e.ext.pending_count() == 0).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -277,11 +287,7 @@ async fn every_binding_sent_before_the_check_is_repaired() {
     // labels dropped, is checked and repaired too.
     let e = env(false, BindWrites::BindingChecked).await;
     e.cluster.inner.drop_binding_labels(true);
-    let a = e.filtered("a").await;
-    let b = e.filtered("b").await;
-    let gate = e.cluster.hold_bind(&a.name);
-    let bind_a = e.bind(&a);
-    until("a sent", || e.ext.pending_count() == 1).await;
+    let (a, b, gate, bind_a) = e.a_held(Hold::Binding).await;
     assert_eq!(e.bind(&b).await.unwrap(), "");
     assert_eq!(e.ext.bind_writes(), BindWrites::PatchThenBinding);
     gate.notify_one();
