@@ -1222,7 +1222,9 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     async fn mark_failed(&self, pod: &Pod, message: &str) {
         let d = &self.config.domain;
         // Upstream CleanupMetadata removed annotation keys from the labels map; here each key goes to its map.
+        // The UID precondition keeps the mark off a pod re-created under the same name since `pod` was read.
         let patch = MetadataPatch::default()
+            .with_uid(pod.uid.clone())
             .label(d.assigned_phase(), phase::FAILED)
             .remove_label(d.metrics_node())
             .annotation(d.predicate_time(), PREDICATE_TIME_DONE.to_string());

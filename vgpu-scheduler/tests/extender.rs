@@ -300,6 +300,24 @@ fn bind_never_writes_onto_a_pod_recreated_under_the_same_name() {
     assert!(err.unwrap_err().to_string().contains("metadata.uid: field is immutable"));
 }
 
+/// A failed bind marks only the pod it was for: while the cache still holds a pod that was deleted and re-created
+/// under the same name (its watch lags), the bind fails on the UID and its failure mark (`assigned-phase=failed`,
+/// `predicate-time`) does not land on the new pod.
+#[test]
+fn a_failed_bind_never_marks_a_pod_recreated_under_the_same_name() {
+    let e = env(1, 1);
+    let old = e.pod("old", 1, 30, 0, &[]);
+    assert_eq!(e.filter(&old).node_names(), ["n0"]);
+    e.cluster.delete_pod("default", "pod-old");
+    let mut new = vgpu_scheduler::fixture::vgpu_pod("new", 1, 30, 0, &[], &e.d);
+    new.name = "pod-old".into();
+    let new = e.cluster.upsert_pod(new);
+    e.ext.cache().upsert_pod(old.clone(), T0);
+    assert_ne!(e.bind(&old, "n0"), "", "the write refuses the old UID");
+    assert_eq!(e.cluster.pod("default", "pod-old").unwrap(), new, "untouched");
+    assert_eq!(e.ext.cache().reservation_count(), 0);
+}
+
 #[test]
 fn prioritize_and_rank_match_order_nodes() {
     let e = env(6, 2);
