@@ -59,6 +59,10 @@ pub struct PodPatch {
     pub labels: BTreeMap<String, Option<String>>,
     /// Annotation changes.
     pub annotations: BTreeMap<String, Option<String>>,
+    /// Precondition: the object's `metadata.uid`. Sent in the body, so the API server refuses the patch when the
+    /// name now belongs to another object (a pod deleted and re-created under the same name, as a StatefulSet
+    /// does, after it was read).
+    pub uid: Option<String>,
 }
 
 /// The same merge-patch shape applied to a Node's metadata.
@@ -81,7 +85,32 @@ impl PodPatch {
                     .collect(),
             )
         };
-        serde_json::json!({ "metadata": { "labels": map(&self.labels), "annotations": map(&self.annotations) } })
+        let mut metadata =
+            serde_json::json!({ "labels": map(&self.labels), "annotations": map(&self.annotations) });
+        if let (Some(uid), Some(m)) = (&self.uid, metadata.as_object_mut()) {
+            m.insert("uid".to_owned(), serde_json::Value::String(uid.clone()));
+        }
+        serde_json::json!({ "metadata": metadata })
+    }
+
+    /// This patch with the UID precondition [`uid`](Self::uid) (an empty `uid` sets none).
+    pub fn with_uid(mut self, uid: &str) -> Self {
+        self.uid = Some(uid.to_owned()).filter(|u| !u.is_empty());
+        self
+    }
+
+    /// The error an object with `actual` UID gives a patch whose precondition it fails (as kube-apiserver
+    /// answers it), for the in-memory clusters.
+    fn refuses(&self, operation: impl FnOnce() -> String, actual: &str) -> Result<(), ClusterError> {
+        match &self.uid {
+            Some(want) if want != actual => Err(ClusterError {
+                operation: operation(),
+                message: format!(
+                    "metadata.uid: Invalid value: {want:?}: field is immutable (object has {actual:?})"
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -202,6 +231,7 @@ impl ClusterClient for InMemoryCluster {
                 message: "not found".to_owned(),
             }
         })?;
+        patch.refuses(|| format!("patch pod {namespace}/{name}"), &pod.uid)?;
         for (target, changes) in
             [(&mut pod.labels, &patch.labels), (&mut pod.annotations, &patch.annotations)]
         {
@@ -512,6 +542,10 @@ impl ClusterClient for InMemoryPods {
                 operation: format!("patch pod {namespace}/{name}"),
                 message: "not found".to_owned(),
             })?;
+        patch.refuses(
+            || format!("patch pod {namespace}/{name}"),
+            pod.metadata.uid.as_deref().unwrap_or_default(),
+        )?;
         let meta = &mut pod.metadata;
         for (target, changes) in
             [(&mut meta.labels, &patch.labels), (&mut meta.annotations, &patch.annotations)]
@@ -613,5 +647,41 @@ impl RescheduleClient for InMemoryPods {
     async fn record_event(&self, event: &PodEvent) -> Result<(), ClusterError> {
         self.lock().events.push(event.clone());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_patch_with_a_uid_sends_it_as_a_precondition() {
+        let mut patch = PodPatch::default().with_uid("u1");
+        patch.labels.insert("a".into(), Some("b".into()));
+        assert_eq!(
+            patch.to_json(),
+            serde_json::json!({"metadata": {"labels": {"a": "b"}, "annotations": {}, "uid": "u1"}})
+        );
+        assert_eq!(PodPatch::default().with_uid("").uid, None);
+        assert!(PodPatch::default().to_json()["metadata"].get("uid").is_none());
+    }
+
+    #[tokio::test]
+    async fn in_memory_clusters_refuse_a_patch_for_another_uid() {
+        let cluster = InMemoryCluster::default();
+        cluster.upsert(PodInfo {
+            namespace: "ns".into(),
+            name: "p".into(),
+            uid: "u2".into(),
+            ..PodInfo::default()
+        });
+        let mut patch = PodPatch::default().with_uid("u1");
+        patch.labels.insert("a".into(), Some("b".into()));
+        let err = cluster.patch_pod("ns", "p", &patch).await.unwrap_err();
+        assert_eq!(err.operation, "patch pod ns/p");
+        assert!(err.message.contains("field is immutable"), "{err}");
+        assert!(cluster.pod("ns", "p").unwrap().labels.is_empty());
+        cluster.patch_pod("ns", "p", &patch.with_uid("u2")).await.unwrap();
+        assert_eq!(cluster.pod("ns", "p").unwrap().labels["a"], "b");
     }
 }

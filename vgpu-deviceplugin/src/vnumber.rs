@@ -531,7 +531,9 @@ impl VgpuNumberPlugin {
         Ok(())
     }
 
+    /// Patches `pod`, and only it: not another pod that took its name since it was read.
     async fn patch(&self, pod: &PodInfo, patch: PodPatch) -> Result<(), String> {
+        let patch = patch.with_uid(&pod.uid);
         self.cluster()?.patch_pod(&pod.namespace, &pod.name, &patch).await.map_err(|e| e.to_string())
     }
 
@@ -732,6 +734,26 @@ mod tests {
         ];
         assert_eq!(plugin.current_pod(pods).unwrap().name, "a");
         assert!(plugin.current_pod(vec![pod("done", PREDICATE_TIME_DONE)]).is_none());
+    }
+
+    /// A pod deleted and re-created under the same name after the plugin read it (a StatefulSet's) keeps its
+    /// labels: the plugin's patches carry the UID it read.
+    #[tokio::test]
+    async fn patches_land_only_on_the_pod_that_was_read() {
+        let cluster = Arc::new(InMemoryCluster::default());
+        let mut recreated = pod("web", "10");
+        recreated.uid = "uid-new".into();
+        cluster.upsert(recreated.clone());
+        let config = Arc::new(PluginConfig::new("n1"));
+        let state = DeviceState::new(Vec::new(), &config.settings);
+        let plugin = VgpuNumberPlugin::new(config, state, Some(cluster.clone()));
+        let mut read = recreated.clone();
+        read.uid = "uid-old".into();
+        let err = plugin.patch(&read, plugin.failed_patch()).await.unwrap_err();
+        assert!(err.contains("metadata.uid") && err.contains("uid-old"), "{err}");
+        assert_eq!(cluster.pod("", "web").unwrap(), recreated, "untouched");
+        plugin.patch(&recreated, plugin.failed_patch()).await.unwrap();
+        assert_eq!(cluster.pod("", "web").unwrap().labels["nvidia.com/assigned-phase"], "failed");
     }
 
     #[test]
