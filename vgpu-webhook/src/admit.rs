@@ -1,4 +1,4 @@
-//! The three admission routes from body to answer: decode ([`crate::review`]), fetch what the rules need
+//! The admission routes from body to answer: decode ([`crate::review`]), fetch what the rules need
 //! through a [`ClusterApi`], call the pure rules ([`crate::mutate`], [`crate::validate`],
 //! [`crate::convert`]), answer.
 //!
@@ -9,9 +9,13 @@
 //! | `/pods/validate` | DELETE | with `--default-convert2-dra`: deletes those ResourceClaims (not on a dry run) |
 //! | `/resourceclaims/validate` | CREATE, UPDATE | opaque configs of `resource.k8s.io/v1` ResourceClaims and ResourceClaimTemplates ([`crate::validate::check_opaque_configs`]) |
 //! | `/resourceclaims/validate` | UPDATE of `resourceclaims/status` | with `--dra-admission-enabled`: the sharing rules of the allocated vGPU requests across the reserved pods ([`crate::validate::check_allocated_sharing`]) |
+//! | `/volcano-jobs/mutate` | CREATE | with `--default-convert2-dra`: [`crate::volcano::job_patch`] |
+//! | `/volcano-jobs/mutate` | UPDATE | with `--default-convert2-dra`, not on a dry run, for a Job with a record: the Job becomes the controller of each recorded template its tasks reference ([`ClusterApi::set_template_owner`]); tasks whose templates are all its own leave the record; API errors are logged, never refuse the update |
+//! | `/volcano-jobs/validate` | CREATE | with `--default-convert2-dra`: creates the ResourceClaimTemplates of the Job's record ([`crate::volcano::planned_templates`]), all or none |
+//! | `/volcano-jobs/validate` | DELETE | with `--default-convert2-dra`, not on a dry run: deletes the recorded templates the tasks reference |
 //!
-//! A claim that already exists with this pod's owner key counts as created (the API server may call the webhook
-//! again for the same pod); one of another owner denies the pod.
+//! A claim (template) that already exists with this pod's (Job's) owner key counts as created (the API server
+//! may call the webhook again for the same object); one of another owner denies the object.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,12 +28,15 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
 use vgpu_core::domain::{ORIGINAL_RESOURCES_ANNOTATION, OWNER_KEY_LABEL};
 
-use crate::api::{ApiError, ClusterApi};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::api::{ApiError, ClusterApi, OwnerUpdate};
 use crate::config::WebhookConfig;
 use crate::convert::{self, ResourceInfo};
-use crate::mutate;
+use crate::mutate::{self, ClaimSource};
 use crate::review::{self, Denial, ReviewError};
 use crate::validate::{self, PodClaimRequests, RequestClass};
+use crate::volcano::{self, VolcanoJob};
 
 /// Milliseconds since the Unix epoch (the `create-timestamp` label).
 pub type Clock = Arc<dyn Fn() -> u128 + Send + Sync>;
@@ -264,24 +271,55 @@ impl<C: ClusterApi> Admission<C> {
             Some(Ok(infos)) => infos,
         };
         let claims = planned_claims(&self.config, pod, &infos, (self.clock)())?;
-        let owner = convert::owner_key(pod);
-        let mut created: Vec<(String, String)> = Vec::new();
-        for claim in &claims {
-            let ns = claim.metadata.namespace.clone().unwrap_or_default();
-            let name = claim.metadata.name.clone().unwrap_or_default();
-            match self.api.create_claim(claim, dry_run).await {
-                Ok(()) => created.push((ns, name)),
+        let objects: Vec<Generated<'_>> = claims.iter().map(Generated::Claim).collect();
+        self.create_all(&objects, "pod", &convert::owner_key(pod), dry_run).await
+    }
+
+    /// Creates `objects` (all or none: on a failure those created are deleted again). One that already exists
+    /// with the owner-key label `owner` counts as created (a retried admission); one of another owner denies.
+    async fn create_all(
+        &self,
+        objects: &[Generated<'_>],
+        owner_noun: &str,
+        owner: &str,
+        dry_run: bool,
+    ) -> Result<(), Denial> {
+        let mut created: Vec<(GeneratedKind, String, String)> = Vec::new();
+        for object in objects {
+            let kind = object.kind();
+            let meta = object.metadata();
+            let ns = meta.namespace.clone().unwrap_or_default();
+            let name = meta.name.clone().unwrap_or_default();
+            let result = match object {
+                Generated::Claim(c) => self.api.create_claim(c, dry_run).await,
+                Generated::Template(t) => self.api.create_claim_template(t, dry_run).await,
+            };
+            match result {
+                Ok(()) => created.push((kind, ns, name)),
                 Err(e) if e.already_exists => {
-                    let existing = self.api.get_claim(&ns, &name).await.ok().flatten();
-                    let mine = existing
-                        .as_ref()
-                        .and_then(|c| c.metadata.labels.as_ref())
-                        .and_then(|l| l.get(OWNER_KEY_LABEL))
-                        .is_some_and(|o| *o == owner);
+                    let labels = match kind {
+                        GeneratedKind::Claim => self
+                            .api
+                            .get_claim(&ns, &name)
+                            .await
+                            .ok()
+                            .flatten()
+                            .and_then(|c| c.metadata.labels),
+                        GeneratedKind::Template => self
+                            .api
+                            .get_claim_template(&ns, &name)
+                            .await
+                            .ok()
+                            .flatten()
+                            .and_then(|t| t.metadata.labels),
+                    };
+                    let mine =
+                        labels.as_ref().and_then(|l| l.get(OWNER_KEY_LABEL)).is_some_and(|o| o == owner);
                     if !mine {
                         self.roll_back(&created, dry_run).await;
                         return Err(Denial::new(format!(
-                            "{e}: ResourceClaim {ns}/{name} exists and does not belong to pod {owner} (label {OWNER_KEY_LABEL})"
+                            "{e}: {} {ns}/{name} exists and does not belong to {owner_noun} {owner} (label {OWNER_KEY_LABEL})",
+                            kind.name()
                         )));
                     }
                 }
@@ -292,18 +330,22 @@ impl<C: ClusterApi> Admission<C> {
             }
         }
         if !dry_run {
-            tracing::info!(pod = %owner, claims = ?created, "created vGPU ResourceClaims");
+            tracing::info!(owner = %owner, created = ?created, "created vGPU ResourceClaims/ResourceClaimTemplates");
         }
         Ok(())
     }
 
-    async fn roll_back(&self, created: &[(String, String)], dry_run: bool) {
+    async fn roll_back(&self, created: &[(GeneratedKind, String, String)], dry_run: bool) {
         if dry_run {
             return;
         }
-        for (ns, name) in created {
-            if let Err(e) = self.api.delete_claim(ns, name).await {
-                tracing::warn!(error = %e, "could not delete a ResourceClaim after a failed admission");
+        for (kind, ns, name) in created {
+            let result = match kind {
+                GeneratedKind::Claim => self.api.delete_claim(ns, name).await,
+                GeneratedKind::Template => self.api.delete_claim_template(ns, name).await,
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "could not delete a generated object after a failed admission");
             }
         }
     }
@@ -324,6 +366,130 @@ impl<C: ClusterApi> Admission<C> {
                 tracing::warn!(error = %e, "could not delete the ResourceClaim of a deleted pod");
             }
         }
+    }
+
+    /// `/volcano-jobs/mutate` ([`crate::volcano`]): with `--default-convert2-dra`, the conversion patch on
+    /// CREATE and the template adoption on UPDATE (not on a dry run); every other request is allowed unchanged.
+    pub async fn mutate_volcano_jobs(
+        &self,
+        body: &[u8],
+    ) -> Result<AdmissionReview<DynamicObject>, ReviewError> {
+        let req = review::decode::<DynamicObject>(body)?;
+        let outcome = match (&req.operation, &req.object) {
+            _ if !self.config.convert_to_dra => Ok(None),
+            (Operation::Create, Some(obj)) => volcano_job(&req, obj)
+                .and_then(|job| volcano::job_patch(&self.config, &req.uid, &job))
+                .map(Some),
+            (Operation::Update, Some(obj)) if !req.dry_run && has_job_record(obj) => {
+                match volcano_job(&req, obj) {
+                    Ok(job) => self.adopt_templates(&job).await.map(Some),
+                    Err(d) => Err(d),
+                }
+            }
+            _ => Ok(None),
+        };
+        if let Err(d) = &outcome {
+            tracing::info!(uid = %req.uid, namespace = ?req.namespace, name = %req.name, message = %d.message, "Volcano Job denied");
+        }
+        Ok(review::respond(&req, outcome))
+    }
+
+    /// `/volcano-jobs/validate` ([`crate::volcano`]): with `--default-convert2-dra`, creates the recorded
+    /// ResourceClaimTemplates on CREATE (all or none) and deletes them on DELETE (not on a dry run).
+    pub async fn validate_volcano_jobs(
+        &self,
+        body: &[u8],
+    ) -> Result<AdmissionReview<DynamicObject>, ReviewError> {
+        let req = review::decode::<DynamicObject>(body)?;
+        let outcome = match (&req.operation, &req.object, &req.old_object) {
+            _ if !self.config.convert_to_dra => Ok(()),
+            (Operation::Create, Some(obj), _) => match volcano_job(&req, obj) {
+                Ok(job) => self.create_templates(&job, req.dry_run).await,
+                Err(d) => Err(d),
+            },
+            (Operation::Delete, _, Some(old)) if !req.dry_run => {
+                match volcano_job(&req, old) {
+                    Ok(job) => self.delete_templates(&job).await,
+                    Err(d) => tracing::warn!(message = %d.message, "cannot read a deleted Volcano Job"),
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        };
+        if let Err(d) = &outcome {
+            tracing::info!(uid = %req.uid, namespace = ?req.namespace, name = %req.name, message = %d.message, "Volcano Job denied");
+        }
+        Ok(review::respond(&req, outcome.map(|()| None)))
+    }
+
+    async fn create_templates(&self, job: &VolcanoJob, dry_run: bool) -> Result<(), Denial> {
+        let record = match volcano::job_record(job) {
+            None => return Ok(()),
+            Some(Err(e)) => return Err(Denial::new(e.to_string())),
+            Some(Ok(record)) => record,
+        };
+        let templates = volcano::planned_templates(&self.config, job, &record, (self.clock)())?;
+        let objects: Vec<Generated<'_>> = templates.iter().map(Generated::Template).collect();
+        let owner = format!("{}-{}", job.metadata.namespace.as_deref().unwrap_or_default(), job.name());
+        self.create_all(&objects, "Job", &owner, dry_run).await
+    }
+
+    async fn delete_templates(&self, job: &VolcanoJob) {
+        let Some(Ok(record)) = volcano::job_record(job) else { return };
+        let ns = job.metadata.namespace.clone().unwrap_or_default();
+        for (task_name, infos) in &record {
+            let Some((_, task)) = job.task(task_name) else { continue };
+            for (name, referenced) in volcano::recorded_templates(task, infos) {
+                if !referenced {
+                    continue;
+                }
+                if let Err(e) = self.api.delete_claim_template(&ns, &name).await {
+                    tracing::warn!(error = %e, "could not delete the ResourceClaimTemplate of a deleted Volcano Job");
+                }
+            }
+        }
+    }
+
+    /// UPDATE: the Job becomes the controller of the recorded templates its tasks reference; tasks whose
+    /// templates are all owned by it leave the record. API errors are logged and leave the task in the record
+    /// (the next update tries again): an update of the Job is never refused for them.
+    async fn adopt_templates(&self, job: &VolcanoJob) -> Result<json_patch::Patch, Denial> {
+        let unchanged = json_patch::Patch(Vec::new());
+        let (Some(Ok(record)), Some(owner)) = (volcano::job_record(job), volcano::owner_reference(job))
+        else {
+            return Ok(unchanged);
+        };
+        let ns = job.metadata.namespace.clone().unwrap_or_default();
+        let mut kept = record.clone();
+        for (task_name, infos) in &record {
+            let Some((_, task)) = job.task(task_name) else { continue };
+            let mut all_owned = true;
+            for (name, referenced) in volcano::recorded_templates(task, infos) {
+                if !referenced {
+                    all_owned = false;
+                    continue;
+                }
+                match self.api.set_template_owner(&ns, &name, &owner).await {
+                    Ok(OwnerUpdate::Adopted | OwnerUpdate::AlreadyOwned) => {}
+                    Ok(OwnerUpdate::NotFound) => all_owned = false,
+                    Ok(OwnerUpdate::OtherController(other)) => {
+                        tracing::warn!(template = %name, controller = %other, "a Volcano Job's ResourceClaimTemplate has another controller");
+                        all_owned = false;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not make a Volcano Job the owner of its ResourceClaimTemplate");
+                        all_owned = false;
+                    }
+                }
+            }
+            if all_owned {
+                kept.remove(task_name);
+            }
+        }
+        if kept == record {
+            return Ok(unchanged);
+        }
+        volcano::patch_between(job, &volcano::with_record(job, &kept))
     }
 
     /// `/resourceclaims/validate`.
@@ -432,61 +598,98 @@ fn record(pod: &Pod) -> Option<Result<Vec<ResourceInfo>, convert::RecordError>> 
     Some(convert::decode_record(value))
 }
 
+/// A generated object `/pods/validate` or `/volcano-jobs/validate` creates.
+#[derive(Debug, Clone, Copy)]
+enum Generated<'a> {
+    Claim(&'a ResourceClaim),
+    Template(&'a ResourceClaimTemplate),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GeneratedKind {
+    Claim,
+    Template,
+}
+
+impl GeneratedKind {
+    fn name(self) -> &'static str {
+        match self {
+            GeneratedKind::Claim => "ResourceClaim",
+            GeneratedKind::Template => "ResourceClaimTemplate",
+        }
+    }
+}
+
+impl Generated<'_> {
+    fn kind(&self) -> GeneratedKind {
+        match self {
+            Generated::Claim(_) => GeneratedKind::Claim,
+            Generated::Template(_) => GeneratedKind::Template,
+        }
+    }
+
+    fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Generated::Claim(c) => &c.metadata,
+            Generated::Template(t) => &t.metadata,
+        }
+    }
+}
+
+/// Whether an object carries a non-empty `original-resources` annotation.
+fn has_job_record(obj: &DynamicObject) -> bool {
+    obj.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ORIGINAL_RESOURCES_ANNOTATION))
+        .is_some_and(|v| !v.is_empty())
+}
+
+/// The request's object as a Volcano Job, its namespace and name filled in from the request where it lacks
+/// them; denied when the request is not about a `batch.volcano.sh` `Job` or the Job does not decode.
+fn volcano_job(req: &AdmissionRequest<DynamicObject>, obj: &DynamicObject) -> Result<VolcanoJob, Denial> {
+    let gvk = &req.kind;
+    if gvk.group != volcano::JOB_GROUP || gvk.kind != volcano::JOB_KIND {
+        return Err(Denial::new(format!(
+            "expected a {}/{} {}, got {}/{} {}",
+            volcano::JOB_GROUP,
+            volcano::JOB_VERSION,
+            volcano::JOB_KIND,
+            gvk.group,
+            gvk.version,
+            gvk.kind
+        )));
+    }
+    let value =
+        serde_json::to_value(obj).map_err(|e| Denial::new(format!("cannot read the Volcano Job: {e}")))?;
+    let mut job = VolcanoJob::from_value(&value)?;
+    if job.metadata.namespace.as_deref().is_none_or(str::is_empty) {
+        job.metadata.namespace = req.namespace.clone();
+    }
+    if job.metadata.name.as_deref().is_none_or(str::is_empty) && !req.name.is_empty() {
+        job.metadata.name = Some(req.name.clone());
+    }
+    Ok(job)
+}
+
 /// The ResourceClaims `/pods/validate` creates for a converted pod, checked against the pod: each entry's
-/// container exists, its numbers are within the limits, and its claim is one of the pod's `resourceClaims`.
+/// container exists, its numbers are within the limits, and its claim is one of the pod's `resourceClaims`
+/// ([`convert::planned_requests`]).
 pub fn planned_claims(
     config: &WebhookConfig,
     pod: &Pod,
     infos: &[ResourceInfo],
     created_ms: u128,
 ) -> Result<Vec<ResourceClaim>, Denial> {
-    let d = &config.domain;
-    let pod_name = pod.metadata.name.clone().unwrap_or_default();
-    let pod_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
-    let all = mutate::containers(pod);
-    let mut requests_by_claim: Vec<(String, Vec<DeviceRequest>)> = Vec::new();
-    for (i, info) in infos.iter().enumerate() {
-        let Some((slot, _)) = all.iter().find(|(_, c)| c.name == info.name) else {
-            return Err(Denial::new(format!(
-                "Pod {pod_name:?} is invalid: metadata.annotations[{ORIGINAL_RESOURCES_ANNOTATION}][{i}].containerName: Invalid value: {:?}: container not found",
-                info.name
-            )));
-        };
-        let r = info.request(d);
-        let path = slot.path();
-        if r.cores > 100 {
-            return Err(Denial::new(format!(
-                "Pod {pod_name:?} is invalid: {path}.resources.limits[{}]: Invalid value: {}: request exceeds limit, maximum: 100",
-                d.vgpu_cores(),
-                r.cores
-            )));
-        }
-        if r.number > u64::from(vgpu_core::model::MAX_VGPU_NUMBER) {
-            return Err(Denial::new(format!(
-                "Pod {pod_name:?} is invalid: {path}.resources.limits[{}]: Invalid value: {}: request exceeds limit, maximum: {}",
-                d.vgpu_number(),
-                r.number,
-                vgpu_core::model::MAX_VGPU_NUMBER
-            )));
-        }
-        let listed = pod_claims.is_some_and(|pc| {
-            pc.iter().any(|p| p.resource_claim_name.as_deref() == Some(info.claim_name.as_str()))
-        });
-        if !listed {
-            return Err(Denial::new(format!(
-                "Pod {pod_name:?} is invalid: spec.resourceClaims: Invalid value: ResourceClaimName {:?} not found",
-                info.claim_name
-            )));
-        }
-        let request = convert::device_request(pod, d, &config.device_class_name, info);
-        match requests_by_claim.iter_mut().find(|(n, _)| *n == info.claim_name) {
-            Some((_, list)) => list.push(request),
-            None => requests_by_claim.push((info.claim_name.clone(), vec![request])),
-        }
-    }
-    Ok(requests_by_claim
+    let scope = convert::RecordScope {
+        subject: format!("Pod {:?}", pod.metadata.name.as_deref().unwrap_or_default()),
+        record_field: format!("metadata.annotations[{ORIGINAL_RESOURCES_ANNOTATION}]"),
+        spec_prefix: String::new(),
+        source: ClaimSource::Claim,
+    };
+    Ok(convert::planned_requests(config, pod, infos, &scope)?
         .into_iter()
-        .map(|(name, requests)| convert::resource_claim(pod, d, &name, requests, created_ms))
+        .map(|(name, requests)| convert::resource_claim(pod, &config.domain, &name, requests, created_ms))
         .collect())
 }
 

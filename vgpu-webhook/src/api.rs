@@ -1,5 +1,6 @@
-//! The API-server seam of the validating routes: what `/pods/validate` reads (ResourceClaims,
-//! ResourceClaimTemplates, DeviceClasses, reserved pods) and writes (the ResourceClaims of converted pods).
+//! The API-server seam of the routes: what `/pods/validate` reads (ResourceClaims, ResourceClaimTemplates,
+//! DeviceClasses, reserved pods) and writes (the ResourceClaims of converted pods), and what the Volcano Job
+//! routes write (the ResourceClaimTemplates of converted Jobs, and the Job as their owner).
 //!
 //! | method | request ([`KubeApi`]) |
 //! |---|---|
@@ -9,8 +10,12 @@
 //! | [`ClusterApi::get_pod`] | `GET /api/v1/namespaces/{ns}/pods/{name}` |
 //! | [`ClusterApi::create_claim`] | `POST /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims` (`?dryRun=All` on a dry run) |
 //! | [`ClusterApi::delete_claim`] | `DELETE /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}` (404 is success) |
+//! | [`ClusterApi::create_claim_template`] | `POST /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates` (`?dryRun=All` on a dry run) |
+//! | [`ClusterApi::delete_claim_template`] | `DELETE /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{name}` (404 is success) |
+//! | [`ClusterApi::set_template_owner`] | `GET` the template, then, when it has no controller, `PUT` it with the owner added (the read `resourceVersion` guards the write; a conflict is retried) |
 //!
-//! [`MemoryApi`] keeps the same objects in maps, for tests, with failure injection on create.
+//! The templates are those of converted Volcano Jobs ([`crate::volcano`]). [`MemoryApi`] keeps the same objects
+//! in maps, for tests, with failure injection on create.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -19,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, PostParams};
 
 /// A failed API call.
@@ -39,7 +45,37 @@ impl ApiError {
     }
 }
 
-/// What the validating routes read and write in the cluster.
+/// What [`ClusterApi::set_template_owner`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerUpdate {
+    /// The template had no controller; the owner was added.
+    Adopted,
+    /// The template is already controlled by this owner (same UID).
+    AlreadyOwned,
+    /// The template is controlled by another object (its kind and name); left alone.
+    OtherController(String),
+    /// The template does not exist.
+    NotFound,
+}
+
+/// The controller among `refs`, if any.
+fn controller(refs: Option<&Vec<OwnerReference>>) -> Option<&OwnerReference> {
+    refs?.iter().find(|r| r.controller == Some(true))
+}
+
+/// What adding `owner` as the controller of an object with these owner references does: `None` when it is to be
+/// added, else the outcome without a write.
+fn owner_decision(refs: Option<&Vec<OwnerReference>>, owner: &OwnerReference) -> Option<OwnerUpdate> {
+    controller(refs).map(|c| {
+        if c.uid == owner.uid {
+            OwnerUpdate::AlreadyOwned
+        } else {
+            OwnerUpdate::OtherController(format!("{} {}", c.kind, c.name))
+        }
+    })
+}
+
+/// What the routes read and write in the cluster.
 pub trait ClusterApi: Send + Sync + 'static {
     /// A ResourceClaim, `None` when it does not exist.
     fn get_claim(
@@ -68,7 +104,30 @@ pub trait ClusterApi: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
     /// Deletes a ResourceClaim; one that does not exist is no error.
     fn delete_claim(&self, ns: &str, name: &str) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// Creates a ResourceClaimTemplate (validated but not stored when `dry_run`).
+    fn create_claim_template(
+        &self,
+        template: &ResourceClaimTemplate,
+        dry_run: bool,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// Deletes a ResourceClaimTemplate; one that does not exist is no error.
+    fn delete_claim_template(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// Makes `owner` (with `controller: true`) the controller of a ResourceClaimTemplate that has none; a
+    /// template with a controller is left as it is ([`OwnerUpdate`]).
+    fn set_template_owner(
+        &self,
+        ns: &str,
+        name: &str,
+        owner: &OwnerReference,
+    ) -> impl Future<Output = Result<OwnerUpdate, ApiError>> + Send;
 }
+
+/// Attempts of [`KubeApi::set_template_owner`] when the template changes between its read and its write.
+const OWNER_ATTEMPTS: usize = 3;
 
 // === impl KubeApi ===
 
@@ -140,6 +199,58 @@ impl ClusterApi for KubeApi {
             Err(e) => Err(kube_error(format!("delete ResourceClaim {ns}/{name}"), e)),
         }
     }
+
+    async fn create_claim_template(
+        &self,
+        template: &ResourceClaimTemplate,
+        dry_run: bool,
+    ) -> Result<(), ApiError> {
+        let ns = template.metadata.namespace.clone().unwrap_or_default();
+        let name = template.metadata.name.clone().unwrap_or_default();
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), &ns);
+        let params = PostParams { dry_run, ..PostParams::default() };
+        api.create(&params, template)
+            .await
+            .map(|_| ())
+            .map_err(|e| kube_error(format!("create ResourceClaimTemplate {ns}/{name}"), e))
+    }
+
+    async fn delete_claim_template(&self, ns: &str, name: &str) -> Result<(), ApiError> {
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(kube_error(format!("delete ResourceClaimTemplate {ns}/{name}"), e)),
+        }
+    }
+
+    async fn set_template_owner(
+        &self,
+        ns: &str,
+        name: &str,
+        owner: &OwnerReference,
+    ) -> Result<OwnerUpdate, ApiError> {
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
+        let action = format!("set the owner of ResourceClaimTemplate {ns}/{name}");
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let Some(mut template) = api.get_opt(name).await.map_err(|e| kube_error(action.clone(), e))?
+            else {
+                return Ok(OwnerUpdate::NotFound);
+            };
+            if let Some(done) = owner_decision(template.metadata.owner_references.as_ref(), owner) {
+                return Ok(done);
+            }
+            template.metadata.owner_references.get_or_insert_with(Vec::new).push(owner.clone());
+            match api.replace(name, &PostParams::default(), &template).await {
+                Ok(_) => return Ok(OwnerUpdate::Adopted),
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < OWNER_ATTEMPTS => continue,
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(OwnerUpdate::NotFound),
+                Err(e) => return Err(kube_error(action, e)),
+            }
+        }
+    }
 }
 
 // === impl MemoryApi ===
@@ -150,9 +261,26 @@ struct MemoryState {
     templates: BTreeMap<(String, String), ResourceClaimTemplate>,
     classes: BTreeMap<String, DeviceClass>,
     pods: BTreeMap<(String, String), Pod>,
+    pass_creates: u32,
     fail_creates: u32,
     creates: u32,
     deletes: Vec<(String, String)>,
+    template_deletes: Vec<(String, String)>,
+}
+
+impl MemoryState {
+    /// Whether this create fails ([`MemoryApi::fail_creates_after`]).
+    fn injected_failure(&mut self) -> bool {
+        if self.pass_creates > 0 {
+            self.pass_creates -= 1;
+            return false;
+        }
+        if self.fail_creates > 0 {
+            self.fail_creates -= 1;
+            return true;
+        }
+        false
+    }
 }
 
 /// [`ClusterApi`] over in-memory maps, for tests.
@@ -204,12 +332,31 @@ impl MemoryApi {
         self.lock().claims.values().cloned().collect()
     }
 
-    /// The next `n` creates fail (after which creates succeed again).
-    pub fn fail_next_creates(&self, n: u32) {
-        self.lock().fail_creates = n;
+    /// Every stored ResourceClaimTemplate, by namespace and name.
+    pub fn templates(&self) -> Vec<ResourceClaimTemplate> {
+        self.lock().templates.values().cloned().collect()
     }
 
-    /// Create calls so far (dry runs included, failed ones too).
+    /// ResourceClaimTemplates deleted so far, in order.
+    pub fn deleted_templates(&self) -> Vec<(String, String)> {
+        self.lock().template_deletes.clone()
+    }
+
+    /// The next `n` creates (of ResourceClaims or ResourceClaimTemplates) fail (after which creates succeed
+    /// again).
+    pub fn fail_next_creates(&self, n: u32) {
+        self.fail_creates_after(0, n);
+    }
+
+    /// The next `succeed` creates (of ResourceClaims or ResourceClaimTemplates) go through, the `fail` after
+    /// them fail, the rest go through again.
+    pub fn fail_creates_after(&self, succeed: u32, fail: u32) {
+        let mut s = self.lock();
+        s.pass_creates = succeed;
+        s.fail_creates = fail;
+    }
+
+    /// Create calls so far, claims and templates (dry runs included, failed ones too).
     pub fn create_calls(&self) -> u32 {
         self.lock().creates
     }
@@ -246,8 +393,7 @@ impl ClusterApi for MemoryApi {
         let action = format!("create ResourceClaim {}/{}", k.0, k.1);
         let mut s = self.lock();
         s.creates += 1;
-        if s.fail_creates > 0 {
-            s.fail_creates -= 1;
+        if s.injected_failure() {
             return Err(ApiError::new(action, "injected failure"));
         }
         if s.claims.contains_key(&k) {
@@ -264,5 +410,50 @@ impl ClusterApi for MemoryApi {
         s.deletes.push((ns.to_owned(), name.to_owned()));
         s.claims.remove(&(ns.to_owned(), name.to_owned()));
         Ok(())
+    }
+
+    async fn create_claim_template(
+        &self,
+        template: &ResourceClaimTemplate,
+        dry_run: bool,
+    ) -> Result<(), ApiError> {
+        let k = key(template.metadata.namespace.as_ref(), template.metadata.name.as_ref());
+        let action = format!("create ResourceClaimTemplate {}/{}", k.0, k.1);
+        let mut s = self.lock();
+        s.creates += 1;
+        if s.injected_failure() {
+            return Err(ApiError::new(action, "injected failure"));
+        }
+        if s.templates.contains_key(&k) {
+            return Err(ApiError { already_exists: true, ..ApiError::new(action, "already exists") });
+        }
+        if !dry_run {
+            s.templates.insert(k, template.clone());
+        }
+        Ok(())
+    }
+
+    async fn delete_claim_template(&self, ns: &str, name: &str) -> Result<(), ApiError> {
+        let mut s = self.lock();
+        s.template_deletes.push((ns.to_owned(), name.to_owned()));
+        s.templates.remove(&(ns.to_owned(), name.to_owned()));
+        Ok(())
+    }
+
+    async fn set_template_owner(
+        &self,
+        ns: &str,
+        name: &str,
+        owner: &OwnerReference,
+    ) -> Result<OwnerUpdate, ApiError> {
+        let mut s = self.lock();
+        let Some(template) = s.templates.get_mut(&(ns.to_owned(), name.to_owned())) else {
+            return Ok(OwnerUpdate::NotFound);
+        };
+        if let Some(done) = owner_decision(template.metadata.owner_references.as_ref(), owner) {
+            return Ok(done);
+        }
+        template.metadata.owner_references.get_or_insert_with(Vec::new).push(owner.clone());
+        Ok(OwnerUpdate::Adopted)
     }
 }

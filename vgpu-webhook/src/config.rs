@@ -9,8 +9,8 @@
 //! | `--default-runtime-class` | [`WebhookConfig::default_runtime_class`] | none | a DNS subdomain |
 //! | `--vgpu-device-class-name` | [`WebhookConfig::device_class_name`] | `vgpu-manager` | a DNS subdomain |
 //! | `--dra-admission-enabled` | [`WebhookConfig::dra_admission`] | off | claim-sharing rules in `/pods/validate`, `/resourceclaims/validate` |
-//! | `--default-convert2-dra` | [`WebhookConfig::convert_to_dra`] | off | vGPU limits → ResourceClaims |
-//! | `--combined-resource-claim` | [`WebhookConfig::combined_claim`] | off | one claim per pod; requires `--default-convert2-dra` |
+//! | `--default-convert2-dra` | [`WebhookConfig::convert_to_dra`] | off | vGPU limits → ResourceClaims (Volcano Jobs: ResourceClaimTemplates) |
+//! | `--combined-resource-claim` | [`WebhookConfig::combined_claim`] | off | one claim per pod (per Volcano task); requires `--default-convert2-dra` |
 //! | `--domain` | [`WebhookConfig::domain`] | `nvidia.com` | see [`ResourceDomain`] |
 //!
 //! Upstream ignores a default policy it does not recognise; here [`WebhookConfig::validate`] refuses it, so a

@@ -1,5 +1,7 @@
 //! Device-plugin → DRA conversion (`--default-convert2-dra`): the `vgpu-manager.io/original-resources` record
-//! the mutation leaves on the pod, and the `resource.k8s.io/v1` ResourceClaims `/pods/validate` creates from it.
+//! the mutation leaves on the pod, and the `resource.k8s.io/v1` ResourceClaims `/pods/validate` creates from it
+//! (and the ResourceClaimTemplates `/volcano-jobs/validate` creates for a Volcano Job's tasks, whose `spec.spec`
+//! is what a claim's `spec` would be: [`claim_spec`], [`resource_claim_template`]).
 //!
 //! # The record
 //!
@@ -27,7 +29,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, CapacityRequirements, DeviceClaim, DeviceConstraint, DeviceRequest, DeviceSelector,
-    ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
+    ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -36,6 +38,10 @@ use vgpu_core::alloc::parse_quantity;
 use vgpu_core::codec::device_filter::SubstringList;
 use vgpu_core::domain::{CREATE_TIMESTAMP_LABEL, OWNER_KEY_LABEL, ResourceDomain};
 use vgpu_core::model::{MemoryPolicy, TopologyMode};
+
+use crate::config::WebhookConfig;
+use crate::mutate::{self, ClaimSource};
+use crate::review::Denial;
 
 /// The DRA driver name of vGPU devices ([`vgpu_core::dra::DRIVER_NAME`], the name the kubelet plugin publishes).
 pub const DRA_DRIVER_NAME: &str = vgpu_core::dra::DRIVER_NAME;
@@ -71,6 +77,16 @@ pub enum RecordError {
         "invalid {annotation} annotation: {reason}; expected a JSON array of {{name, claimName, requestName, resources}}"
     )]
     Json {
+        /// The annotation key.
+        annotation: &'static str,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// A Volcano Job's record that is not the JSON object of task records ([`crate::volcano`]).
+    #[error(
+        "invalid {annotation} annotation of a Volcano Job: {reason}; expected a JSON object of task name to an array of {{name, claimName, requestName, resources}}"
+    )]
+    JobJson {
         /// The annotation key.
         annotation: &'static str,
         /// The decoder's message.
@@ -215,15 +231,9 @@ pub fn device_request(
     }
 }
 
-/// Builds the ResourceClaim `name` holding `requests` for `pod` (module docs). `created_ms` is the
-/// creation-timestamp label value.
-pub fn resource_claim(
-    pod: &Pod,
-    domain: &ResourceDomain,
-    name: &str,
-    requests: Vec<DeviceRequest>,
-    created_ms: u128,
-) -> ResourceClaim {
+/// The spec of a generated claim holding `requests` for `pod` (module docs): the requests, and the constraints
+/// of multi-device requests after the pod's topology mode. Shared by ResourceClaims and ResourceClaimTemplates.
+pub fn claim_spec(pod: &Pod, domain: &ResourceDomain, requests: Vec<DeviceRequest>) -> ResourceClaimSpec {
     let mode = pod
         .metadata
         .annotations
@@ -256,19 +266,43 @@ pub fn resource_claim(
             });
         }
     }
-    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    let owner = format!("{namespace}-{}", pod.metadata.name.as_deref().unwrap_or_default());
-    let labels = BTreeMap::from([
-        (OWNER_KEY_LABEL.to_owned(), owner),
-        (CREATE_TIMESTAMP_LABEL.to_owned(), created_ms.to_string()),
-    ]);
+    ResourceClaimSpec {
+        devices: Some(DeviceClaim {
+            config: None,
+            constraints: (!constraints.is_empty()).then_some(constraints),
+            requests: Some(requests),
+        }),
+    }
+}
+
+/// The annotations of a generated claim: the pod's `vgpu-compute-policy`, when set.
+fn claim_annotations(pod: &Pod, domain: &ResourceDomain) -> Option<BTreeMap<String, String>> {
     let policy_key = domain.vgpu_compute_policy();
-    let annotations = pod
-        .metadata
+    pod.metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(&policy_key))
-        .map(|v| BTreeMap::from([(policy_key.clone(), v.clone())]));
+        .map(|v| BTreeMap::from([(policy_key.clone(), v.clone())]))
+}
+
+/// The owner labels of a generated object: [`OWNER_KEY_LABEL`] = [`owner_key`], [`CREATE_TIMESTAMP_LABEL`].
+fn owner_labels(pod: &Pod, created_ms: u128) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (OWNER_KEY_LABEL.to_owned(), owner_key(pod)),
+        (CREATE_TIMESTAMP_LABEL.to_owned(), created_ms.to_string()),
+    ])
+}
+
+/// Builds the ResourceClaim `name` holding `requests` for `pod` (module docs). `created_ms` is the
+/// creation-timestamp label value.
+pub fn resource_claim(
+    pod: &Pod,
+    domain: &ResourceDomain,
+    name: &str,
+    requests: Vec<DeviceRequest>,
+    created_ms: u128,
+) -> ResourceClaim {
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     // Owned by the pod when its UID is known (validating admission of a CREATE sees it): the garbage collector
     // then deletes the claim with the pod, and also when the pod is never stored (a later admission step
     // refused it), which the DELETE hook cannot see.
@@ -286,20 +320,122 @@ pub fn resource_claim(
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(namespace),
-            labels: Some(labels),
-            annotations,
+            labels: Some(owner_labels(pod, created_ms)),
+            annotations: claim_annotations(pod, domain),
             owner_references,
             ..ObjectMeta::default()
         },
-        spec: Some(ResourceClaimSpec {
-            devices: Some(DeviceClaim {
-                config: None,
-                constraints: (!constraints.is_empty()).then_some(constraints),
-                requests: Some(requests),
-            }),
-        }),
+        spec: Some(claim_spec(pod, domain, requests)),
         status: None,
     }
+}
+
+/// Builds the ResourceClaimTemplate `name` holding `requests` for the pods of a pod template. `pod` is the
+/// template as a pod named after its owner (a Volcano Job, [`crate::volcano::task_pod`]): the owner-key label
+/// is `<namespace>-<owner>`, the claims made from the template carry the `vgpu-compute-policy` annotation, and
+/// `spec.spec` is what [`resource_claim`] would make. No owner reference: the Job's is set once it is stored.
+pub fn resource_claim_template(
+    pod: &Pod,
+    domain: &ResourceDomain,
+    name: &str,
+    requests: Vec<DeviceRequest>,
+    created_ms: u128,
+) -> ResourceClaimTemplate {
+    ResourceClaimTemplate {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(pod.metadata.namespace.clone().unwrap_or_default()),
+            labels: Some(owner_labels(pod, created_ms)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceClaimTemplateSpec {
+            metadata: claim_annotations(pod, domain)
+                .map(|annotations| ObjectMeta { annotations: Some(annotations), ..ObjectMeta::default() }),
+            spec: Some(claim_spec(pod, domain, requests)),
+        }),
+    }
+}
+
+/// Where [`planned_requests`] checks a record: the names its denials use and how the pod spec refers to the
+/// generated claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordScope {
+    /// The object, as the messages name it: `Pod "web"`, `Job "train"`.
+    pub subject: String,
+    /// The record's field: `metadata.annotations[vgpu-manager.io/original-resources]` (a task's record adds
+    /// `[<task>]`).
+    pub record_field: String,
+    /// Prefix of the pod spec's field paths: empty for a pod, `spec.tasks[0].template.` for a Job's task.
+    pub spec_prefix: String,
+    /// How the pod spec refers to the generated claims.
+    pub source: ClaimSource,
+}
+
+/// The device requests of the claims a record asks for, grouped by claim name in record order, checked against
+/// the pod (or pod template as a pod): each entry's container exists, its numbers are within the limits, and its
+/// claim is one of the pod's `resourceClaims` (by `resourceClaimName`, or `resourceClaimTemplateName` for a
+/// template). The requests are [`device_request`]s.
+pub fn planned_requests(
+    config: &WebhookConfig,
+    pod: &Pod,
+    infos: &[ResourceInfo],
+    scope: &RecordScope,
+) -> Result<Vec<(String, Vec<DeviceRequest>)>, Denial> {
+    let d = &config.domain;
+    let RecordScope { subject, record_field, spec_prefix, source } = scope;
+    let pod_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
+    let all = mutate::containers(pod);
+    let mut requests_by_claim: Vec<(String, Vec<DeviceRequest>)> = Vec::new();
+    for (i, info) in infos.iter().enumerate() {
+        let Some((slot, _)) = all.iter().find(|(_, c)| c.name == info.name) else {
+            return Err(Denial::new(format!(
+                "{subject} is invalid: {record_field}[{i}].containerName: Invalid value: {:?}: container not found",
+                info.name
+            )));
+        };
+        let r = info.request(d);
+        let path = format!("{spec_prefix}{}", slot.path());
+        if r.cores > 100 {
+            return Err(Denial::new(format!(
+                "{subject} is invalid: {path}.resources.limits[{}]: Invalid value: {}: request exceeds limit, maximum: 100",
+                d.vgpu_cores(),
+                r.cores
+            )));
+        }
+        if r.number > u64::from(vgpu_core::model::MAX_VGPU_NUMBER) {
+            return Err(Denial::new(format!(
+                "{subject} is invalid: {path}.resources.limits[{}]: Invalid value: {}: request exceeds limit, maximum: {}",
+                d.vgpu_number(),
+                r.number,
+                vgpu_core::model::MAX_VGPU_NUMBER
+            )));
+        }
+        let listed = pod_claims.is_some_and(|pc| {
+            pc.iter().any(|p| {
+                let reference = match source {
+                    ClaimSource::Claim => &p.resource_claim_name,
+                    ClaimSource::Template => &p.resource_claim_template_name,
+                };
+                reference.as_deref() == Some(info.claim_name.as_str())
+            })
+        });
+        if !listed {
+            let field = match source {
+                ClaimSource::Claim => "ResourceClaimName",
+                ClaimSource::Template => "ResourceClaimTemplateName",
+            };
+            return Err(Denial::new(format!(
+                "{subject} is invalid: {spec_prefix}spec.resourceClaims: Invalid value: {field} {:?} not found",
+                info.claim_name
+            )));
+        }
+        let request = device_request(pod, d, &config.device_class_name, info);
+        match requests_by_claim.iter_mut().find(|(n, _)| *n == info.claim_name) {
+            Some((_, list)) => list.push(request),
+            None => requests_by_claim.push((info.claim_name.clone(), vec![request])),
+        }
+    }
+    Ok(requests_by_claim)
 }
 
 /// Owner-key label value of a pod's generated claims.

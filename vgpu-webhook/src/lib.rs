@@ -1,6 +1,7 @@
 //! vgpu-webhook: the admission webhook (contract §10). Users write `nvidia.com/vgpu-number: 1`; the webhook
 //! fills in the rest (default cores, our scheduler, policies), keeps `spec.nodeName` from bypassing the
-//! extender, and on a DRA cluster turns device-plugin limits into `resource.k8s.io/v1` ResourceClaims.
+//! extender, and on a DRA cluster turns device-plugin limits into `resource.k8s.io/v1` ResourceClaims (for the
+//! pod templates of Volcano Jobs, ResourceClaimTemplates).
 //!
 //! # Routes
 //!
@@ -9,6 +10,8 @@
 //! | `POST /pods/mutate` (CREATE) | every pod whose vGPU limits are integers within the limits | a vGPU limit that is not a non-negative integer, `vgpu-number` > 16, `vgpu-cores` > 100 — message names the container and the field | defaults per container (number 1 / cores 100), `schedulerName`, node/device policies, `runtimeClassName`, topology mode (multi-GPU), stale scheduling annotations/labels removed, policies removed from non-vGPU pods, `spec.nodeName` → hostname `nodeSelector`, DRA conversion ([`mutate`]) |
 //! | `POST /pods/validate` (CREATE, DELETE) | pods that keep the claim-sharing rules | with `--dra-admission-enabled`: a container using two vGPU claims, a vGPU request shared by concurrent containers or across pods ([`validate`]); a bad `original-resources` record | with `--default-convert2-dra`: creates the converted pod's ResourceClaims ([`convert`]) on CREATE, deletes them on DELETE |
 //! | `POST /resourceclaims/validate` (CREATE, UPDATE, `status` UPDATE) | ResourceClaims/Templates whose `manager.nvidia.com` opaque configs are of a known kind | an unknown config kind or undecodable parameters; with `--dra-admission-enabled`, an allocation whose vGPU requests would be shared by concurrent containers or by two pods ([`validate::check_allocated_sharing`]) | — |
+//! | `POST /volcano-jobs/mutate` (CREATE, UPDATE) | every `batch.volcano.sh/v1alpha1` Job whose vGPU limits are integers within the limits | with `--default-convert2-dra`: a task's malformed vGPU limit (message names the task, container and field); another kind than a Volcano Job | with `--default-convert2-dra` ([`volcano`]), CREATE: the vGPU containers of each task's pod template converted to `resourceClaimTemplateName` claims, the record `{task: [ResourceInfo…]}` on the Job; UPDATE (not on a dry run): the Job set as controller of its templates, fully owned tasks dropped from the record, an empty record removed. Without the flag: allowed unchanged |
+//! | `POST /volcano-jobs/validate` (CREATE, DELETE) | Jobs whose record matches their tasks | with `--default-convert2-dra`: a record that does not decode or names a task, container or template the Job does not have; a failed template create (the templates created before it are deleted again) | with `--default-convert2-dra`: creates the recorded ResourceClaimTemplates on CREATE, deletes them on DELETE |
 //! | `GET /healthz`, `GET /readyz` | — | — | 200 `ok` |
 //!
 //! Bad AdmissionReview bodies get HTTP 400 with the reason; denials are `allowed: false` with status reason
@@ -21,8 +24,9 @@
 //! |---|---|
 //! | [`config`] | [`WebhookConfig`](config::WebhookConfig): the flags of contract §1.4, validated |
 //! | [`review`] | AdmissionReview decode, allow/patch/deny answers, [`Denial`](review::Denial) |
-//! | [`mutate`] | the pure pod mutation and its JSON patch |
-//! | [`convert`] | the `original-resources` record, generated ResourceClaims (requests, CEL selectors, owner labels) |
+//! | [`mutate`] | the pure pod mutation and its JSON patch; the per-pod-spec defaults and DRA conversion shared with [`volcano`] |
+//! | [`convert`] | the `original-resources` record, generated ResourceClaims and ResourceClaimTemplates (requests, CEL selectors, owner labels) |
+//! | [`volcano`] | the pure Volcano Job part: decoding only what is needed, the task-template conversion and its JSON patch, the Job record, the planned templates, the owner reference |
 //! | [`names`] | vgpu-manager's safe claim names (SHA-256 suffix) |
 //! | [`validate`] | the pure claim-sharing and opaque-config rules |
 //! | [`api`] | the cluster seam: [`ClusterApi`](api::ClusterApi), [`KubeApi`](api::KubeApi), [`MemoryApi`](api::MemoryApi) |
@@ -75,3 +79,4 @@ pub mod names;
 pub mod review;
 pub mod server;
 pub mod validate;
+pub mod volcano;

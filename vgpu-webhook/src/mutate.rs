@@ -14,6 +14,9 @@
 //! | 7 | vGPU pod, pod with `resourceClaims`, or any extended-resource limit > 0, with `spec.nodeName` | `nodeSelector[kubernetes.io/hostname]` = nodeName, nodeName cleared (so the scheduler and the extender account for it); not for mirror pods (annotation `kubernetes.io/config.mirror`), which the kubelet must create bound to itself (NodeRestriction refuses them otherwise; vgpu-manager moves them too) |
 //! | 8 | `--default-convert2-dra`, vGPU pod | vGPU limits (and requests) removed; container `resources.claims` and pod `resourceClaims` added; `vgpu-manager.io/original-resources` written ([`crate::convert`]) |
 //!
+//! Rules 2-3 and 8 work on a pod spec ([`default_requests`], [`convert_containers`]); the Volcano Job routes
+//! apply the same code to each task's pod template ([`crate::volcano`]).
+//!
 //! A pod already converted (its `original-resources` record matches its claims) counts as a vGPU pod with the
 //! recorded numbers and is not converted again, so mutating a mutated pod changes nothing.
 //!
@@ -24,8 +27,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodResourceClaim, ResourceClaim, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    Container, Pod, PodResourceClaim, PodSpec, ResourceClaim, ResourceRequirements,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use vgpu_core::alloc::parse_quantity;
 use vgpu_core::domain::{ORIGINAL_RESOURCES_ANNOTATION, ResourceDomain};
 use vgpu_core::model::{MAX_VGPU_NUMBER, VgpuRequest};
@@ -63,20 +69,22 @@ impl ContainerSlot {
 
 /// Every container of a pod, init containers first, with its slot.
 pub fn containers(pod: &Pod) -> Vec<(ContainerSlot, &Container)> {
+    pod.spec.as_ref().map(spec_containers).unwrap_or_default()
+}
+
+/// Every container of a pod spec (a pod's or a pod template's), init containers first, with its slot.
+pub fn spec_containers(spec: &PodSpec) -> Vec<(ContainerSlot, &Container)> {
     let mut out = Vec::new();
-    if let Some(spec) = &pod.spec {
-        for (i, c) in spec.init_containers.iter().flatten().enumerate() {
-            out.push((ContainerSlot::Init(i), c));
-        }
-        for (i, c) in spec.containers.iter().enumerate() {
-            out.push((ContainerSlot::App(i), c));
-        }
+    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+        out.push((ContainerSlot::Init(i), c));
+    }
+    for (i, c) in spec.containers.iter().enumerate() {
+        out.push((ContainerSlot::App(i), c));
     }
     out
 }
 
-fn container_mut(pod: &mut Pod, slot: ContainerSlot) -> Option<&mut Container> {
-    let spec = pod.spec.as_mut()?;
+fn container_mut(spec: &mut PodSpec, slot: ContainerSlot) -> Option<&mut Container> {
     match slot {
         ContainerSlot::Init(i) => spec.init_containers.as_mut()?.get_mut(i),
         ContainerSlot::App(i) => spec.containers.get_mut(i),
@@ -207,10 +215,11 @@ pub fn recorded_conversion(pod: &Pod) -> Option<Vec<ResourceInfo>> {
     consistent.then_some(infos)
 }
 
-/// The base of generated claim names (module docs).
-fn claim_base(pod: &Pod, config: &WebhookConfig, request_uid: &str) -> String {
+/// The base of generated claim names of the object with this metadata (module docs): a pod's, or a Volcano
+/// Job's ([`crate::volcano`] adds the task name).
+pub fn claim_base(metadata: &ObjectMeta, config: &WebhookConfig, request_uid: &str) -> String {
     let suffix = short_hash(request_uid, 5);
-    match (pod.metadata.generate_name.as_deref(), pod.metadata.name.as_deref()) {
+    match (metadata.generate_name.as_deref(), metadata.name.as_deref()) {
         (Some(g), _) if !g.is_empty() => format!("{}-{suffix}", g.trim_end_matches('-')),
         (_, Some(n)) if config.combined_claim => format!("{n}-{suffix}"),
         (_, Some(n)) => n.to_owned(),
@@ -237,19 +246,13 @@ pub fn mutate_pod(config: &WebhookConfig, request_uid: &str, original: &Pod) -> 
     let mut vgpu_pod = false;
     let mut multi_gpu = false;
     let mut vgpu_slots = Vec::new();
-    let slots: Vec<ContainerSlot> = containers(&pod).into_iter().map(|(s, _)| s).collect();
-    for slot in slots {
-        let Some(c) = container_mut(&mut pod, slot) else { continue };
-        let raw = read_request(c, slot, d)?;
-        let req = raw.with_defaults();
-        if req.number != raw.number {
-            set_resource(c, &d.vgpu_number(), u64::from(req.number));
-        }
-        if req.cores != raw.cores {
-            set_resource(c, &d.vgpu_cores(), u64::from(req.cores));
-        }
+    let defaulted = match pod.spec.as_mut() {
+        Some(spec) => default_requests(spec, d)?,
+        None => Vec::new(),
+    };
+    for (slot, name, req) in defaulted {
         let mut number = u64::from(req.number);
-        if let Some(info) = recorded.as_ref().and_then(|infos| infos.iter().find(|i| i.name == c.name)) {
+        if let Some(info) = recorded.as_ref().and_then(|infos| infos.iter().find(|i| i.name == name)) {
             number = number.max(info.request(d).number);
         }
         if number > 0 {
@@ -309,16 +312,60 @@ pub fn mutate_pod(config: &WebhookConfig, request_uid: &str, original: &Pod) -> 
     Ok(pod)
 }
 
-fn convert_pod(config: &WebhookConfig, request_uid: &str, pod: &mut Pod, slots: &[ContainerSlot]) {
+/// Rules 2-3 on one pod spec (a pod's or a pod template's): reads every container's vGPU limits (denied when
+/// malformed or over the limits) and writes the defaults ([`VgpuRequest::with_defaults`]). Returns each
+/// container's slot, name and defaulted request, init containers first.
+pub fn default_requests(
+    spec: &mut PodSpec,
+    domain: &ResourceDomain,
+) -> Result<Vec<(ContainerSlot, String, VgpuRequest)>, Denial> {
+    let slots: Vec<ContainerSlot> = spec_containers(spec).into_iter().map(|(s, _)| s).collect();
+    let mut out = Vec::with_capacity(slots.len());
+    for slot in slots {
+        let Some(c) = container_mut(spec, slot) else { continue };
+        let raw = read_request(c, slot, domain)?;
+        let req = raw.with_defaults();
+        if req.number != raw.number {
+            set_resource(c, &domain.vgpu_number(), u64::from(req.number));
+        }
+        if req.cores != raw.cores {
+            set_resource(c, &domain.vgpu_cores(), u64::from(req.cores));
+        }
+        out.push((slot, c.name.clone(), req));
+    }
+    Ok(out)
+}
+
+/// How a converted pod spec refers to its generated claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimSource {
+    /// `spec.resourceClaims[].resourceClaimName`: a ResourceClaim per pod (`/pods/validate` creates it).
+    Claim,
+    /// `spec.resourceClaims[].resourceClaimTemplateName`: a ResourceClaimTemplate, one claim per pod made from
+    /// the template (pod templates of Volcano Jobs, [`crate::volcano`]).
+    Template,
+}
+
+/// Rule 8 on one pod spec: the vGPU containers at `slots` (their limits already defaulted by
+/// [`default_requests`]) lose their vGPU limits and requests and get a `resources.claims` entry; the spec gets a
+/// `resourceClaims` entry per generated claim, referring to it as `source` says. Claim names are
+/// `<base>-<container>-<hash>`, or one `<base>-<hash>` for all with `--combined-resource-claim`
+/// ([`safe_resource_name`]). Returns the record entries, in container order.
+pub fn convert_containers(
+    config: &WebhookConfig,
+    spec: &mut PodSpec,
+    slots: &[ContainerSlot],
+    base: &str,
+    source: ClaimSource,
+) -> Vec<ResourceInfo> {
     let d = &config.domain;
-    let base = claim_base(pod, config, request_uid);
     let mut infos = Vec::new();
     for &slot in slots {
-        let Some(c) = container_mut(pod, slot) else { continue };
+        let Some(c) = container_mut(spec, slot) else { continue };
         let (claim_name, request_name) = if config.combined_claim {
-            (safe_resource_name(&[&base]), safe_resource_name(&[&c.name, VGPU_DEVICE_TYPE]))
+            (safe_resource_name(&[base]), safe_resource_name(&[&c.name, VGPU_DEVICE_TYPE]))
         } else {
-            (safe_resource_name(&[&base, &c.name]), VGPU_DEVICE_TYPE.to_owned())
+            (safe_resource_name(&[base, &c.name]), VGPU_DEVICE_TYPE.to_owned())
         };
         let mut resources = BTreeMap::new();
         for key in [d.vgpu_number(), d.vgpu_cores(), d.vgpu_memory()] {
@@ -332,17 +379,28 @@ fn convert_pod(config: &WebhookConfig, request_uid: &str, pod: &mut Pod, slots: 
             .push(ResourceClaim { name: claim_name.clone(), request: Some(request_name.clone()) });
         infos.push(ResourceInfo { name: c.name.clone(), claim_name, request_name, resources });
     }
-    let spec = pod.spec.get_or_insert_with(Default::default);
     let pod_claims = spec.resource_claims.get_or_insert_with(Vec::new);
     for info in &infos {
         if !pod_claims.iter().any(|p| p.name == info.claim_name) {
+            let name = Some(info.claim_name.clone());
+            let (resource_claim_name, resource_claim_template_name) = match source {
+                ClaimSource::Claim => (name, None),
+                ClaimSource::Template => (None, name),
+            };
             pod_claims.push(PodResourceClaim {
                 name: info.claim_name.clone(),
-                resource_claim_name: Some(info.claim_name.clone()),
-                resource_claim_template_name: None,
+                resource_claim_name,
+                resource_claim_template_name,
             });
         }
     }
+    infos
+}
+
+fn convert_pod(config: &WebhookConfig, request_uid: &str, pod: &mut Pod, slots: &[ContainerSlot]) {
+    let base = claim_base(&pod.metadata, config, request_uid);
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    let infos = convert_containers(config, spec, slots, &base, ClaimSource::Claim);
     pod.metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)

@@ -7,6 +7,8 @@
 //! | `POST /pods/mutate` | AdmissionReview ([`Admission::mutate_pods`]) |
 //! | `POST /pods/validate` | AdmissionReview ([`Admission::validate_pods`]) |
 //! | `POST /resourceclaims/validate` | AdmissionReview ([`Admission::validate_claims`]) |
+//! | `POST /volcano-jobs/mutate` | AdmissionReview ([`Admission::mutate_volcano_jobs`]) |
+//! | `POST /volcano-jobs/validate` | AdmissionReview ([`Admission::validate_volcano_jobs`]) |
 //! | `GET /healthz` | 200 `ok` |
 //! | `GET /readyz` | 200 `ok` (the webhook keeps no cache to wait for) |
 //!
@@ -43,6 +45,10 @@ pub const MUTATE_PODS_PATH: &str = "/pods/mutate";
 pub const VALIDATE_PODS_PATH: &str = "/pods/validate";
 /// ResourceClaim validation route.
 pub const VALIDATE_CLAIMS_PATH: &str = "/resourceclaims/validate";
+/// Volcano Job mutation route.
+pub const MUTATE_VOLCANO_JOBS_PATH: &str = "/volcano-jobs/mutate";
+/// Volcano Job validation route.
+pub const VALIDATE_VOLCANO_JOBS_PATH: &str = "/volcano-jobs/validate";
 
 /// Where and how the server listens.
 #[derive(Debug, Clone)]
@@ -111,6 +117,8 @@ pub fn router<C: ClusterApi>(admission: Arc<Admission<C>>, read_timeout: Duratio
         .route(MUTATE_PODS_PATH, post(mutate_pods::<C>))
         .route(VALIDATE_PODS_PATH, post(validate_pods::<C>))
         .route(VALIDATE_CLAIMS_PATH, post(validate_claims::<C>))
+        .route(MUTATE_VOLCANO_JOBS_PATH, post(mutate_volcano_jobs::<C>))
+        .route(VALIDATE_VOLCANO_JOBS_PATH, post(validate_volcano_jobs::<C>))
         .route(vgpu_serve::http::HEALTHZ_PATH, get(|| async { "ok" }))
         .route(vgpu_serve::http::READYZ_PATH, get(|| async { "ok" }))
         .with_state(state)
@@ -174,6 +182,30 @@ async fn validate_claims<C: ClusterApi>(
 ) -> Response {
     match body_of(&s, &headers, start, body).await {
         Ok(bytes) => answer(s.admission.validate_claims(&bytes).await),
+        Err(r) => r,
+    }
+}
+
+async fn mutate_volcano_jobs<C: ClusterApi>(
+    State(s): State<AppState<C>>,
+    start: Option<Extension<RequestStart>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match body_of(&s, &headers, start, body).await {
+        Ok(bytes) => answer(s.admission.mutate_volcano_jobs(&bytes).await),
+        Err(r) => r,
+    }
+}
+
+async fn validate_volcano_jobs<C: ClusterApi>(
+    State(s): State<AppState<C>>,
+    start: Option<Extension<RequestStart>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match body_of(&s, &headers, start, body).await {
+        Ok(bytes) => answer(s.admission.validate_volcano_jobs(&bytes).await),
         Err(r) => r,
     }
 }

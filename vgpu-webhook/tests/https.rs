@@ -1,7 +1,8 @@
 //! The webhook server over real HTTPS on loopback (`server::serve` with `vgpu_serve` TLS): probes, an
 //! AdmissionReview answered with a patch, a malformed body answered 400 with the reason, a converted pod's
 //! claims created through `/pods/validate`, plain HTTP refused, a rotated certificate served without a
-//! restart, and a graceful stop.
+//! restart, a graceful stop, and a Volcano Job converted through `/volcano-jobs/mutate` whose
+//! ResourceClaimTemplates `/volcano-jobs/validate` creates.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "../../vgpu-serve/tests/support/https_client.rs"]
@@ -146,6 +147,58 @@ async fn routes_over_https() {
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut buf)).await;
     assert!(!String::from_utf8_lossy(&buf).contains("200 OK"));
+
+    server.stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), server.task).await.unwrap().unwrap();
+}
+
+fn job_review(operation: &str, job: &Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-10", "kind": {"group": "batch.volcano.sh", "version": "v1alpha1", "kind": "Job"},
+        "resource": {"group": "batch.volcano.sh", "version": "v1alpha1", "resource": "jobs"},
+        "operation": operation, "userInfo": {}, "namespace": "ml", "name": "train", "object": job}}))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn volcano_job_routes_over_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("webhook-ca");
+    write_leaf(&ca, dir.path());
+    let server = start(dir.path(), WebhookConfig { convert_to_dra: true, ..WebhookConfig::default() }).await;
+    let tls = connector(&ca);
+    let mut job = json!({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"minAvailable": 1, "tasks": [{"name": "worker", "replicas": 2, "template": {"spec": {
+            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/vgpu-number": "1"}}}]}}}]}});
+
+    let (status, body) =
+        call(&tls, server.addr, Method::POST, "/volcano-jobs/mutate", &job_review("CREATE", &job))
+            .await
+            .unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true);
+    let patch: Vec<u8> = serde_json::from_value(answer["response"]["patch"].clone()).unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+    json_patch::patch(&mut job, &patch).unwrap();
+    let claim =
+        job["spec"]["tasks"][0]["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"].clone();
+    assert!(claim.is_string(), "{job}");
+
+    let (status, body) =
+        call(&tls, server.addr, Method::POST, "/volcano-jobs/validate", &job_review("CREATE", &job))
+            .await
+            .unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["response"]["allowed"], true);
+    let templates = server.api.templates();
+    assert_eq!(templates.len(), 1);
+    assert_eq!(json!(templates[0].metadata.name), claim);
+
+    let (status, body) = call(&tls, server.addr, Method::POST, "/volcano-jobs/validate", b"{").await.unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.starts_with("malformed AdmissionReview: EOF"), "{body}");
 
     server.stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(15), server.task).await.unwrap().unwrap();

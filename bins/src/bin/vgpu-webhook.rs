@@ -3,7 +3,8 @@
 //! Thin wiring: parse and validate flags (exit 2 naming the flag) → Kubernetes client → HTTPS server with the
 //! certificate `<--cert-dir>/<--tls-cert-name>` and key `<--cert-dir>/<--tls-key-name>` (re-read when they
 //! change, so cert-manager rotations need no restart) until SIGTERM/SIGINT. Routes: `/pods/mutate`,
-//! `/pods/validate`, `/resourceclaims/validate`, `/healthz`, `/readyz` (see the `vgpu_webhook` crate docs).
+//! `/pods/validate`, `/resourceclaims/validate`, `/volcano-jobs/mutate`, `/volcano-jobs/validate`, `/healthz`,
+//! `/readyz` (see the `vgpu_webhook` crate docs).
 //! The webhook has no feature gates (vgpu-manager registers none for it).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -60,7 +61,7 @@ struct Cli {
     /// Enforce the DRA claim-sharing rules in /pods/validate and /resourceclaims/validate.
     #[arg(long)]
     dra_admission_enabled: bool,
-    /// Convert vGPU extended resources into DRA ResourceClaims.
+    /// Convert vGPU extended resources into DRA ResourceClaims (ResourceClaimTemplates for Volcano Jobs).
     #[arg(long = "default-convert2-dra")]
     default_convert2_dra: bool,
     /// One ResourceClaim per pod instead of one per container (requires --default-convert2-dra).
