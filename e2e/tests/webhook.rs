@@ -12,7 +12,11 @@
 //! * with `--default-convert2-dra`, the pod gets claims, the ResourceClaim exists with the exact request, and
 //!   deleting the pod deletes it; a pod breaking a sharing rule is refused with the rule's message; a claim
 //!   with an unknown opaque config kind is refused — the webhook acting as the ServiceAccount of
-//!   `deploy/webhook/rbac.yaml`.
+//!   `deploy/webhook/rbac.yaml`;
+//! * with `--default-convert2-dra` and a minimal Volcano Job CRD (`batch.volcano.sh/v1alpha1` `jobs`, any
+//!   content), a Job asking vGPUs in two tasks comes back with each task's template referring to its own
+//!   ResourceClaimTemplate, which exists with the exact request; the Job's next update makes it the templates'
+//!   controller and takes the record off; a Job deleted before that takes its templates with it.
 //!
 //! Needs the control-plane binaries and our binaries: run `e2e/run.sh webhook`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -20,9 +24,10 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use vgpu_e2e::TestEnv;
 use vgpu_e2e::fixtures::{self, VGPU_CORES, VGPU_NUMBER};
@@ -277,5 +282,136 @@ async fn webhook_converts_pods_to_dra_and_enforces_sharing() {
         status.message,
         "admission webhook \"validateresourceclaim.vgpu-manager.io\" denied the request: 1 configs failed to validate: expected a recognized configuration type at spec.devices.config[0].opaque.parameters but got: resource.nvidia.com/v1beta1/TpuConfig"
     );
+    env.finish();
+}
+
+/// A Volcano Job with tasks `(name, vGPU limits)`, each of one container `main`.
+fn volcano_job(name: &str, tasks: &[(&str, Value)]) -> DynamicObject {
+    let tasks: Vec<Value> = tasks
+        .iter()
+        .map(|(task, limits)| {
+            json!({"name": task, "replicas": 1, "template": {"spec": {"restartPolicy": "Never", "containers": [
+                {"name": "main", "image": "registry.invalid/vgpu-e2e/pause:none", "resources": {"limits": limits}}]}}})
+        })
+        .collect();
+    serde_json::from_value(json!({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+        "metadata": {"name": name, "namespace": NS}, "spec": {"minAvailable": 1, "tasks": tasks}}))
+    .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn webhook_converts_volcano_jobs_to_claim_templates() {
+    let mut env = TestEnv::builder("webhook_converts_volcano_jobs_to_claim_templates").start().await.unwrap();
+    let client = env.client().await.unwrap();
+    // Volcano's group, version and kind; no schema beyond "any object".
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "jobs.batch.volcano.sh"},
+        "spec": {"group": "batch.volcano.sh", "scope": "Namespaced",
+            "names": {"plural": "jobs", "singular": "job", "kind": "Job", "listKind": "JobList"},
+            "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}))
+    .unwrap();
+    vgpu_e2e::helm::install_crds(&client, &[crd], Duration::from_secs(60)).await.unwrap();
+    // The webhook acts as the ServiceAccount of deploy/webhook/rbac.yaml (creating, updating and deleting the
+    // templates below proves that role is enough).
+    let kubeconfig = service_account_kubeconfig(&env, &client).await.unwrap();
+    let webhook = start_webhook(&mut env, Some(&kubeconfig), &["--default-convert2-dra"]).await.unwrap();
+    register_webhooks(&client, &webhook).await.unwrap();
+    let resource = ApiResource {
+        group: "batch.volcano.sh".into(),
+        version: "v1alpha1".into(),
+        api_version: "batch.volcano.sh/v1alpha1".into(),
+        kind: "Job".into(),
+        plural: "jobs".into(),
+    };
+    let jobs: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &resource);
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
+
+    // Two tasks with a container of the same name: two templates.
+    let created = jobs
+        .create(
+            &PostParams::default(),
+            &volcano_job(
+                "train",
+                &[("a", json!({VGPU_NUMBER: "1", VGPU_CORES: "50"})), ("b", json!({VGPU_NUMBER: "2"}))],
+            ),
+        )
+        .await
+        .unwrap();
+    let tasks = &created.data["spec"]["tasks"];
+    let claim_of = |i: usize| {
+        tasks[i]["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (a, b) = (claim_of(0), claim_of(1));
+    assert!(a.starts_with("train-a-") && b.starts_with("train-b-") && a != b, "{a} {b}");
+    assert_eq!(
+        tasks[0]["template"]["spec"]["containers"][0]["resources"],
+        json!({"limits": {}, "claims": [{"name": a, "request": "vgpu"}]})
+    );
+    assert_eq!(tasks[0]["replicas"], 1, "other fields are left alone");
+    let record = created.metadata.annotations.as_ref().unwrap()["vgpu-manager.io/original-resources"].clone();
+    assert!(record.contains(&a) && record.contains(&b), "{record}");
+    let template = serde_json::to_value(templates.get(&a).await.unwrap()).unwrap();
+    assert_eq!(template["metadata"]["labels"]["vgpu-manager.io/owner-key"], "default-train");
+    assert!(template["metadata"].get("ownerReferences").is_none(), "{template}");
+    let exactly = &template["spec"]["spec"]["devices"]["requests"][0]["exactly"];
+    assert_eq!(exactly["deviceClassName"], "vgpu-manager");
+    assert_eq!(exactly["count"], 1);
+    assert_eq!(exactly["capacity"]["requests"], json!({"cores": "50"}));
+    let b_template = serde_json::to_value(templates.get(&b).await.unwrap()).unwrap();
+    assert_eq!(b_template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"], 2);
+
+    // The next update of the Job: it becomes the templates' controller, and the record goes.
+    let updated = jobs
+        .patch(
+            "train",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "ml"}}})),
+        )
+        .await
+        .unwrap();
+    assert!(
+        updated
+            .metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key("vgpu-manager.io/original-resources")),
+        "{:?}",
+        updated.metadata.annotations
+    );
+    let uid = created.metadata.uid.clone().unwrap();
+    for name in [&a, &b] {
+        let t = serde_json::to_value(templates.get(name).await.unwrap()).unwrap();
+        assert_eq!(
+            t["metadata"]["ownerReferences"],
+            json!([{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "train", "uid": uid,
+                "controller": true, "blockOwnerDeletion": true}])
+        );
+    }
+
+    // A Job deleted before any update takes its templates with it (no controller-manager runs here: the webhook).
+    let short = jobs
+        .create(&PostParams::default(), &volcano_job("short", &[("w", json!({VGPU_NUMBER: "1"}))]))
+        .await
+        .unwrap();
+    let name =
+        short.data["spec"]["tasks"][0]["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    assert!(templates.get_opt(&name).await.unwrap().is_some());
+    jobs.delete("short", &DeleteParams::default()).await.unwrap();
+    env.poll("the deleted Job's template to be deleted", Duration::from_secs(30), || {
+        let templates = templates.clone();
+        let name = name.clone();
+        async move { templates.get_opt(&name).await.ok().flatten().is_none().then_some(()) }
+    })
+    .await
+    .unwrap();
     env.finish();
 }
