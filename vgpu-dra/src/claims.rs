@@ -56,12 +56,14 @@ pub trait ClaimSource: Send + Sync + std::fmt::Debug + 'static {
         Ok(None)
     }
 
-    /// Sets (`Some`) or removes (`None`) annotations of the claim `namespace/name`; a claim that no longer
-    /// exists is fine. The default does nothing.
+    /// Sets (`Some`) or removes (`None`) annotations of the claim `namespace/name` whose UID is `uid` (empty:
+    /// any); a claim that no longer exists, or whose name now belongs to a claim with another UID, is fine and
+    /// left untouched. The default does nothing.
     async fn annotate(
         &self,
         _namespace: &str,
         _name: &str,
+        _uid: &str,
         _changes: &BTreeMap<String, Option<String>>,
     ) -> Result<(), ClaimError> {
         Ok(())
@@ -113,13 +115,23 @@ impl ClaimSource for KubeClaims {
         &self,
         namespace: &str,
         name: &str,
+        uid: &str,
         changes: &BTreeMap<String, Option<String>>,
     ) -> Result<(), ClaimError> {
         let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
-        let patch = serde_json::json!({ "metadata": { "annotations": changes } });
+        let mut patch = serde_json::json!({ "metadata": { "annotations": changes } });
+        if !uid.is_empty() {
+            // A precondition: kube-apiserver refuses the patch (422, `metadata.uid` immutable) for another claim.
+            patch["metadata"]["uid"] = serde_json::Value::String(uid.to_owned());
+        }
         match api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(kube::Error::Api(status))
+                if status.code == 422 && status.message.contains("metadata.uid") =>
+            {
+                Ok(())
+            }
             Err(e) => Err(ClaimError {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
@@ -195,10 +207,14 @@ impl ClaimSource for InMemoryClaims {
         &self,
         namespace: &str,
         name: &str,
+        uid: &str,
         changes: &BTreeMap<String, Option<String>>,
     ) -> Result<(), ClaimError> {
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(claim) = claims.get_mut(&(namespace.to_owned(), name.to_owned())) {
+        if let Some(claim) = claims
+            .get_mut(&(namespace.to_owned(), name.to_owned()))
+            .filter(|c| uid.is_empty() || c.metadata.uid.as_deref() == Some(uid))
+        {
             let annotations = claim.metadata.annotations.get_or_insert_with(BTreeMap::new);
             for (key, value) in changes {
                 match value {

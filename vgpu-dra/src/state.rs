@@ -515,7 +515,7 @@ impl DeviceState {
                 .collect();
             done = self
                 .claims
-                .annotate(&claim.namespace, &claim.name, &changes)
+                .annotate(&claim.namespace, &claim.name, &claim.uid, &changes)
                 .await
                 .map_err(ClaimFailure::from);
         }
@@ -666,7 +666,7 @@ impl DeviceState {
                 .keys()
                 .map(|uuid| (client_mode::annotation_key(&self.config.driver_name, uuid), None))
                 .collect();
-            if let Err(e) = self.claims.annotate(&entry.namespace, &entry.name, &changes).await {
+            if let Err(e) = self.claims.annotate(&entry.namespace, &entry.name, uid, &changes).await {
                 tracing::warn!(claim = %uid, error = %e, "cannot remove the register-UUID annotations");
             }
         }

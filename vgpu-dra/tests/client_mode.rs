@@ -326,3 +326,20 @@ fn walk(root: &Path) -> Vec<String> {
     }
     out
 }
+
+/// Unprepare removes its register-UUID annotations only from the claim it prepared: a claim deleted and
+/// re-created under the same name (same annotations, another UID) keeps them.
+#[tokio::test]
+async fn unprepare_leaves_a_claim_recreated_under_the_same_name_alone() {
+    let node = with_gate(true);
+    add_claim(&node, "c1", "u1", &[("gpu", "vgpu-0", "s1")], "app", POD);
+    node.claims.insert_pod(pod("app", POD, "c1", &[("main", None)]));
+    let state = node.state().await;
+    assert!(state.prepare(&[ClaimRef::new("ns", "c1", "u1")]).await["u1"].is_ok());
+    let mut recreated = node.claims.get("ns", "c1").await.unwrap().unwrap();
+    assert_eq!(recreated.metadata.annotations.as_ref().map(BTreeMap::len), Some(1), "the register UUID");
+    recreated.metadata.uid = Some("u9".into());
+    node.claims.insert(recreated.clone());
+    assert!(state.unprepare(&[ClaimRef::new("ns", "c1", "u1")]).await["u1"].is_ok());
+    assert_eq!(node.claims.get("ns", "c1").await.unwrap().unwrap(), recreated, "untouched");
+}
