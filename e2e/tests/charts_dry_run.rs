@@ -91,6 +91,14 @@ const CASES: &[Case] = &[
     },
     Case {
         chart: "vgpu-manager",
+        values: "webhook with the Volcano Job routes",
+        set: &["webhook.volcano.enabled=true"],
+        kinds: &["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ClusterRole"],
+        has: &[],
+        lacks: &[],
+    },
+    Case {
+        chart: "vgpu-manager",
         values: "gate maps",
         set: &[
             "devicePlugin.devicePlugin.commands.featureGates.TopologyAwareGPUAllocation=true",
