@@ -276,17 +276,23 @@ fn bind_of_a_pod_pre_allocated_elsewhere_uses_its_annotations() {
     assert_eq!(e.used("n1"), (1, 40, 1024));
 }
 
-/// The bind's patch carries the UID: a pod deleted and re-created under the same name between filter and
-/// bind gets neither the old pod's pre-allocation nor its binding, and the reservation is released.
-#[test]
-fn bind_never_writes_onto_a_pod_recreated_under_the_same_name() {
-    let e = env(1, 1);
+/// Pod "pod-old" (UID "old") filtered onto n0, then deleted and re-created under its name with UID "new":
+/// (the old pod, the new one).
+fn filtered_then_recreated(e: &Env) -> (Pod, Pod) {
     let old = e.pod("old", 1, 30, 0, &[]);
     assert_eq!(e.filter(&old).node_names(), ["n0"]);
     e.cluster.delete_pod("default", "pod-old");
     let mut new = vgpu_scheduler::fixture::vgpu_pod("new", 1, 30, 0, &[], &e.d);
     new.name = "pod-old".into();
-    let new = e.cluster.upsert_pod(new);
+    (old, e.cluster.upsert_pod(new))
+}
+
+/// The bind's patch carries the UID: a pod deleted and re-created under the same name between filter and
+/// bind gets neither the old pod's pre-allocation nor its binding, and the reservation is released.
+#[test]
+fn bind_never_writes_onto_a_pod_recreated_under_the_same_name() {
+    let e = env(1, 1);
+    let (old, new) = filtered_then_recreated(&e);
     assert_eq!(e.bind(&old, "n0"), "different uid \"old\" from the target pod");
     let now = e.cluster.pod("default", "pod-old").unwrap();
     assert_eq!(now, new, "untouched");
@@ -306,12 +312,7 @@ fn bind_never_writes_onto_a_pod_recreated_under_the_same_name() {
 #[test]
 fn a_failed_bind_never_marks_a_pod_recreated_under_the_same_name() {
     let e = env(1, 1);
-    let old = e.pod("old", 1, 30, 0, &[]);
-    assert_eq!(e.filter(&old).node_names(), ["n0"]);
-    e.cluster.delete_pod("default", "pod-old");
-    let mut new = vgpu_scheduler::fixture::vgpu_pod("new", 1, 30, 0, &[], &e.d);
-    new.name = "pod-old".into();
-    let new = e.cluster.upsert_pod(new);
+    let (old, new) = filtered_then_recreated(&e);
     e.ext.cache().upsert_pod(old.clone(), T0);
     assert_ne!(e.bind(&old, "n0"), "", "the write refuses the old UID");
     assert_eq!(e.cluster.pod("default", "pod-old").unwrap(), new, "untouched");

@@ -281,6 +281,32 @@ impl MemoryState {
         }
         false
     }
+
+    /// A create of `object` (`kind`, keyed by its metadata) into the map `map` picks: counted, failed when
+    /// injected, refused when the name is taken, stored unless `dry_run`.
+    fn create<T: kube::Resource + Clone>(
+        &mut self,
+        kind: &str,
+        object: &T,
+        dry_run: bool,
+        map: fn(&mut Self) -> &mut BTreeMap<(String, String), T>,
+    ) -> Result<(), ApiError> {
+        let meta = object.meta();
+        let k = key(meta.namespace.as_ref(), meta.name.as_ref());
+        let action = format!("create {kind} {}/{}", k.0, k.1);
+        self.creates += 1;
+        if self.injected_failure() {
+            return Err(ApiError::new(action, "injected failure"));
+        }
+        let objects = map(self);
+        if objects.contains_key(&k) {
+            return Err(ApiError { already_exists: true, ..ApiError::new(action, "already exists") });
+        }
+        if !dry_run {
+            objects.insert(k, object.clone());
+        }
+        Ok(())
+    }
 }
 
 /// [`ClusterApi`] over in-memory maps, for tests.
@@ -389,20 +415,7 @@ impl ClusterApi for MemoryApi {
     }
 
     async fn create_claim(&self, claim: &ResourceClaim, dry_run: bool) -> Result<(), ApiError> {
-        let k = key(claim.metadata.namespace.as_ref(), claim.metadata.name.as_ref());
-        let action = format!("create ResourceClaim {}/{}", k.0, k.1);
-        let mut s = self.lock();
-        s.creates += 1;
-        if s.injected_failure() {
-            return Err(ApiError::new(action, "injected failure"));
-        }
-        if s.claims.contains_key(&k) {
-            return Err(ApiError { already_exists: true, ..ApiError::new(action, "already exists") });
-        }
-        if !dry_run {
-            s.claims.insert(k, claim.clone());
-        }
-        Ok(())
+        self.lock().create("ResourceClaim", claim, dry_run, |s| &mut s.claims)
     }
 
     async fn delete_claim(&self, ns: &str, name: &str) -> Result<(), ApiError> {
@@ -417,20 +430,7 @@ impl ClusterApi for MemoryApi {
         template: &ResourceClaimTemplate,
         dry_run: bool,
     ) -> Result<(), ApiError> {
-        let k = key(template.metadata.namespace.as_ref(), template.metadata.name.as_ref());
-        let action = format!("create ResourceClaimTemplate {}/{}", k.0, k.1);
-        let mut s = self.lock();
-        s.creates += 1;
-        if s.injected_failure() {
-            return Err(ApiError::new(action, "injected failure"));
-        }
-        if s.templates.contains_key(&k) {
-            return Err(ApiError { already_exists: true, ..ApiError::new(action, "already exists") });
-        }
-        if !dry_run {
-            s.templates.insert(k, template.clone());
-        }
-        Ok(())
+        self.lock().create("ResourceClaimTemplate", template, dry_run, |s| &mut s.templates)
     }
 
     async fn delete_claim_template(&self, ns: &str, name: &str) -> Result<(), ApiError> {

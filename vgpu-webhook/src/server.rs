@@ -26,7 +26,7 @@ use axum::body::Body;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
 use tokio::net::TcpListener;
@@ -114,11 +114,11 @@ impl<C> Clone for AppState<C> {
 pub fn router<C: ClusterApi>(admission: Arc<Admission<C>>, read_timeout: Duration) -> Router {
     let state = AppState { admission, read_timeout };
     Router::new()
-        .route(MUTATE_PODS_PATH, post(mutate_pods::<C>))
-        .route(VALIDATE_PODS_PATH, post(validate_pods::<C>))
-        .route(VALIDATE_CLAIMS_PATH, post(validate_claims::<C>))
-        .route(MUTATE_VOLCANO_JOBS_PATH, post(mutate_volcano_jobs::<C>))
-        .route(VALIDATE_VOLCANO_JOBS_PATH, post(validate_volcano_jobs::<C>))
+        .route(MUTATE_PODS_PATH, admission_route::<C>(Route::MutatePods))
+        .route(VALIDATE_PODS_PATH, admission_route::<C>(Route::ValidatePods))
+        .route(VALIDATE_CLAIMS_PATH, admission_route::<C>(Route::ValidateClaims))
+        .route(MUTATE_VOLCANO_JOBS_PATH, admission_route::<C>(Route::MutateVolcanoJobs))
+        .route(VALIDATE_VOLCANO_JOBS_PATH, admission_route::<C>(Route::ValidateVolcanoJobs))
         .route(vgpu_serve::http::HEALTHZ_PATH, get(|| async { "ok" }))
         .route(vgpu_serve::http::READYZ_PATH, get(|| async { "ok" }))
         .with_state(state)
@@ -150,64 +150,37 @@ pub fn answer(result: Result<AdmissionReview<DynamicObject>, ReviewError>) -> Re
     }
 }
 
-async fn mutate_pods<C: ClusterApi>(
-    State(s): State<AppState<C>>,
-    start: Option<Extension<RequestStart>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match body_of(&s, &headers, start, body).await {
-        Ok(bytes) => answer(s.admission.mutate_pods(&bytes)),
-        Err(r) => r,
-    }
+/// The admission routes, one handler for all ([`admission_route`]).
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    MutatePods,
+    ValidatePods,
+    ValidateClaims,
+    MutateVolcanoJobs,
+    ValidateVolcanoJobs,
 }
 
-async fn validate_pods<C: ClusterApi>(
-    State(s): State<AppState<C>>,
-    start: Option<Extension<RequestStart>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match body_of(&s, &headers, start, body).await {
-        Ok(bytes) => answer(s.admission.validate_pods(&bytes).await),
-        Err(r) => r,
-    }
-}
-
-async fn validate_claims<C: ClusterApi>(
-    State(s): State<AppState<C>>,
-    start: Option<Extension<RequestStart>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match body_of(&s, &headers, start, body).await {
-        Ok(bytes) => answer(s.admission.validate_claims(&bytes).await),
-        Err(r) => r,
-    }
-}
-
-async fn mutate_volcano_jobs<C: ClusterApi>(
-    State(s): State<AppState<C>>,
-    start: Option<Extension<RequestStart>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match body_of(&s, &headers, start, body).await {
-        Ok(bytes) => answer(s.admission.mutate_volcano_jobs(&bytes).await),
-        Err(r) => r,
-    }
-}
-
-async fn validate_volcano_jobs<C: ClusterApi>(
-    State(s): State<AppState<C>>,
-    start: Option<Extension<RequestStart>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match body_of(&s, &headers, start, body).await {
-        Ok(bytes) => answer(s.admission.validate_volcano_jobs(&bytes).await),
-        Err(r) => r,
-    }
+/// `POST` of an admission route: the body read within the state's timeout, then the route's review.
+fn admission_route<C: ClusterApi>(route: Route) -> MethodRouter<AppState<C>> {
+    post(
+        move |State(s): State<AppState<C>>,
+              start: Option<Extension<RequestStart>>,
+              headers: HeaderMap,
+              body: Body| async move {
+            let bytes = match body_of(&s, &headers, start, body).await {
+                Ok(bytes) => bytes,
+                Err(r) => return r,
+            };
+            let a = &s.admission;
+            answer(match route {
+                Route::MutatePods => a.mutate_pods(&bytes),
+                Route::ValidatePods => a.validate_pods(&bytes).await,
+                Route::ValidateClaims => a.validate_claims(&bytes).await,
+                Route::MutateVolcanoJobs => a.mutate_volcano_jobs(&bytes).await,
+                Route::ValidateVolcanoJobs => a.validate_volcano_jobs(&bytes).await,
+            })
+        },
+    )
 }
 
 /// Serves [`router`] over TLS on an already bound `listener` until `shutdown` completes. The certificate files

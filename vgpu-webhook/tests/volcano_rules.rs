@@ -43,6 +43,14 @@ fn job(tasks: Value) -> Value {
         "spec": {"minAvailable": 2, "schedulerName": "volcano", "queue": "default", "tasks": tasks}})
 }
 
+/// Job "train" with tasks "a" and "b", each one container "main" asking one vGPU, after `/volcano-jobs/mutate`
+/// CREATE (request UID `u-1`).
+fn two_tasks_converted(adm: &Admission<MemoryApi>) -> Value {
+    let tasks =
+        json!([task("a", json!([ctr("main", vgpu("1"))])), task("b", json!([ctr("main", vgpu("1"))]))]);
+    mutated(adm, "CREATE", "u-1", &job(tasks))
+}
+
 fn body(operation: &str, uid: &str, object: &Value, dry_run: bool) -> Vec<u8> {
     let field = if operation == "DELETE" { "oldObject" } else { "object" };
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
@@ -153,12 +161,7 @@ fn create_converts_every_vgpu_container_of_a_task_template() {
 #[test]
 fn tasks_with_a_container_of_the_same_name_get_distinct_templates() {
     let adm = admission(&MemoryApi::new(), dra());
-    let got = mutated(
-        &adm,
-        "CREATE",
-        "u-1",
-        &job(json!([task("a", json!([ctr("main", vgpu("1"))])), task("b", json!([ctr("main", vgpu("1"))]))])),
-    );
+    let got = two_tasks_converted(&adm);
     let (a, b) = (per_container("a", "main"), per_container("b", "main"));
     assert_ne!(a, b);
     assert_eq!(
@@ -340,12 +343,7 @@ fn validate_create_makes_the_templates_and_delete_removes_them() {
 fn a_failed_create_rolls_back_and_denies() {
     let api = MemoryApi::new();
     let adm = admission(&api, dra());
-    let converted = mutated(
-        &adm,
-        "CREATE",
-        "u-1",
-        &job(json!([task("a", json!([ctr("main", vgpu("1"))])), task("b", json!([ctr("main", vgpu("1"))]))])),
-    );
+    let converted = two_tasks_converted(&adm);
     let (a, b) = (per_container("a", "main"), per_container("b", "main"));
     api.fail_creates_after(1, 1);
     assert_eq!(
@@ -414,12 +412,7 @@ fn bad_records_are_denied() {
 fn update_makes_the_job_the_owner_and_shrinks_the_record() {
     let api = MemoryApi::new();
     let adm = admission(&api, dra());
-    let converted = mutated(
-        &adm,
-        "CREATE",
-        "u-1",
-        &job(json!([task("a", json!([ctr("main", vgpu("1"))])), task("b", json!([ctr("main", vgpu("1"))]))])),
-    );
+    let converted = two_tasks_converted(&adm);
     assert_eq!(validate(&adm, "CREATE", &converted, false)["allowed"], true);
     let (a, b) = (per_container("a", "main"), per_container("b", "main"));
     // b's template is gone (say, deleted by hand): a is adopted, b stays in the record.
