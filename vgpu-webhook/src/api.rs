@@ -148,6 +148,41 @@ impl KubeApi {
     pub fn new(client: kube::Client) -> Self {
         Self { client }
     }
+
+    /// Creates a namespaced `object` of `kind` (validated but not stored when `dry_run`).
+    async fn create<K>(&self, kind: &str, object: &K, dry_run: bool) -> Result<(), ApiError>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + fmt::Debug,
+    {
+        let ns = object.meta().namespace.clone().unwrap_or_default();
+        let name = object.meta().name.clone().unwrap_or_default();
+        let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
+        let params = PostParams { dry_run, ..PostParams::default() };
+        api.create(&params, object)
+            .await
+            .map(drop)
+            .map_err(|e| kube_error(format!("create {kind} {ns}/{name}"), e))
+    }
+
+    /// Deletes the namespaced object `ns/name` of `kind`; one that does not exist is no error.
+    async fn delete<K>(&self, kind: &str, ns: &str, name: &str) -> Result<(), ApiError>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(kube_error(format!("delete {kind} {ns}/{name}"), e)),
+        }
+    }
 }
 
 fn kube_error(action: String, e: kube::Error) -> ApiError {
@@ -181,23 +216,11 @@ impl ClusterApi for KubeApi {
     }
 
     async fn create_claim(&self, claim: &ResourceClaim, dry_run: bool) -> Result<(), ApiError> {
-        let ns = claim.metadata.namespace.clone().unwrap_or_default();
-        let name = claim.metadata.name.clone().unwrap_or_default();
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &ns);
-        let params = PostParams { dry_run, ..PostParams::default() };
-        api.create(&params, claim)
-            .await
-            .map(|_| ())
-            .map_err(|e| kube_error(format!("create ResourceClaim {ns}/{name}"), e))
+        self.create("ResourceClaim", claim, dry_run).await
     }
 
     async fn delete_claim(&self, ns: &str, name: &str) -> Result<(), ApiError> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(kube_error(format!("delete ResourceClaim {ns}/{name}"), e)),
-        }
+        self.delete::<ResourceClaim>("ResourceClaim", ns, name).await
     }
 
     async fn create_claim_template(
@@ -205,23 +228,11 @@ impl ClusterApi for KubeApi {
         template: &ResourceClaimTemplate,
         dry_run: bool,
     ) -> Result<(), ApiError> {
-        let ns = template.metadata.namespace.clone().unwrap_or_default();
-        let name = template.metadata.name.clone().unwrap_or_default();
-        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), &ns);
-        let params = PostParams { dry_run, ..PostParams::default() };
-        api.create(&params, template)
-            .await
-            .map(|_| ())
-            .map_err(|e| kube_error(format!("create ResourceClaimTemplate {ns}/{name}"), e))
+        self.create("ResourceClaimTemplate", template, dry_run).await
     }
 
     async fn delete_claim_template(&self, ns: &str, name: &str) -> Result<(), ApiError> {
-        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(kube_error(format!("delete ResourceClaimTemplate {ns}/{name}"), e)),
-        }
+        self.delete::<ResourceClaimTemplate>("ResourceClaimTemplate", ns, name).await
     }
 
     async fn set_template_owner(
