@@ -13,9 +13,10 @@
 //!         "1g.10gb": 7
 //! ```
 //!
-//! `device-filter` (PCI device ids such as `0x20B010DE`) is parsed but a selected configuration that uses
-//! it is refused ([`ConfigError::DeviceFilter`]): this manager selects GPUs by index only. GPUs no entry
-//! names are left as they are. An index named by two entries is an error.
+//! An entry with `device-filter` (one PCI device id or a list, `0x20B010DE`: NVML's `pciDeviceId`, device id
+//! in the high 16 bits, vendor id in the low ones) applies only to the GPUs of its `devices` whose id is one of
+//! them, as in mig-parted; a file can so hold one entry per GPU model under one configuration name. GPUs no
+//! entry selects are left as they are. A GPU selected by two entries is an error.
 
 use std::collections::BTreeMap;
 
@@ -60,15 +61,19 @@ pub enum ConfigError {
         /// The names the file has, comma-separated.
         known: String,
     },
-    /// The selected configuration filters devices by PCI id, which is not supported.
+    /// The selected configuration filters devices by PCI id and a GPU's id cannot be read.
     #[error(
-        "MIG configuration {name:?}: entry {entry} uses device-filter, which this manager does not support (select GPUs by index)"
+        "MIG configuration {name:?}: entry {entry} has a device-filter, but the PCI device id of GPU {index} cannot be read: {message}"
     )]
-    DeviceFilter {
+    DeviceId {
         /// The configuration.
         name: String,
         /// The entry index.
         entry: usize,
+        /// The GPU.
+        index: u32,
+        /// Why it cannot be read.
+        message: String,
     },
 }
 
@@ -130,8 +135,8 @@ impl DeviceSelector {
 pub struct MigConfigEntry {
     /// The GPUs.
     pub devices: DeviceSelector,
-    /// The `device-filter` values (PCI ids), if any.
-    pub device_filter: Vec<String>,
+    /// The `device-filter` values (PCI device ids, NVML `pciDeviceId`); empty: no filter.
+    pub device_filter: Vec<u32>,
     /// MIG mode wanted.
     pub mig_enabled: bool,
     /// Instances per GPU: profile → count.
@@ -203,11 +208,24 @@ impl MigConfigFile {
                     }
                     mig_devices.insert(parsed_profile, count);
                 }
-                let device_filter = match entry.device_filter {
+                let filter_texts = match entry.device_filter {
                     None => Vec::new(),
                     Some(DeviceFilterSpec::One(one)) => vec![one],
+                    Some(DeviceFilterSpec::Many(many)) if many.is_empty() => {
+                        return Err(invalid(field("device-filter"), "the list is empty".to_owned()));
+                    }
                     Some(DeviceFilterSpec::Many(many)) => many,
                 };
+                let mut device_filter = Vec::with_capacity(filter_texts.len());
+                for text in filter_texts {
+                    let id = vgpu_core::backend::parse_pci_device_id(text.trim()).ok_or_else(|| {
+                        invalid(
+                            field("device-filter"),
+                            format!("{text:?} is not a PCI device id such as 0x20B010DE"),
+                        )
+                    })?;
+                    device_filter.push(id);
+                }
                 parsed.push(MigConfigEntry {
                     devices,
                     device_filter,
@@ -221,17 +239,21 @@ impl MigConfigFile {
     }
 
     /// The target of each selected GPU of a node with `gpu_count` GPUs under configuration `name` (GPUs no
-    /// entry selects are absent).
-    pub fn targets(&self, name: &str, gpu_count: u32) -> Result<BTreeMap<u32, GpuTarget>, ConfigError> {
+    /// entry selects are absent). `pci_device_id` reads a GPU's PCI device id; it is called only for entries
+    /// with a `device-filter`, once per GPU.
+    pub fn targets(
+        &self,
+        name: &str,
+        gpu_count: u32,
+        pci_device_id: impl Fn(u32) -> Result<u32, String>,
+    ) -> Result<BTreeMap<u32, GpuTarget>, ConfigError> {
         let entries = self.configs.get(name).ok_or_else(|| ConfigError::UnknownConfig {
             name: name.to_owned(),
             known: self.configs.keys().cloned().collect::<Vec<_>>().join(", "),
         })?;
         let mut targets = BTreeMap::new();
+        let mut ids: BTreeMap<u32, u32> = BTreeMap::new();
         for (e, entry) in entries.iter().enumerate() {
-            if !entry.device_filter.is_empty() {
-                return Err(ConfigError::DeviceFilter { name: name.to_owned(), entry: e });
-            }
             let field = format!("mig-configs.{name}[{e}].devices");
             if let DeviceSelector::Indexes(list) = &entry.devices
                 && let Some(bad) = list.iter().find(|i| **i >= gpu_count)
@@ -243,6 +265,23 @@ impl MigConfigFile {
                 });
             }
             for index in (0..gpu_count).filter(|i| entry.devices.selects(*i)) {
+                if !entry.device_filter.is_empty() {
+                    let id = match ids.get(&index) {
+                        Some(id) => *id,
+                        None => {
+                            let id = pci_device_id(index).map_err(|message| ConfigError::DeviceId {
+                                name: name.to_owned(),
+                                entry: e,
+                                index,
+                                message,
+                            })?;
+                            *ids.entry(index).or_insert(id)
+                        }
+                    };
+                    if !entry.device_filter.contains(&id) {
+                        continue;
+                    }
+                }
                 let target =
                     GpuTarget { mig_enabled: entry.mig_enabled, mig_devices: entry.mig_devices.clone() };
                 if targets.insert(index, target).is_some() {
@@ -287,29 +326,87 @@ mig-configs:
       mig-enabled: true
 "#;
 
+    /// No GPU's PCI device id can be read.
+    fn no_ids(_: u32) -> Result<u32, String> {
+        Err("unknown".to_owned())
+    }
+
+    /// A100 40GB (`0x20B010DE`) and A100 80GB (`0x20B210DE`) on one node: each entry of one configuration applies
+    /// to its model only, and the ids are read once per GPU.
+    #[test]
+    fn device_filters_select_gpus_by_pci_device_id() {
+        let text = r#"
+version: v1
+mig-configs:
+  per-model:
+    - devices: all
+      device-filter: "0x20B010DE"
+      mig-enabled: true
+      mig-devices: { "1g.5gb": 7 }
+    - devices: [1, 2, 3]
+      device-filter: ["0x20b210de", "0x20B510DE"]
+      mig-enabled: true
+      mig-devices: { "1g.10gb": 7 }
+"#;
+        let file = MigConfigFile::parse(text, "t").unwrap();
+        assert_eq!(file.configs["per-model"][0].device_filter, [0x20B0_10DE]);
+        assert_eq!(file.configs["per-model"][1].device_filter, [0x20B2_10DE, 0x20B5_10DE]);
+        let models = [0x20B0_10DE, 0x20B2_10DE, 0x20B0_10DE, 0x20B2_10DE];
+        let reads = std::cell::Cell::new(0);
+        let targets = file
+            .targets("per-model", 4, |i| {
+                reads.set(reads.get() + 1);
+                Ok(models[i as usize])
+            })
+            .unwrap();
+        assert_eq!(reads.get(), 4);
+        let small: MigProfile = "1g.5gb".parse().unwrap();
+        let large: MigProfile = "1g.10gb".parse().unwrap();
+        assert_eq!(targets.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert!(targets[&0].mig_devices.contains_key(&small) && targets[&2].mig_devices.contains_key(&small));
+        assert!(targets[&1].mig_devices.contains_key(&large) && targets[&3].mig_devices.contains_key(&large));
+        // A model no entry names is left alone; a filter matching no GPU selects nothing.
+        let other = file.targets("per-model", 4, |_| Ok(0x2330_10DE)).unwrap();
+        assert!(other.is_empty());
+        for (filter, expected) in [
+            ("\"20B010DE\"", "\"20B010DE\" is not a PCI device id such as 0x20B010DE"),
+            ("\"0x1234567890\"", "is not a PCI device id"),
+            ("[]", "mig-configs.c[0].device-filter: the list is empty"),
+        ] {
+            let text = format!(
+                "version: v1\nmig-configs: {{ c: [ {{ devices: all, device-filter: {filter}, mig-enabled: false }} ] }}\n"
+            );
+            let err = MigConfigFile::parse(&text, "t").unwrap_err().to_string();
+            assert!(err.contains(expected) && err.contains("device-filter"), "{err}");
+        }
+    }
+
     #[test]
     fn parses_the_mig_parted_format() {
         let file = MigConfigFile::parse(FILE, "test").unwrap();
         assert_eq!(file.configs.len(), 4);
-        let all = file.targets("all-1g.10gb", 2).unwrap();
+        let all = file.targets("all-1g.10gb", 2, no_ids).unwrap();
         assert_eq!(all.len(), 2);
         assert_eq!(all[&1].mig_devices[&"1g.10gb".parse().unwrap()], 7);
-        let mixed = file.targets("mixed", 3).unwrap();
+        let mixed = file.targets("mixed", 3, no_ids).unwrap();
         assert_eq!(mixed.keys().copied().collect::<Vec<_>>(), vec![0, 1], "GPU 2 is left alone");
         assert_eq!(mixed[&0].mig_devices.len(), 3, "a zero count is dropped");
         assert!(!mixed[&1].mig_enabled);
-        assert_eq!(file.targets("all-disabled", 1).unwrap()[&0].mig_devices.len(), 0);
+        assert_eq!(file.targets("all-disabled", 1, no_ids).unwrap()[&0].mig_devices.len(), 0);
     }
 
     #[test]
     fn errors_name_the_input() {
         let file = MigConfigFile::parse(FILE, "test").unwrap();
         assert_eq!(
-            file.targets("nope", 1).unwrap_err().to_string(),
+            file.targets("nope", 1, no_ids).unwrap_err().to_string(),
             "MIG configuration \"nope\" does not exist (known: all-1g.10gb, all-disabled, filtered, mixed)"
         );
-        assert!(matches!(file.targets("filtered", 1), Err(ConfigError::DeviceFilter { entry: 0, .. })));
-        assert!(matches!(file.targets("mixed", 1), Err(ConfigError::Invalid { .. })));
+        assert_eq!(
+            file.targets("filtered", 1, no_ids).unwrap_err().to_string(),
+            "MIG configuration \"filtered\": entry 0 has a device-filter, but the PCI device id of GPU 0 cannot be read: unknown"
+        );
+        assert!(matches!(file.targets("mixed", 1, no_ids), Err(ConfigError::Invalid { .. })));
         let cases = [
             ("version: v2\nmig-configs: {}\n", "version \"v2\" is not supported"),
             (
@@ -341,7 +438,7 @@ mig-configs:
             assert!(err.contains("ns/cm[config.yaml]"), "{err}");
         }
         let twice = "version: v1\nmig-configs: { a: [ { devices: all, mig-enabled: false }, { devices: [0], mig-enabled: true } ] }\n";
-        let err = MigConfigFile::parse(twice, "t").unwrap().targets("a", 1).unwrap_err().to_string();
+        let err = MigConfigFile::parse(twice, "t").unwrap().targets("a", 1, no_ids).unwrap_err().to_string();
         assert!(err.contains("GPU 0 is selected by more than one entry"), "{err}");
     }
 
@@ -360,7 +457,7 @@ mig-configs:
         ) {
             let text = format!("version: v1\nmig-configs:\n  c:\n    - devices: {devices}\n      mig-enabled: {enabled}\n      mig-devices: {{ \"{profile}\": {count} }}\n");
             if let Ok(file) = MigConfigFile::parse(&text, "p") {
-                let _ = file.targets("c", 4);
+                let _ = file.targets("c", 4, |i| Ok(0x20B0_10DE + i));
             }
         }
     }

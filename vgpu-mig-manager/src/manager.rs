@@ -238,7 +238,8 @@ impl<C: MigCluster> MigManager<C> {
             let file = MigConfigFile::parse(&text, &source).map_err(|e| e.to_string())?;
             let count = backend.devices().map_err(|e| e.to_string())?.len();
             let count = u32::try_from(count).map_err(|_| "too many GPUs".to_owned())?;
-            let targets = file.targets(&name, count).map_err(|e| e.to_string())?;
+            let id = |index: u32| backend.pci_device_id(index).map_err(|e| e.to_string());
+            let targets = file.targets(&name, count, id).map_err(|e| e.to_string())?;
             plan(backend.as_ref(), &targets).map_err(|e| e.to_string())
         })
         .await

@@ -12,7 +12,7 @@ use k8s_openapi::api::{
     core::v1::ConfigMap,
     rbac::v1::{ClusterRole, Role},
 };
-use vgpu_core::backend::mock::MockBackend;
+use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
 use vgpu_mig_manager::{TAINT_KEY, config::MigConfigFile, plan::plan};
 
 fn deploy(file: &str) -> String {
@@ -32,7 +32,8 @@ fn every_sample_layout_fits_80gb_gpus() {
         ))
         .unwrap();
         for config in file.configs.keys() {
-            let targets = file.targets(config, 1).unwrap();
+            let targets =
+                file.targets(config, 1, |i| backend.pci_device_id(i).map_err(|e| e.to_string())).unwrap();
             let plans = plan(&backend, &targets).unwrap_or_else(|e| panic!("{name} {config}: {e}"));
             let wanted: u32 = targets[&0].mig_devices.values().sum();
             assert_eq!(plans[0].instances.len() as u32, wanted, "{config}");

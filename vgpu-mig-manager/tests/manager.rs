@@ -20,8 +20,10 @@ const NODE: &str = "gpu-node-1";
 const BACKEND: &str = "\
 driver: { version: 570.86.10, cudaVersion: '12.8' }
 gpus:
-  - { uuid: GPU-0, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, computeCapability: '8.0', mig: { mode: Disabled } }
-  - { uuid: GPU-1, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, computeCapability: '8.0', mig: { mode: Disabled } }
+  - { uuid: GPU-0, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, computeCapability: '8.0', pciDeviceId: '0x20B210DE',
+      mig: { mode: Disabled } }
+  - { uuid: GPU-1, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, computeCapability: '8.0', pciDeviceId: '0x20B210DE',
+      mig: { mode: Disabled } }
 ";
 
 const CONFIG: &str = r#"
@@ -40,6 +42,17 @@ mig-configs:
       mig-enabled: true
       mig-devices:
         "3g.40gb": 3
+  per-model:
+    - devices: all
+      device-filter: "0x20B010DE"
+      mig-enabled: true
+      mig-devices:
+        "1g.5gb": 7
+    - devices: all
+      device-filter: ["0x20B210DE", "0x20B510DE"]
+      mig-enabled: true
+      mig-devices:
+        "2g.20gb": 3
   bad-profile:
     - devices: all
       mig-enabled: true
@@ -223,4 +236,19 @@ async fn missing_config_map_and_no_label() {
     let node = cluster.node(NODE).unwrap();
     assert_eq!(node.labels["nvidia.com/gpu.count"], "2", "GFD labels without a MIG configuration too");
     assert_eq!(node.labels[STATE_LABEL], "failed", "the state label is left as it was");
+}
+
+/// A configuration with one entry per GPU model (`device-filter`): the node's A100 80GB GPUs (`0x20B210DE`) get
+/// the second entry's layout, the A100 40GB entry selects nothing.
+#[tokio::test]
+async fn device_filter_picks_the_entry_of_the_gpu_model() {
+    let (manager, backend) = setup("per-model");
+    assert_eq!(manager.reconcile().await.unwrap(), Outcome::Applied);
+    for gpu in 0..2 {
+        let layout = backend.mig_layout(gpu).unwrap();
+        assert_eq!(layout.mode, MigMode::Enabled);
+        let profiles: Vec<String> = layout.instances.iter().map(|i| i.profile.to_string()).collect();
+        assert_eq!(profiles, ["2g.20gb"; 3], "GPU {gpu}");
+    }
+    assert_eq!(manager.cluster().node(NODE).unwrap().labels[STATE_LABEL], "success");
 }

@@ -16,6 +16,7 @@
 //!     busId: "0000:18:00.0"        # default 0000:<index+1>:00.0
 //!     numaNode: 0                  # default none
 //!     minor: 0                     # /dev/nvidia<minor>; default: the index
+//!     pciDeviceId: "0x233010DE"    # NVML pciDeviceId (device << 16 | vendor, hex); default: not reported
 //!     computeCapability: "9.0"     # default 0.0
 //!     cores: 100                   # default 100
 //!     splitCount: 10               # default 10
@@ -146,6 +147,8 @@ struct GpuSpec {
     numa_node: Option<u32>,
     #[serde(default)]
     minor: Option<u32>,
+    #[serde(default)]
+    pci_device_id: Option<String>,
     #[serde(default)]
     compute_capability: Option<String>,
     #[serde(default)]
@@ -445,8 +448,18 @@ impl Validator<'_> {
                 capability,
                 health: DeviceHealth::from_bool(spec.healthy),
             });
+            let pci_device_id = match &spec.pci_device_id {
+                None => None,
+                Some(text) => Some(crate::backend::parse_pci_device_id(text).ok_or_else(|| {
+                    self.invalid(
+                        field("pciDeviceId"),
+                        format!("{text:?} is not a 32-bit hex id such as 0x20B010DE"),
+                    )
+                })?),
+            };
             gpus.push(GpuState {
                 minor: spec.minor.unwrap_or(index_of(i)?),
+                pci_device_id,
                 memory: MemoryUsage {
                     total_bytes: spec.memory_mib.saturating_mul(MIB),
                     used_bytes: used_mib.saturating_mul(MIB),
@@ -651,6 +664,7 @@ fn layout_at(layouts: &mut [MigLayout], index: u32) -> Result<&mut MigLayout, Ba
 #[derive(Debug)]
 struct GpuState {
     minor: u32,
+    pci_device_id: Option<u32>,
     memory: MemoryUsage,
     processes: Vec<GpuProcess>,
     samples: Vec<ProcessUtilizationSample>,
@@ -907,6 +921,12 @@ impl DeviceBackend for MockBackend {
         self.gpu(index).map(|g| g.minor)
     }
 
+    fn pci_device_id(&self, index: u32) -> Result<u32, BackendError> {
+        self.gpu(index)?
+            .pci_device_id
+            .ok_or(BackendError::NotSupported { backend: "mock", operation: "reading the PCI device id" })
+    }
+
     fn memory_usage(&self, index: u32) -> Result<MemoryUsage, BackendError> {
         self.gpu(index).map(|g| g.memory)
     }
@@ -1159,6 +1179,20 @@ utilization:
         let text = "driver: { version: '550.1' }\ngpus: []\n";
         let versions = MockBackend::from_yaml_str(text).unwrap().driver_versions().unwrap().unwrap();
         assert_eq!(versions.cuda_version, None);
+    }
+
+    #[test]
+    fn pci_device_id_from_description() {
+        let text = "gpus:\n  - { uuid: a, name: x, memoryMiB: 1, pciDeviceId: '0x20B010DE' }\n  - { uuid: b, name: x, memoryMiB: 1 }\n";
+        let backend = MockBackend::from_yaml_str(text).unwrap();
+        assert_eq!(backend.pci_device_id(0).unwrap(), 0x20B0_10DE);
+        let boxed: Box<dyn DeviceBackend> = Box::new(backend);
+        assert_eq!(boxed.pci_device_id(0).unwrap(), 0x20B0_10DE);
+        assert!(matches!(boxed.pci_device_id(1), Err(BackendError::NotSupported { .. })));
+        assert!(matches!(boxed.pci_device_id(2), Err(BackendError::NoSuchDevice { .. })));
+        let bad = "gpus:\n  - { uuid: a, name: x, memoryMiB: 1, pciDeviceId: 20B010DE }\n";
+        let err = MockBackend::from_yaml_str(bad).unwrap_err().to_string();
+        assert!(err.contains("gpus[0].pciDeviceId") && err.contains("0x20B010DE"), "{err}");
     }
 
     #[test]

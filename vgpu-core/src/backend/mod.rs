@@ -48,6 +48,16 @@ pub use self::{
 };
 use crate::model::{GpuDevice, NodeDeviceInventory};
 
+/// Parses a PCI device id as mig-parted and NVML tools write it: `0x` (or `0X`) and 1 to 8 hex digits
+/// (`0x20B010DE`); `None` for anything else.
+pub fn parse_pci_device_id(text: &str) -> Option<u32> {
+    let digits = text.strip_prefix("0x").or_else(|| text.strip_prefix("0X"))?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u32::from_str_radix(digits, 16).ok()
+}
+
 /// Access to the GPUs of one node, whatever their vendor.
 ///
 /// Devices are addressed by their index (`GpuDevice::index`, `0..n`). Implementations must be cheap to call
@@ -141,6 +151,14 @@ pub trait DeviceBackend: Send + Sync {
         Ok(index)
     }
 
+    /// The GPU's PCI device id as NVML reports it (`pciDeviceId`: device id in the high 16 bits, vendor id in the
+    /// low ones, e.g. `0x20B010DE` for an A100 40GB): what mig-parted's `device-filter` matches. The default
+    /// answers [`BackendError::NotSupported`].
+    fn pci_device_id(&self, index: u32) -> Result<u32, BackendError> {
+        let _ = index;
+        Err(BackendError::NotSupported { backend: self.name(), operation: "reading the PCI device id" })
+    }
+
     /// The driver and CUDA driver API versions; `None` (the default) for backends that have none to report.
     fn driver_versions(&self) -> Result<Option<DriverVersions>, BackendError> {
         Ok(None)
@@ -207,6 +225,9 @@ impl<B: DeviceBackend + ?Sized> DeviceBackend for Box<B> {
     fn destroy_mig_device(&self, index: u32, gpu_instance_id: u32) -> Result<(), BackendError> {
         (**self).destroy_mig_device(index, gpu_instance_id)
     }
+    fn pci_device_id(&self, index: u32) -> Result<u32, BackendError> {
+        (**self).pci_device_id(index)
+    }
     fn driver_versions(&self) -> Result<Option<DriverVersions>, BackendError> {
         (**self).driver_versions()
     }
@@ -261,5 +282,37 @@ impl fmt::Display for BackendKind {
             Self::MetaX => "metax",
             Self::Mock => "mock",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::parse_pci_device_id;
+    use proptest::prelude::*;
+
+    #[test]
+    fn pci_device_ids() {
+        assert_eq!(parse_pci_device_id("0x20B010DE"), Some(0x20B0_10DE));
+        assert_eq!(parse_pci_device_id("0X20b010de"), Some(0x20B0_10DE));
+        assert_eq!(parse_pci_device_id("0x10DE"), Some(0x10DE));
+        for bad in ["", "0x", "20B010DE", "0x20B010DE0", "0x20B0 10DE", "0x+1", "0xG0"] {
+            assert_eq!(parse_pci_device_id(bad), None, "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn pci_device_ids_round_trip(id in any::<u32>(), upper in any::<bool>()) {
+            let text = if upper { format!("0x{id:08X}") } else { format!("0x{id:x}") };
+            prop_assert_eq!(parse_pci_device_id(&text), Some(id));
+        }
+
+        #[test]
+        fn a_parsed_id_is_written_as_given(text in "\\PC{0,12}") {
+            if let Some(id) = parse_pci_device_id(&text) {
+                prop_assert_eq!(u32::from_str_radix(&text[2..], 16).ok(), Some(id));
+            }
+        }
     }
 }

@@ -360,6 +360,11 @@ impl DeviceBackend for NvmlBackend {
         NvmlBackend::minor_number(self, index)
     }
 
+    fn pci_device_id(&self, index: u32) -> Result<u32, BackendError> {
+        let info = self.device(index)?.pci_info().map_err(lib("nvmlDeviceGetPciInfo"))?;
+        Ok(info.pci_device_id)
+    }
+
     fn driver_versions(&self) -> Result<Option<vgpu_core::backend::DriverVersions>, BackendError> {
         let info = self.driver_info()?;
         Ok(Some(vgpu_core::backend::DriverVersions {
