@@ -7,7 +7,8 @@
 #   1. builds vgpuctl and the vgpu-nvml tests (offline);
 #   2. runs `vgpuctl devices --backend nvml --json --topology` (saved as devices.json);
 #   3. runs the NVML-gated tests `cargo test -p vgpu-nvml --tests -- --ignored` (UUID format, memory > 0,
-#      bus ids equal to `nvidia-smi --query-gpu=pci.bus_id`, PCI device ids with NVIDIA's vendor id, driver/CUDA versions, topology, health stream);
+#      bus ids equal to `nvidia-smi --query-gpu=pci.bus_id`, PCI device ids with NVIDIA's vendor id,
+#      driver/CUDA versions, topology, health stream);
 #   4. MIG create/destroy (`nvml::tests::mig_create_destroy_on_gpu`, VGPU_MIG_CHECK=1): only on a GPU that is
 #      already in MIG mode with no MIG devices — creates the smallest profile at its last placement, checks
 #      the ids and placement `mig_layout` reports, destroys it (also on failure) and checks the GPU has no MIG
