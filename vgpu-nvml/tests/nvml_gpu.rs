@@ -45,7 +45,11 @@ fn devices_have_real_values() {
         assert_eq!(memory.total_bytes >> 20, gpu.memory_mib);
         backend.minor_number(gpu.index).unwrap();
         let pci_id = backend.pci_device_id(gpu.index).unwrap();
-        assert_eq!(pci_id & 0xFFFF, 0x10DE, "GPU {i}: PCI device id {pci_id:#010X} is not NVIDIA's vendor id");
+        assert_eq!(
+            pci_id & 0xFFFF,
+            0x10DE,
+            "GPU {i}: PCI device id {pci_id:#010X} is not NVIDIA's vendor id"
+        );
         backend.processes(gpu.index).unwrap();
         backend.mig_layout(gpu.index).unwrap();
         match backend.process_utilization(gpu.index, 0) {
