@@ -28,8 +28,6 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
 use vgpu_core::domain::{ORIGINAL_RESOURCES_ANNOTATION, OWNER_KEY_LABEL};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
 use crate::api::{ApiError, ClusterApi, OwnerUpdate};
 use crate::config::WebhookConfig;
 use crate::convert::{self, ResourceInfo};
@@ -284,42 +282,21 @@ impl<C: ClusterApi> Admission<C> {
         owner: &str,
         dry_run: bool,
     ) -> Result<(), Denial> {
-        let mut created: Vec<(GeneratedKind, String, String)> = Vec::new();
-        for object in objects {
-            let kind = object.kind();
-            let meta = object.metadata();
-            let ns = meta.namespace.clone().unwrap_or_default();
-            let name = meta.name.clone().unwrap_or_default();
+        let mut created: Vec<Generated<'_>> = Vec::new();
+        for &object in objects {
             let result = match object {
                 Generated::Claim(c) => self.api.create_claim(c, dry_run).await,
                 Generated::Template(t) => self.api.create_claim_template(t, dry_run).await,
             };
             match result {
-                Ok(()) => created.push((kind, ns, name)),
+                Ok(()) => created.push(object),
                 Err(e) if e.already_exists => {
-                    let labels = match kind {
-                        GeneratedKind::Claim => self
-                            .api
-                            .get_claim(&ns, &name)
-                            .await
-                            .ok()
-                            .flatten()
-                            .and_then(|c| c.metadata.labels),
-                        GeneratedKind::Template => self
-                            .api
-                            .get_claim_template(&ns, &name)
-                            .await
-                            .ok()
-                            .flatten()
-                            .and_then(|t| t.metadata.labels),
-                    };
-                    let mine =
-                        labels.as_ref().and_then(|l| l.get(OWNER_KEY_LABEL)).is_some_and(|o| o == owner);
-                    if !mine {
+                    if self.existing_owner(object).await.as_deref() != Some(owner) {
                         self.roll_back(&created, dry_run).await;
                         return Err(Denial::new(format!(
-                            "{e}: {} {ns}/{name} exists and does not belong to {owner_noun} {owner} (label {OWNER_KEY_LABEL})",
-                            kind.name()
+                            "{e}: {} {} exists and does not belong to {owner_noun} {owner} (label {OWNER_KEY_LABEL})",
+                            object.kind_name(),
+                            object.key()
                         )));
                     }
                 }
@@ -330,19 +307,34 @@ impl<C: ClusterApi> Admission<C> {
             }
         }
         if !dry_run {
-            tracing::info!(owner = %owner, created = ?created, "created vGPU ResourceClaims/ResourceClaimTemplates");
+            let created: Vec<String> =
+                created.iter().map(|o| format!("{} {}", o.kind_name(), o.key())).collect();
+            tracing::info!(owner = %owner, ?created, "created vGPU ResourceClaims/ResourceClaimTemplates");
         }
         Ok(())
     }
 
-    async fn roll_back(&self, created: &[(GeneratedKind, String, String)], dry_run: bool) {
+    /// The owner-key label of the stored object named like `object` (`None` when it cannot be read).
+    async fn existing_owner(&self, object: Generated<'_>) -> Option<String> {
+        let (ns, name) = object.namespace_name();
+        let labels = match object {
+            Generated::Claim(_) => self.api.get_claim(ns, name).await.ok().flatten()?.metadata.labels,
+            Generated::Template(_) => {
+                self.api.get_claim_template(ns, name).await.ok().flatten()?.metadata.labels
+            }
+        };
+        labels?.remove(OWNER_KEY_LABEL)
+    }
+
+    async fn roll_back(&self, created: &[Generated<'_>], dry_run: bool) {
         if dry_run {
             return;
         }
-        for (kind, ns, name) in created {
-            let result = match kind {
-                GeneratedKind::Claim => self.api.delete_claim(ns, name).await,
-                GeneratedKind::Template => self.api.delete_claim_template(ns, name).await,
+        for object in created {
+            let (ns, name) = object.namespace_name();
+            let result = match object {
+                Generated::Claim(_) => self.api.delete_claim(ns, name).await,
+                Generated::Template(_) => self.api.delete_claim_template(ns, name).await,
             };
             if let Err(e) = result {
                 tracing::warn!(error = %e, "could not delete a generated object after a failed admission");
@@ -353,16 +345,11 @@ impl<C: ClusterApi> Admission<C> {
     async fn delete_claims(&self, pod: &Pod) {
         let Some(Ok(infos)) = record(pod) else { return };
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
-        let pod_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
-        let mut names: Vec<&str> = infos.iter().map(|i| i.claim_name.as_str()).collect();
-        names.dedup();
-        for name in names {
-            let listed = pod_claims
-                .is_some_and(|pc| pc.iter().any(|p| p.resource_claim_name.as_deref() == Some(name)));
+        for (name, listed) in mutate::recorded_claims(pod.spec.as_ref(), &infos, ClaimSource::Claim) {
             if !listed {
                 continue;
             }
-            if let Err(e) = self.api.delete_claim(&ns, name).await {
+            if let Err(e) = self.api.delete_claim(&ns, &name).await {
                 tracing::warn!(error = %e, "could not delete the ResourceClaim of a deleted pod");
             }
         }
@@ -605,34 +592,28 @@ enum Generated<'a> {
     Template(&'a ResourceClaimTemplate),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GeneratedKind {
-    Claim,
-    Template,
-}
-
-impl GeneratedKind {
-    fn name(self) -> &'static str {
-        match self {
-            GeneratedKind::Claim => "ResourceClaim",
-            GeneratedKind::Template => "ResourceClaimTemplate",
-        }
-    }
-}
-
 impl Generated<'_> {
-    fn kind(&self) -> GeneratedKind {
+    /// `ResourceClaim` or `ResourceClaimTemplate`.
+    fn kind_name(&self) -> &'static str {
         match self {
-            Generated::Claim(_) => GeneratedKind::Claim,
-            Generated::Template(_) => GeneratedKind::Template,
+            Generated::Claim(_) => "ResourceClaim",
+            Generated::Template(_) => "ResourceClaimTemplate",
         }
     }
 
-    fn metadata(&self) -> &ObjectMeta {
-        match self {
+    /// Namespace and name.
+    fn namespace_name(&self) -> (&str, &str) {
+        let meta = match self {
             Generated::Claim(c) => &c.metadata,
             Generated::Template(t) => &t.metadata,
-        }
+        };
+        (meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
+    }
+
+    /// `<namespace>/<name>`.
+    fn key(&self) -> String {
+        let (ns, name) = self.namespace_name();
+        format!("{ns}/{name}")
     }
 }
 

@@ -383,7 +383,6 @@ pub fn planned_requests(
 ) -> Result<Vec<(String, Vec<DeviceRequest>)>, Denial> {
     let d = &config.domain;
     let RecordScope { subject, record_field, spec_prefix, source } = scope;
-    let pod_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
     let all = mutate::containers(pod);
     let mut requests_by_claim: Vec<(String, Vec<DeviceRequest>)> = Vec::new();
     for (i, info) in infos.iter().enumerate() {
@@ -410,22 +409,10 @@ pub fn planned_requests(
                 vgpu_core::model::MAX_VGPU_NUMBER
             )));
         }
-        let listed = pod_claims.is_some_and(|pc| {
-            pc.iter().any(|p| {
-                let reference = match source {
-                    ClaimSource::Claim => &p.resource_claim_name,
-                    ClaimSource::Template => &p.resource_claim_template_name,
-                };
-                reference.as_deref() == Some(info.claim_name.as_str())
-            })
-        });
-        if !listed {
-            let field = match source {
-                ClaimSource::Claim => "ResourceClaimName",
-                ClaimSource::Template => "ResourceClaimTemplateName",
-            };
+        if !source.listed(pod.spec.as_ref(), &info.claim_name) {
             return Err(Denial::new(format!(
-                "{subject} is invalid: {spec_prefix}spec.resourceClaims: Invalid value: {field} {:?} not found",
+                "{subject} is invalid: {spec_prefix}spec.resourceClaims: Invalid value: {} {:?} not found",
+                source.field_name(),
                 info.claim_name
             )));
         }

@@ -346,6 +346,56 @@ pub enum ClaimSource {
     Template,
 }
 
+impl ClaimSource {
+    /// The generated object a `resourceClaims` entry refers to this way, if any.
+    pub fn reference(self, entry: &PodResourceClaim) -> Option<&str> {
+        match self {
+            Self::Claim => entry.resource_claim_name.as_deref(),
+            Self::Template => entry.resource_claim_template_name.as_deref(),
+        }
+    }
+
+    /// The entry's field, as denials name it: `ResourceClaimName` or `ResourceClaimTemplateName`.
+    pub fn field_name(self) -> &'static str {
+        match self {
+            Self::Claim => "ResourceClaimName",
+            Self::Template => "ResourceClaimTemplateName",
+        }
+    }
+
+    /// Whether `spec` has a `resourceClaims` entry referring to `name` this way.
+    pub fn listed(self, spec: Option<&PodSpec>, name: &str) -> bool {
+        spec.and_then(|s| s.resource_claims.as_ref())
+            .is_some_and(|entries| entries.iter().any(|e| self.reference(e) == Some(name)))
+    }
+
+    /// The `resourceClaims` entry named `name` referring to the generated object `name` this way.
+    fn entry(self, name: &str) -> PodResourceClaim {
+        let reference = Some(name.to_owned());
+        let (resource_claim_name, resource_claim_template_name) = match self {
+            Self::Claim => (reference, None),
+            Self::Template => (None, reference),
+        };
+        PodResourceClaim { name: name.to_owned(), resource_claim_name, resource_claim_template_name }
+    }
+}
+
+/// The claim names of a record without repeats, in record order, each with whether `spec` refers to it as
+/// `source` says: what a DELETE (or a Job's UPDATE) may touch.
+pub fn recorded_claims(
+    spec: Option<&PodSpec>,
+    infos: &[ResourceInfo],
+    source: ClaimSource,
+) -> Vec<(String, bool)> {
+    let mut out: Vec<(String, bool)> = Vec::new();
+    for info in infos {
+        if !out.iter().any(|(n, _)| *n == info.claim_name) {
+            out.push((info.claim_name.clone(), source.listed(spec, &info.claim_name)));
+        }
+    }
+    out
+}
+
 /// Rule 8 on one pod spec: the vGPU containers at `slots` (their limits already defaulted by
 /// [`default_requests`]) lose their vGPU limits and requests and get a `resources.claims` entry; the spec gets a
 /// `resourceClaims` entry per generated claim, referring to it as `source` says. Claim names are
@@ -382,16 +432,7 @@ pub fn convert_containers(
     let pod_claims = spec.resource_claims.get_or_insert_with(Vec::new);
     for info in &infos {
         if !pod_claims.iter().any(|p| p.name == info.claim_name) {
-            let name = Some(info.claim_name.clone());
-            let (resource_claim_name, resource_claim_template_name) = match source {
-                ClaimSource::Claim => (name, None),
-                ClaimSource::Template => (None, name),
-            };
-            pod_claims.push(PodResourceClaim {
-                name: info.claim_name.clone(),
-                resource_claim_name,
-                resource_claim_template_name,
-            });
+            pod_claims.push(source.entry(&info.claim_name));
         }
     }
     infos

@@ -246,19 +246,8 @@ pub fn task_pod(job: &VolcanoJob, task: &Task) -> Pod {
 /// The recorded template names of a task, each with whether the task's pod template refers to it
 /// (`spec.resourceClaims[].resourceClaimTemplateName`), in record order without repeats.
 pub fn recorded_templates(task: &Task, infos: &[ResourceInfo]) -> Vec<(String, bool)> {
-    let claims =
-        task.template.as_ref().and_then(|t| t.spec.as_ref()).and_then(|s| s.resource_claims.as_ref());
-    let mut out: Vec<(String, bool)> = Vec::new();
-    for info in infos {
-        if out.iter().any(|(n, _)| *n == info.claim_name) {
-            continue;
-        }
-        let referenced = claims.is_some_and(|pc| {
-            pc.iter().any(|p| p.resource_claim_template_name.as_deref() == Some(info.claim_name.as_str()))
-        });
-        out.push((info.claim_name.clone(), referenced));
-    }
-    out
+    let spec = task.template.as_ref().and_then(|t| t.spec.as_ref());
+    mutate::recorded_claims(spec, infos, ClaimSource::Template)
 }
 
 /// The ResourceClaimTemplates `/volcano-jobs/validate` creates for a converted Job, checked against the Job:
