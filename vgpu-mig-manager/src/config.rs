@@ -19,6 +19,7 @@
 //! entry selects are left as they are. A GPU selected by two entries is an error.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 use serde::Deserialize;
 use vgpu_core::backend::MigProfile;
@@ -266,17 +267,11 @@ impl MigConfigFile {
             }
             for index in (0..gpu_count).filter(|i| entry.devices.selects(*i)) {
                 if !entry.device_filter.is_empty() {
-                    let id = match ids.get(&index) {
-                        Some(id) => *id,
-                        None => {
-                            let id = pci_device_id(index).map_err(|message| ConfigError::DeviceId {
-                                name: name.to_owned(),
-                                entry: e,
-                                index,
-                                message,
-                            })?;
-                            *ids.entry(index).or_insert(id)
-                        }
+                    let id = match ids.entry(index) {
+                        Entry::Occupied(known) => *known.get(),
+                        Entry::Vacant(slot) => *slot.insert(pci_device_id(index).map_err(|message| {
+                            ConfigError::DeviceId { name: name.to_owned(), entry: e, index, message }
+                        })?),
                     };
                     if !entry.device_filter.contains(&id) {
                         continue;
