@@ -10,6 +10,7 @@
 //! | [`vnumber`] | the `vgpu-number` plugin: `<uuid>::<i>` devices, preferred allocation, `Allocate`, `PreStartContainer` |
 //! | [`service`] | the generated `DevicePlugin` trait over a handler: translation and the `ListAndWatch` stream |
 //! | [`server`] | serving one handler on a unix socket |
+//! | [`authority`] | every unix-socket gRPC server's connections: a client's invalid `:authority` (the kubelet's plugin watcher sends the socket path) rewritten to `localhost` below tonic |
 //! | [`registry`] | client mode (gate `DevicePluginClientMode`): `VDeviceRegistry` on `registry/socket.sock`, caller PIDs → `pids.config` |
 //! | [`device_client`] | the client of that registry (`vgpu-device-client`): one `RegisterContainerDevice` call, bounded by a timeout |
 //! | [`registration`] | unix-socket gRPC clients: probe our socket, `Register` with the kubelet |
@@ -70,6 +71,7 @@ use vgpu_core::node_config::MigStrategy;
 use vgpu_gates::CoreGate;
 
 pub mod api;
+pub mod authority;
 pub mod cdi;
 pub mod cluster;
 pub mod config;

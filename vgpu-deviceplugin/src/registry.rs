@@ -67,6 +67,7 @@ use crate::{
         ContainerDeviceRequest, ContainerDeviceResponse,
         v_device_registry_server::{VDeviceRegistry, VDeviceRegistryServer},
     },
+    authority::AuthorityRewrite,
     error::ServerError,
 };
 
@@ -493,12 +494,14 @@ impl RunningRegistry {
     }
 }
 
-/// The accepted connections of `listener`, each with its caller identified on accept.
+/// The accepted connections of `listener`, each with its caller identified on accept and its `:authority`
+/// rewritten ([`crate::authority`]).
 fn accepted(
     listener: UnixListener,
     identify: Arc<IdentifyConfig>,
-) -> impl tokio_stream::Stream<Item = std::io::Result<IdentifiedStream>> {
-    UnixListenerStream::new(listener).map(move |conn| conn.map(|s| IdentifiedStream::accept(s, &identify)))
+) -> impl tokio_stream::Stream<Item = std::io::Result<AuthorityRewrite<IdentifiedStream>>> {
+    UnixListenerStream::new(listener)
+        .map(move |conn| conn.map(|s| AuthorityRewrite::new(IdentifiedStream::accept(s, &identify))))
 }
 
 fn identity(path: &Path) -> Option<(u64, u64)> {

@@ -6,7 +6,6 @@ use std::{
 };
 
 use tokio::{net::UnixListener, sync::watch, task::JoinHandle};
-use tokio_stream::wrappers::UnixListenerStream;
 use vgpu_core::model::GpuDevice;
 
 use crate::{
@@ -51,7 +50,8 @@ fn remove_socket(path: &Path) {
     }
 }
 
-/// Binds `socket` (removing a stale file first) and serves `handler` on it in a task.
+/// Binds `socket` (removing a stale file first) and serves `handler` on it in a task, each connection
+/// through [`crate::authority::AuthorityRewrite`].
 pub fn serve(
     handler: Arc<dyn PluginHandler>,
     socket: PathBuf,
@@ -73,7 +73,7 @@ pub fn serve(
         };
         tonic::transport::Server::builder()
             .add_service(DevicePluginServer::new(service))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(crate::authority::incoming(listener), shutdown)
             .await
             .map_err(|source| ServerError::Transport { path, source })
     });

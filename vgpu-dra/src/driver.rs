@@ -29,6 +29,7 @@ use tokio::{
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Router;
 use vgpu_deviceplugin::{
+    authority::AuthorityRewrite,
     server::{bind_atomic, socket_identity},
     sm_watcher::SmWatcher,
 };
@@ -266,7 +267,7 @@ async fn serve_guarded(
     stop: watch::Receiver<bool>,
     router: Router,
 ) -> Result<(), DriverError> {
-    let (tx, rx) = mpsc::channel::<std::io::Result<UnixStream>>(16);
+    let (tx, rx) = mpsc::channel::<std::io::Result<AuthorityRewrite<UnixStream>>>(16);
     let mut acceptor = accept_into(listener, tx.clone(), path.clone());
     let mut ours = socket_identity(&path);
     let mut stopping = stop.clone();
@@ -304,17 +305,18 @@ async fn serve_guarded(
     Ok(())
 }
 
-/// Accepts connections of `listener` into `tx` until the channel closes (or the task is aborted).
+/// Accepts connections of `listener` (each with its `:authority` rewritten: the kubelet's plugin watcher
+/// sends the registration socket's path there) into `tx` until the channel closes (or the task is aborted).
 fn accept_into(
     listener: UnixListener,
-    tx: mpsc::Sender<std::io::Result<UnixStream>>,
+    tx: mpsc::Sender<std::io::Result<AuthorityRewrite<UnixStream>>>,
     path: PathBuf,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
-                    if tx.send(Ok(stream)).await.is_err() {
+                    if tx.send(Ok(AuthorityRewrite::new(stream))).await.is_err() {
                         return;
                     }
                 }

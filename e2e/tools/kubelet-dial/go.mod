@@ -1,0 +1,17 @@
+// Records the kubelet plugin watcher's registration dial (test fixture generator only).
+module vgpu.local/e2e/tools/kubelet-dial
+
+go 1.26.0
+
+require (
+	google.golang.org/grpc v1.83.2
+	k8s.io/kubelet v0.37.2
+)
+
+require (
+	golang.org/x/net v0.61.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260526163538-3dc84a4a5aaa // indirect
+	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
+)
