@@ -97,6 +97,7 @@ async fn pod_goes_from_filter_and_bind_to_allocate() {
     config.device_plugin_path = dir.path().to_path_buf();
     config.manager_dir = dir.path().join("manager");
     config.host_manager_dir = "/etc/vgpu-manager".into();
+    vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"").unwrap();
     config.device_root = dir.path().join("no-driver-root");
     let daemon =
         Daemon::new(config, Arc::clone(&backend), plugin_cluster.clone(), plugin_cluster.clone()).unwrap();

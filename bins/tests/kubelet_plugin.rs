@@ -42,6 +42,8 @@ impl Node {
 
     fn spawn(&self) -> Child {
         let arg = |flag: &str, rel: &str| format!("--{flag}={}", self.path(rel).display());
+        // The vGPU runtime files an install step puts on the host.
+        vgpu_core::abi::runtime_files::install(&self.path("manager"), "v1.0.0", b"").unwrap();
         Command::new(assert_cmd::cargo::cargo_bin("vgpu-kubelet-plugin"))
             .env_remove("FEATURE_GATES")
             .env("NODE_NAME", "node-1")

@@ -160,6 +160,8 @@ impl Node {
     /// The plugin; `pause` sets the test-only `VGPU_DRA_TEST_PAUSE_AT`.
     fn spawn(&self, pause: Option<&str>) -> Child {
         let arg = |flag: &str, rel: &str| format!("--{flag}={}", self.path(rel).display());
+        // The vGPU runtime files an install step puts on the host.
+        vgpu_core::abi::runtime_files::install(&self.path("manager"), "v1.0.0", b"").unwrap();
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("vgpu-kubelet-plugin"));
         cmd.env_remove("FEATURE_GATES")
             .env_remove("VGPU_DRA_TEST_PAUSE_AT")

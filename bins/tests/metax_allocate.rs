@@ -73,6 +73,7 @@ fn config(root: &Path, tune: impl FnOnce(&mut PluginConfig)) -> PluginConfig {
     let mut config = PluginConfig::new("node-1");
     config.device_plugin_path = root.join("device-plugins");
     config.manager_dir = root.join("manager");
+    vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"").unwrap();
     config.device_root = root.to_path_buf();
     config.cdi_root = root.join("cdi");
     std::fs::create_dir_all(&config.device_plugin_path).unwrap();

@@ -85,6 +85,8 @@ impl MockPluginNode {
         let mut kubelet = TestKubelet::start(env.workdir().join("device-plugins"))?;
         let manager_dir = env.workdir().join("manager");
         std::fs::create_dir_all(&manager_dir)?;
+        // The vGPU runtime files an install step puts on the host (Allocate refuses containers without them).
+        vgpu_core::abi::runtime_files::install(&manager_dir, "v1.0.0", b"")?;
         let mut args = vec![
             "--backend=mock".to_owned(),
             format!("--mock-config={}", mock_description().display()),

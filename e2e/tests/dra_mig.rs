@@ -92,6 +92,8 @@ async fn dra_mig_partitions_are_allocated_without_overlap_and_created_on_prepare
     let state_file = dir.join("mig-state.json");
     std::fs::write(dir.join("mock.yaml"), mock(&state_file)).unwrap();
     let path = |rel: &str| dir.join(rel).display().to_string();
+    // The vGPU runtime files an install step puts on the host.
+    vgpu_core::abi::runtime_files::install(&dir.join("manager"), "v1.0.0", b"").unwrap();
     let args = vec![
         "--backend=mock".to_owned(),
         format!("--mock-config={}", path("mock.yaml")),

@@ -63,6 +63,8 @@ async fn prepare_through_the_binary(name: &str, client_mode: bool) {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("mock.yaml"), MOCK).unwrap();
     let path = |rel: &str| dir.join(rel).display().to_string();
+    // The vGPU runtime files an install step puts on the host.
+    vgpu_core::abi::runtime_files::install(&dir.join("manager"), "v1.0.0", b"").unwrap();
     let args = vec![
         "--backend=mock".to_owned(),
         format!("--mock-config={}", path("mock.yaml")),

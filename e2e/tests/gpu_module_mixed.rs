@@ -95,6 +95,8 @@ fn start_plugin(env: &mut TestEnv, node: &str, mock: &str, driver: &str) {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("mock.yaml"), mock).unwrap();
     let path = |rel: &str| dir.join(rel).display().to_string();
+    // The vGPU runtime files an install step puts on the host.
+    vgpu_core::abi::runtime_files::install(&dir.join("manager"), "v1.0.0", b"").unwrap();
     let args = vec![
         "--backend=mock".to_owned(),
         format!("--mock-config={}", path("mock.yaml")),

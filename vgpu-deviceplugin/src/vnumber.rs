@@ -11,7 +11,7 @@ use std::{
 
 use vgpu_core::{
     abi::{
-        devices_json,
+        devices_json, runtime_files,
         vgpu_config::{self, BuildOptions, ContainerIdentity, VgpuConfig},
     },
     codec::pod_devices,
@@ -265,6 +265,9 @@ impl VgpuNumberPlugin {
         let policy = self.compute_policy(pod);
         let env_of = pod.containers.iter().find(|c| c.name == claim.name).map(|c| &c.env);
         let env_flag = |key: &str| env_of.and_then(|e| e.get(key)).is_some_and(|v| is_truthy(v));
+        // The host files the response mounts must exist, or the runtime creates directories in their place.
+        runtime_files::check(&cfg.manager_dir, &cfg.library_version, !env_flag("DISABLE_VGPU_CONTROL"))
+            .map_err(|e| e.to_string())?;
 
         let mut envs = HashMap::new();
         let mut set = |k: &str, v: String| {
@@ -356,8 +359,8 @@ impl VgpuNumberPlugin {
             mounts.push(mount("/etc/vgpu-manager/watcher", &host.join("watcher"), true));
         }
         mounts.push(mount(
-            "/etc/vgpu-manager/driver/libvgpu-control.so",
-            &host.join(format!("libvgpu-control.so.{}", cfg.library_version)),
+            runtime_files::CONTAINER_LIBRARY,
+            &host.join(runtime_files::library_file_name(&cfg.library_version)),
             true,
         ));
         mounts.push(mount(CONTAINER_CONFIG_DIR, &host_dir.join("config"), true));
@@ -365,7 +368,7 @@ impl VgpuNumberPlugin {
         mounts.push(mount("/tmp/.vmem_node", &host_dir.join("vmem_node"), false));
         mounts.push(mount("/tmp/.sm_node", &host_dir.join("sm_node"), false));
         if !env_flag("DISABLE_VGPU_CONTROL") {
-            mounts.push(mount("/etc/ld.so.preload", &host.join("ld.so.preload"), true));
+            mounts.push(mount("/etc/ld.so.preload", &host.join(runtime_files::PRELOAD_FILE), true));
         }
 
         // Side effects: the per-container tree, devices.json and a fresh vgpu.config.

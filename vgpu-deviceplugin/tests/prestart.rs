@@ -150,6 +150,7 @@ async fn fixture() -> Fixture {
     let mut config = PluginConfig::new("node-1");
     config.device_plugin_path = dir.path().to_path_buf();
     config.manager_dir = manager.clone();
+    vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"").unwrap();
     config.pod_resources_socket = dir.path().join("pod-resources.sock");
     config.pod_resources_timeout = Duration::from_secs(2);
     config.stale_dir_grace = Duration::ZERO;

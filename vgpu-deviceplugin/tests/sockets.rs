@@ -127,6 +127,7 @@ async fn start_node(gates: &[&str]) -> Node {
     config.device_plugin_path = dir.path().to_path_buf();
     config.manager_dir = dir.path().join("manager");
     config.host_manager_dir = "/etc/vgpu-manager".into();
+    vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"").unwrap();
     config.watch_interval = Duration::from_millis(20);
     config.dial_timeout = Duration::from_secs(2);
     config.settings.device_memory_factor = 1024;

@@ -39,7 +39,7 @@ pub const KIND: &str = "k8s.manager.nvidia.com/claim";
 /// CDI spec version written (env, mounts and device nodes are all in 0.5.0).
 pub const SPEC_VERSION: &str = vgpu_deviceplugin::cdi::SPEC_VERSION;
 /// Container path of the vGPU control library.
-pub const CONTROL_LIBRARY: &str = "/etc/vgpu-manager/driver/libvgpu-control.so";
+pub const CONTROL_LIBRARY: &str = vgpu_core::abi::runtime_files::CONTAINER_LIBRARY;
 /// Container path of the shared SM watcher's directory (gate `SharedSMUtilizationWatcher`).
 pub const CONTAINER_WATCHER_DIR: &str = "/etc/vgpu-manager/watcher";
 /// Container path of a partition's config directory.

@@ -71,6 +71,8 @@
 //! let dir = tempfile::tempdir()?;
 //! let mut config = DriverConfig::under("node-1", dir.path());
 //! config.boot_id_path = dir.path().join("boot_id");
+//! // What the install step puts on the host: vGPU claims are refused without it.
+//! vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"")?;
 //! let backend = MockBackend::from_yaml_str("gpus:\n  - { uuid: GPU-a, name: NVIDIA A30, memoryMiB: 24576 }\n")?;
 //! let devices = Arc::new(AllocatableDevices::from_backend(&backend, &DeviceConfig::default())?);
 //! let claims = Arc::new(InMemoryClaims::default());

@@ -17,7 +17,7 @@
 //! |---|---|---|
 //! | 1 | take `pu.lock` (10 s limit), read the checkpoint | take `pu.lock`, read the checkpoint |
 //! | 2 | `PrepareCompleted` → return the recorded devices; `PrepareStarted` → roll it back first | absent → done (NotFound is success) |
-//! | 3 | read the ResourceClaim (API), check UID, allocation, pool, the sharing rule; resolve devices and limits; reject devices prepared for another claim — no side effect yet | remove the CDI spec (NotFound is fine) |
+//! | 3 | read the ResourceClaim (API), check UID, allocation, pool, the sharing rule; resolve devices and limits; reject devices prepared for another claim; with vGPU devices, check the runtime files their mounts name ([`runtime_files::check`]) — no side effect yet | remove the CDI spec (NotFound is fine) |
 //! | 4 | write `PrepareStarted` with the paths it will create and the planned devices | remove `<manager>/claims/<uid>` (NotFound is fine) |
 //! | 5 | create `<manager>/claims/<uid>/<partition>/{config,vgpu_lock,vmem_node,sm_node}`, `config/pids.config` (partition keys: [`crate::partition`], from the consumer pods read in step 3) | drop the entry, write the checkpoint |
 //! | 6 | write the CDI spec atomically (checked against the CDI rules first: [`cdi::validate`]) | client mode: remove the claim's `<driver>/<uuid>` annotations (best effort) |
@@ -40,7 +40,7 @@ use std::{
 };
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use vgpu_core::{backend::VendorAdapter, model::ComputePolicy};
+use vgpu_core::{abi::runtime_files, backend::VendorAdapter, model::ComputePolicy};
 
 use crate::{
     cdi::{self, ContainerEdits, DeviceNode, Mount},
@@ -122,6 +122,15 @@ pub enum ClaimFailure {
         claim: String,
         /// How many consumers it is reserved for.
         consumers: usize,
+    },
+    /// The claim has vGPU devices and the runtime files their containers mount are not installed.
+    #[error("ResourceClaim {claim}: {source}")]
+    RuntimeFiles {
+        /// `namespace/name`.
+        claim: String,
+        /// Which file and why.
+        #[source]
+        source: vgpu_core::abi::runtime_files::RuntimeFileError,
     },
     /// A device (share) is already prepared for another claim, or twice in this one.
     #[error("ResourceClaim {claim}: device {device}{share} is already prepared for claim {other}")]
@@ -477,6 +486,12 @@ impl DeviceState {
         let claim_dir = self.config.claim_dir(&claim.uid);
         let spec_path = self.config.cdi_spec_path(&claim.uid);
         let has_vgpu = planned.iter().any(|p| p.allocatable.kind == DeviceType::Vgpu);
+        if has_vgpu {
+            // The CDI spec mounts them: missing, the runtime would create directories in their place.
+            runtime_files::check(&self.config.manager_dir, &self.config.library_version, true).map_err(|source| {
+                ClaimFailure::RuntimeFiles { claim: format!("{}/{}", claim.namespace, claim.name), source }
+            })?;
+        }
         let mut register_uuids = BTreeMap::new();
         if has_vgpu {
             self.assign_partitions(claim, &object, &mut planned).await;
@@ -862,10 +877,10 @@ impl DeviceState {
             common.mounts = vec![
                 Mount::bind(
                     cdi::CONTROL_LIBRARY,
-                    &host.join(format!("libvgpu-control.so.{}", cfg.library_version)),
+                    &host.join(runtime_files::library_file_name(&cfg.library_version)),
                     true,
                 ),
-                Mount::bind("/etc/ld.so.preload", &host.join("ld.so.preload"), true),
+                Mount::bind("/etc/ld.so.preload", &host.join(runtime_files::PRELOAD_FILE), true),
             ];
             if cfg.client_mode() {
                 common.mounts.push(Mount::bind(

@@ -65,6 +65,7 @@ impl Node {
     fn new(fabric: bool, vfio: bool, shares: ConsumableShares) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut config = DriverConfig::under(NODE, dir.path());
+        vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"").unwrap();
         config.boot_id_path = dir.path().join("boot_id");
         std::fs::write(&config.boot_id_path, "boot-1\n").unwrap();
         let backend = MockBackend::from_yaml_str(MOCK).unwrap();
@@ -320,6 +321,7 @@ async fn with_passthrough_the_vfio_devices_get_the_partition() {
 async fn vgpu_devices_carry_the_attributes_but_never_activate() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = DriverConfig::under(NODE, dir.path());
+    vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"").unwrap();
     config.boot_id_path = dir.path().join("boot_id");
     std::fs::write(&config.boot_id_path, "boot-1\n").unwrap();
     let backend = MockBackend::from_yaml_str(MOCK).unwrap();

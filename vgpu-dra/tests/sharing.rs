@@ -47,6 +47,7 @@ impl Node {
     fn new(gates: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut config = DriverConfig::under(NODE, dir.path());
+        vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"").unwrap();
         config.boot_id_path = dir.path().join("boot_id");
         std::fs::write(&config.boot_id_path, "boot-1\n").unwrap();
         config.gates = vgpu_dra::feature_gates().configure([gates]).unwrap();

@@ -7,6 +7,7 @@
 //! | [`vmem_node`] | `<manager-dir>/<podUID>_<ctr>/vmem_node/vmem_node.config` | virtual-memory ledger: magic `VMND`, layout 1, exactly 327 680 bytes (§7.2) |
 //! | [`sm_util`] | `<manager-dir>/watcher/sm_util.config` | shared SM watcher samples: 16 × 81 952 bytes, no header (§7.3) |
 //! | [`sm_node`] | `<manager-dir>/<podUID>_<ctr>/sm_node/sm_node.config` | shared SM token bucket: magic `SMND`, layout 3, exactly 8192 bytes (§7.4) |
+//! | [`runtime_files`] | `<manager-dir>/libvgpu-control.so.<version>`, `<manager-dir>/ld.so.preload` | the host files every vGPU container bind-mounts: checked before a container is answered, installed atomically |
 //! | [`atomic`] | – | write-temp-then-rename helper used by both writers |
 //! | [`AbiError`] | – | every failure, naming the file |
 //!
@@ -33,6 +34,7 @@
 pub mod atomic;
 pub mod devices_json;
 mod le;
+pub mod runtime_files;
 pub mod sm_node;
 pub mod sm_util;
 pub mod vgpu_config;

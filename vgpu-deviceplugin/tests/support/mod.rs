@@ -59,6 +59,8 @@ impl Served {
     /// Serves the vnumber plugin of `daemon` (built over `cluster`) in `dir`.
     pub async fn start(daemon: Daemon, cluster: Arc<InMemoryCluster>, dir: &Path) -> Self {
         let config = Arc::new(daemon.config);
+        // The vGPU runtime files an install step puts on the host (Allocate refuses containers without them).
+        vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"").unwrap();
         let gpus = daemon.backend.devices().unwrap();
         let state = DeviceState::new(node_devices(&gpus, &config.settings), &config.settings);
         let plugin =

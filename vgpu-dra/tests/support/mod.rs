@@ -43,6 +43,8 @@ impl TestNode {
         config.registration_guard_interval = Duration::from_millis(20);
         config.stale_sweep_interval = Duration::from_secs(3600);
         std::fs::write(&config.boot_id_path, "boot-1\n").unwrap();
+        // The vGPU runtime files an install step puts on the host (Prepare refuses vGPU claims without them).
+        vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"").unwrap();
         let backend = MockBackend::from_yaml_str(MOCK).unwrap();
         let devices = AllocatableDevices::from_backend(&backend, &DeviceConfig::default()).unwrap();
         assert!(backend.devices().unwrap().len() == 2);
