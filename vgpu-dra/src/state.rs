@@ -488,9 +488,12 @@ impl DeviceState {
         let has_vgpu = planned.iter().any(|p| p.allocatable.kind == DeviceType::Vgpu);
         if has_vgpu {
             // The CDI spec mounts them: missing, the runtime would create directories in their place.
-            runtime_files::check(&self.config.manager_dir, &self.config.library_version, true).map_err(|source| {
-                ClaimFailure::RuntimeFiles { claim: format!("{}/{}", claim.namespace, claim.name), source }
-            })?;
+            runtime_files::check(&self.config.manager_dir, &self.config.library_version, true).map_err(
+                |source| ClaimFailure::RuntimeFiles {
+                    claim: format!("{}/{}", claim.namespace, claim.name),
+                    source,
+                },
+            )?;
         }
         let mut register_uuids = BTreeMap::new();
         if has_vgpu {
