@@ -15,6 +15,9 @@
 //! (`$VGPU_E2E_CACHE`, default `~/.cache/vgpu-e2e`, subfolder `k8s-<ver>_etcd-<ver>`); see
 //! [`Binaries::locate`].
 //!
+//! [`RealNode`] adds a real node to an environment: the upstream kubelet on containerd, runc and CNI
+//! (built by `e2e/build-node.sh`), with only the GPU mocked.
+//!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
 //! use vgpu_e2e::{ExtenderConfig, TestEnv};
@@ -40,6 +43,7 @@ mod net;
 pub mod plugin_node;
 mod process;
 pub mod rbac;
+pub mod real_node;
 mod scheduler;
 mod vgpu;
 pub mod webhook;
@@ -47,5 +51,6 @@ pub mod webhook;
 pub use binaries::{BIN_DIR_ENV, Binaries, CACHE_ENV, ETCD_VERSION, K8S_VERSION, default_bin_dir};
 pub use env::{TestEnv, TestEnvBuilder};
 pub use json_server::JsonServer;
+pub use real_node::{RealNode, RealNodeBuilder};
 pub use scheduler::{ExtenderConfig, SCHEDULER_NAME, VGPU_RESOURCES, scheduler_configuration};
 pub use vgpu::{VGPU_BIN_DIR_ENV, free_port, http_get, http_get_with_headers, vgpu_binary, wait_ready};
