@@ -41,6 +41,7 @@ pub mod known_pid;
 pub mod kubelet;
 mod net;
 pub mod plugin_node;
+pub mod probe;
 mod process;
 pub mod rbac;
 pub mod real_node;

@@ -1,0 +1,207 @@
+//! The DRA kubelet plugin under the real kubelet (issue #31): `vgpu-kubelet-plugin` on the mock backend
+//! registers through the kubelet's plugin watcher (whose `GetInfo` carries the registration socket's path
+//! as the HTTP/2 `:authority`: before the fix every claim failed `DRA driver manager.nvidia.com is not
+//! registered`), publishes its ResourceSlice, the real kube-scheduler allocates a claim of
+//! `{cores: 10, memory: 1Gi}` and binds the pod, the kubelet calls `NodePrepareResources`, containerd
+//! injects the claim's CDI spec, and the container prints what it got (`vgpu_e2e::probe`): the share's
+//! limits in its env, the runtime files and partition mounted, the GPU's (fake) device node. Deleting the
+//! pod makes the kubelet call `NodeUnprepareResources`: the CDI spec and the claim's partition go.
+//!
+//! With gate `NRISupport` the plugin also registers with containerd's own NRI (enabled on the node): the
+//! container's partition (`claims/<uid>/<podUID>_<ctr>`) and its pod env come from the `CreateContainer`
+//! adjustment; after a containerd restart the plugin reconnects and a second claim pod gets them again.
+//!
+//! Needs the control plane, the real node and root: `e2e/run.sh real_node_dra`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::{
+    core::v1::Pod,
+    resource::v1::{ResourceClaim, ResourceSlice},
+};
+use kube::{
+    Api,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use serde_json::json;
+use vgpu_core::abi::runtime_files;
+use vgpu_e2e::{
+    fixtures,
+    probe::{self, Probe},
+    real_node::{self, RealNode},
+    scheduler_configuration, vgpu_binary,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+const NAMESPACE: &str = "default";
+const PLUGIN: &str = "kubelet-plugin";
+const MOCK: &str = "gpus:\n  - { uuid: GPU-DRA-0, name: NVIDIA A30, memoryMiB: 24576, computeCapability: '8.0', minor: 0 }\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control plane, the real node and root: run e2e/run.sh"]
+async fn the_real_kubelet_registers_the_dra_plugin_and_runs_a_claim_pod() {
+    claim_pod_on_the_real_node("the_real_kubelet_registers_the_dra_plugin_and_runs_a_claim_pod", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control plane, the real node and root: run e2e/run.sh"]
+async fn containerds_nri_runs_the_plugins_hook_and_it_reconnects_after_a_restart() {
+    claim_pod_on_the_real_node(
+        "containerds_nri_runs_the_plugins_hook_and_it_reconnects_after_a_restart",
+        true,
+    )
+    .await;
+}
+
+/// A claim of `{cores: 10, memory: 1Gi}` and its pod `name` running the probe.
+async fn create_claim_pod(client: &kube::Client, node: &RealNode, claim: &str, name: &str) {
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let capacity = json!({ "requests": { "cores": "10", "memory": "1Gi" } });
+    claims
+        .create(
+            &PostParams::default(),
+            &fixtures::dra_claim(NAMESPACE, claim, "vgpu-manager", &capacity).unwrap(),
+        )
+        .await
+        .unwrap();
+    let resources = json!({"claims": [{"name": "gpu"}]});
+    let spec = json!({"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]});
+    let pod = probe::pod(NAMESPACE, name, "cuda", node.busybox_image(), resources, spec).unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+}
+
+/// Waits for pod `name` to run and returns its probe.
+async fn running_probe(env: &vgpu_e2e::TestEnv, node: &RealNode, pods: &Api<Pod>, name: &str) -> Probe {
+    probe::running(env, node, pods, name, PLUGIN, TIMEOUT).await.unwrap_or_else(|e| panic!("{e:#}")).1
+}
+
+async fn claim_pod_on_the_real_node(test: &str, nri: bool) {
+    let Some(binaries) = real_node::locate_or_skip().unwrap() else { return };
+    let mut env = real_node::env_builder(test).start().await.unwrap();
+    let mut node = RealNode::builder().binaries(binaries).start(&env).await.unwrap();
+    let client = env.client().await.unwrap();
+    env.start_scheduler_with_config(&scheduler_configuration(env.kubeconfig_path(), &[])).await.unwrap();
+    fixtures::create_dra_device_classes(&client).await.unwrap();
+
+    let work = env.workdir().join("gpu-host");
+    let driver_root = work.join("driver-root");
+    probe::fake_device_nodes(&driver_root, &["nvidia0", "nvidiactl", "nvidia-uvm"]).unwrap();
+    let manager_dir = work.join("manager");
+    runtime_files::install(&manager_dir, "v1.0.0", b"not a real library: busybox is static").unwrap();
+    std::fs::write(work.join("mock.yaml"), MOCK).unwrap();
+    let mut args = vec![
+        "--backend=mock".to_owned(),
+        format!("--mock-config={}", work.join("mock.yaml").display()),
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
+        format!("--kubelet-registrar-directory-path={}", node.plugins_registry_dir().display()),
+        format!("--kubelet-plugins-directory-path={}", node.plugins_dir().display()),
+        format!("--cdi-root={}", node.cdi_dir().display()),
+        format!("--host-manager-dir={}", manager_dir.display()),
+        format!("--nvidia-driver-root={}", driver_root.display()),
+        format!("--container-driver-root={}", driver_root.display()),
+        "--healthcheck-port=0".to_owned(),
+    ];
+    let vars = vec![
+        ("NODE_NAME".to_owned(), node.node_name().to_owned()),
+        ("RUST_LOG".to_owned(), "info".to_owned()),
+        ("FEATURE_GATES".to_owned(), if nri { "NRISupport=true" } else { "" }.to_owned()),
+    ];
+    if nri {
+        // containerd's own NRI socket (`<nri-root>/nri.sock`).
+        args.push(format!("--nri-root={}", node.nri_socket().parent().unwrap().display()));
+    }
+    env.start_process(PLUGIN, &vgpu_binary("vgpu-kubelet-plugin").unwrap(), &args, &vars).unwrap();
+
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    env.poll("the plugin's ResourceSlice", TIMEOUT, || async {
+        let list = slices
+            .list(&ListParams::default().fields(&format!("spec.nodeName={}", node.node_name())))
+            .await
+            .ok()?;
+        list.items.into_iter().next()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", env.log_tail(PLUGIN, 40)));
+
+    // A claim of one vGPU share and a pod using it.
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    create_claim_pod(&client, &node, "share", "cuda").await;
+    let probe = running_probe(&env, &node, &pods, "cuda").await;
+    let kubelet_log = std::fs::read_to_string(node.kubelet_log()).unwrap_or_default();
+    assert!(!kubelet_log.contains("RegisterPlugin error"), "the kubelet failed a registration first");
+
+    let uid = claims.get("share").await.unwrap().metadata.uid.unwrap();
+    for (key, want) in [
+        ("CUDA_MEM_LIMIT_0", "1024m"),
+        ("CUDA_CORE_LIMIT_0", "10"),
+        ("MANAGER_VISIBLE_DEVICE_0", "GPU-DRA-0"),
+        ("MANAGER_VGPU_CLAIM_UID", uid.as_str()),
+        ("LD_PRELOAD", runtime_files::CONTAINER_LIBRARY),
+    ] {
+        assert_eq!(probe.env.get(key).map(String::as_str), Some(want), "{key} in {:?}", probe.env);
+    }
+    for target in ["/etc/ld.so.preload", runtime_files::CONTAINER_LIBRARY, "/etc/vgpu-manager/config"] {
+        assert!(probe.mounted(target), "{target} not mounted:\n{}", probe.mounts.join("\n"));
+    }
+    for name in ["nvidia0", "nvidiactl"] {
+        let line = probe.device(name).unwrap_or_else(|| panic!("/dev/{name} missing: {:?}", probe.dev));
+        assert!(line.starts_with('c'), "{line}");
+    }
+    let spec = node.cdi_dir().join(format!("k8s.manager.nvidia.com-claim_{uid}.json"));
+    assert!(spec.exists(), "{}", spec.display());
+    let claim_dir = manager_dir.join("claims").join(&uid);
+    assert!(claim_dir.is_dir(), "{}", claim_dir.display());
+    if nri {
+        // The CreateContainer adjustment: the pod's env and a partition of this container's own.
+        let pod_uid = pods.get("cuda").await.unwrap().metadata.uid.unwrap();
+        assert_eq!(probe.env.get("VGPU_POD_UID"), Some(&pod_uid), "{:?}", probe.env);
+        assert_eq!(probe.env.get("VGPU_CONTAINER_NAME").map(String::as_str), Some("cuda"));
+        assert!(
+            claim_dir.join(format!("{pod_uid}_cuda/config/pids.config")).exists(),
+            "{}",
+            claim_dir.display()
+        );
+
+        // containerd restarts: the plugin reconnects, a new container gets the adjustment again.
+        node.restart_containerd().await.unwrap();
+        // A container created before the plugin is back misses the hook (NRI calls only connected
+        // plugins): wait for the second registration.
+        let registrations = || {
+            let log = std::fs::read_to_string(env.log_path(PLUGIN)).unwrap_or_default();
+            log.matches("NRI plugin registered and configured").count()
+        };
+        env.poll("the NRI plugin registered again", TIMEOUT, || async {
+            (registrations() >= 2).then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(PLUGIN, 40), node.log_tails(40)));
+        create_claim_pod(&client, &node, "share-2", "cuda-2").await;
+        let second = running_probe(&env, &node, &pods, "cuda-2").await;
+        let pod_uid = pods.get("cuda-2").await.unwrap().metadata.uid.unwrap();
+        assert_eq!(
+            second.env.get("VGPU_POD_UID"),
+            Some(&pod_uid),
+            "{:?}\n{}",
+            second.env,
+            env.log_tail(PLUGIN, 40)
+        );
+        pods.delete("cuda-2", &DeleteParams::default()).await.unwrap();
+    } else {
+        // Without NRI the claim's CDI spec carries the one partition; the pod env is the device plugin's.
+        assert!(!probe.env.contains_key("VGPU_POD_UID"), "{:?}", probe.env);
+    }
+
+    // Deleted: the kubelet unprepares the claim.
+    pods.delete("cuda", &DeleteParams::default()).await.unwrap();
+    env.poll("the claim unprepared (CDI spec and partition removed)", TIMEOUT, || async {
+        (!spec.exists() && !claim_dir.exists()).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(PLUGIN, 40), node.log_tails(40)));
+    node.stop().unwrap();
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    env.finish();
+}
