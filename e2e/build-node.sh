@@ -58,7 +58,9 @@ if (( ${#missing[@]} > 0 )); then
   sudo_cmd=()
   if [[ $(id -u) != 0 ]] && command -v sudo >/dev/null; then sudo_cmd=(sudo -n); fi
   apt_install() {
-    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+    # Waits for a concurrent apt-get (CI installs prometheus in the background) instead of failing.
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get -o DPkg::Lock::Timeout=300 install -y -q \
+      --no-install-recommends "${missing[@]}"
   }
   if ! apt_install >&2; then
     "${sudo_cmd[@]}" apt-get update -q >&2
