@@ -13,7 +13,9 @@
 //!
 //! The API server must reach the kubelet by `InternalIP` (for logs, exec): start the environment with
 //! [`env_builder`] (or add [`KUBELET_ADDRESS_TYPES_ARG`] yourself). Declare the node after the
-//! environment, so that it is dropped (torn down) first.
+//! environment, so that it is dropped (torn down) first. Run one real node at a time on a host (the e2e
+//! tests run one at a time): the kubelet's iptables chains and kernel settings are the host's, and a node's
+//! teardown deletes and restores them.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
