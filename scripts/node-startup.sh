@@ -21,7 +21,7 @@ if [[ -z "${VGPU_E2E_NODE_DIR:-}" ]]; then
   VGPU_E2E_NODE_DIR="$(e2e/build-node.sh | tail -n1)"
   export VGPU_E2E_NODE_DIR
 fi
-target="${CARGO_TARGET_DIR:-target}"
+target="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
 cargo build --release -p vgpu-bins --bin vgpu-scheduler-extender --bin vgpu-device-plugin --bin vgpu-kubelet-plugin
 export VGPU_E2E_VGPU_BIN_DIR="$target/release"
 VGPU_NODE_STARTUP_PODS="$pods" timeout 1800 \

@@ -938,16 +938,21 @@ imports = []
                 self.sandbox_ids.insert(id.clone());
             }
         }
+        // One by one: a task that exits (or a container removed) between the listing and the delete fails
+        // its own command only; what is still listed afterwards is the error.
+        for task in self.task_ids()? {
+            let _ = self.ctr(&["tasks", "delete", "--force", &task]);
+        }
         let tasks = self.task_ids()?;
         if !tasks.is_empty() {
-            let mut args = vec!["tasks", "delete", "--force"];
-            args.extend(tasks.iter().map(String::as_str));
-            self.ctr(&args)?;
+            bail!("tasks still in containerd after deleting them: {tasks:?}");
         }
-        if !containers.is_empty() {
-            let mut args = vec!["containers", "delete"];
-            args.extend(containers.iter().map(String::as_str));
-            self.ctr(&args)?;
+        for container in &containers {
+            let _ = self.ctr(&["containers", "delete", container]);
+        }
+        let left = self.container_ids()?;
+        if !left.is_empty() {
+            bail!("containers still in containerd after deleting them: {left:?}");
         }
         Ok(())
     }
