@@ -50,12 +50,10 @@ async fn wait_running(env: &vgpu_e2e::TestEnv, node: &RealNode, pods: &Api<Pod>,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control plane, the real node and root: run e2e/run.sh"]
-async fn the_real_kubelet_runs_a_vgpu_pod_through_the_device_plugin() {
+async fn real_node_runs_a_vgpu_pod_through_the_device_plugin() {
     let Some(binaries) = real_node::locate_or_skip().unwrap() else { return };
-    let mut env = real_node::env_builder("the_real_kubelet_runs_a_vgpu_pod_through_the_device_plugin")
-        .start()
-        .await
-        .unwrap();
+    let mut env =
+        real_node::env_builder("real_node_runs_a_vgpu_pod_through_the_device_plugin").start().await.unwrap();
     let mut node = RealNode::builder().binaries(binaries).start(&env).await.unwrap();
     let client = env.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);

@@ -40,18 +40,15 @@ const MOCK: &str = "gpus:\n  - { uuid: GPU-DRA-0, name: NVIDIA A30, memoryMiB: 2
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control plane, the real node and root: run e2e/run.sh"]
-async fn the_real_kubelet_registers_the_dra_plugin_and_runs_a_claim_pod() {
-    claim_pod_on_the_real_node("the_real_kubelet_registers_the_dra_plugin_and_runs_a_claim_pod", false).await;
+async fn real_node_registers_the_dra_plugin_and_runs_a_claim_pod() {
+    claim_pod_on_the_real_node("real_node_registers_the_dra_plugin_and_runs_a_claim_pod", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control plane, the real node and root: run e2e/run.sh"]
-async fn containerds_nri_runs_the_plugins_hook_and_it_reconnects_after_a_restart() {
-    claim_pod_on_the_real_node(
-        "containerds_nri_runs_the_plugins_hook_and_it_reconnects_after_a_restart",
-        true,
-    )
-    .await;
+async fn real_node_nri_runs_the_plugins_hook_and_it_reconnects_after_a_restart() {
+    claim_pod_on_the_real_node("real_node_nri_runs_the_plugins_hook_and_it_reconnects_after_a_restart", true)
+        .await;
 }
 
 /// A claim of `{cores: 10, memory: 1Gi}` and its pod `name` running the probe.
