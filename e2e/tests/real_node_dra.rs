@@ -121,6 +121,14 @@ async fn claim_pod_on_the_real_node(test: &str, nri: bool) {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", env.log_tail(PLUGIN, 40)));
+    // Registered with the kubelet before a pod needs it: a pod the kubelet sees first fails "DRA driver ...
+    // is not registered" and is retried only at its next sync, a minute or more later.
+    env.poll("the kubelet's registration of the plugin", TIMEOUT, || async {
+        let log = std::fs::read_to_string(env.log_path(PLUGIN)).ok()?;
+        log.contains("registered with the kubelet").then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(PLUGIN, 40), node.log_tails(40)));
 
     // A claim of one vGPU share and a pod using it.
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
@@ -189,15 +197,37 @@ async fn claim_pod_on_the_real_node(test: &str, nri: bool) {
     } else {
         // Without NRI the claim's CDI spec carries the one partition; the pod env is the device plugin's.
         assert!(!probe.env.contains_key("VGPU_POD_UID"), "{:?}", probe.env);
+
+        // The plugin is SIGKILLed and started again: the kubelet registers the new one (its registration
+        // socket is new), the running pod is untouched, and the Unprepare below reaches the new process,
+        // which finds the claim in its checkpoint.
+        env.kill_process(PLUGIN).unwrap();
+        env.start_process(PLUGIN, &vgpu_binary("vgpu-kubelet-plugin").unwrap(), &args, &vars).unwrap();
+        let kubelet_log = node.kubelet_log();
+        let registrations = || {
+            let log = std::fs::read_to_string(&kubelet_log).unwrap_or_default();
+            log.matches("OperationExecutor.RegisterPlugin started").count()
+        };
+        env.poll("the kubelet registering the restarted plugin", TIMEOUT, || async {
+            (registrations() >= 2).then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(PLUGIN, 40), node.log_tails(40)));
+        let pod = pods.get("cuda").await.unwrap();
+        let restarts = pod.status.and_then(|s| s.container_statuses).map(|c| c[0].restart_count);
+        assert_eq!(restarts, Some(0));
     }
 
     // Deleted: the kubelet unprepares the claim.
     pods.delete("cuda", &DeleteParams::default()).await.unwrap();
-    env.poll("the claim unprepared (CDI spec and partition removed)", TIMEOUT, || async {
-        (!spec.exists() && !claim_dir.exists()).then_some(())
+    // Unprepare removes the spec, then the partition, then the checkpoint entry (the last write).
+    let checkpoint = node.plugins_dir().join("manager.nvidia.com/checkpoint.json");
+    let recorded = || std::fs::read_to_string(&checkpoint).unwrap_or_default();
+    env.poll("the claim unprepared (CDI spec, partition and checkpoint entry removed)", TIMEOUT, || async {
+        (!spec.exists() && !claim_dir.exists() && !recorded().contains(&uid)).then_some(())
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(PLUGIN, 40), node.log_tails(40)));
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}\n{}", recorded(), env.log_tail(PLUGIN, 40), node.log_tails(40)));
     node.stop().unwrap();
     assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
     env.finish();

@@ -184,6 +184,12 @@ async fn pod_startup_on_the_real_node() {
     })
     .await
     .unwrap();
+    env.poll("the kubelet's registration of the DRA plugin", TIMEOUT, || async {
+        let log = std::fs::read_to_string(env.log_path("kubelet-plugin")).ok()?;
+        log.contains("registered with the kubelet").then_some(())
+    })
+    .await
+    .unwrap();
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     env.poll("vgpu-number advertised", TIMEOUT, || async {
         let alloc = nodes.get(node.node_name()).await.ok()?.status?.allocatable?;
