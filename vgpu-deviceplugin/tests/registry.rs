@@ -125,6 +125,28 @@ async fn registers_the_callers_container_pids() {
     assert!(!socket.exists(), "socket removed on stop");
 }
 
+/// A client that sends the socket's path as the HTTP/2 `:authority`, as grpc-go clients dialing a bare path
+/// do (issue #31), is answered, not reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_authority_reaches_the_registry() {
+    use prost::Message as _;
+    let root = tempfile::tempdir().unwrap();
+    let running = serve_registry(setup(root.path(), CgroupDriver::Systemd)).unwrap();
+    let answer = vgpu_deviceplugin::authority::call::call(
+        &running.socket,
+        &running.socket.display().to_string(),
+        "/registry.VDeviceRegistry/RegisterContainerDevice",
+        &request(UID, "main").encode_to_vec(),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    assert_eq!((answer.reset, answer.grpc_status()), (None, Some(0)), "{answer:?}");
+    let pids = root.path().join(format!("manager/{UID}_main/config/pids.config"));
+    assert_eq!(std::fs::read_to_string(pids).unwrap(), "17\n4242\n");
+    running.stop().await;
+}
+
 /// A resolver of fixed register UUIDs (the DRA kubelet plugin provides one from its prepared claims).
 #[derive(Debug)]
 struct Fixed(Vec<(&'static str, RegisterTarget)>);
