@@ -167,6 +167,72 @@ pub async fn running(
     Ok((pod, probe))
 }
 
+/// The host side of a real node's fake GPUs: a driver root whose `dev/` holds `nvidia0..<gpus>`,
+/// `nvidiactl` and `nvidia-uvm` ([`fake_device_nodes`]), and the manager directory the plugins share with
+/// containers.
+#[derive(Debug, Clone)]
+pub struct GpuHost {
+    /// `--host-driver-root` and `--container-driver-root` of both plugins.
+    pub driver_root: std::path::PathBuf,
+    /// `--manager-dir` / `--host-manager-dir`.
+    pub manager_dir: std::path::PathBuf,
+}
+
+impl GpuHost {
+    /// Creates `<dir>/driver-root` with `gpus` fake GPU nodes and the control nodes, and `<dir>/manager`
+    /// (empty: the runtime files are the test's to install).
+    pub fn create(dir: &Path, gpus: u32) -> Result<Self> {
+        let driver_root = dir.join("driver-root");
+        let names: Vec<String> = (0..gpus)
+            .map(|i| format!("nvidia{i}"))
+            .chain(["nvidiactl".into(), "nvidia-uvm".into()])
+            .collect();
+        fake_device_nodes(&driver_root, &names.iter().map(String::as_str).collect::<Vec<_>>())?;
+        let manager_dir = dir.join("manager");
+        std::fs::create_dir_all(&manager_dir)
+            .with_context(|| format!("creating {}", manager_dir.display()))?;
+        Ok(Self { driver_root, manager_dir })
+    }
+
+    /// `vgpu-device-plugin`'s arguments for `node` with the mock backend described by `mock`: the kubelet's
+    /// folders and sockets, this host's folders, the environment's kubeconfig.
+    pub fn device_plugin_args(&self, env: &TestEnv, node: &RealNode, mock: &Path) -> Vec<String> {
+        let path = |p: &Path| p.display().to_string();
+        vec![
+            "--backend=mock".to_owned(),
+            format!("--mock-config={}", path(mock)),
+            format!("--node-name={}", node.node_name()),
+            format!("--kubeconfig={}", path(env.kubeconfig_path())),
+            format!("--device-plugin-path={}", path(&node.device_plugin_dir())),
+            format!("--kubelet-root={}", path(&node.root_dir())),
+            format!("--pod-resources-socket={}", path(&node.pod_resources_socket())),
+            format!("--manager-dir={}", path(&self.manager_dir)),
+            format!("--host-manager-dir={}", path(&self.manager_dir)),
+            format!("--host-driver-root={}", path(&self.driver_root)),
+            format!("--container-driver-root={}", path(&self.driver_root)),
+        ]
+    }
+
+    /// `vgpu-kubelet-plugin`'s arguments for `node` with the mock backend described by `mock` (its node name
+    /// goes in the `NODE_NAME` env): the kubelet's plugin folders, containerd's CDI folder, this host's
+    /// folders, no health-check port.
+    pub fn kubelet_plugin_args(&self, env: &TestEnv, node: &RealNode, mock: &Path) -> Vec<String> {
+        let path = |p: &Path| p.display().to_string();
+        vec![
+            "--backend=mock".to_owned(),
+            format!("--mock-config={}", path(mock)),
+            format!("--kubeconfig={}", path(env.kubeconfig_path())),
+            format!("--kubelet-registrar-directory-path={}", path(&node.plugins_registry_dir())),
+            format!("--kubelet-plugins-directory-path={}", path(&node.plugins_dir())),
+            format!("--cdi-root={}", path(&node.cdi_dir())),
+            format!("--host-manager-dir={}", path(&self.manager_dir)),
+            format!("--nvidia-driver-root={}", path(&self.driver_root)),
+            format!("--container-driver-root={}", path(&self.driver_root)),
+            "--healthcheck-port=0".to_owned(),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

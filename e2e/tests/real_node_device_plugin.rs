@@ -61,30 +61,14 @@ async fn real_node_runs_a_vgpu_pod_through_the_device_plugin() {
 
     // The GPUs' device nodes: fake character devices under a driver root of the test's own.
     let work = env.workdir().join("gpu-host");
-    let driver_root = work.join("driver-root");
-    probe::fake_device_nodes(
-        &driver_root,
-        &["nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"],
-    )
-    .unwrap();
-    let manager_dir = work.join("manager");
-    std::fs::create_dir_all(&manager_dir).unwrap();
-    let args = vec![
-        "--backend=mock".to_owned(),
-        format!("--mock-config={}", mock_description().display()),
-        format!("--node-name={}", node.node_name()),
-        format!("--kubeconfig={}", env.kubeconfig_path().display()),
-        format!("--device-plugin-path={}", node.device_plugin_dir().display()),
-        format!("--kubelet-root={}", node.root_dir().display()),
-        format!("--pod-resources-socket={}", node.pod_resources_socket().display()),
-        format!("--manager-dir={}", manager_dir.display()),
-        format!("--host-manager-dir={}", manager_dir.display()),
-        format!("--host-driver-root={}", driver_root.display()),
-        format!("--container-driver-root={}", driver_root.display()),
+    let host = probe::GpuHost::create(&work, 4).unwrap();
+    let manager_dir = host.manager_dir.clone();
+    let mut args = host.device_plugin_args(&env, &node, &mock_description());
+    args.extend([
         format!("--device-split-count={SPLIT}"),
         "--node-publish-interval=2".to_owned(),
         "--feature-gates=HonorPreAllocatedDeviceIDs=true".to_owned(),
-    ];
+    ]);
     env.start_process(
         DEVICE_PLUGIN,
         &vgpu_binary(DEVICE_PLUGIN).unwrap(),

@@ -83,23 +83,11 @@ async fn claim_pod_on_the_real_node(test: &str, nri: bool) {
     fixtures::create_dra_device_classes(&client).await.unwrap();
 
     let work = env.workdir().join("gpu-host");
-    let driver_root = work.join("driver-root");
-    probe::fake_device_nodes(&driver_root, &["nvidia0", "nvidiactl", "nvidia-uvm"]).unwrap();
-    let manager_dir = work.join("manager");
+    let host = probe::GpuHost::create(&work, 1).unwrap();
+    let manager_dir = host.manager_dir.clone();
     runtime_files::install(&manager_dir, "v1.0.0", b"not a real library: busybox is static").unwrap();
     std::fs::write(work.join("mock.yaml"), MOCK).unwrap();
-    let mut args = vec![
-        "--backend=mock".to_owned(),
-        format!("--mock-config={}", work.join("mock.yaml").display()),
-        format!("--kubeconfig={}", env.kubeconfig_path().display()),
-        format!("--kubelet-registrar-directory-path={}", node.plugins_registry_dir().display()),
-        format!("--kubelet-plugins-directory-path={}", node.plugins_dir().display()),
-        format!("--cdi-root={}", node.cdi_dir().display()),
-        format!("--host-manager-dir={}", manager_dir.display()),
-        format!("--nvidia-driver-root={}", driver_root.display()),
-        format!("--container-driver-root={}", driver_root.display()),
-        "--healthcheck-port=0".to_owned(),
-    ];
+    let mut args = host.kubelet_plugin_args(&env, &node, &work.join("mock.yaml"));
     let vars = vec![
         ("NODE_NAME".to_owned(), node.node_name().to_owned()),
         ("RUST_LOG".to_owned(), "info".to_owned()),

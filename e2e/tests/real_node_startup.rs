@@ -114,16 +114,10 @@ async fn pod_startup_on_the_real_node() {
 
     // Fake GPUs for both plugins, the runtime files, then the plugins.
     let work = env.workdir().join("gpu-host");
-    let driver_root = work.join("driver-root");
     // Ten pods a GPU for each plugin (split 10; claims of 10 % cores), the warm-up pod included.
     let gpus = u32::try_from((count + 1).div_ceil(10)).unwrap();
-    let names: Vec<String> = (0..2 * gpus)
-        .map(|i| format!("nvidia{i}"))
-        .chain(["nvidiactl".into(), "nvidia-uvm".into()])
-        .collect();
-    probe::fake_device_nodes(&driver_root, &names.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
-    let manager_dir = work.join("manager");
-    runtime_files::install(&manager_dir, "v1.0.0", b"not a real library").unwrap();
+    let host = probe::GpuHost::create(&work, 2 * gpus).unwrap();
+    runtime_files::install(&host.manager_dir, "v1.0.0", b"not a real library").unwrap();
     let mock = |prefix: &str, name: &str, first: u32| {
         let mut yaml = String::from("gpus:\n");
         for i in 0..gpus {
@@ -136,46 +130,17 @@ async fn pod_startup_on_the_real_node() {
     };
     std::fs::write(work.join("dp.yaml"), mock("DP", "NVIDIA A30", 0)).unwrap();
     std::fs::write(work.join("dra.yaml"), mock("DRA", "NVIDIA A30", gpus)).unwrap();
-    let path = |p: &std::path::Path| p.display().to_string();
-    env.start_process(
-        DEVICE_PLUGIN,
-        &vgpu_binary(DEVICE_PLUGIN).unwrap(),
-        &[
-            "--backend=mock".to_owned(),
-            format!("--mock-config={}", path(&work.join("dp.yaml"))),
-            format!("--node-name={}", node.node_name()),
-            format!("--kubeconfig={}", path(env.kubeconfig_path())),
-            format!("--device-plugin-path={}", path(&node.device_plugin_dir())),
-            format!("--kubelet-root={}", path(&node.root_dir())),
-            format!("--pod-resources-socket={}", path(&node.pod_resources_socket())),
-            format!("--manager-dir={}", path(&manager_dir)),
-            format!("--host-manager-dir={}", path(&manager_dir)),
-            format!("--host-driver-root={}", path(&driver_root)),
-            format!("--container-driver-root={}", path(&driver_root)),
-            "--device-split-count=10".to_owned(),
-            "--feature-gates=HonorPreAllocatedDeviceIDs=true".to_owned(),
-        ],
-        &[],
-    )
-    .unwrap();
-    env.start_process(
-        "kubelet-plugin",
-        &vgpu_binary("vgpu-kubelet-plugin").unwrap(),
-        &[
-            "--backend=mock".to_owned(),
-            format!("--mock-config={}", path(&work.join("dra.yaml"))),
-            format!("--kubeconfig={}", path(env.kubeconfig_path())),
-            format!("--kubelet-registrar-directory-path={}", path(&node.plugins_registry_dir())),
-            format!("--kubelet-plugins-directory-path={}", path(&node.plugins_dir())),
-            format!("--cdi-root={}", path(&node.cdi_dir())),
-            format!("--host-manager-dir={}", path(&manager_dir)),
-            format!("--nvidia-driver-root={}", path(&driver_root)),
-            format!("--container-driver-root={}", path(&driver_root)),
-            "--healthcheck-port=0".to_owned(),
-        ],
-        &[("NODE_NAME".to_owned(), node.node_name().to_owned()), ("FEATURE_GATES".to_owned(), String::new())],
-    )
-    .unwrap();
+    let mut dp_args = host.device_plugin_args(&env, &node, &work.join("dp.yaml"));
+    dp_args.extend([
+        "--device-split-count=10".to_owned(),
+        "--feature-gates=HonorPreAllocatedDeviceIDs=true".to_owned(),
+    ]);
+    env.start_process(DEVICE_PLUGIN, &vgpu_binary(DEVICE_PLUGIN).unwrap(), &dp_args, &[]).unwrap();
+    let dra_args = host.kubelet_plugin_args(&env, &node, &work.join("dra.yaml"));
+    let dra_vars =
+        [("NODE_NAME".to_owned(), node.node_name().to_owned()), ("FEATURE_GATES".to_owned(), String::new())];
+    env.start_process("kubelet-plugin", &vgpu_binary("vgpu-kubelet-plugin").unwrap(), &dra_args, &dra_vars)
+        .unwrap();
     start_vgpu_scheduling(&mut env).await.unwrap();
     fixtures::create_dra_device_classes(&client).await.unwrap();
     let slices: Api<ResourceSlice> = Api::all(client.clone());
