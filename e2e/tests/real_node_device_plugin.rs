@@ -24,7 +24,10 @@ use kube::{
 use serde_json::json;
 use vgpu_core::{abi::runtime_files, abi::vgpu_config, codec::pod_devices, domain::ResourceDomain};
 use vgpu_deviceplugin::{
-    api::podresources::{ListPodResourcesRequest, pod_resources_lister_client::PodResourcesListerClient},
+    api::podresources::{
+        AllocatableResourcesRequest, ListPodResourcesRequest,
+        pod_resources_lister_client::PodResourcesListerClient,
+    },
     registration::connect_unix,
 };
 use vgpu_e2e::{
@@ -189,7 +192,40 @@ async fn real_node_runs_a_vgpu_pod_through_the_device_plugin() {
     let restarts = |pod: &Pod| {
         pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).map(|c| c[0].restart_count)
     };
+    let restarted_at = k8s_openapi::jiff::Timestamp::now();
     node.restart_kubelet().await.unwrap();
+    // A restarted kubelet restores its checkpoint with no healthy device until the plugin registers again
+    // and sends ListAndWatch: a pod admitted before that fails "no healthy devices present" (upstream
+    // behaviour). The kubelet's pod-resources `GetAllocatableResources` lists only healthy devices, so it
+    // says when the plugin is back.
+    env.poll("the kubelet's healthy vgpu-number devices after its restart", TIMEOUT, || async {
+        let channel = connect_unix(&node.pod_resources_socket(), Duration::from_secs(5)).await.ok()?;
+        let answer = PodResourcesListerClient::new(channel)
+            .get_allocatable_resources(AllocatableResourcesRequest {})
+            .await
+            .ok()?
+            .into_inner();
+        let healthy: usize = answer
+            .devices
+            .iter()
+            .filter(|d| d.resource_name == VGPU_NUMBER)
+            .map(|d| d.device_ids.len())
+            .sum();
+        (healthy == 12).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(DEVICE_PLUGIN, 40), node.log_tails(40)));
+    // The restarted kubelet first posts the Node with no vgpu-number (kube-scheduler would then hold a new
+    // pod as unschedulable), then the plugin's 12 at its next status update: wait for a post of 12 made after
+    // the restart (the Ready condition's heartbeat, whole seconds, so strictly later than the restart's second).
+    env.poll("the Node's vgpu-number allocatable posted by the restarted kubelet", TIMEOUT, || async {
+        let status = nodes.get(node.node_name()).await.ok()?.status?;
+        let heartbeat = status.conditions?.into_iter().find(|c| c.type_ == "Ready")?.last_heartbeat_time?.0;
+        let posted_after = heartbeat.as_second() > restarted_at.as_second();
+        (posted_after && status.allocatable?.get(VGPU_NUMBER) == Some(&Quantity("12".into()))).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", node.log_tails(40)));
     pods.create(&PostParams::default(), &probe_pod("after-restart", node.busybox_image())).await.unwrap();
     wait_running(&env, &node, &pods, "after-restart").await;
     let again = pods.get("vgpu").await.unwrap();
