@@ -1,0 +1,1 @@
+//! vgpu-kube: the Kubernetes client set-up every vgpu binary shares.
