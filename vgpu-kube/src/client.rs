@@ -43,7 +43,9 @@ pub enum ClientError {
     )]
     Infer(#[source] kube::config::InferConfigError),
     /// `--master` is not a URL.
-    #[error("--master {value:?} is not an API server URL (expected https://host[:port] or host:port): {reason}")]
+    #[error(
+        "--master {value:?} is not an API server URL (expected https://host[:port] or host:port): {reason}"
+    )]
     Master {
         /// The flag's value.
         value: String,
@@ -162,10 +164,10 @@ pub fn parse_master(value: &str) -> Result<http::Uri, ClientError> {
     let authority = uri.authority().map_or("", |a| a.as_str());
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
     let port = host_port.rsplit_once(':').filter(|(host, _)| !host.starts_with('[') || host.ends_with(']'));
-    if let Some((_, port)) = port {
-        if port.parse::<u16>().is_err() {
-            return Err(refuse("the port must be a number 0-65535"));
-        }
+    if let Some((_, port)) = port
+        && port.parse::<u16>().is_err()
+    {
+        return Err(refuse("the port must be a number 0-65535"));
     }
     if uri.query().is_some() {
         return Err(refuse("a query is not allowed"));

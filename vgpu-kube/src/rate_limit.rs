@@ -41,7 +41,9 @@ pub enum RateLimitError {
     #[error("--kube-api-qps {0} is not a finite number (expected e.g. 20, 0.5; < 0 turns the limit off)")]
     NotFinite(f32),
     /// The QPS is so small that a full bucket (`burst` periods of `1/qps`) lasts more than 584 years.
-    #[error("--kube-api-qps {qps} with --kube-api-burst {burst} is out of range (burst / qps must be under 584 years)")]
+    #[error(
+        "--kube-api-qps {qps} with --kube-api-burst {burst} is out of range (burst / qps must be under 584 years)"
+    )]
     OutOfRange {
         /// The QPS.
         qps: f32,
@@ -86,7 +88,8 @@ impl TokenBucket {
             return Ok(Self::unlimited());
         }
         let qps = if qps == 0.0 { CLIENT_GO_DEFAULT_QPS } else { qps };
-        let burst = NonZeroU32::new(if burst == 0 { CLIENT_GO_DEFAULT_BURST } else { burst }).unwrap_or(NonZeroU32::MIN);
+        let burst = NonZeroU32::new(if burst == 0 { CLIENT_GO_DEFAULT_BURST } else { burst })
+            .unwrap_or(NonZeroU32::MIN);
         let out_of_range = RateLimitError::OutOfRange { qps, burst: burst.get() };
         // governor counts in u64 nanoseconds (and panics past them): the whole bucket must fit.
         let period = Duration::try_from_secs_f64(1.0 / f64::from(qps)).map_err(|_| out_of_range.clone())?;
@@ -95,8 +98,15 @@ impl TokenBucket {
             return Err(out_of_range);
         }
         // `with_period` refuses only a zero period: a QPS above 1e9 refills every nanosecond.
-        let quota = Quota::with_period(period.max(Duration::from_nanos(1))).ok_or(out_of_range)?.allow_burst(burst);
-        Ok(Self { inner: Some(Arc::new(Bucket { limiter: DefaultDirectRateLimiter::direct(quota), qps, burst: burst.get() })) })
+        let quota =
+            Quota::with_period(period.max(Duration::from_nanos(1))).ok_or(out_of_range)?.allow_burst(burst);
+        Ok(Self {
+            inner: Some(Arc::new(Bucket {
+                limiter: DefaultDirectRateLimiter::direct(quota),
+                qps,
+                burst: burst.get(),
+            })),
+        })
     }
 
     /// A bucket that never delays (client-go with a negative QPS).
@@ -184,7 +194,11 @@ impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
             Permit::Waiting(_) => "waiting",
             Permit::Held => "held",
         };
-        f.debug_struct("RateLimit").field("inner", &self.inner).field("bucket", &self.bucket).field("permit", &permit).finish()
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("bucket", &self.bucket)
+            .field("permit", &permit)
+            .finish()
     }
 }
 
@@ -249,12 +263,12 @@ mod tests {
         // tokens at first.
         #[test]
         fn any_rate_is_a_bucket_or_an_error(qps in proptest::num::f32::ANY, burst in 0u32..10_000) {
-            if let Ok(bucket) = TokenBucket::new(qps, burst) {
-                if let Some((_, b)) = bucket.rate() {
-                    let limiter = &bucket.inner.as_ref().unwrap().limiter;
-                    for _ in 0..b.min(64) {
-                        prop_assert!(limiter.check().is_ok());
-                    }
+            if let Ok(bucket) = TokenBucket::new(qps, burst)
+                && let Some((_, b)) = bucket.rate()
+            {
+                let limiter = &bucket.inner.as_ref().unwrap().limiter;
+                for _ in 0..b.min(64) {
+                    prop_assert!(limiter.check().is_ok());
                 }
             }
         }
