@@ -6,6 +6,7 @@
 mod oracle;
 
 use proptest::prelude::*;
+use vgpu_core::alloc::NodeLinks;
 use vgpu_core::topology::{
     Allocator, BestEffortPolicy, DeviceTopology, GpuSetError, MAX_AVAILABLE, P2PLinkType, Topology,
 };
@@ -261,5 +262,90 @@ proptest! {
             }
             (got, want) => prop_assert!(false, "optimizer {:?} vs oracle {:?}", got, want),
         }
+    }
+}
+
+/// A symmetric topology of `n` GPUs and a copy where GPU `from` lists `other` (nothing when empty) for GPU
+/// `to` instead, chosen so the pair's two directions disagree.
+#[derive(Debug, Clone)]
+struct AsymmetricCase {
+    n: usize,
+    symmetric: DeviceTopology,
+    asymmetric: DeviceTopology,
+    pair: (usize, usize),
+}
+
+fn sorted(links: Option<&Vec<P2PLinkType>>) -> Vec<P2PLinkType> {
+    let mut v = links.cloned().unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+fn arb_asymmetric_case() -> impl Strategy<Value = AsymmetricCase> {
+    (2usize..=8).prop_flat_map(|n| {
+        (proptest::collection::vec(link_list(), n * (n - 1) / 2), 0..n, 1..n, link_list()).prop_filter_map(
+            "the edit leaves the pair symmetric",
+            move |(links, from, offset, other)| {
+                let to = (from + offset) % n;
+                let mut it = links.into_iter();
+                let symmetric = oracle::symmetric(n, |_, _| it.next().unwrap_or_default());
+                let mut asymmetric = symmetric.clone();
+                let row = &mut asymmetric.gpus[from].links;
+                if other.is_empty() {
+                    row.remove(&to);
+                } else {
+                    row.insert(to, other);
+                }
+                let forward = sorted(asymmetric.gpus[from].links.get(&to));
+                let backward = sorted(asymmetric.gpus[to].links.get(&from));
+                (forward != backward).then_some(AsymmetricCase {
+                    n,
+                    symmetric,
+                    asymmetric,
+                    pair: (from.min(to), from.max(to)),
+                })
+            },
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// One asymmetric pair never drops the topology: the strict constructor refuses it naming the pair, the
+    /// lenient one (the scheduler's, through [`NodeLinks`]) scores exactly that pair 0 and keeps every other
+    /// pair's score and strongest link.
+    #[test]
+    fn one_asymmetric_pair_never_drops_the_other_pairs(case in arb_asymmetric_case()) {
+        let (a, b) = case.pair;
+        let strict = Topology::new(&case.asymmetric).unwrap_err();
+        prop_assert!(
+            matches!(strict, vgpu_core::topology::TopologyError::Asymmetric { a: x, b: y, .. } if (x, y) == (a, b)),
+            "{}", strict
+        );
+        let want = Topology::new(&case.symmetric).unwrap();
+        let got = Topology::new_lenient(&case.asymmetric).unwrap();
+        let pairs: Vec<(usize, usize)> = got.asymmetric_pairs().iter().map(|p| (p.a, p.b)).collect();
+        prop_assert_eq!(pairs, vec![(a, b)]);
+        let want_links = NodeLinks::new(&case.symmetric).unwrap();
+        let got_links = NodeLinks::new(&case.asymmetric).unwrap();
+        prop_assert_eq!(got_links.asymmetric_pairs(), got.asymmetric_pairs());
+        for x in 0..case.n {
+            for y in 0..case.n {
+                let (gx, gy) = (x as u32, y as u32);
+                if (x.min(y), x.max(y)) == (a, b) {
+                    prop_assert_eq!(got.pair_score(x, y), Ok(0));
+                    prop_assert_eq!(got_links.pair_score(gx, gy), 0);
+                    prop_assert_eq!(got_links.strongest(gx, gy), 0);
+                } else {
+                    prop_assert_eq!(got.pair_score(x, y), want.pair_score(x, y), "pair {}-{}", x, y);
+                    prop_assert_eq!(got_links.pair_score(gx, gy), want_links.pair_score(gx, gy));
+                    prop_assert_eq!(got_links.strongest(gx, gy), want_links.strongest(gx, gy));
+                }
+            }
+        }
+        let all: Vec<usize> = (0..case.n).collect();
+        let lost = want.pair_score(a, b).unwrap();
+        prop_assert_eq!(got.set_score(&all).unwrap(), want.set_score(&all).unwrap() - lost);
     }
 }

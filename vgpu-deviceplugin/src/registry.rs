@@ -549,9 +549,12 @@ pub fn serve_registry_with(
     let socket = config.socket();
     let dir = socket.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     if !dir.exists() {
-        std::fs::create_dir_all(&dir).map_err(io(&dir, "create registry directory"))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
-            .map_err(io(&dir, "chmod 0711"))?;
+        // Never through a symbolic link planted meanwhile (it is refused, its target keeps its mode).
+        vgpu_core::abi::perms::create_dir_all_mode(&dir, 0o711).map_err(|e| ServerError::Io {
+            path: e.path().to_path_buf(),
+            action: "create registry directory (mode 0711)",
+            source: std::io::Error::other(e),
+        })?;
     }
     let mode = std::fs::metadata(&dir).map_err(io(&dir, "stat registry directory"))?.permissions().mode();
     if mode & 0o022 != 0 {

@@ -581,11 +581,10 @@ fn mount(container: &str, host: &Path, read_only: bool) -> Mount {
     Mount { container_path: container.to_owned(), host_path: host.display().to_string(), read_only }
 }
 
+/// Creates a per-container directory with mode 0777 (the container's processes, of any user, write it),
+/// refusing a symbolic link planted at `path` rather than widening its target's mode.
 fn make_dir(path: &Path) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(path).map_err(|e| format!("{}: create directory: {e}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))
-        .map_err(|e| format!("{}: chmod 0777: {e}", path.display()))
+    vgpu_core::abi::perms::create_dir_all_mode(path, 0o777).map_err(|e| e.to_string())
 }
 
 fn remove_if_present(path: &Path) -> Result<(), String> {

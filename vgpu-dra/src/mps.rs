@@ -430,12 +430,11 @@ impl MpsMode {
     }
 }
 
+/// Creates an MPS directory (the pipe directory is mounted into the claim's containers) with `mode`, refusing
+/// a symbolic link planted at `path` rather than changing its target's mode.
 fn make_dir(path: &Path, mode: u32) -> Result<(), ModeError> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(path)
-        .map_err(|e| ModeError::host(MODE, format!("create {}", path.display()), e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| ModeError::host(MODE, format!("chmod {mode:o} {}", path.display()), e))
+    vgpu_core::abi::perms::create_dir_all_mode(path, mode)
+        .map_err(|e| ModeError::host(MODE, format!("create {} with mode {mode:o}", path.display()), e))
 }
 
 impl ClaimMode for MpsMode {
@@ -611,6 +610,30 @@ mod tests {
             pinned_limits_mib: BTreeMap::from([("GPU-a".into(), 1024), ("GPU-b".into(), 512)]),
             multi_user: false,
         }
+    }
+
+    #[test]
+    fn make_dir_sets_the_mode_and_refuses_a_planted_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipe = dir.path().join("mps/uid-1/pipe");
+        make_dir(&pipe, 0o1777).unwrap();
+        assert_eq!(std::fs::metadata(&pipe).unwrap().permissions().mode() & 0o7777, 0o1777);
+
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let log = dir.path().join("mps/uid-1/log");
+        std::os::unix::fs::symlink(outside.path(), &log).unwrap();
+        let e = make_dir(&log, 0o1777).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains(&log.display().to_string()), "{text}");
+        assert!(
+            matches!(&e, ModeError::Host { source, .. } if matches!(
+                source.downcast_ref::<vgpu_core::abi::perms::PermsError>(),
+                Some(vgpu_core::abi::perms::PermsError::Symlink { .. })
+            )),
+            "{e:?}"
+        );
+        assert_eq!(std::fs::metadata(outside.path()).unwrap().permissions().mode() & 0o7777, 0o700);
     }
 
     #[test]

@@ -236,15 +236,24 @@ pub struct CreateError {
 /// Makes partition `part` (Prepare's per-partition directories, or the NRI hook's per-container ones): the
 /// [`PARTITION_DIRS`] with mode 0777 (the containers' processes, of any user, write them) and an empty
 /// `config/pids.config` unless one exists. Idempotent.
+///
+/// A symbolic link planted at one of the directories' paths is refused (its target's mode is left alone):
+/// the error's action is `set mode 0777` and its source wraps the
+/// [`PermsError`](vgpu_core::abi::perms::PermsError) (`std::io::Error::get_ref` downcasts to it).
 pub fn create(part: &std::path::Path) -> Result<(), CreateError> {
-    use std::os::unix::fs::PermissionsExt;
-    let fail =
-        |path: &std::path::Path, action, source| CreateError { path: path.to_path_buf(), action, source };
+    use vgpu_core::abi::perms::{PermsError, create_dir_all_mode};
     for sub in PARTITION_DIRS {
         let dir = part.join(sub);
-        std::fs::create_dir_all(&dir).map_err(|e| fail(&dir, "create directory", e))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
-            .map_err(|e| fail(&dir, "chmod 0777", e))?;
+        create_dir_all_mode(&dir, 0o777).map_err(|e| match e {
+            PermsError::Io { path, action: "create directory", source } => {
+                CreateError { path, action: "create directory", source }
+            }
+            other => CreateError {
+                path: other.path().to_path_buf(),
+                action: "set mode 0777",
+                source: std::io::Error::other(other),
+            },
+        })?;
     }
     let pids = part.join("config").join("pids.config");
     if !pids.exists() {
@@ -341,6 +350,35 @@ mod tests {
 
     fn set(items: &[&str]) -> BTreeSet<String> {
         items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn create_makes_world_writable_dirs_and_refuses_a_planted_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let dir = tempfile::tempdir().unwrap();
+        let part = dir.path().join("part");
+        create(&part).unwrap();
+        for sub in PARTITION_DIRS {
+            assert_eq!(mode(&part.join(sub)), 0o777, "{sub}");
+        }
+        assert!(part.join("config/pids.config").is_file());
+
+        // A link where a partition directory goes, to a host directory outside: refused, target untouched.
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join("host");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let part = dir.path().join("planted");
+        std::fs::create_dir(&part).unwrap();
+        let link = part.join("vmem_node");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = create(&part).unwrap_err();
+        assert_eq!((e.path.as_path(), e.action), (link.as_path(), "set mode 0777"));
+        let inner = e.source.get_ref().and_then(|s| s.downcast_ref::<vgpu_core::abi::perms::PermsError>());
+        assert!(matches!(inner, Some(vgpu_core::abi::perms::PermsError::Symlink { .. })), "{e}");
+        assert!(e.to_string().contains("is a symbolic link; refusing to change its permissions"), "{e}");
+        assert_eq!(mode(&target), 0o700);
     }
 
     #[test]

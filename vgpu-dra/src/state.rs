@@ -164,6 +164,9 @@ pub enum ClaimFailure {
         #[source]
         source: std::io::Error,
     },
+    /// A claim directory's mode could not be set safely (e.g. a symbolic link was planted at its path).
+    #[error(transparent)]
+    Permissions(#[from] vgpu_core::abi::perms::PermsError),
     /// The CDI spec could not be written.
     #[error(transparent)]
     Cdi(#[from] cdi::CdiError),
@@ -1086,13 +1089,8 @@ fn not_installed(mode: &str) -> ModeError {
     ModeError::NotInstalled { mode: mode.to_owned(), gate: gate.to_owned() }
 }
 
+/// Creates a claim directory with mode 0777, refusing a symbolic link planted at `path`
+/// ([`ClaimFailure::Permissions`]) rather than widening its target's mode.
 fn make_dir(path: &Path) -> Result<(), ClaimFailure> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(path).map_err(|source| ClaimFailure::Io {
-        path: path.to_path_buf(),
-        action: "create directory",
-        source,
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))
-        .map_err(|source| ClaimFailure::Io { path: path.to_path_buf(), action: "chmod 0777", source })
+    Ok(vgpu_core::abi::perms::create_dir_all_mode(path, 0o777)?)
 }

@@ -25,6 +25,33 @@ use crate::node_index::{NodeEntry, NodeIndex};
 use crate::prealloc::{self, Counting};
 use crate::rank_table::{FITNESS_LEN, RankTable, RowReader, RowRef};
 
+/// Decodes a node's `node-device-topology` (once per annotation change: [`ClusterCache`] re-decodes a node
+/// only when its inputs change). A topology that does not validate is dropped (the node is treated as
+/// publishing none); a GPU pair whose two directions disagree only costs that pair its link benefit
+/// ([`NodeLinks::new`]). Both are logged as warnings naming the node (and the pair).
+fn decode_links(node: &str, annotation: &str) -> Option<NodeLinks> {
+    match NodeLinks::decode(annotation) {
+        Ok(links) => {
+            for pair in links.asymmetric_pairs() {
+                tracing::warn!(
+                    node,
+                    gpu_a = pair.a,
+                    gpu_b = pair.b,
+                    forward = ?pair.forward,
+                    backward = ?pair.backward,
+                    "node-device-topology: {pair}; scoring this GPU pair as unlinked, the rest of the node's \
+                     topology is used"
+                );
+            }
+            Some(links)
+        }
+        Err(error) => {
+            tracing::warn!(node, %error, "node-device-topology is invalid; the node is treated as publishing none");
+            None
+        }
+    }
+}
+
 /// What resolving a request on a node depends on: memory factor and uniform GPU memory
 /// ([`DecodedNode::resolve_key`]).
 pub type ResolveKey = (u32, Option<u64>);
@@ -511,7 +538,7 @@ impl ClusterCache {
             Err(NodeFailure::new(ReasonCode::NodeNotVgpuEnabled))
         } else {
             decode_node(raw[0], raw[1]).map(|(inv, cfg)| {
-                let links = raw[2].and_then(|t| NodeLinks::decode(t).ok());
+                let links = raw[2].and_then(|t| decode_links(&node.name, t));
                 DecodedNode::new(inv, cfg, links, raw[3])
             })
         };

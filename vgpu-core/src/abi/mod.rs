@@ -9,6 +9,7 @@
 //! | [`sm_node`] | `<manager-dir>/<podUID>_<ctr>/sm_node/sm_node.config` | shared SM token bucket: magic `SMND`, layout 3, exactly 8192 bytes (§7.4) |
 //! | [`runtime_files`] | `<manager-dir>/libvgpu-control.so.<version>`, `<manager-dir>/ld.so.preload` | the host files every vGPU container bind-mounts: checked before a container is answered, installed atomically |
 //! | [`atomic`] | – | write-temp-then-rename helper used by both writers |
+//! | [`perms`] | – | `chmod` that refuses a symbolic link (the directories containers can write) |
 //! | [`AbiError`] | – | every failure, naming the file |
 //!
 //! Readers use plain [`std::fs::read`] rather than a memory map: `memmap2::Mmap::map` is `unsafe` and the
@@ -34,6 +35,7 @@
 pub mod atomic;
 pub mod devices_json;
 mod le;
+pub mod perms;
 pub mod runtime_files;
 pub mod sm_node;
 pub mod sm_util;

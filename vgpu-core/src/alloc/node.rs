@@ -2,7 +2,7 @@
 
 use crate::codec::{node_config_info, node_devices};
 use crate::model::{NodeDeviceInventory, NodeVgpuConfig};
-use crate::topology::{DeviceTopology, Topology, TopologyError};
+use crate::topology::{AsymmetricPair, DeviceTopology, Topology, TopologyError};
 
 use super::reason::{NodeFailure, ReasonCode};
 use super::request::PodRequest;
@@ -55,9 +55,12 @@ pub struct NodeLinks {
 }
 
 impl NodeLinks {
-    /// Validates a decoded `node-device-topology` value.
+    /// Validates a decoded `node-device-topology` value ([`Topology::new_lenient`]): a pair of GPUs whose
+    /// two directions disagree counts as unlinked (strongest link 0, pair score 0) and is listed in
+    /// [`asymmetric_pairs`](Self::asymmetric_pairs); the rest of the topology is kept. Every other
+    /// inconsistency is an error.
     pub fn new(links: &DeviceTopology) -> Result<Self, TopologyError> {
-        let topology = Topology::new(links)?;
+        let topology = Topology::new_lenient(links)?;
         let n = topology.len();
         let mut strongest = vec![0u8; n * n];
         for gpu in &links.gpus {
@@ -68,10 +71,23 @@ impl NodeLinks {
                 }
             }
         }
+        for pair in topology.asymmetric_pairs() {
+            for cell in [pair.a * n + pair.b, pair.b * n + pair.a] {
+                if let Some(c) = strongest.get_mut(cell) {
+                    *c = 0;
+                }
+            }
+        }
         Ok(Self { n, strongest, topology })
     }
 
-    /// Decodes and validates a `node-device-topology` annotation value.
+    /// The GPU pairs whose links disagree between the two directions, each scored as unlinked (see
+    /// [`new`](Self::new)); empty for a consistent annotation.
+    pub fn asymmetric_pairs(&self) -> &[AsymmetricPair] {
+        self.topology.asymmetric_pairs()
+    }
+
+    /// Decodes and validates a `node-device-topology` annotation value (see [`new`](Self::new)).
     pub fn decode(annotation: &str) -> Result<Self, TopologyError> {
         Self::new(&DeviceTopology::decode(annotation)?)
     }

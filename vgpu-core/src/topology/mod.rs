@@ -4,7 +4,9 @@
 //! * [`P2PLinkType`]: the contract's link type codes `0..=24`.
 //! * [`DeviceTopology`]: the annotation value, with a byte-compatible JSON codec.
 //! * [`Topology`]: validated, symmetric links with pair and set scores (SYS 10, NODE 20, PHB 30, PXB 40,
-//!   PIX 50, same board 60, `k` NVLinks `100·k`, summed over all link entries of a pair).
+//!   PIX 50, same board 60, `k` NVLinks `100·k`, summed over all link entries of a pair). A pair whose two
+//!   directions disagree is an error ([`Topology::new`]) or scores 0, listed as an [`AsymmetricPair`]
+//!   ([`Topology::new_lenient`], what the scheduler uses for a node's annotation).
 //! * [`BestEffortPolicy`]: go-gpuallocator's best-effort policy (best set of the best partition), solved
 //!   exactly; [`Allocator`] applies it sequentially.
 //!
@@ -37,4 +39,4 @@ pub use allocator::Allocator;
 pub use best_effort::{Allocation, BestEffortPolicy, BestPartition, MAX_AVAILABLE, PartitionSet};
 pub use codec::{ANNOTATION_SUFFIX, DeviceTopology, GpuLinks, TopologyDecodeError};
 pub use link_type::{InvalidLinkType, P2PLinkType};
-pub use score::{GpuSetError, Topology, TopologyError, link_score};
+pub use score::{AsymmetricPair, GpuSetError, Topology, TopologyError, link_score};
