@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Builds the vgpu image without pulling anything: the binaries are built on this host with the Containerfile's
-# own cargo command, and the runtime base is made from this host's glibc (the libraries distroless/cc-debian12
-# holds) unless RUNTIME_IMAGE names a pullable base. Then runs `vgpuctl --version` in the image.
+# own cargo commands (every binary of vgpu-bins; the host copy of vgpu-device-client statically linked), and
+# the runtime base is made from this host's files (glibc and the other libraries the binaries link, plus bash,
+# coreutils, findutils, sed, cmp and mount for the scripts: what debian:bookworm-slim holds) unless
+# RUNTIME_IMAGE names a pullable base. Then checks the image: `vgpuctl --version`, `device-plugin --version`
+# through vgpu-manager's name, and install_files.sh into a scratch manager directory.
 #
 #   scripts/build-image.sh [TAG]              (default TAG: localhost/vgpu:dev)
 #   PROFILE=dev scripts/build-image.sh        (debug binaries: quick, large)
-#   RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot scripts/build-image.sh
+#   RUNTIME_IMAGE=docker.io/library/debian:bookworm-slim scripts/build-image.sh
+#   LIMITER_IMAGE=docker.io/coldzerofear/vgpu-manager:<tag> scripts/build-image.sh   (with the CUDA limiter)
 #
 # Needs buildah and podman (Debian packages); CARGO_TARGET_DIR is honoured.
 set -euo pipefail
@@ -13,50 +17,93 @@ cd "$(dirname "$0")/.."
 tag="${1:-localhost/vgpu:dev}"
 profile="${PROFILE:-release}"
 target_dir="${CARGO_TARGET_DIR:-target}"
+host="$(rustc -vV | sed -n 's/^host: //p')"
 
 case "$profile" in
-  release) cargo build --release --locked -p vgpu-bins --bins; out="$target_dir/release" ;;
-  dev) cargo build --locked -p vgpu-bins --bins; out="$target_dir/debug" ;;
+  release) flags=(--release); out="$target_dir/release"; static_out="$target_dir/$host/release" ;;
+  dev) flags=(); out="$target_dir/debug"; static_out="$target_dir/$host/debug" ;;
   *) echo "PROFILE must be release or dev, not $profile" >&2; exit 2 ;;
 esac
+cargo build "${flags[@]}" --locked -p vgpu-bins --bins
+RUSTFLAGS='-C target-feature=+crt-static' \
+  cargo build "${flags[@]}" --locked -p vgpu-bins --bin vgpu-device-client --target "$host"
+# target/image-bins/ is the part of target/ in the build context (.containerignore): bin/ -> /usr/bin/,
+# installed/ -> /installed/.
 rm -rf target/image-bins
-mkdir -p target/image-bins
-find "$out" -maxdepth 1 -type f -executable -name 'vgpu*' -exec cp {} target/image-bins/ \;
-echo "build-image: $(ls target/image-bins | wc -l) binaries from $out: $(ls target/image-bins | tr '\n' ' ')"
+mkdir -p target/image-bins/bin target/image-bins/installed/registry
+find "$out" -maxdepth 1 -type f -executable -name 'vgpu*' -exec cp {} target/image-bins/bin/ \;
+cp "$static_out/vgpu-device-client" target/image-bins/installed/registry/device-client
+bins="$(find target/image-bins/bin -type f -printf '%f\n' | sort)"
+echo "build-image: $(wc -l <<<"$bins") binaries from $out: $(tr '\n' ' ' <<<"$bins")"
 
 if [[ -z "${RUNTIME_IMAGE:-}" ]]; then
   RUNTIME_IMAGE=localhost/vgpu-runtime-base:host
   ctr="$(buildah from scratch)"
   trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
   root="$(buildah mount "$ctr")"
-  # Every shared library the binaries link, at the path the loader looks for it.
-  libs="$(ldd target/image-bins/* | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)"
+  # This host's /usr merge (bin -> usr/bin, ...), so that /bin/bash and the loader's path both resolve.
+  mkdir -p "$root/usr/bin" "$root/usr/sbin" "$root/usr/lib"
+  # (Relative links, their targets created: nothing written through them may land on this host.)
+  for dir in bin sbin lib lib64; do
+    if [[ -L "/$dir" ]]; then
+      link="$(readlink "/$dir")"
+      link="${link#/}"
+      mkdir -p "$root/$link"
+      ln -s "$link" "$root/$dir"
+    fi
+  done
+  # The tools the scripts and the DRA chart's kubelet-plugin wrapper run.
+  tools=(bash sh env cat cp mv rm rmdir mkdir ln chmod mktemp sync touch readlink basename dirname date ls head
+    sleep sort id stat find sed grep cmp mount umount)
+  tool_paths=()
+  for tool in "${tools[@]}"; do
+    path="$(type -P "$tool")" || { echo "build-image: $tool is not installed on this host" >&2; exit 1; }
+    tool_paths+=("$path")
+    mkdir -p "$root$(dirname "$path")"
+    cp -L "$path" "$root$path"
+  done
+  # Every shared library the binaries and tools link, at the path the loader looks for it.
+  libs="$({ ldd target/image-bins/bin/* "${tool_paths[@]}" 2>/dev/null || true; } \
+    | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && $2 ~ /^\(/ {print $1}' | sort -u)"
   for lib in $libs; do
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"
   done
-  mkdir -p "$root/etc" "$root/tmp" "$root/usr/bin"
+  mkdir -p "$root/etc" "$root/tmp" "$root/root"
   chmod 1777 "$root/tmp"
-  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$root/etc/passwd"
+  chmod 0700 "$root/root"
+  printf 'root:x:0:0:root:/root:/bin/bash\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$root/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' >"$root/etc/group"
   buildah umount "$ctr" >/dev/null
   buildah commit -q "$ctr" "$RUNTIME_IMAGE" >/dev/null
   buildah rm "$ctr" >/dev/null
   trap - EXIT
-  echo "build-image: runtime base $RUNTIME_IMAGE from this host's libraries: $(echo $libs | tr '\n' ' ')"
+  echo "build-image: runtime base $RUNTIME_IMAGE from this host: ${tools[*]}; $(tr '\n' ' ' <<<"$libs")"
 fi
 
-buildah bud -q --target runtime-prebuilt --build-arg RUNTIME_IMAGE="$RUNTIME_IMAGE" -t "$tag" -f Containerfile .
+buildah bud -q --target runtime-prebuilt --build-arg RUNTIME_IMAGE="$RUNTIME_IMAGE" \
+  --build-arg LIMITER_IMAGE="${LIMITER_IMAGE:-}" -t "$tag" -f Containerfile .
 echo "build-image: $tag, $(podman image inspect "$tag" --format '{{.Size}}') bytes"
-# The image's entrypoint is vgpuctl. Where the sandbox refuses to start containers (crun's setrlimit of
-# RLIMIT_NPROC is "Operation not permitted" in some sandboxes), the image's own filesystem is run instead:
-# chroot into the mounted image as the image's user, so its loader and libraries are the ones used.
-if ! podman run --rm --ulimit nofile=1024:1024 "$tag" --version; then
-  echo "build-image: podman cannot start containers here; running vgpuctl from the mounted image (chroot, uid 65532)" >&2
+
+# What the image is checked with: vgpuctl, one of vgpu-manager's names, and the install step into a scratch
+# manager directory (a second run must change nothing).
+smoke='set -eu
+vgpuctl --version
+device-plugin --version
+mkdir -p /tmp/manager
+HOST_MANAGER_DIR=/tmp/manager /scripts/install_files.sh
+HOST_MANAGER_DIR=/tmp/manager bash /usr/bin/install_files.sh | grep ": 0 file(s) written,"
+ls -l /tmp/manager /tmp/manager/registry'
+# Where the sandbox refuses to start containers (crun's setrlimit of RLIMIT_NPROC is "Operation not permitted"
+# in some sandboxes), the image's own filesystem is run instead: chroot into the mounted image, so its loader,
+# libraries and tools are the ones used.
+if ! podman run --rm --ulimit nofile=1024:1024 --entrypoint /bin/bash "$tag" -c "$smoke"; then
+  echo "build-image: podman cannot start containers here; checking the mounted image (chroot)" >&2
   ctr="$(buildah from "$tag")"
   mnt="$(buildah mount "$ctr")"
   status=0
-  chroot --userspec=65532:65532 "$mnt" /usr/bin/vgpuctl --version || status=$?
+  chroot "$mnt" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    /bin/bash -c "$smoke" || status=$?
   buildah umount "$ctr" >/dev/null
   buildah rm "$ctr" >/dev/null
   exit "$status"
