@@ -28,8 +28,8 @@ fn list_shows_every_gate_with_owners() {
     let text = String::from_utf8(out).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("NAME") && lines[0].contains("DEFAULT") && lines[0].contains("COMPONENTS"));
-    // 10 Core gates + 14 DRA gates (ConsumableShares included).
-    assert_eq!(lines.len(), 1 + 10 + 14, "{text}");
+    // 10 Core gates + 17 DRA gates (ConsumableShares and the three logging gates included).
+    assert_eq!(lines.len(), 1 + 10 + 17, "{text}");
     let row = lines.iter().find(|l| l.starts_with("TopologyAwareGPUAllocation ")).unwrap();
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(
@@ -41,6 +41,17 @@ fn list_shows_every_gate_with_owners() {
         row.split_whitespace().collect::<Vec<_>>(),
         ["IMEXDaemonsWithDNSNames", "true", "Beta", "DRA", "kubelet-plugin"]
     );
+    for (gate, default, stage) in [
+        ("ContextualLogging", "true", "Beta"),
+        ("LoggingAlphaOptions", "false", "Alpha"),
+        ("LoggingBetaOptions", "true", "Beta"),
+    ] {
+        let row = lines.iter().find(|l| l.starts_with(&format!("{gate} "))).unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            [gate, default, stage, "DRA", "kubelet-plugin"]
+        );
+    }
 }
 
 #[test]
@@ -71,8 +82,33 @@ fn check_prints_every_gate_with_defaults_applied() {
         "--feature-gates",
         "MPSSupport=true,VGPUSupport=false",
     ]);
-    assert_eq!(m.len(), 14);
+    assert_eq!(m.len(), 17);
     assert_eq!((m["MPSSupport"].clone(), m["VGPUSupport"].clone()), (Value::Bool(true), Value::Bool(false)));
+    // Kubernetes' logging gates, with component-base's defaults.
+    assert_eq!(
+        (m["ContextualLogging"].clone(), m["LoggingAlphaOptions"].clone(), m["LoggingBetaOptions"].clone()),
+        (Value::Bool(true), Value::Bool(false), Value::Bool(true))
+    );
+    let m = check_json(&[
+        "--component",
+        "kubelet-plugin",
+        "--feature-gates",
+        "ContextualLogging=false,AllAlpha=false",
+    ]);
+    assert_eq!(m["ContextualLogging"], false);
+    // Only the kubelet-plugin has them.
+    vgpuctl()
+        .args([
+            "gates",
+            "check",
+            "--component",
+            "device-plugin",
+            "--feature-gates",
+            "ContextualLogging=false",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::starts_with("unrecognized feature gate: ContextualLogging"));
 }
 
 #[test]

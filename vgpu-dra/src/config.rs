@@ -184,6 +184,37 @@ impl DriverConfig {
         self.gates.enabled(DraGate::NRISupport)
     }
 
+    /// Gate `ContextualLogging`: each claim's Prepare and Unprepare run in a span naming the claim, so every
+    /// line logged on its way carries the claim's UID, namespace and name ([`DriverConfig::claim_span`]).
+    pub fn contextual_logging(&self) -> bool {
+        self.gates.enabled(DraGate::ContextualLogging)
+    }
+
+    /// The span one claim's `operation` runs in: `prepare{claim=<uid> namespace=<ns> name=<name>}` (or
+    /// `unprepare{...}`) with gate `ContextualLogging` on; no span with it off (lines carry only their own
+    /// fields, as klog's global logger without contextual logging). `namespace` and `name` may be empty
+    /// (an Unprepare knows the UID only).
+    pub fn claim_span(
+        &self,
+        operation: crate::metrics::Operation,
+        uid: &str,
+        namespace: &str,
+        name: &str,
+    ) -> tracing::Span {
+        use crate::metrics::Operation;
+        if !self.contextual_logging() {
+            return tracing::Span::none();
+        }
+        match operation {
+            Operation::Prepare => {
+                tracing::info_span!("prepare", claim = %uid, namespace = %namespace, name = %name)
+            }
+            Operation::Unprepare => {
+                tracing::info_span!("unprepare", claim = %uid, namespace = %namespace, name = %name)
+            }
+        }
+    }
+
     /// `<manager_dir>/watcher/sm_util.config`: the shared SM watcher's file as this process writes it.
     pub fn sm_watcher_file(&self) -> PathBuf {
         vgpu_deviceplugin::sm_watcher::SmWatcher::file_path(&self.manager_dir)
@@ -215,5 +246,57 @@ mod tests {
         assert_eq!(c.claim_dir("u1"), Path::new("/etc/vgpu-manager/claims/u1"));
         assert_eq!(c.cdi_spec_path("u1"), Path::new("/etc/cdi/k8s.manager.nvidia.com-claim_u1.json"));
         assert!(!c.memory_oversold());
+    }
+
+    /// Records the spans created while it is the default subscriber: name and fields.
+    #[derive(Default)]
+    struct Spans(std::sync::Mutex<Vec<String>>);
+
+    struct Fields(String);
+
+    impl tracing::field::Visit for Fields {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!(" {}={:?}", field.name(), value));
+        }
+    }
+
+    impl tracing::Subscriber for Spans {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            let mut fields = Fields(span.metadata().name().to_owned());
+            span.record(&mut fields);
+            let mut spans = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            spans.push(fields.0);
+            tracing::span::Id::from_u64(spans.len() as u64)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[test]
+    fn contextual_logging_names_the_claim_in_a_span() {
+        use crate::metrics::Operation;
+        let spans = std::sync::Arc::new(Spans::default());
+        let mut on = DriverConfig::new("n1");
+        assert!(on.contextual_logging(), "ContextualLogging is Beta, on by default");
+        tracing::subscriber::with_default(spans.clone(), || {
+            let span = on.claim_span(Operation::Prepare, "u1", "ns", "c1");
+            assert!(!span.is_none());
+            let span = on.claim_span(Operation::Unprepare, "u2", "", "");
+            assert!(!span.is_none());
+            on.gates = crate::feature_gates().configure(["ContextualLogging=false"]).expect("valid");
+            assert!(!on.contextual_logging());
+            assert!(on.claim_span(Operation::Prepare, "u3", "ns", "c3").is_none());
+        });
+        let recorded = spans.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        assert_eq!(
+            recorded,
+            ["prepare claim=u1 namespace=ns name=c1", "unprepare claim=u2 namespace= name="]
+        );
     }
 }

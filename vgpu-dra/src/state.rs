@@ -40,6 +40,7 @@ use std::{
 };
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use tracing::Instrument;
 use vgpu_core::{abi::runtime_files, backend::VendorAdapter, model::ComputePolicy};
 
 use crate::{
@@ -452,7 +453,14 @@ impl DeviceState {
             }
         };
         for claim in claims {
-            let result = self.prepare_one(claim).await;
+            // Gate ContextualLogging: every line logged while preparing the claim names it.
+            let span = self.config.claim_span(
+                crate::metrics::Operation::Prepare,
+                &claim.uid,
+                &claim.namespace,
+                &claim.name,
+            );
+            let result = self.prepare_one(claim).instrument(span).await;
             let injected = matches!(result, Err(ClaimFailure::Injected(_)));
             out.insert(claim.uid.clone(), result);
             if injected {
@@ -1007,7 +1015,13 @@ impl DeviceState {
             }
         };
         for claim in claims {
-            out.insert(claim.uid.clone(), self.unprepare_one(&claim.uid).await);
+            let span = self.config.claim_span(
+                crate::metrics::Operation::Unprepare,
+                &claim.uid,
+                &claim.namespace,
+                &claim.name,
+            );
+            out.insert(claim.uid.clone(), self.unprepare_one(&claim.uid).instrument(span).await);
         }
         self.record(crate::metrics::Operation::Unprepare, &out, &timer);
         out

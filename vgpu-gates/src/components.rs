@@ -1,6 +1,8 @@
 //! The vgpu components and their gate registries, exactly as `shared/spec/feature_gates.md`
 //! lists them: the Core registry (device-plugin, scheduler-extender, device-monitor) and the
-//! DRA registry (kubelet-plugin).
+//! DRA registry (kubelet-plugin). The DRA registry also has what upstream's has beyond the spec's table:
+//! `ConsumableShares` and Kubernetes' three logging gates ([`DraGate::LOGGING`]), which upstream's
+//! `featuregates.FeatureGates()` adds with `logsapi.AddFeatureGates` (component-base v0.37).
 
 use std::{fmt, str::FromStr, sync::LazyLock};
 
@@ -68,7 +70,29 @@ crate::feature_gates! {
         /// Whole GPUs shared by several claims through consumable capacity (`--consumable-shares`);
         /// in upstream's registry though the spec's table omits it.
         ConsumableShares => alpha(false),
+        /// Kubernetes' logging gate (component-base `logs/api/v1`, Beta since 1.30, on), which upstream's DRA
+        /// registry carries: log lines carry the context of the call chain that logs them. Ours: each claim's
+        /// Prepare and Unprepare run in a `prepare`/`unprepare` span naming the claim (UID, namespace, name),
+        /// so every line logged on its way names it; off, no span: lines carry only their own fields.
+        ContextualLogging => beta(true),
+        /// Kubernetes' logging gate (component-base `logs/api/v1`, Alpha, off): permits the alpha-quality
+        /// logging options (upstream `--log-text-split-stream`, `--log-json-split-stream`,
+        /// `--log-text-info-buffer-size`, `--log-json-info-buffer-size`). This build has none of them, so
+        /// on or off it permits and refuses nothing; `vgpu_dra::gates::check_logging` refuses such an option
+        /// while the gate is off.
+        LoggingAlphaOptions => alpha(false),
+        /// Kubernetes' logging gate (component-base `logs/api/v1`, Beta, on): permits the beta-quality logging
+        /// options, i.e. `--logging-format=json`; off, the kubelet-plugin refuses that format at start-up
+        /// (exit 2, "Log format json is disabled, see LoggingBetaOptions feature", as upstream).
+        LoggingBetaOptions => beta(true),
     }
+}
+
+impl DraGate {
+    /// The three Kubernetes logging gates of the DRA registry (component-base `logs/api/v1`), which take no
+    /// part in the DRA driver's dependency and exclusion rules.
+    pub const LOGGING: [DraGate; 3] =
+        [DraGate::ContextualLogging, DraGate::LoggingAlphaOptions, DraGate::LoggingBetaOptions];
 }
 
 /// Environment variable the kubelet-plugin reads its gates from (the flag wins when both are set).
@@ -304,7 +328,7 @@ mod tests {
             assert_eq!(core_builder(c).build()?.gates().len(), c.gate_names().len());
         }
         let dra = with_hints(dra_builder(), Component::KubeletPlugin).build()?;
-        assert_eq!(dra.gates().len(), 14);
+        assert_eq!(dra.gates().len(), 17);
         assert_eq!(dra.rules().len(), 11);
         assert_eq!(device_plugin().gates().len(), 8);
         assert_eq!(scheduler_extender().gates().len(), 3);

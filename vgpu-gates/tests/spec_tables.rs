@@ -1,6 +1,7 @@
 //! The registries match the tables of `shared/spec/feature_gates.md`, written out here
-//! independently of the implementation, plus `ConsumableShares`, which upstream's DRA registry has and the
-//! spec's table omits (contract §9.1).
+//! independently of the implementation, plus `ConsumableShares` and Kubernetes' three logging gates
+//! (`ContextualLogging`, `LoggingAlphaOptions`, `LoggingBetaOptions`), which upstream's DRA registry has and
+//! the spec's table omits (contract §9.1).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -44,6 +45,11 @@ fn table(c: Component) -> Vec<(&'static str, bool, Stage)> {
             ("DRAListTypeAttributes", false, Alpha),
             // Not in the spec's table: upstream's DRA registry has it (contract §9.1).
             ("ConsumableShares", false, Alpha),
+            // Not in the spec's table either: Kubernetes' logging gates, which upstream's DRA registry adds
+            // (k8s.io/component-base v0.37 logs/api/v1 kube_features.go, at emulation version 1.37).
+            ("ContextualLogging", true, Beta),
+            ("LoggingAlphaOptions", false, Alpha),
+            ("LoggingBetaOptions", true, Beta),
         ],
     }
 }
