@@ -3,6 +3,12 @@
 
 use std::process::ExitCode;
 
+pub mod flags;
+/// Go's boolean flag forms (`--flag`, `--flag=false`, `strconv.ParseBool`'s spellings) for every bool flag.
+pub mod go_flags;
+
+pub use flags::{ApiRate, COMPONENT_RATE, KUBELET_PLUGIN_RATE, KubeClientArgs, LogArgs, PprofArgs};
+
 use vgpu_gates::{FeatureGate, FeatureGates, Registry};
 
 /// `--feature-gates` for the Core components (device-plugin, scheduler-extender, device-monitor).
@@ -44,41 +50,23 @@ pub fn configure_gates<G: FeatureGate>(
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A second initialisation (e.g. in tests) is harmless; ignore its error.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-}
-
-/// The Kubernetes client configuration from `--kubeconfig`, or else the in-cluster config, `$KUBECONFIG` or
-/// `~/.kube/config`; errors name the file or what was tried.
-pub async fn kube_config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Config> {
-    use anyhow::Context;
-    match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading --kubeconfig {}", path.display()))
-        }
-        None => kube::Config::infer().await.context(
-            "no Kubernetes configuration (not in a cluster, no --kubeconfig, no $KUBECONFIG or ~/.kube/config)",
-        ),
-    }
-}
-
-/// A Kubernetes client from [`kube_config`].
+/// A Kubernetes client from `--kubeconfig` (or the in-cluster config, `$KUBECONFIG`, `~/.kube/config`) at the
+/// components' default rate ([`COMPONENT_RATE`]); `vgpuctl`'s. The components take [`KubeClientArgs`].
 pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    use anyhow::Context;
-    kube::Client::try_from(kube_config(kubeconfig).await?).context("building the Kubernetes client")
+    let args = KubeClientArgs {
+        kubeconfig: kubeconfig.map(std::path::Path::to_path_buf),
+        ..KubeClientArgs::default()
+    };
+    args.client(COMPONENT_RATE).await
 }
 
-/// Runs a binary's async `main` on a multi-threaded tokio runtime: exit 0 when it returns `Ok`, exit 1 with
+/// Runs a binary's async `main` on a multi-threaded tokio runtime, after starting `--pprof-bind-port`'s server: exit 0 when it returns `Ok`, exit 1 with
 /// `<bin>: <error and its causes>` on stderr when it fails or the runtime cannot start.
-pub fn run_async(bin: &str, main: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+pub fn run_async(
+    bin: &str,
+    pprof: &PprofArgs,
+    main: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -86,7 +74,10 @@ pub fn run_async(bin: &str, main: impl std::future::Future<Output = anyhow::Resu
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(main) {
+    match runtime.block_on(async {
+        pprof.start().await?;
+        main.await
+    }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{bin}: {e:#}");

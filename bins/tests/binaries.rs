@@ -87,6 +87,9 @@ fn kubelet_plugin_refuses_every_gate_it_cannot_honour_and_accepts_the_rest() {
         "DevicePluginClientMode",
         "DRAListTypeAttributes",
         "ConsumableShares",
+        "ContextualLogging",
+        "LoggingAlphaOptions",
+        "LoggingBetaOptions",
     ]
     .into_iter()
     .filter(|g| !unbuilt.iter().any(|u| u == g))
@@ -113,6 +116,29 @@ fn kubelet_plugin_refuses_every_gate_it_cannot_honour_and_accepts_the_rest() {
         .stderr(predicate::str::contains(
             "invalid --device-memory-ratio -1: must be greater than or equal to 0",
         ));
+}
+
+/// Gate `LoggingBetaOptions` permits `--logging-format=json` (on by default); off, the plugin refuses that
+/// format before logging starts, as upstream's `logsapi.ValidateAndApply`. Text is always permitted.
+#[test]
+fn kubelet_plugin_json_logging_needs_logging_beta_options() {
+    bin("vgpu-kubelet-plugin")
+        .env("FEATURE_GATES", "LoggingBetaOptions=false")
+        .arg("--logging-format=json")
+        .assert()
+        .code(2)
+        .stderr("vgpu-kubelet-plugin: invalid --logging-format json: Log format json is disabled, see LoggingBetaOptions feature\n");
+    for (gates, format) in
+        [("LoggingBetaOptions=false", "text"), ("LoggingBetaOptions=true", "json"), ("", "json")]
+    {
+        bin("vgpu-kubelet-plugin")
+            .env("FEATURE_GATES", gates)
+            .arg(format!("--logging-format={format}"))
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"))
+            .stderr(predicate::str::contains("LoggingBetaOptions feature").not());
+    }
 }
 
 #[test]

@@ -144,6 +144,15 @@ fn bad_flags_exit_2_with_the_flag_named() {
     let out = run(&["--pod-uid", UID, "--container-name", "main", "--timeout", "0s"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--timeout"));
+    // vgpu-manager's form, whole seconds: accepted (the missing socket is what fails), 0 refused.
+    let a = missing.to_str().unwrap();
+    let out = run(&["--address", a, "--pod-uid", UID, "--container-name", "main", "--timeout", "12"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("does not exist") && !stderr.contains("--timeout"), "{stderr}");
+    let out = run(&["--address", a, "--pod-uid", UID, "--container-name", "main", "--timeout=0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--timeout"));
 
     // The env names the plugin sets in vGPU containers are read too.
     let out = Command::new(BIN)

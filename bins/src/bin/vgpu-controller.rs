@@ -20,7 +20,7 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use vgpu_bins::{init_tracing, kube_client, parse_go_duration, shutdown_signal};
+use vgpu_bins::{parse_go_duration, shutdown_signal};
 use vgpu_controller::admission::Admission;
 use vgpu_controller::config::{ControllerConfig, parse_driver_flag};
 use vgpu_controller::kube_cluster::KubeCluster;
@@ -63,10 +63,10 @@ struct Cli {
     #[arg(long, default_value = "60s", value_parser = parse_go_duration)]
     orphaned_claim_grace_period: Duration,
     /// Authorize /metrics scrapes with TokenReview + SubjectAccessReview (`get` on the non-resource URL /metrics).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     enable_rbac: bool,
     /// Elect one reconciling replica on a Lease (admission runs on every replica).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     leader_elect: bool,
     /// Prefix of this replica's identity in the Lease (default: POD_NAME, HOSTNAME or the host name).
     #[arg(long)]
@@ -77,9 +77,12 @@ struct Cli {
     /// Namespace of the Lease (default: POD_NAMESPACE, else kube-system).
     #[arg(long)]
     leader_elect_resource_namespace: Option<String>,
-    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: vgpu_bins::KubeClientArgs,
+    #[command(flatten)]
+    log: vgpu_bins::LogArgs,
+    #[command(flatten)]
+    pprof: vgpu_bins::PprofArgs,
 }
 
 fn bad_flag(err: impl std::fmt::Display) -> ExitCode {
@@ -128,7 +131,7 @@ fn resolve(cli: &Cli) -> Result<(ControllerConfig, LeaderConfig), String> {
 }
 
 async fn run(cli: Cli, config: ControllerConfig, leader_config: LeaderConfig) -> anyhow::Result<()> {
-    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let client = cli.kube.client(vgpu_bins::COMPONENT_RATE).await?;
     let tls = TlsFiles::new(cli.cert_dir.join(&cli.tls_cert_name), cli.cert_dir.join(&cli.tls_key_name));
     // Load the certificate before binding, so a bad file fails before the port is taken.
     drop(tls.start().context("the serving certificate")?);
@@ -207,10 +210,13 @@ async fn run(cli: Cli, config: ControllerConfig, leader_config: LeaderConfig) ->
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    if let Err(e) = cli.log.init() {
+        eprintln!("vgpu-controller: {e}");
+        return ExitCode::from(2);
+    }
     let (config, leader_config) = match resolve(&cli) {
         Ok(c) => c,
         Err(e) => return bad_flag(e),
     };
-    vgpu_bins::run_async("vgpu-controller", run(cli, config, leader_config))
+    vgpu_bins::run_async("vgpu-controller", &cli.pprof.clone(), run(cli, config, leader_config))
 }

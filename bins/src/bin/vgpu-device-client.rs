@@ -26,12 +26,22 @@ struct Cli {
     /// A DRA claim's register UUID (instead of the pod and container).
     #[arg(long, env = "MANAGER_CLIENT_REGISTER_UUID")]
     register_uuid: Option<String>,
-    /// Limit of the whole call (Go duration: 12s, 500ms, 1m).
+    /// Limit of the whole call: whole seconds as vgpu-manager's `--timeout` takes it (12), or a Go duration
+    /// (12s, 500ms, 1m).
     #[arg(long, default_value = "12s", value_parser = parse_timeout)]
     timeout: Duration,
+    #[command(flatten)]
+    log: vgpu_bins::LogArgs,
 }
 
+/// `--timeout`: an integer is seconds (vgpu-manager's `IntVar`), anything else a Go duration; more than 0.
 fn parse_timeout(value: &str) -> Result<Duration, String> {
+    if let Ok(seconds) = value.trim().parse::<i64>() {
+        return match u64::try_from(seconds) {
+            Ok(s) if s > 0 => Ok(Duration::from_secs(s)),
+            _ => Err(format!("{value:?} (expected a duration > 0)")),
+        };
+    }
     match vgpu_bins::parse_go_duration(value)? {
         d if d.is_zero() => Err(format!("{value:?} (expected a duration > 0)")),
         d => Ok(d),
@@ -40,7 +50,10 @@ fn parse_timeout(value: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    vgpu_bins::init_tracing();
+    if let Err(e) = cli.log.init() {
+        eprintln!("vgpu-device-client: {e}");
+        return ExitCode::from(2);
+    }
     let target = match RegisterTarget::from_parts(
         cli.pod_uid.as_deref(),
         cli.container_name.as_deref(),

@@ -17,7 +17,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Du
 
 use anyhow::Context;
 use clap::Parser;
-use vgpu_bins::{CoreGateArgs, configure_gates, init_tracing, parse_go_duration};
+use vgpu_bins::{CoreGateArgs, configure_gates, parse_go_duration};
 use vgpu_core::{
     domain::ResourceDomain,
     node_config::{CgroupDriver, NodeConfigFile, NodeSettings},
@@ -53,10 +53,10 @@ struct Cli {
     server_bind_port: u16,
     /// Authorize /metrics by bearer token: TokenReview, then SubjectAccessReview for `get` on /metrics;
     /// 401/403 otherwise (decisions cached 10s allowed / 2s refused).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     enable_rbac: bool,
     /// Serve HTTPS with --tls-cert-file and --tls-key-file (reloaded when they change).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     enable_tls: bool,
     /// TLS private key (PEM).
     #[arg(long, value_name = "FILE")]
@@ -80,7 +80,7 @@ struct Cli {
     container_driver_root: PathBuf,
     /// Collect from DRA ResourceSlices and ResourceClaims of --driver-name (pods by spec.nodeName) instead of
     /// the device-plugin files and annotations.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     enable_dra_monitor: bool,
     /// The kubelet pod-resources socket: which container holds which MIG device
     /// (`container_mig_device_allocation_info`), polled every 5s when a GPU is in MIG mode at start-up
@@ -99,9 +99,12 @@ struct Cli {
     /// Resource and annotation domain.
     #[arg(long, default_value = "nvidia.com")]
     domain: String,
-    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: vgpu_bins::KubeClientArgs,
+    #[command(flatten)]
+    log: vgpu_bins::LogArgs,
+    #[command(flatten)]
+    pprof: vgpu_bins::PprofArgs,
     /// Device backend: auto, nvml, metax or mock.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
@@ -142,10 +145,13 @@ fn check(cli: &Cli) -> Result<Checked, ExitCode> {
     if cli.cert_refresh_interval.is_zero() {
         return Err(bad_flag("cert-refresh-interval", "0s (expected a duration > 0)"));
     }
-    if !cli.cgroup_driver.is_empty() && !matches!(cli.cgroup_driver.as_str(), "systemd" | "cgroupfs") {
+    // vgpu-manager's charts render `--cgroup-driver=auto` by default; it reads the value in any case and
+    // detects the driver for anything but systemd / cgroupfs.
+    let cgroup_driver = cli.cgroup_driver.trim().to_ascii_lowercase();
+    if !matches!(cgroup_driver.as_str(), "" | "auto" | "systemd" | "cgroupfs") {
         return Err(bad_flag(
             "cgroup-driver",
-            format!("{:?} (expected systemd, cgroupfs or empty)", cli.cgroup_driver),
+            format!("{:?} (expected systemd, cgroupfs, auto or empty)", cli.cgroup_driver),
         ));
     }
     let domain = ResourceDomain::new(&cli.domain).map_err(|e| bad_flag("domain", e))?;
@@ -162,7 +168,7 @@ fn check(cli: &Cli) -> Result<Checked, ExitCode> {
         return Err(ExitCode::from(2));
     };
     let mut settings =
-        NodeSettings { cgroup_driver: CgroupDriver::parse(&cli.cgroup_driver), ..NodeSettings::default() };
+        NodeSettings { cgroup_driver: CgroupDriver::parse(&cgroup_driver), ..NodeSettings::default() };
     if !cli.node_config_path.is_empty() {
         settings = NodeConfigFile::load(&cli.node_config_path)
             .and_then(|f| f.resolve(&node, settings))
@@ -184,7 +190,7 @@ async fn run(cli: Cli, gates: FeatureGates<'static, CoreGate>, checked: Checked)
         tracing::warn!("{w}");
     }
     let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
-    let client = vgpu_bins::kube_client(cli.kubeconfig.as_deref()).await?;
+    let client = cli.kube.client(vgpu_bins::COMPONENT_RATE).await?;
     let (pods, dra): (Arc<dyn PodSource>, Option<Arc<dyn DraSource>>) = if cli.enable_dra_monitor {
         tracing::info!(selector = %KubePods::node_field_selector(&node), driver = %cli.driver_name,
             "DRA collector: watching the node's pods, ResourceSlices and ResourceClaims");
@@ -270,7 +276,10 @@ fn nvml_under(root: &std::path::Path) -> Option<PathBuf> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    if let Err(e) = cli.log.init() {
+        eprintln!("vgpu-device-monitor: {e}");
+        return ExitCode::from(2);
+    }
     let gates = match configure_gates(vgpu_gates::device_monitor(), &cli.gates.feature_gates) {
         Ok(g) => g,
         Err(code) => return code,
@@ -279,7 +288,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    vgpu_bins::run_async("vgpu-device-monitor", run(cli, gates, checked))
+    vgpu_bins::run_async("vgpu-device-monitor", &cli.pprof.clone(), run(cli, gates, checked))
 }
 
 #[cfg(test)]
@@ -318,6 +327,12 @@ mod tests {
         assert!(check(&parse(&["--node-name=n1", "--min-scrape-interval=999ms"])).is_err());
         assert!(check(&parse(&["--node-name=n1", "--min-scrape-interval=2s"])).is_ok());
         assert!(check(&parse(&["--node-name=n1", "--enable-dra-monitor"])).is_ok());
+        // vgpu-manager's chart default, and its case-insensitive reading.
+        let auto = check(&parse(&["--node-name=n1", "--cgroup-driver=auto"])).ok().unwrap();
+        assert_eq!(auto.settings.cgroup_driver, CgroupDriver::Auto);
+        let systemd = check(&parse(&["--node-name=n1", "--cgroup-driver=SystemD"])).ok().unwrap();
+        assert_eq!(systemd.settings.cgroup_driver, CgroupDriver::Systemd);
+        assert!(check(&parse(&["--node-name=n1", "--cgroup-driver=sytemd"])).is_err());
         assert!(check(&parse(&["--node-name=n1", "--enable-dra-monitor", "--driver-name=gpu"])).is_err());
     }
 }

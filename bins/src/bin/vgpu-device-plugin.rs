@@ -7,7 +7,7 @@ use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::Parser;
-use vgpu_bins::{CoreGateArgs, configure_gates, init_tracing};
+use vgpu_bins::{CoreGateArgs, configure_gates};
 use vgpu_core::{
     domain::ResourceDomain,
     node_config::{
@@ -61,9 +61,12 @@ struct Cli {
     /// Resource and annotation domain.
     #[arg(long, default_value = "nvidia.com")]
     domain: String,
-    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: vgpu_bins::KubeClientArgs,
+    #[command(flatten)]
+    log: vgpu_bins::LogArgs,
+    #[command(flatten)]
+    pprof: vgpu_bins::PprofArgs,
     /// Host path of the manager directory (the mount sources handed to containers).
     #[arg(long, env = "HOST_MANAGER_DIR", default_value = DEFAULT_MANAGER_DIR)]
     host_manager_dir: PathBuf,
@@ -77,23 +80,23 @@ struct Cli {
     #[arg(long, env = "CGROUP_DRIVER", default_value = "")]
     cgroup_driver: String,
     /// Pass `NVIDIA_GDS=enabled` to vGPU containers.
-    #[arg(long, env = "GDS_ENABLED", num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "GDS_ENABLED", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool_env, action = clap::ArgAction::Set)]
     gds_enabled: bool,
     /// Pass `NVIDIA_MOFED=enabled` to vGPU containers.
-    #[arg(long, env = "MOFED_ENABLED", num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "MOFED_ENABLED", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool_env, action = clap::ArgAction::Set)]
     mofed_enabled: bool,
     /// Pass `NVIDIA_GDRCOPY=enabled` to vGPU containers.
-    #[arg(long, env = "GDRCOPY_ENABLED", num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "GDRCOPY_ENABLED", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool_env, action = clap::ArgAction::Set)]
     gdrcopy_enabled: bool,
     /// The driver uses the open kernel modules (OpenKernel bit of `MANAGER_COMPATIBILITY_MODE`).
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     open_kernel_modules: bool,
     /// IMEX channels every GPU container gets (comma separated ids; each only when
     /// `/dev/nvidia-caps-imex-channels/channel<id>` exists under the container driver root).
     #[arg(long, env = "IMEX_CHANNEL_IDS", value_delimiter = ',')]
     imex_channel_ids: Vec<u32>,
     /// Refuse to start when a configured IMEX channel's device node is missing.
-    #[arg(long, env = "IMEX_REQUIRED", num_args = 0..=1, default_missing_value = "true", default_value = "false", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, env = "IMEX_REQUIRED", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool_env, action = clap::ArgAction::Set)]
     imex_required: bool,
     /// Where the node's CDI spec is written when a CDI device-list strategy is selected.
     #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
@@ -138,7 +141,7 @@ struct Cli {
     /// Publish GPU feature labels compatible with gpu-feature-discovery (`nvidia.com/gpu.product`,
     /// `gpu.memory`, `gpu.count`, `cuda.driver.*`, `mig.*` …) on the node (the GPU module's device-plugin
     /// mode, in place of GFD).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     gfd_labels: bool,
     #[command(flatten)]
     gates: CoreGateArgs,
@@ -162,7 +165,8 @@ fn settings(cli: &Cli) -> Result<NodeSettings, ExitCode> {
         device_cores_scaling: cli.device_cores_scaling,
         device_memory_scaling: cli.device_memory_scaling,
         device_memory_factor: cli.device_memory_factor,
-        cgroup_driver: CgroupDriver::parse(&cli.cgroup_driver),
+        // Read in any case, as vgpu-manager does (`strings.ToLower`); anything else detects (e.g. `auto`).
+        cgroup_driver: CgroupDriver::parse(&cli.cgroup_driver.to_ascii_lowercase()),
         gds_enabled: cli.gds_enabled,
         mofed_enabled: cli.mofed_enabled,
         gdrcopy_enabled: cli.gdrcopy_enabled,
@@ -232,10 +236,12 @@ fn plugin_config(cli: &Cli, node: String, settings: NodeSettings, domain: Resour
     config
 }
 
-async fn kube_client(kubeconfig: Option<&std::path::Path>, timeout: u64) -> anyhow::Result<kube::Client> {
-    let mut config = vgpu_bins::kube_config(kubeconfig).await?;
+async fn kube_client(args: &vgpu_bins::KubeClientArgs, timeout: u64) -> anyhow::Result<kube::Client> {
+    let options = args.options(vgpu_bins::COMPONENT_RATE);
+    let bucket = options.bucket()?;
+    let mut config = options.config().await?;
     apply_kube_timeout(&mut config, timeout);
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    vgpu_kube::client::client_with_bucket(config, bucket).context("building the Kubernetes client")
 }
 
 async fn run(
@@ -251,7 +257,7 @@ async fn run(
     for w in &opened.warnings {
         tracing::warn!("{w}");
     }
-    let client = kube_client(cli.kubeconfig.as_deref(), cli.kube_timeout).await?;
+    let client = kube_client(&cli.kube, cli.kube_timeout).await?;
     let cluster = Arc::new(KubeCluster::new(client).with_instance(format!("vgpu-device-plugin-{node}")));
 
     let mut config = plugin_config(&cli, node, settings, domain);
@@ -286,7 +292,10 @@ async fn run(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    if let Err(e) = cli.log.init() {
+        eprintln!("vgpu-device-plugin: {e}");
+        return ExitCode::from(2);
+    }
     let gates = match configure_gates(vgpu_gates::device_plugin(), &cli.gates.feature_gates) {
         Ok(g) => g,
         Err(code) => return code,
@@ -311,7 +320,7 @@ fn main() -> ExitCode {
             Err(e) => return bad_flag("node-config-path", e),
         };
     }
-    vgpu_bins::run_async("vgpu-device-plugin", run(cli, gates, node, settings))
+    vgpu_bins::run_async("vgpu-device-plugin", &cli.pprof.clone(), run(cli, gates, node, settings))
 }
 
 #[cfg(test)]
@@ -381,6 +390,18 @@ mod tests {
         assert_eq!(s.imex, ImexSettings { channel_ids: vec![0, 3], required: true });
         assert_eq!(settings_ok(&parse(&[])).imex, ImexSettings::default());
         assert!(Cli::try_parse_from(["vgpu-device-plugin", "--imex-channel-ids=-1"]).is_err());
+    }
+
+    #[test]
+    fn bool_flags_take_go_forms() {
+        let cli =
+            parse(&["--gds-enabled=False", "--mofed-enabled=T", "--imex-required=1", "--gfd-labels=TRUE"]);
+        assert!(!cli.gds_enabled && cli.mofed_enabled && cli.imex_required && cli.gfd_labels);
+        let cli = parse(&["--open-kernel-modules", "--gdrcopy-enabled=f"]);
+        assert!(cli.open_kernel_modules && !cli.gdrcopy_enabled && !cli.gfd_labels);
+        // `--flag false` with a space: `false` is not the flag's value (Go), and a stray argument is refused.
+        assert!(Cli::try_parse_from(["vgpu-device-plugin", "--gds-enabled", "false"]).is_err());
+        assert!(Cli::try_parse_from(["vgpu-device-plugin", "--gfd-labels=yes"]).is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::Parser;
-use vgpu_bins::{DraGateArgs, configure_gates, init_tracing};
+use vgpu_bins::{DraGateArgs, configure_gates};
 use vgpu_dra::{
     claims::KubeClaims,
     config::{
@@ -116,15 +116,18 @@ struct Cli {
     stale_claim_sweep_interval: Duration,
     /// Write the driver version and the `HardwareHealthy` condition of this node's PhysicalGPUs (GPU module;
     /// nothing is written while the cluster has no PhysicalGPU resource).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     physical_gpu_status: bool,
     /// How often this node's PhysicalGPUs are listed again for `--physical-gpu-status` (besides every health
     /// change).
     #[arg(long, default_value = "30s", value_parser = vgpu_bins::parse_go_duration)]
     physical_gpu_resync_interval: Duration,
-    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: vgpu_bins::KubeClientArgs,
+    #[command(flatten)]
+    log: vgpu_bins::LogArgs,
+    #[command(flatten)]
+    pprof: vgpu_bins::PprofArgs,
     /// Device backend: auto, nvml, metax or mock.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
@@ -380,7 +383,7 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     if !cli.nvidia_cdi_hook_path.is_empty() {
         tracing::info!(path = %cli.nvidia_cdi_hook_path, "--nvidia-cdi-hook-path: this build writes no CDI hooks");
     }
-    let client = vgpu_bins::kube_client(cli.kubeconfig.as_deref()).await?;
+    let client = cli.kube.client(vgpu_bins::KUBELET_PLUGIN_RATE).await?;
     let claims = Arc::new(KubeClaims::new(client.clone()));
     let config = Arc::new(config);
     let metrics = Arc::new(vgpu_dra::metrics::DriverMetrics::new());
@@ -551,9 +554,34 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Gates `LoggingBetaOptions` / `LoggingAlphaOptions`: the logging options used must be permitted, checked
+/// before logging starts (as upstream's `logsapi.ValidateAndApply`). A bad gate value is left to
+/// `configure_gates`, which reports it once logging runs.
+fn logging_permitted(cli: &Cli) -> Result<(), String> {
+    let Ok(gates) = vgpu_gates::kubelet_plugin().configure(&cli.gates.feature_gates) else {
+        return Ok(());
+    };
+    let format = clap::ValueEnum::to_possible_value(&cli.log.logging_format)
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default();
+    // This build has no alpha logging options (see vgpu_dra::gates).
+    vgpu_dra::gates::check_logging(&gates, &format, &[])
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_tracing();
+    // vgpu-manager's kubelet plugin also reads its verbosity from `V` (its chart sets env, not flags).
+    let command = <Cli as clap::CommandFactory>::command().mut_arg("verbosity", |arg| arg.env("V"));
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    if let Err(e) = logging_permitted(&cli) {
+        return bad(e);
+    }
+    if let Err(e) = cli.log.init() {
+        eprintln!("vgpu-kubelet-plugin: {e}");
+        return ExitCode::from(2);
+    }
     let gates = match configure_gates(vgpu_gates::kubelet_plugin(), &cli.gates.feature_gates) {
         Ok(g) => g,
         Err(code) => return code,
@@ -566,7 +594,7 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return bad(e),
     };
-    vgpu_bins::run_async(BIN, run(cli, resolved))
+    vgpu_bins::run_async(BIN, &cli.pprof.clone(), run(cli, resolved))
 }
 
 #[cfg(test)]

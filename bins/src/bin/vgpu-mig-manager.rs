@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, sync::Arc, ti
 
 use anyhow::Context;
 use clap::Parser;
-use vgpu_bins::{init_tracing, kube_client, parse_go_duration, shutdown_signal};
+use vgpu_bins::{parse_go_duration, shutdown_signal};
 use vgpu_core::node_config::MigStrategy;
 use vgpu_mig_manager::{ManagerConfig, MigManager, kube_cluster::KubeCluster};
 use vgpu_nvml::select::{BackendChoice, SelectOptions, open_backend};
@@ -35,7 +35,7 @@ struct Cli {
     #[arg(long, default_value = "app.kubernetes.io/name=vgpu-device-plugin")]
     device_plugin_selector: String,
     /// Publish GPU feature labels compatible with gpu-feature-discovery.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     gfd_labels: bool,
     /// The device plugin's MIG strategy, for the labels: none, single or mixed.
     #[arg(long, env = "MIG_STRATEGY", default_value = "mixed")]
@@ -55,9 +55,12 @@ struct Cli {
     /// The mock backend's description file (`--backend mock`).
     #[arg(long, value_name = "FILE")]
     mock_config: Option<PathBuf>,
-    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: vgpu_bins::KubeClientArgs,
+    #[command(flatten)]
+    log: vgpu_bins::LogArgs,
+    #[command(flatten)]
+    pprof: vgpu_bins::PprofArgs,
 }
 
 fn bad_flag(err: impl std::fmt::Display) -> ExitCode {
@@ -120,7 +123,7 @@ async fn run(cli: Cli, config: ManagerConfig) -> anyhow::Result<()> {
         tracing::warn!("{w}");
     }
     let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
-    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let client = cli.kube.client(vgpu_bins::COMPONENT_RATE).await?;
     tracing::info!(config = ?config, backend = backend.name(), "starting the MIG manager");
     let shutdown = shutdown_signal()?;
     MigManager::new(config, KubeCluster::new(client), backend).run(shutdown).await;
@@ -129,10 +132,13 @@ async fn run(cli: Cli, config: ManagerConfig) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    if let Err(e) = cli.log.init() {
+        eprintln!("vgpu-mig-manager: {e}");
+        return ExitCode::from(2);
+    }
     let config = match manager_config(&cli) {
         Ok(c) => c,
         Err(e) => return bad_flag(e),
     };
-    vgpu_bins::run_async("vgpu-mig-manager", run(cli, config))
+    vgpu_bins::run_async("vgpu-mig-manager", &cli.pprof.clone(), run(cli, config))
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use vgpu_bins::{init_tracing, kube_client, parse_go_duration, shutdown_signal};
+use vgpu_bins::{parse_go_duration, shutdown_signal};
 use vgpu_node_agent::{AgentConfig, KubeCluster, NodeAgent, agent::parse_config_map_ref};
 
 /// The GPU module's node agent: one PhysicalGPU per GPU found in sysfs, and the vendor node labels.
@@ -39,14 +39,17 @@ struct Cli {
     #[arg(long, env = "VENDORS_CONFIGMAP", default_value = "d8-gpu/gpu-supported-vendors")]
     vendors_configmap: String,
     /// Run on a control-plane node too (refused by default).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     allow_control_plane: bool,
     /// Do not watch the kernel's PCI uevents (scan on --scan-interval only).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     disable_pci_uevents: bool,
-    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: vgpu_bins::KubeClientArgs,
+    #[command(flatten)]
+    log: vgpu_bins::LogArgs,
+    #[command(flatten)]
+    pprof: vgpu_bins::PprofArgs,
 }
 
 fn bad_flag(err: impl std::fmt::Display) -> ExitCode {
@@ -92,7 +95,7 @@ fn agent_config(cli: &Cli) -> Result<AgentConfig, String> {
 }
 
 async fn run(cli: Cli, config: AgentConfig) -> anyhow::Result<()> {
-    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let client = cli.kube.client(vgpu_bins::COMPONENT_RATE).await?;
     let cluster = KubeCluster::new(client, &config.group)?;
     tracing::info!(config = ?config, "starting the node agent");
     let shutdown = shutdown_signal()?;
@@ -102,10 +105,13 @@ async fn run(cli: Cli, config: AgentConfig) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    if let Err(e) = cli.log.init() {
+        eprintln!("vgpu-node-agent: {e}");
+        return ExitCode::from(2);
+    }
     let config = match agent_config(&cli) {
         Ok(c) => c,
         Err(e) => return bad_flag(e),
     };
-    vgpu_bins::run_async("vgpu-node-agent", run(cli, config))
+    vgpu_bins::run_async("vgpu-node-agent", &cli.pprof.clone(), run(cli, config))
 }

@@ -18,9 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use vgpu_bins::{
-    CoreGateArgs, configure_gates, init_tracing, kube_client, parse_go_duration, shutdown_signal,
-};
+use vgpu_bins::{CoreGateArgs, configure_gates, parse_go_duration, shutdown_signal};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_gates::{CoreGate, FeatureGates};
 use vgpu_scheduler::event_queue::DeferConfig;
@@ -49,17 +47,17 @@ struct Cli {
     #[arg(long, value_name = "IP")]
     server_bind_address: Option<IpAddr>,
     /// Serve HTTPS with --tls-cert-file and --tls-key-file (reloaded when they change).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     enable_tls: bool,
     /// Verify client certificates against this PEM CA bundle (reloaded when it changes): every route but
     /// /healthz and /readyz then needs a client certificate signed by it (kube-scheduler's extender
     /// `tlsConfig.certFile`/`keyFile`). Requires --enable-tls.
-    #[arg(long, value_name = "FILE", requires = "enable_tls")]
+    #[arg(long, value_name = "FILE")]
     client_ca_file: Option<PathBuf>,
     /// Authorize /metrics by bearer token: the API server must authenticate the token (TokenReview) and
     /// allow its user `get` on the non-resource URL /metrics (SubjectAccessReview); 401/403 otherwise.
     /// Decisions are cached 10s (allowed) / 2s (refused).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     enable_rbac: bool,
     /// TLS private key (PEM).
     #[arg(long, value_name = "FILE")]
@@ -73,11 +71,12 @@ struct Cli {
     /// How long a pre-allocation holds GPUs before the pod must be bound (Go duration, ≥ 1s).
     #[arg(long, default_value = "30s", value_parser = parse_go_duration)]
     stuck_grace_period: Duration,
-    /// Follow the co-located kube-scheduler's Lease: ready only while it is held by our identity prefix.
-    #[arg(long, conflicts_with = "leader_elect")]
+    /// Follow the co-located kube-scheduler's Lease: ready only while it is held by our identity prefix. Not with
+    /// --leader-elect (`--watch-lease=false --leader-elect` is fine, as in Go).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     watch_lease: bool,
     /// Elect a leader among the extender replicas on a Lease; followers are not ready.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     leader_elect: bool,
     /// Identity prefix in the Lease (default: $POD_NAME, else $HOSTNAME, else the host name).
     #[arg(long)]
@@ -105,7 +104,7 @@ struct Cli {
     domain: String,
     /// Send the Normal events of a pod scheduled without trouble (FilteringSucceed, BindingSucceed), as
     /// vgpu-manager does; `false` saves two API writes per pod (warnings are always sent).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     success_events: bool,
     /// Success events sent per second at most on average (0: no limit); the rest wait their turn (see
     /// --event-quiet-period; with 0 there they are dropped). Warnings are never limited.
@@ -127,9 +126,12 @@ struct Cli {
     /// pod read back and, if its labels were dropped, repaired and patch from then on; patch before 1.35).
     #[arg(long, value_enum, default_value_t = BindWritesArg::Auto)]
     bind_writes: BindWritesArg,
-    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: vgpu_bins::KubeClientArgs,
+    #[command(flatten)]
+    log: vgpu_bins::LogArgs,
+    #[command(flatten)]
+    pprof: vgpu_bins::PprofArgs,
     #[command(flatten)]
     gates: CoreGateArgs,
 }
@@ -157,6 +159,10 @@ fn leader_config(cli: &Cli) -> Result<LeaderConfig, ExitCode> {
 }
 
 fn server_config(cli: &Cli) -> Result<ServerConfig, ExitCode> {
+    // Checked here rather than by clap: `--enable-tls=false` is given but off.
+    if cli.client_ca_file.is_some() && !cli.enable_tls {
+        return Err(bad_flag("client-ca-file", "requires --enable-tls"));
+    }
     let tls = if cli.enable_tls {
         let (Some(cert_file), Some(key_file)) = (cli.tls_cert_file.clone(), cli.tls_key_file.clone()) else {
             return Err(bad_flag("enable-tls", "--tls-cert-file and --tls-key-file are both required"));
@@ -209,7 +215,7 @@ async fn run(
     server: ServerConfig,
 ) -> anyhow::Result<()> {
     let domain = ResourceDomain::new(&cli.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
-    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let client = cli.kube.client(vgpu_bins::COMPONENT_RATE).await?;
     let bind_writes = match cli.bind_writes {
         BindWritesArg::Binding => BindWrites::Binding,
         BindWritesArg::Patch => BindWrites::PatchThenBinding,
@@ -314,7 +320,10 @@ enum BindWritesArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    if let Err(e) = cli.log.init() {
+        eprintln!("vgpu-scheduler-extender: {e}");
+        return ExitCode::from(2);
+    }
     let gates = match configure_gates(vgpu_gates::scheduler_extender(), &cli.gates.feature_gates) {
         Ok(g) => g,
         Err(code) => return code,
@@ -340,7 +349,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli, gates, leader_config, server)) {
+    let pprof = cli.pprof.clone();
+    let main = async move {
+        pprof.start().await?;
+        run(cli, gates, leader_config, server).await
+    };
+    match runtime.block_on(main) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("vgpu-scheduler-extender: {e:#}");

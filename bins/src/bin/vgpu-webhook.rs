@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use vgpu_bins::{init_tracing, kube_client, shutdown_signal};
+use vgpu_bins::shutdown_signal;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_webhook::admit::Admission;
 use vgpu_webhook::api::KubeApi;
@@ -59,20 +59,23 @@ struct Cli {
     #[arg(long, default_value = config::DEFAULT_DEVICE_CLASS_NAME)]
     vgpu_device_class_name: String,
     /// Enforce the DRA claim-sharing rules in /pods/validate and /resourceclaims/validate.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     dra_admission_enabled: bool,
     /// Convert vGPU extended resources into DRA ResourceClaims (ResourceClaimTemplates for Volcano Jobs).
-    #[arg(long = "default-convert2-dra")]
+    #[arg(long = "default-convert2-dra", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     default_convert2_dra: bool,
     /// One ResourceClaim per pod instead of one per container (requires --default-convert2-dra).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     combined_resource_claim: bool,
     /// Resource and annotation domain.
     #[arg(long, default_value = "nvidia.com")]
     domain: String,
-    /// Kubeconfig file; default: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: vgpu_bins::KubeClientArgs,
+    #[command(flatten)]
+    log: vgpu_bins::LogArgs,
+    #[command(flatten)]
+    pprof: vgpu_bins::PprofArgs,
 }
 
 fn bad_flag(err: impl std::fmt::Display) -> ExitCode {
@@ -119,7 +122,7 @@ fn webhook_config(cli: &Cli) -> Result<WebhookConfig, String> {
 }
 
 async fn run(cli: Cli, config: WebhookConfig) -> anyhow::Result<()> {
-    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let client = cli.kube.client(vgpu_bins::COMPONENT_RATE).await?;
     let server = ServerConfig::new(
         SocketAddr::new(cli.server_bind_address, cli.server_bind_port),
         cli.cert_dir.join(&cli.tls_cert_name),
@@ -133,10 +136,13 @@ async fn run(cli: Cli, config: WebhookConfig) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    if let Err(e) = cli.log.init() {
+        eprintln!("vgpu-webhook: {e}");
+        return ExitCode::from(2);
+    }
     let config = match webhook_config(&cli) {
         Ok(c) => c,
         Err(e) => return bad_flag(e),
     };
-    vgpu_bins::run_async("vgpu-webhook", run(cli, config))
+    vgpu_bins::run_async("vgpu-webhook", &cli.pprof.clone(), run(cli, config))
 }
