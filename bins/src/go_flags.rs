@@ -15,7 +15,7 @@
 //!       action = clap::ArgAction::Set)]
 //! ```
 //!
-//! A flag that also reads an environment variable (`env = "GDS_ENABLED"`) uses [`parse_go_bool_env`]
+//! A flag that also reads an environment variable (`env = "GDS_ENABLED"`) uses [`parse_go_bool_env`](crate::go_flags::parse_go_bool_env)
 //! instead, which takes the same forms plus what vgpu-manager reads from those variables.
 //!
 //! A refused value exits 2 with clap's message naming the flag, the value and the accepted forms:
