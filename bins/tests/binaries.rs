@@ -141,6 +141,36 @@ fn kubelet_plugin_json_logging_needs_logging_beta_options() {
     }
 }
 
+/// The kubelet plugin's logging flags also come from the environment, as upstream's (`V`, `VMODULE`,
+/// `LOGGING_FORMAT`): JSON lines with the format from `LOGGING_FORMAT`, the gate check reads it too, a bad
+/// value names the flag.
+#[test]
+fn kubelet_plugin_reads_its_logging_flags_from_the_environment() {
+    let out = bin("vgpu-kubelet-plugin")
+        .env("LOGGING_FORMAT", "json")
+        .env("V", "4")
+        .env("VMODULE", "vgpu_dra=5")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The gates line is logged as JSON before the node-name check refuses.
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(first.starts_with('{') && first.contains("Feature Gates"), "{stderr}");
+    bin("vgpu-kubelet-plugin")
+        .env("LOGGING_FORMAT", "json")
+        .env("FEATURE_GATES", "LoggingBetaOptions=false")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("Log format json is disabled"));
+    bin("vgpu-kubelet-plugin")
+        .env("VMODULE", "vgpu dra=4")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("invalid --vmodule entry"));
+}
+
 #[test]
 fn device_plugin_good_gates_then_a_clear_configuration_error() {
     bin("vgpu-device-plugin")

@@ -569,8 +569,12 @@ fn logging_permitted(cli: &Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    // vgpu-manager's kubelet plugin also reads its verbosity from `V` (its chart sets env, not flags).
-    let command = <Cli as clap::CommandFactory>::command().mut_arg("verbosity", |arg| arg.env("V"));
+    // vgpu-manager's kubelet plugin also reads its logging flags from the environment (its chart sets env, not
+    // flags): `V`, `VMODULE`, `LOGGING_FORMAT`.
+    let command = <Cli as clap::CommandFactory>::command()
+        .mut_arg("verbosity", |arg| arg.env("V"))
+        .mut_arg("vmodule", |arg| arg.env("VMODULE"))
+        .mut_arg("logging_format", |arg| arg.env("LOGGING_FORMAT"));
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&command.get_matches()) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
