@@ -35,12 +35,7 @@ async fn allocate_with(
     let backend: Arc<dyn DeviceBackend> = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
     let pod = support::allocating_pod(UID, "p", "main[0_GPU-a_50_2048,1_GPU-b_50_2048]");
     let cluster = Arc::new(InMemoryCluster::new(vec![pod]));
-    let mut config = PluginConfig::new("node-1");
-    config.device_plugin_path = dir.path().to_path_buf();
-    config.manager_dir = dir.path().join("manager");
-    config.device_root = dir.path().join("driver-root");
-    std::fs::create_dir_all(config.device_root.join("dev")).unwrap();
-    std::fs::write(config.device_root.join("dev/nvidiactl"), b"").unwrap();
+    let mut config = support::plugin_config(dir.path());
     tune(&mut config);
     let daemon = Daemon::new(config, Arc::clone(&backend), cluster.clone(), cluster.clone()).unwrap();
     let resp = support::allocate_once(daemon, cluster, dir.path(), "p", &["GPU-a::0", "GPU-b::4"]).await;

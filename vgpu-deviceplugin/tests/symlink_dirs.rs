@@ -13,7 +13,6 @@ use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
 use vgpu_deviceplugin::{
     api::v1beta1::{AllocateRequest, ContainerAllocateRequest},
     cluster::InMemoryCluster,
-    config::PluginConfig,
     daemon::Daemon,
 };
 
@@ -36,12 +35,7 @@ async fn a_symlinked_container_directory_fails_allocate_and_keeps_its_target_mod
         let backend: Arc<dyn DeviceBackend> = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
         let pod = support::allocating_pod(UID, "p", "main[0_GPU-a_50_2048]");
         let cluster = Arc::new(InMemoryCluster::new(vec![pod]));
-        let mut config = PluginConfig::new("node-1");
-        config.device_plugin_path = dir.path().to_path_buf();
-        config.manager_dir = dir.path().join("manager");
-        config.device_root = dir.path().join("driver-root");
-        std::fs::create_dir_all(config.device_root.join("dev")).unwrap();
-        std::fs::write(config.device_root.join("dev/nvidiactl"), b"").unwrap();
+        let config = support::plugin_config(dir.path());
         // The container's directory exists with a link where one of its subdirectories goes.
         let container_dir = config.manager_dir.join(format!("{UID}_main"));
         std::fs::create_dir_all(&container_dir).unwrap();

@@ -20,6 +20,18 @@ use vgpu_deviceplugin::{
     vnumber::VgpuNumberPlugin,
 };
 
+/// The vnumber plugin's configuration on `node-1` with every path under `dir`: sockets in `dir`, the manager
+/// directory `dir/manager`, a driver root `dir/driver-root` that has `/dev/nvidiactl`.
+pub fn plugin_config(dir: &Path) -> PluginConfig {
+    let mut config = PluginConfig::new("node-1");
+    config.device_plugin_path = dir.to_path_buf();
+    config.manager_dir = dir.join("manager");
+    config.device_root = dir.join("driver-root");
+    std::fs::create_dir_all(config.device_root.join("dev")).unwrap();
+    std::fs::write(config.device_root.join("dev/nvidiactl"), b"").unwrap();
+    config
+}
+
 /// Pod `ns/<name>` on `node-1` in the allocating phase with `pre_allocated` (one container per claim,
 /// named as in the claim, no env).
 pub fn allocating_pod(uid: &str, name: &str, pre_allocated: &str) -> PodInfo {
