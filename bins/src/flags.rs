@@ -62,11 +62,6 @@ impl KubeClientArgs {
         }
     }
 
-    /// The configuration these flags select (errors name the flag or file).
-    pub async fn config(&self) -> anyhow::Result<kube::Config> {
-        Ok(self.options(COMPONENT_RATE).config().await?)
-    }
-
     /// The rate-limited client of these flags.
     pub async fn client(&self, default: ApiRate) -> anyhow::Result<kube::Client> {
         let options = self.options(default);
