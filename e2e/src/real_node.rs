@@ -796,15 +796,18 @@ imports = []
             "authentication": {"anonymous": {"enabled": true}, "webhook": {"enabled": false}},
             "authorization": {"mode": "AlwaysAllow"},
             "podLogsDir": self.dir.join("pod-logs"),
-            // Nothing is ever collected or evicted for lack of disk or memory on a shared test machine.
+            // Nothing is ever collected or evicted for lack of disk or memory on a shared test
+            // machine: the host's disk is the node's, and other builds fill it. "0%" turns a disk
+            // signal off (the kubelet skips 0% and 100%; kind does the same); a 1% threshold
+            // still set DiskPressure, refused pods and failed CI when the host disk was >99% full.
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "evictionHard": {
                 "memory.available": "1Mi",
-                "nodefs.available": "1%",
-                "nodefs.inodesFree": "1%",
-                "imagefs.available": "1%",
-                "imagefs.inodesFree": "1%",
+                "nodefs.available": "0%",
+                "nodefs.inodesFree": "0%",
+                "imagefs.available": "0%",
+                "imagefs.inodesFree": "0%",
             },
             "failSwapOn": false,
             "featureGates": builder.feature_gates,
