@@ -324,10 +324,12 @@ fn chart_gate_strings_equal_vgpuctl_gates_render() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
+    // Helm merges these maps over the chart's own (the device plugin's turns HonorPreAllocatedDeviceIDs on);
+    // vgpuctl renders the file alone, so every gate the chart sets by default is set here too.
     let manager = dir.path().join("vgpu-manager-values.yaml");
     std::fs::write(
         &manager,
-        "devicePlugin:\n  devicePlugin:\n    commands:\n      featureGates:\n        TopologyAwareGPUAllocation: true\n        SharedSMUtilizationWatcher: true\n        GPUCoreResourcePlugin: false\n  deviceMonitor:\n    commands:\n      featureGates:\n        VirtualMemoryTracking: true\nscheduler:\n  schedulerExtender:\n    commands:\n      featureGates:\n        SerializedNodeBind: true\n        TopologyAwareGPUAllocation: true\n",
+        "devicePlugin:\n  devicePlugin:\n    commands:\n      featureGates:\n        TopologyAwareGPUAllocation: true\n        SharedSMUtilizationWatcher: true\n        GPUCoreResourcePlugin: false\n        HonorPreAllocatedDeviceIDs: false\n  deviceMonitor:\n    commands:\n      featureGates:\n        VirtualMemoryTracking: true\nscheduler:\n  schedulerExtender:\n    commands:\n      featureGates:\n        SerializedNodeBind: true\n        TopologyAwareGPUAllocation: true\n",
     )
     .unwrap();
     let dra = dir.path().join("dra-values.yaml");

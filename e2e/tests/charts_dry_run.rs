@@ -56,7 +56,7 @@ const CASES: &[Case] = &[
         values: "defaults",
         set: &[],
         kinds: &["DaemonSet", "Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"],
-        has: &[],
+        has: &[r#""--feature-gates=HonorPreAllocatedDeviceIDs=true""#],
         lacks: &[],
     },
     Case {
@@ -105,7 +105,15 @@ const CASES: &[Case] = &[
             "scheduler.schedulerExtender.commands.featureGates.SerializedNodeBind=true",
         ],
         kinds: &["DaemonSet", "Deployment"],
-        has: &[],
+        has: &[r#""--feature-gates=HonorPreAllocatedDeviceIDs=true,TopologyAwareGPUAllocation=true""#],
+        lacks: &[],
+    },
+    Case {
+        chart: "vgpu-manager",
+        values: "HonorPreAllocatedDeviceIDs off",
+        set: &["devicePlugin.devicePlugin.commands.featureGates.HonorPreAllocatedDeviceIDs=false"],
+        kinds: &["DaemonSet"],
+        has: &[r#""--feature-gates=HonorPreAllocatedDeviceIDs=false""#],
         lacks: &[],
     },
     Case {

@@ -8,7 +8,10 @@
 //!
 //! Before the vGPU runtime files are installed a vGPU pod is refused with the plugin's message (the
 //! kubelet's `UnexpectedAdmissionError`) and nothing is created in their place; after a kubelet restart the
-//! plugin registers again, a second pod runs, and the first one was never restarted.
+//! plugin registers again, a second pod runs, and the first one was never restarted. The plugin is then
+//! restarted with `HonorPreAllocatedDeviceIDs` off: it registers again, the running pods are untouched, and
+//! three more containers get their pre-allocated GPU whichever IDs the kubelet picked (`devices.json` holds
+//! the kubelet's IDs).
 //!
 //! Needs the control plane, the real node and root: `e2e/run.sh real_node_device_plugin`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -22,7 +25,9 @@ use kube::{
     api::{DeleteParams, PostParams},
 };
 use serde_json::json;
-use vgpu_core::{abi::runtime_files, abi::vgpu_config, codec::pod_devices, domain::ResourceDomain};
+use vgpu_core::{
+    abi::devices_json, abi::runtime_files, abi::vgpu_config, codec::pod_devices, domain::ResourceDomain,
+};
 use vgpu_deviceplugin::{
     api::podresources::{
         AllocatableResourcesRequest, ListPodResourcesRequest,
@@ -49,6 +54,77 @@ fn probe_pod(name: &str, image: &str) -> Pod {
 
 async fn wait_running(env: &vgpu_e2e::TestEnv, node: &RealNode, pods: &Api<Pod>, name: &str) -> (Pod, Probe) {
     probe::running(env, node, pods, name, DEVICE_PLUGIN, TIMEOUT).await.unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The vgpu-number device IDs the kubelet's pod-resources `List` gives pod `name`'s first container.
+async fn kubelet_device_ids(node: &RealNode, name: &str) -> Vec<String> {
+    let channel = connect_unix(&node.pod_resources_socket(), Duration::from_secs(5)).await.unwrap();
+    let listed =
+        PodResourcesListerClient::new(channel).list(ListPodResourcesRequest {}).await.unwrap().into_inner();
+    let ours = listed.pod_resources.iter().find(|p| p.name == name).expect("pod in pod-resources");
+    ours.containers[0]
+        .devices
+        .iter()
+        .filter(|d| d.resource_name == VGPU_NUMBER)
+        .flat_map(|d| d.device_ids.iter().cloned())
+        .collect()
+}
+
+/// Waits until the kubelet's pod-resources `GetAllocatableResources` (healthy devices only) lists `count`
+/// vgpu-number devices.
+async fn healthy_devices_are(env: &vgpu_e2e::TestEnv, node: &RealNode, count: usize) {
+    env.poll(&format!("{count} healthy vgpu-number devices at the kubelet"), TIMEOUT, || async {
+        let channel = connect_unix(&node.pod_resources_socket(), Duration::from_secs(5)).await.ok()?;
+        let answer = PodResourcesListerClient::new(channel)
+            .get_allocatable_resources(AllocatableResourcesRequest {})
+            .await
+            .ok()?
+            .into_inner();
+        let healthy: usize = answer
+            .devices
+            .iter()
+            .filter(|d| d.resource_name == VGPU_NUMBER)
+            .map(|d| d.device_ids.len())
+            .sum();
+        (healthy == count).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(DEVICE_PLUGIN, 40), node.log_tails(40)));
+}
+
+/// After a kubelet or plugin restart: waits until the plugin is registered again and kube-scheduler can
+/// place a vGPU pod on the node.
+///
+/// A restarted kubelet restores its checkpoint with no healthy device until the plugin registers again and
+/// sends ListAndWatch, and a gone plugin's devices are unhealthy: a pod admitted before that fails "no
+/// healthy devices present" (upstream behaviour). The kubelet's `GetAllocatableResources` lists only healthy
+/// devices, so it says when the plugin is back; from then on every Node status the kubelet computes says 12.
+/// The Node itself lags: a restarted kubelet (`kubelet_restarted_at`) posts it at start, with no
+/// vgpu-number when the plugin was not back yet, and kube-scheduler then holds a new pod as unschedulable;
+/// so wait for a post of 12 made by the restarted kubelet (the Ready heartbeat, whole seconds, in or after
+/// the restart's second; the old kubelet posts only on a change, so one in that second is unlikely). A
+/// plugin restart under the same kubelet needs only the 12: a post of 0 in between, if any, came before the
+/// kubelet saw the plugin back.
+async fn plugin_back(
+    env: &vgpu_e2e::TestEnv,
+    node: &RealNode,
+    nodes: &Api<Node>,
+    kubelet_restarted_at: Option<k8s_openapi::jiff::Timestamp>,
+) {
+    healthy_devices_are(env, node, 12).await;
+    env.poll("the Node's vgpu-number allocatable 12, posted by the current kubelet", TIMEOUT, || async {
+        let status = nodes.get(node.node_name()).await.ok()?.status?;
+        if let Some(since) = kubelet_restarted_at {
+            let ready = status.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
+            let heartbeat = ready.last_heartbeat_time.as_ref()?.0;
+            if heartbeat.as_second() < since.as_second() {
+                return None;
+            }
+        }
+        (status.allocatable?.get(VGPU_NUMBER) == Some(&Quantity("12".into()))).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", node.log_tails(40)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -171,17 +247,8 @@ async fn real_node_runs_a_vgpu_pod_through_the_device_plugin() {
     assert_eq!(slot.hard_core, 50, "{slot:?}");
 
     // 3. The kubelet's own accounting names the pre-allocated GPU.
-    let channel = connect_unix(&node.pod_resources_socket(), Duration::from_secs(5)).await.unwrap();
-    let listed =
-        PodResourcesListerClient::new(channel).list(ListPodResourcesRequest {}).await.unwrap().into_inner();
-    let ours = listed.pod_resources.iter().find(|p| p.name == "vgpu").expect("pod in pod-resources");
-    let ids: Vec<&String> = ours.containers[0]
-        .devices
-        .iter()
-        .filter(|d| d.resource_name == VGPU_NUMBER)
-        .flat_map(|d| &d.device_ids)
-        .collect();
-    assert_eq!(ids.len(), 1, "{ours:?}");
+    let ids = kubelet_device_ids(&node, "vgpu").await;
+    assert_eq!(ids.len(), 1, "{ids:?}");
     assert!(
         ids[0].starts_with(&format!("{}::", device.uuid)),
         "kubelet picked {ids:?}, pre-allocated {}",
@@ -194,46 +261,59 @@ async fn real_node_runs_a_vgpu_pod_through_the_device_plugin() {
     };
     let restarted_at = k8s_openapi::jiff::Timestamp::now();
     node.restart_kubelet().await.unwrap();
-    // A restarted kubelet restores its checkpoint with no healthy device until the plugin registers again
-    // and sends ListAndWatch: a pod admitted before that fails "no healthy devices present" (upstream
-    // behaviour). The kubelet's pod-resources `GetAllocatableResources` lists only healthy devices, so it
-    // says when the plugin is back.
-    env.poll("the kubelet's healthy vgpu-number devices after its restart", TIMEOUT, || async {
-        let channel = connect_unix(&node.pod_resources_socket(), Duration::from_secs(5)).await.ok()?;
-        let answer = PodResourcesListerClient::new(channel)
-            .get_allocatable_resources(AllocatableResourcesRequest {})
-            .await
-            .ok()?
-            .into_inner();
-        let healthy: usize = answer
-            .devices
-            .iter()
-            .filter(|d| d.resource_name == VGPU_NUMBER)
-            .map(|d| d.device_ids.len())
-            .sum();
-        (healthy == 12).then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(DEVICE_PLUGIN, 40), node.log_tails(40)));
-    // The restarted kubelet first posts the Node with no vgpu-number (kube-scheduler would then hold a new
-    // pod as unschedulable), then the plugin's 12 at its next status update: wait for a post of 12 made after
-    // the restart (the Ready condition's heartbeat, whole seconds, so strictly later than the restart's second).
-    env.poll("the Node's vgpu-number allocatable posted by the restarted kubelet", TIMEOUT, || async {
-        let status = nodes.get(node.node_name()).await.ok()?.status?;
-        let heartbeat = status.conditions?.into_iter().find(|c| c.type_ == "Ready")?.last_heartbeat_time?.0;
-        let posted_after = heartbeat.as_second() > restarted_at.as_second();
-        (posted_after && status.allocatable?.get(VGPU_NUMBER) == Some(&Quantity("12".into()))).then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", node.log_tails(40)));
+    plugin_back(&env, &node, &nodes, Some(restarted_at)).await;
     pods.create(&PostParams::default(), &probe_pod("after-restart", node.busybox_image())).await.unwrap();
     wait_running(&env, &node, &pods, "after-restart").await;
     let again = pods.get("vgpu").await.unwrap();
     assert_eq!(again.metadata.uid.as_deref(), Some(uid.as_str()));
     assert_eq!(restarts(&again), Some(0), "{:?}", again.status);
 
-    // 5. Deleted: the containers leave containerd.
+    // 5. A plugin restart, now with HonorPreAllocatedDeviceIDs off (the binary's default): the kubelet is
+    // offered no preference and picks IDs itself. The plugin registers again, the running pods are
+    // untouched, and each new container gets the pre-allocated GPU whichever IDs the kubelet picked;
+    // devices.json records exactly the kubelet's IDs (what PreStartContainer matched).
+    env.stop_process(DEVICE_PLUGIN).unwrap();
+    // The kubelet marks a gone plugin's devices unhealthy; wait until it has, so the next wait cannot see
+    // the old registration.
+    healthy_devices_are(&env, &node, 0).await;
+    args.retain(|a| !a.starts_with("--feature-gates="));
+    env.start_process(
+        DEVICE_PLUGIN,
+        &vgpu_binary(DEVICE_PLUGIN).unwrap(),
+        &args,
+        &[("RUST_LOG".into(), "info".into())],
+    )
+    .unwrap();
+    plugin_back(&env, &node, &nodes, None).await;
+    assert!(env.log_tail(DEVICE_PLUGIN, 400).contains("gate HonorPreAllocatedDeviceIDs is off"));
+    let mut agreed = 0;
+    for i in 0..3 {
+        let name = format!("gate-off-{i}");
+        pods.create(&PostParams::default(), &probe_pod(&name, node.busybox_image())).await.unwrap();
+        let (pod, probe) = wait_running(&env, &node, &pods, &name).await;
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let pre = pod_devices::decode_pre_allocated(&annotations[&domain.pre_allocated()]).unwrap();
+        let device = &pre.containers[0].devices[0];
+        assert_eq!(probe.env.get("NVIDIA_VISIBLE_DEVICES"), Some(&device.uuid), "{name}: {:?}", probe.env);
+        assert!(probe.device(&format!("nvidia{}", device.index)).is_some(), "{name}: {:?}", probe.dev);
+        let ids = kubelet_device_ids(&node, &name).await;
+        let uid = pod.metadata.uid.clone().unwrap();
+        let recorded =
+            devices_json::read(&manager_dir.join(format!("{uid}_main")).join(devices_json::FILE_NAME))
+                .unwrap();
+        assert_eq!(recorded, ids, "{name}: devices.json is not the kubelet's IDs");
+        agreed += usize::from(ids.iter().all(|id| id.starts_with(&format!("{}::", device.uuid))));
+    }
+    println!("gate off: the kubelet's IDs named the pre-allocated GPU for {agreed} of 3 pods");
     for name in ["vgpu", "after-restart"] {
+        let pod = pods.get(name).await.unwrap();
+        assert_eq!(restarts(&pod), Some(0), "{name} after the plugin restart: {:?}", pod.status);
+    }
+
+    // 6. Deleted: the containers leave containerd. (The kubelet's device checkpoint keeps their entries until
+    // its next allocation: upstream behaviour, not checked here.)
+    let names = ["vgpu", "after-restart", "gate-off-0", "gate-off-1", "gate-off-2"];
+    for name in names {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }
     env.poll("the vGPU pods gone", TIMEOUT, || async {

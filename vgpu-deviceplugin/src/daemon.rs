@@ -113,6 +113,16 @@ impl Daemon {
         nodes: Arc<dyn NodeClient>,
     ) -> Result<Self, ServerError> {
         crate::gates::check_gates(&config.gates)?;
+        if !config.gates.enabled(CoreGate::HonorPreAllocatedDeviceIDs) {
+            // Upstream behaviour, kept: the gate alone offers GetPreferredAllocation. Our own components
+            // never read a GPU from a kubelet device ID (PreStartContainer matches the exact ID set of
+            // devices.json), but other readers of pod-resources or device health would be misled.
+            tracing::info!(
+                "gate HonorPreAllocatedDeviceIDs is off: the kubelet picks vgpu-number device IDs itself, so \
+                 its checkpoint and pod-resources API may name another GPU than the one the scheduler \
+                 pre-allocated and the container gets; turn the gate on to make them agree"
+            );
+        }
         for gpu in backend.devices()? {
             config.device_minors.insert(gpu.index, backend.minor_number(gpu.index)?);
         }
