@@ -40,6 +40,7 @@
 //! utilization:
 //!   - { gpu: 0, pid: 4242, timestampUs: 1700000000000000, smPercent: 50, memoryPercent: 20 }
 //! migStateFile: /run/mock-mig.json # default none: MIG changes live in this process only
+//! liveFile: /run/mock-live.yaml    # default none: see "Live file" below
 //! ```
 //!
 //! ## MIG state machine
@@ -59,6 +60,25 @@
 //! {"gpus": {"GPU-0": {"mode": "Enabled", "instances": [{"uuid": "MIG-0-1", "profile": "1g.10gb",
 //!   "gpuInstanceId": 1, "computeInstanceId": 0, "placementStart": 0, "placementSize": 1, "memoryMiB": 9856}]}}}
 //! ```
+//!
+//! ## Live file
+//!
+//! With `liveFile`, another process (a test, a demo) changes what the GPUs report while the backend runs. The
+//! file is YAML or JSON with any of three keys, in the description's own shapes:
+//!
+//! ```yaml
+//! processes:                       # by GPU index: replaces that GPU's `processes`, and its used memory
+//!   0: [{ pid: 31337, usedMemoryMiB: 1024 }]   #   becomes their sum
+//! utilization:                     # when present, replaces every `utilization` sample
+//!   - { gpu: 0, pid: 31337, timestampUs: 1700000000000000, smPercent: 40 }
+//! healthEvents:                    # append-only: each entry is sent once to every health subscriber,
+//!   - { gpu: 0, kind: xid, xid: 79 }  #   within about 100 ms of being written (`afterMs` is not allowed)
+//! ```
+//!
+//! The file is read again on each call (write it atomically: temporary file, then rename); while it does not
+//! exist the description answers. A file that does not parse or names a GPU the description lacks makes
+//! [`DeviceBackend::processes`], [`DeviceBackend::memory_usage`] and [`DeviceBackend::process_utilization`]
+//! fail with the file and the field; the health thread skips it until it is valid again.
 //!
 //! ## Sharing settings
 //!
@@ -111,6 +131,31 @@ struct Description {
     utilization: Vec<SampleSpec>,
     #[serde(default)]
     mig_state_file: Option<PathBuf>,
+    #[serde(default)]
+    live_file: Option<PathBuf>,
+}
+
+/// The live file (module docs, "Live file").
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct LiveSpec {
+    #[serde(default)]
+    processes: BTreeMap<u32, Vec<ProcessSpec>>,
+    #[serde(default)]
+    utilization: Option<Vec<SampleSpec>>,
+    #[serde(default)]
+    health_events: Vec<HealthSpec>,
+}
+
+/// The live file, validated against the description.
+#[derive(Debug, Default)]
+struct LiveState {
+    /// Processes by GPU index, for the GPUs the file names.
+    processes: BTreeMap<usize, Vec<GpuProcess>>,
+    /// Samples by GPU index, sorted by time, when the file has `utilization`.
+    samples: Option<Vec<Vec<ProcessUtilizationSample>>>,
+    /// Every health event of the file, in file order.
+    events: Vec<HealthEvent>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -242,6 +287,19 @@ struct ProcessSpec {
     kind: ProcessKindSpec,
 }
 
+impl ProcessSpec {
+    fn process(&self) -> GpuProcess {
+        GpuProcess {
+            pid: self.pid,
+            used_memory_bytes: self.used_memory_mib.map(|m| m.saturating_mul(MIB)),
+            kind: match self.kind {
+                ProcessKindSpec::Compute => ProcessKind::Compute,
+                ProcessKindSpec::Graphics => ProcessKind::Graphics,
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 enum ProcessKindSpec {
@@ -326,6 +384,90 @@ impl Validator<'_> {
             .ok_or_else(|| self.invalid(field, format!("no GPU with index {gpu} (there are {count})")))
     }
 
+    /// One health event of `healthEvents` (description or live file), `field` being its path.
+    fn health_event(
+        &self,
+        field: &str,
+        spec: &HealthSpec,
+        devices: &[GpuDevice],
+    ) -> Result<HealthEvent, MockConfigError> {
+        let index = self.gpu_index(format!("{field}.gpu"), spec.gpu, devices.len())?;
+        let kind = match (spec.kind, spec.xid) {
+            (HealthKindSpec::Xid, Some(code)) => HealthEventKind::Xid { code },
+            (HealthKindSpec::Xid, None) => {
+                return Err(self.invalid(format!("{field}.xid"), "required when kind is xid"));
+            }
+            (_, Some(_)) => return Err(self.invalid(format!("{field}.xid"), "only allowed when kind is xid")),
+            (HealthKindSpec::EccUncorrectable, None) => HealthEventKind::EccUncorrectable,
+            (HealthKindSpec::DeviceLost, None) => HealthEventKind::DeviceLost,
+            (HealthKindSpec::Recovered, None) => HealthEventKind::Recovered,
+        };
+        Ok(HealthEvent {
+            index: spec.gpu,
+            uuid: devices.get(index).map(|d| d.uuid.clone()).unwrap_or_default(),
+            kind,
+            message: spec.message.clone().unwrap_or_default(),
+        })
+    }
+
+    /// `utilization` (description or live file) as samples per GPU index, each sorted by time.
+    fn samples(
+        &self,
+        specs: &[SampleSpec],
+        count: usize,
+    ) -> Result<Vec<Vec<ProcessUtilizationSample>>, MockConfigError> {
+        let mut per_gpu = vec![Vec::new(); count];
+        for (s, spec) in specs.iter().enumerate() {
+            let index = self.gpu_index(format!("utilization[{s}].gpu"), spec.gpu, count)?;
+            for (name, value) in [
+                ("smPercent", spec.sm_percent),
+                ("memoryPercent", spec.memory_percent),
+                ("encoderPercent", spec.encoder_percent),
+                ("decoderPercent", spec.decoder_percent),
+            ] {
+                if value > 100 {
+                    return Err(self.invalid(format!("utilization[{s}].{name}"), "must be at most 100"));
+                }
+            }
+            if let Some(gpu) = per_gpu.get_mut(index) {
+                gpu.push(ProcessUtilizationSample {
+                    pid: spec.pid,
+                    timestamp_us: spec.timestamp_us,
+                    sm_percent: spec.sm_percent,
+                    memory_percent: spec.memory_percent,
+                    encoder_percent: spec.encoder_percent,
+                    decoder_percent: spec.decoder_percent,
+                });
+            }
+        }
+        for gpu in &mut per_gpu {
+            gpu.sort_by_key(|s| s.timestamp_us);
+        }
+        Ok(per_gpu)
+    }
+
+    /// The live file's content checked against the description's `devices`.
+    fn live(&self, spec: LiveSpec, devices: &[GpuDevice]) -> Result<LiveState, MockConfigError> {
+        let count = devices.len();
+        let mut processes = BTreeMap::new();
+        for (gpu, list) in &spec.processes {
+            let index = self.gpu_index(format!("processes.{gpu}"), *gpu, count)?;
+            processes.insert(index, list.iter().map(ProcessSpec::process).collect());
+        }
+        let samples = spec.utilization.as_deref().map(|u| self.samples(u, count)).transpose()?;
+        let mut events = Vec::with_capacity(spec.health_events.len());
+        for (e, event) in spec.health_events.iter().enumerate() {
+            if event.after_ms != 0 {
+                return Err(self.invalid(
+                    format!("healthEvents[{e}].afterMs"),
+                    "not allowed in the live file (an event is sent when it is written)",
+                ));
+            }
+            events.push(self.health_event(&format!("healthEvents[{e}]"), event, devices)?);
+        }
+        Ok(LiveState { processes, samples, events })
+    }
+
     fn links(&self, field: &str, names: &[String]) -> Result<Vec<u8>, MockConfigError> {
         names
             .iter()
@@ -407,18 +549,7 @@ impl Validator<'_> {
                 None => MigLayout::default(),
                 Some(mig) => self.mig(i, mig, spec.memory_mib)?,
             };
-            let processes: Vec<GpuProcess> = spec
-                .processes
-                .iter()
-                .map(|p| GpuProcess {
-                    pid: p.pid,
-                    used_memory_bytes: p.used_memory_mib.map(|m| m.saturating_mul(MIB)),
-                    kind: match p.kind {
-                        ProcessKindSpec::Compute => ProcessKind::Compute,
-                        ProcessKindSpec::Graphics => ProcessKind::Graphics,
-                    },
-                })
-                .collect();
+            let processes: Vec<GpuProcess> = spec.processes.iter().map(ProcessSpec::process).collect();
             let used_mib = spec.used_memory_mib.unwrap_or_else(|| {
                 spec.processes.iter().filter_map(|p| p.used_memory_mib).fold(0u64, u64::saturating_add)
             });
@@ -501,58 +632,16 @@ impl Validator<'_> {
 
         let mut scripted = Vec::with_capacity(description.health_events.len());
         for (e, spec) in description.health_events.iter().enumerate() {
-            let index = self.gpu_index(format!("healthEvents[{e}].gpu"), spec.gpu, count)?;
-            let kind = match (spec.kind, spec.xid) {
-                (HealthKindSpec::Xid, Some(code)) => HealthEventKind::Xid { code },
-                (HealthKindSpec::Xid, None) => {
-                    return Err(self.invalid(format!("healthEvents[{e}].xid"), "required when kind is xid"));
-                }
-                (_, Some(_)) => {
-                    return Err(
-                        self.invalid(format!("healthEvents[{e}].xid"), "only allowed when kind is xid")
-                    );
-                }
-                (HealthKindSpec::EccUncorrectable, None) => HealthEventKind::EccUncorrectable,
-                (HealthKindSpec::DeviceLost, None) => HealthEventKind::DeviceLost,
-                (HealthKindSpec::Recovered, None) => HealthEventKind::Recovered,
-            };
-            let uuid = devices.get(index).map(|d| d.uuid.clone()).unwrap_or_default();
-            let event = HealthEvent {
-                index: spec.gpu,
-                uuid,
-                kind,
-                message: spec.message.clone().unwrap_or_default(),
-            };
+            let event = self.health_event(&format!("healthEvents[{e}]"), spec, &devices)?;
             scripted.push((Duration::from_millis(spec.after_ms), event));
         }
         // Stable: events with the same delay keep their order.
         scripted.sort_by_key(|(delay, _)| *delay);
 
-        for (s, spec) in description.utilization.iter().enumerate() {
-            let index = self.gpu_index(format!("utilization[{s}].gpu"), spec.gpu, count)?;
-            for (name, value) in [
-                ("smPercent", spec.sm_percent),
-                ("memoryPercent", spec.memory_percent),
-                ("encoderPercent", spec.encoder_percent),
-                ("decoderPercent", spec.decoder_percent),
-            ] {
-                if value > 100 {
-                    return Err(self.invalid(format!("utilization[{s}].{name}"), "must be at most 100"));
-                }
-            }
+        for (index, samples) in self.samples(&description.utilization, count)?.into_iter().enumerate() {
             if let Some(gpu) = gpus.get_mut(index) {
-                gpu.samples.push(ProcessUtilizationSample {
-                    pid: spec.pid,
-                    timestamp_us: spec.timestamp_us,
-                    sm_percent: spec.sm_percent,
-                    memory_percent: spec.memory_percent,
-                    encoder_percent: spec.encoder_percent,
-                    decoder_percent: spec.decoder_percent,
-                });
+                gpu.samples = samples;
             }
-        }
-        for gpu in &mut gpus {
-            gpu.samples.sort_by_key(|s| s.timestamp_us);
         }
 
         let driver = match description.driver {
@@ -590,6 +679,7 @@ impl Validator<'_> {
             sharing: Mutex::new(SharingState::new(gpus_len)),
             mig_models,
             mig_state_file: description.mig_state_file,
+            live_file: description.live_file,
         };
         if let Some(path) = &backend.mig_state_file {
             let mut layouts = backend.mig.lock().unwrap_or_else(PoisonError::into_inner);
@@ -695,6 +785,8 @@ pub struct MockBackend {
     mig: Mutex<Vec<MigLayout>>,
     mig_models: Vec<Option<&'static MigModel>>,
     mig_state_file: Option<PathBuf>,
+    /// The live file (module docs), read on each call.
+    live_file: Option<PathBuf>,
     /// Compute mode and time slice per GPU, and how many calls changed one (in this process only).
     sharing: Mutex<SharingState>,
 }
@@ -875,11 +967,55 @@ impl MockBackend {
             .ok_or(BackendError::NoSuchDevice { index, count: self.devices.len() })
     }
 
+    /// The live file's state: `None` without a live file or while it does not exist.
+    fn live_state(&self) -> Result<Option<LiveState>, MockConfigError> {
+        let Some(path) = &self.live_file else { return Ok(None) };
+        read_live(path, &self.devices)
+    }
+
     fn gpu(&self, index: u32) -> Result<&GpuState, BackendError> {
         usize::try_from(index)
             .ok()
             .and_then(|i| self.gpus.get(i))
             .ok_or(BackendError::NoSuchDevice { index, count: self.gpus.len() })
+    }
+}
+
+/// Reads and checks the live file at `path`; `None` while it does not exist.
+fn read_live(path: &Path, devices: &[GpuDevice]) -> Result<Option<LiveState>, MockConfigError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(MockConfigError::Read { path: path.to_path_buf(), source }),
+    };
+    let source_name = path.display().to_string();
+    let spec: LiveSpec = if text.trim().is_empty() {
+        LiveSpec::default()
+    } else {
+        serde_saphyr::from_str(&text).map_err(|err| MockConfigError::Parse {
+            source_name: source_name.clone(),
+            message: err.to_string(),
+        })?
+    };
+    Validator { source_name: &source_name }.live(spec, devices).map(Some)
+}
+
+/// Sends each health event the live file gains to `tx`, polling every 100 ms, until the receiver goes away.
+/// Events already in the file when the subscription starts are sent too (each subscriber gets them all, as
+/// with the description's); a file that does not parse is skipped until it does.
+fn deliver_live(tx: HealthEventSender, path: PathBuf, devices: Vec<GpuDevice>) {
+    const POLL: Duration = Duration::from_millis(100);
+    let mut sent = 0;
+    while tx.is_open() {
+        if let Ok(Some(live)) = read_live(&path, &devices) {
+            for event in live.events.into_iter().skip(sent) {
+                if !tx.send(event) {
+                    return;
+                }
+                sent += 1;
+            }
+        }
+        std::thread::sleep(POLL);
     }
 }
 
@@ -927,8 +1063,15 @@ impl DeviceBackend for MockBackend {
             .ok_or(BackendError::NotSupported { backend: "mock", operation: "reading the PCI device id" })
     }
 
+    /// With a live file naming the GPU's processes, the used memory is their sum.
     fn memory_usage(&self, index: u32) -> Result<MemoryUsage, BackendError> {
-        self.gpu(index).map(|g| g.memory)
+        let gpu = self.gpu(index)?;
+        let live = self.live_state()?;
+        let used = live.and_then(|l| {
+            let processes = l.processes.get(&usize::try_from(index).unwrap_or(usize::MAX))?;
+            Some(processes.iter().filter_map(|p| p.used_memory_bytes).fold(0u64, u64::saturating_add))
+        });
+        Ok(used.map_or(gpu.memory, |used_bytes| MemoryUsage { used_bytes, ..gpu.memory }))
     }
 
     fn topology(&self) -> Result<LinkMatrix, BackendError> {
@@ -950,12 +1093,23 @@ impl DeviceBackend for MockBackend {
                 .spawn(move || deliver_later(thread_tx, later))
                 .map_err(|err| BackendError::Unavailable { backend: "mock", message: err.to_string() })?;
         }
+        if let Some(path) = &self.live_file {
+            let (thread_tx, path, devices) = (tx.clone(), path.clone(), self.devices.clone());
+            std::thread::Builder::new()
+                .name("mock-live-health".to_owned())
+                .spawn(move || deliver_live(thread_tx, path, devices))
+                .map_err(|err| BackendError::Unavailable { backend: "mock", message: err.to_string() })?;
+        }
         self.subscribers.lock().unwrap_or_else(PoisonError::into_inner).push(tx);
         Ok(rx)
     }
 
     fn processes(&self, index: u32) -> Result<Vec<GpuProcess>, BackendError> {
-        self.gpu(index).map(|g| g.processes.clone())
+        let gpu = self.gpu(index)?;
+        let live = self.live_state()?;
+        let from_file =
+            live.and_then(|mut l| l.processes.remove(&usize::try_from(index).unwrap_or(usize::MAX)));
+        Ok(from_file.unwrap_or_else(|| gpu.processes.clone()))
     }
 
     fn process_utilization(
@@ -964,7 +1118,14 @@ impl DeviceBackend for MockBackend {
         since_timestamp_us: u64,
     ) -> Result<Vec<ProcessUtilizationSample>, BackendError> {
         let gpu = self.gpu(index)?;
-        Ok(gpu.samples.iter().filter(|s| s.timestamp_us > since_timestamp_us).copied().collect())
+        let live = self.live_state()?.and_then(|l| l.samples);
+        let samples = match &live {
+            Some(per_gpu) => {
+                per_gpu.get(usize::try_from(index).unwrap_or(usize::MAX)).map_or(&[][..], Vec::as_slice)
+            }
+            None => gpu.samples.as_slice(),
+        };
+        Ok(samples.iter().filter(|s| s.timestamp_us > since_timestamp_us).copied().collect())
     }
 
     fn compute_mode(&self, index: u32) -> Result<ComputeMode, BackendError> {
@@ -1193,6 +1354,115 @@ utilization:
         let bad = "gpus:\n  - { uuid: a, name: x, memoryMiB: 1, pciDeviceId: 20B010DE }\n";
         let err = MockBackend::from_yaml_str(bad).unwrap_err().to_string();
         assert!(err.contains("gpus[0].pciDeviceId") && err.contains("0x20B010DE"), "{err}");
+    }
+
+    /// Writes `text` to `path` atomically, as the live file must be written.
+    fn write_live(path: &Path, text: &str) {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+
+    #[test]
+    fn live_file_replaces_processes_memory_and_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("live.yaml");
+        let text = format!(
+            "gpus:\n  - {{ uuid: GPU-a, name: L4, memoryMiB: 1000, processes: [{{ pid: 1, usedMemoryMiB: 10 }}] }}\n  - {{ uuid: GPU-b, name: L4, memoryMiB: 1000 }}\nutilization:\n  - {{ gpu: 0, pid: 1, timestampUs: 5, smPercent: 7 }}\nliveFile: {}\n",
+            live.display()
+        );
+        let backend = MockBackend::from_yaml_str(&text).unwrap();
+        // No file yet: the description answers.
+        assert_eq!(backend.processes(0).unwrap()[0].pid, 1);
+        assert_eq!(backend.memory_usage(0).unwrap().used_bytes, 10 * MIB);
+        assert_eq!(backend.process_utilization(0, 0).unwrap()[0].sm_percent, 7);
+
+        write_live(
+            &live,
+            "processes:\n  0: [{ pid: 42, usedMemoryMiB: 300 }, { pid: 43, usedMemoryMiB: 20 }]\n",
+        );
+        let procs = backend.processes(0).unwrap();
+        assert_eq!(procs.iter().map(|p| p.pid).collect::<Vec<_>>(), [42, 43]);
+        let memory = backend.memory_usage(0).unwrap();
+        assert_eq!((memory.used_bytes, memory.total_bytes), (320 * MIB, 1000 * MIB));
+        // GPUs and fields the file does not name keep the description's values.
+        assert!(backend.processes(1).unwrap().is_empty());
+        assert_eq!(backend.memory_usage(1).unwrap().used_bytes, 0);
+        assert_eq!(backend.process_utilization(0, 0).unwrap()[0].sm_percent, 7);
+
+        write_live(
+            &live,
+            "utilization:\n  - { gpu: 1, pid: 9, timestampUs: 20, smPercent: 60 }\n  - { gpu: 1, pid: 9, timestampUs: 10, smPercent: 50 }\n",
+        );
+        assert!(backend.process_utilization(0, 0).unwrap().is_empty(), "replaced, and GPU 0 has none");
+        let samples = backend.process_utilization(1, 0).unwrap();
+        assert_eq!(samples.iter().map(|s| s.sm_percent).collect::<Vec<_>>(), [50, 60], "sorted by time");
+        assert_eq!(backend.process_utilization(1, 10).unwrap().len(), 1);
+        assert_eq!(backend.processes(0).unwrap()[0].pid, 1, "processes back to the description's");
+
+        // A bad file fails the calls, naming the file and the field.
+        for (bad, field) in [
+            ("processes:\n  2: []\n", "processes.2"),
+            (
+                "utilization:\n  - { gpu: 0, pid: 1, timestampUs: 1, smPercent: 101 }\n",
+                "utilization[0].smPercent",
+            ),
+            ("healthEvents:\n  - { gpu: 0, kind: recovered, afterMs: 5 }\n", "healthEvents[0].afterMs"),
+            ("healthEvents:\n  - { gpu: 0, kind: xid }\n", "healthEvents[0].xid"),
+            ("procesess: {}\n", "procesess"),
+        ] {
+            write_live(&live, bad);
+            let err = backend.processes(0).unwrap_err().to_string();
+            assert!(err.contains("live.yaml") && err.contains(field), "{bad}: {err}");
+            assert!(backend.memory_usage(0).is_err() && backend.process_utilization(0, 0).is_err());
+        }
+    }
+
+    #[test]
+    fn live_file_health_events_are_sent_once_each_as_they_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("live.json");
+        let text = format!(
+            "gpus:\n  - {{ uuid: GPU-a, name: L4, memoryMiB: 1000 }}\n  - {{ uuid: GPU-b, name: L4, memoryMiB: 1000 }}\nliveFile: {}\n",
+            live.display()
+        );
+        let backend = MockBackend::from_yaml_str(&text).unwrap();
+        let rx = backend.health_events().unwrap();
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(300)),
+            Err(crate::backend::health::RecvError::Empty),
+            "no file, no event"
+        );
+
+        write_live(
+            &live,
+            r#"{"healthEvents": [{"gpu": 1, "kind": "xid", "xid": 79, "message": "fell off"}]}"#,
+        );
+        let first = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!((first.index, first.uuid.as_str()), (1, "GPU-b"));
+        assert_eq!((first.kind, first.message.as_str()), (HealthEventKind::Xid { code: 79 }, "fell off"));
+
+        // Not valid for a moment: skipped, nothing sent twice.
+        write_live(&live, "{ not json");
+        std::thread::sleep(Duration::from_millis(300));
+        write_live(
+            &live,
+            r#"{"healthEvents": [{"gpu": 1, "kind": "xid", "xid": 79}, {"gpu": 1, "kind": "recovered"}]}"#,
+        );
+        let second = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!((second.index, second.kind), (1, HealthEventKind::Recovered));
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(300)),
+            Err(crate::backend::health::RecvError::Empty)
+        );
+
+        // A later subscriber gets what the file holds.
+        let late = backend.health_events().unwrap();
+        assert_eq!(
+            late.recv_timeout(Duration::from_secs(10)).unwrap().kind,
+            HealthEventKind::Xid { code: 79 }
+        );
+        assert_eq!(late.recv_timeout(Duration::from_secs(10)).unwrap().kind, HealthEventKind::Recovered);
     }
 
     #[test]
