@@ -4,7 +4,10 @@
 //! registered`), publishes its ResourceSlice, the real kube-scheduler allocates a claim of
 //! `{cores: 10, memory: 1Gi}` and binds the pod, the kubelet calls `NodePrepareResources`, containerd
 //! injects the claim's CDI spec, and the container prints what it got (`vgpu_e2e::probe`): the share's
-//! limits in its env, the runtime files and partition mounted, the GPU's (fake) device node. Deleting the
+//! limits in its env, the runtime files and partition mounted, the GPU's (fake) device node. An Xid written
+//! to the mock's live file reaches the pod: the kubelet (`ResourceHealthStatus`, on since 1.36) watches the
+//! plugin's `DRAResourceHealth` stream and marks the claim's device `Unhealthy` in the container's
+//! `allocatedResourcesStatus`; the GPU's recovery makes it `Healthy` again. Deleting the
 //! pod makes the kubelet call `NodeUnprepareResources`: the CDI spec and the claim's partition go.
 //!
 //! With gate `NRISupport` the plugin also registers with containerd's own NRI (enabled on the node): the
@@ -86,7 +89,9 @@ async fn claim_pod_on_the_real_node(test: &str, nri: bool) {
     let host = probe::GpuHost::create(&work, 1).unwrap();
     let manager_dir = host.manager_dir.clone();
     runtime_files::install(&manager_dir, "v1.0.0", b"not a real library: busybox is static").unwrap();
-    std::fs::write(work.join("mock.yaml"), MOCK).unwrap();
+    // The live file lets the test report an Xid once the pod runs.
+    let live = work.join("live.yaml");
+    std::fs::write(work.join("mock.yaml"), format!("{MOCK}liveFile: {}\n", live.display())).unwrap();
     let mut args = host.kubelet_plugin_args(&env, &node, &work.join("mock.yaml"));
     let vars = vec![
         ("NODE_NAME".to_owned(), node.node_name().to_owned()),
@@ -185,6 +190,41 @@ async fn claim_pod_on_the_real_node(test: &str, nri: bool) {
     } else {
         // Without NRI the claim's CDI spec carries the one partition; the pod env is the device plugin's.
         assert!(!probe.env.contains_key("VGPU_POD_UID"), "{:?}", probe.env);
+
+        // Device health reaches the pod's status (ResourceHealthStatus, on by default since 1.36): the
+        // kubelet watches the plugin's DRAResourceHealth stream and fills the container's
+        // allocatedResourcesStatus for the claim's device. An Xid makes it Unhealthy, recovery Healthy again.
+        let device_health = |pod: &Pod| -> Vec<(String, String)> {
+            let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
+            statuses
+                .iter()
+                .flat_map(|c| c.allocated_resources_status.clone().unwrap_or_default())
+                .flat_map(|r| r.resources.unwrap_or_default())
+                .map(|r| (r.resource_id, r.health.unwrap_or_default()))
+                .collect()
+        };
+        for (events, want) in [
+            (r#"[{gpu: 0, kind: xid, xid: 79, message: "fell off the bus"}]"#, "Unhealthy"),
+            (
+                r#"[{gpu: 0, kind: xid, xid: 79, message: "fell off the bus"}, {gpu: 0, kind: recovered}]"#,
+                "Healthy",
+            ),
+        ] {
+            let tmp = work.join("live.yaml.tmp");
+            std::fs::write(&tmp, format!("healthEvents: {events}\n")).unwrap();
+            std::fs::rename(&tmp, &live).unwrap();
+            let seen = env
+                .poll(&format!("the claim's device {want} in the pod's status"), TIMEOUT, || async {
+                    let health = device_health(&pods.get("cuda").await.ok()?);
+                    (!health.is_empty() && health.iter().all(|(_, h)| h == want)).then_some(health)
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(PLUGIN, 40), node.log_tails(40)));
+            println!("device health in the pod status: {seen:?}");
+            // The kubelet names the device by the claim's CDI device (kind `k8s.manager.nvidia.com/claim`).
+            let cdi_device = format!("k8s.manager.nvidia.com/claim={uid}-");
+            assert!(seen.iter().all(|(id, _)| id.starts_with(&cdi_device)), "{seen:?}");
+        }
 
         // The plugin is SIGKILLed and started again: the kubelet registers the new one (its registration
         // socket is new), the running pod is untouched, and the Unprepare below reaches the new process,
