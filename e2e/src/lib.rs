@@ -43,6 +43,7 @@ mod net;
 pub mod plugin_node;
 pub mod probe;
 mod process;
+pub mod prometheus;
 pub mod rbac;
 pub mod real_node;
 mod scheduler;

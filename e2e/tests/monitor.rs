@@ -22,7 +22,7 @@ use kube::{
 };
 use vgpu_core::abi::vgpu_config::{self, DeviceConfig, VgpuConfig};
 use vgpu_e2e::rbac::{allow_metrics, assert_metrics_rbac, service_account_token};
-use vgpu_e2e::{TestEnv, free_port, http_get, vgpu_binary, wait_ready};
+use vgpu_e2e::{TestEnv, free_port, prometheus::Prometheus, vgpu_binary, wait_ready};
 
 const MONITOR: &str = "vgpu-device-monitor";
 const NODE: &str = "node-1";
@@ -107,31 +107,6 @@ async fn vgpu_pod(
     std::fs::write(cgroup.join("cgroup.procs"), procs).unwrap();
 }
 
-fn encode_query(q: &str) -> String {
-    q.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// The series of an instant query as `(labels, value)`.
-async fn query(port: u16, q: &str) -> Option<Vec<(serde_json::Value, f64)>> {
-    let (status, body) = http_get(port, &format!("/api/v1/query?query={}", encode_query(q))).await.ok()?;
-    if status != 200 {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-    let result = v["data"]["result"].as_array()?;
-    Some(
-        result
-            .iter()
-            .filter_map(|r| Some((r["metric"].clone(), r["value"][1].as_str()?.parse().ok()?)))
-            .collect(),
-    )
-}
-
 fn start_monitor(env: &mut TestEnv, name: &str, root: &Path, port: u16, extra: &[&str]) {
     let mock = root.join("mock.yaml");
     std::fs::write(&mock, MOCK).unwrap();
@@ -152,10 +127,6 @@ fn start_monitor(env: &mut TestEnv, name: &str, root: &Path, port: u16, extra: &
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control-plane binaries: run e2e/run.sh"]
 async fn monitor_series_reach_prometheus() {
-    let Ok(prometheus) = which("prometheus") else {
-        eprintln!("SKIPPED: prometheus is not installed (Debian package `prometheus`; .ci/run installs it)");
-        return;
-    };
     let mut env = TestEnv::builder("monitor_series_reach_prometheus").start().await.unwrap();
     let client = env.client().await.unwrap();
     let root = env.workdir().join("node");
@@ -171,26 +142,15 @@ async fn monitor_series_reach_prometheus() {
     }
 
     // Prometheus scrapes the monitor every second.
-    let prom_port = free_port().unwrap();
-    let config = root.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global: {{ scrape_interval: 1s, evaluation_interval: 1s }}\nscrape_configs:\n  - job_name: vgpu-monitor\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
-        ),
-    )
-    .unwrap();
-    let args = vec![
-        format!("--config.file={}", config.display()),
-        format!("--storage.tsdb.path={}", root.join("tsdb").display()),
-        format!("--web.listen-address=127.0.0.1:{prom_port}"),
-    ];
-    env.start_process("prometheus", &prometheus, &args, &[]).unwrap();
+    let Some(prometheus) = Prometheus::start(&mut env, &[port]).unwrap() else {
+        eprintln!("SKIPPED: prometheus is not installed (Debian package `prometheus`; .ci/run installs it)");
+        return;
+    };
 
     let q = r#"container_vgpu_device_physical_memory_usage_in_bytes{pod_name="train",vdevice_idx="0"}"#;
     let series = env
         .poll("Prometheus has the monitor's per-container series", Duration::from_secs(60), || async {
-            query(prom_port, q).await.filter(|r| !r.is_empty())
+            prometheus.query(q).await.filter(|r| !r.is_empty())
         })
         .await
         .unwrap();
@@ -202,7 +162,7 @@ async fn monitor_series_reach_prometheus() {
     assert_eq!(labels["container_name"], "main");
     assert_eq!(labels["device_uuid"], "GPU-0000");
     let one = |q: &'static str| async move {
-        let r = query(prom_port, q).await.unwrap();
+        let r = prometheus.query(q).await.unwrap();
         assert_eq!(r.len(), 1, "{q}: {r:?}");
         r[0].1
     };
@@ -225,7 +185,7 @@ async fn monitor_series_reach_prometheus() {
     assert_eq!(one(r#"node_vgpu_device_assigned_memory_in_bytes"#).await, 14336.0 * 1048576.0);
     // Every series the monitor sent carries service="vGPU".
     let unlabelled =
-        query(prom_port, r#"{job="vgpu-monitor",service!="vGPU",__name__!~"up|scrape_.*"}"#).await.unwrap();
+        prometheus.query(r#"{job="vgpu-monitor",service!="vGPU",__name__!~"up|scrape_.*"}"#).await.unwrap();
     assert!(unlabelled.is_empty(), "{unlabelled:?}");
     env.check_process(MONITOR).unwrap();
     env.finish();
@@ -252,13 +212,4 @@ async fn monitor_metrics_rbac_401_403_200() {
     assert!(body.contains("exporter_build_info{service=\"vGPU\",node=\"node-1\""), "{body:.400}");
     env.check_process(MONITOR).unwrap();
     env.finish();
-}
-
-fn which(name: &str) -> Result<std::path::PathBuf, ()> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .ok_or(())
 }

@@ -7,7 +7,11 @@
 //! | v2 | cgroupfs | `kubepods/[<qos>/]pod<uid>` |
 //! | v1 / hybrid | either | the same, under the `devices` controller (`<root>/devices/...`) |
 //!
-//! `<qos>` is `burstable` or `besteffort`; Guaranteed pods sit directly under `kubepods`. The container's
+//! `<qos>` is `burstable` or `besteffort`; Guaranteed pods sit directly under `kubepods`. A kubelet with a
+//! `cgroupRoot` of its own ([`CgroupLayout::kubelet_cgroup_root`]) puts `kubepods` under it: cgroupfs
+//! `/node` → `node/kubepods/...`; systemd `/node.slice` (or `/a.slice/a-b.slice`) names every slice below it
+//! with its prefix, as the kubelet does: `node.slice/node-kubepods.slice/node-kubepods-<qos>.slice/...`. The
+//! container's
 //! cgroup is the child whose name holds the container ID (`cri-containerd-<id>.scope`, `crio-<id>.scope`,
 //! `docker-<id>.scope` with systemd; `<id>` with cgroupfs). [`CgroupDriver::Auto`] tries systemd, then
 //! cgroupfs. A container not found (not started yet, gone) has no PIDs; that is not an error.
@@ -23,11 +27,19 @@ pub struct CgroupLayout {
     pub root: PathBuf,
     /// `--cgroup-driver`.
     pub driver: CgroupDriver,
+    /// The kubelet's `cgroupRoot` (`--kubelet-cgroup-root`): `/` (the default) or empty for the top of the
+    /// hierarchy, else the cgroup `kubepods` sits under, in the driver's form (`/node` with cgroupfs,
+    /// `/node.slice` with systemd).
+    pub kubelet_cgroup_root: String,
 }
 
 impl Default for CgroupLayout {
     fn default() -> Self {
-        Self { root: PathBuf::from("/sys/fs/cgroup"), driver: CgroupDriver::Auto }
+        Self {
+            root: PathBuf::from("/sys/fs/cgroup"),
+            driver: CgroupDriver::Auto,
+            kubelet_cgroup_root: "/".into(),
+        }
     }
 }
 
@@ -75,20 +87,26 @@ impl CgroupLayout {
     /// Candidate pod cgroup directories, in the order tried.
     pub fn pod_dirs(&self, pod_uid: &str, qos: QosClass) -> Vec<PathBuf> {
         let base = if self.is_v2() { self.root.clone() } else { self.root.join("devices") };
+        let parent = self.kubelet_cgroup_root.trim_matches('/');
         let systemd = || {
-            let uid = pod_uid.replace('-', "_");
-            let mut p = base.join("kubepods.slice");
-            match qos.segment() {
-                Some(q) => {
-                    p.push(format!("kubepods-{q}.slice"));
-                    p.push(format!("kubepods-{q}-pod{uid}.slice"));
-                }
-                None => p.push(format!("kubepods-pod{uid}.slice")),
+            // The kubelet's systemd cgroup names: the components of the parent slice, then kubepods, the QoS
+            // class and the pod, each level a slice named by every component so far joined with `-`.
+            let mut names: Vec<String> = parent
+                .rsplit('/')
+                .next()
+                .and_then(|last| last.strip_suffix(".slice"))
+                .map(|last| last.split('-').map(str::to_owned).collect())
+                .unwrap_or_default();
+            let mut p = base.join(parent);
+            let pod = format!("pod{}", pod_uid.replace('-', "_"));
+            for name in ["kubepods"].into_iter().chain(qos.segment()).chain([pod.as_str()]) {
+                names.push(name.to_owned());
+                p.push(format!("{}.slice", names.join("-")));
             }
             p
         };
         let cgroupfs = || {
-            let mut p = base.join("kubepods");
+            let mut p = base.join(parent).join("kubepods");
             if let Some(q) = qos.segment() {
                 p.push(q);
             }
@@ -153,8 +171,43 @@ mod tests {
         let c = dir.path().join(rel);
         std::fs::create_dir_all(&c).unwrap();
         std::fs::write(c.join("cgroup.procs"), procs).unwrap();
-        let layout = CgroupLayout { root: dir.path().to_path_buf(), driver: CgroupDriver::Auto };
+        let layout = CgroupLayout { root: dir.path().to_path_buf(), ..CgroupLayout::default() };
         (dir, layout)
+    }
+
+    #[test]
+    fn a_kubelet_cgroup_root_is_honoured_in_both_drivers() {
+        for (driver, kubelet_root, rel) in [
+            (CgroupDriver::Cgroupfs, "/vgpu-e2e-1", "devices/vgpu-e2e-1/kubepods/besteffort/pod1b2c-3d/abc"),
+            (CgroupDriver::Cgroupfs, "/a/b/", "devices/a/b/kubepods/pod1b2c-3d/abc"),
+            (
+                CgroupDriver::Systemd,
+                "/node.slice",
+                "devices/node.slice/node-kubepods.slice/node-kubepods-besteffort.slice/node-kubepods-besteffort-pod1b2c_3d.slice/cri-containerd-abc.scope",
+            ),
+            (
+                CgroupDriver::Systemd,
+                "/a.slice/a-b.slice",
+                "devices/a.slice/a-b.slice/a-b-kubepods.slice/a-b-kubepods-pod1b2c_3d.slice/cri-containerd-abc.scope",
+            ),
+            (
+                CgroupDriver::Systemd,
+                "",
+                "devices/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1b2c_3d.slice/cri-containerd-abc.scope",
+            ),
+        ] {
+            let (_dir, mut layout) = tree(false, rel, "7\n");
+            layout.driver = driver;
+            layout.kubelet_cgroup_root = kubelet_root.to_owned();
+            let qos = if rel.contains("besteffort") || kubelet_root.is_empty() {
+                QosClass::BestEffort
+            } else {
+                QosClass::Guaranteed
+            };
+            assert_eq!(layout.container_pids(UID, qos, "abc"), vec![7], "{rel}");
+            layout.kubelet_cgroup_root = "/elsewhere".into();
+            assert!(layout.container_pids(UID, qos, "abc").is_empty(), "{rel} found under /elsewhere");
+        }
     }
 
     #[test]

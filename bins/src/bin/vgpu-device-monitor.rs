@@ -96,6 +96,10 @@ struct Cli {
     /// Where the host's cgroup hierarchy is mounted in this container.
     #[arg(long, default_value = "/sys/fs/cgroup")]
     host_cgroup_root: PathBuf,
+    /// The kubelet's `cgroupRoot` (its `--cgroup-root`): the cgroup `kubepods` sits under, in the cgroup
+    /// driver's form (`/node` with cgroupfs, `/node.slice` with systemd); `/` is the top of the hierarchy.
+    #[arg(long, default_value = "/")]
+    kubelet_cgroup_root: String,
     /// Resource and annotation domain.
     #[arg(long, default_value = "nvidia.com")]
     domain: String,
@@ -154,6 +158,20 @@ fn check(cli: &Cli) -> Result<Checked, ExitCode> {
             format!("{:?} (expected systemd, cgroupfs, auto or empty)", cli.cgroup_driver),
         ));
     }
+    let root = &cli.kubelet_cgroup_root;
+    let segments: Vec<&str> = root.split('/').filter(|s| !s.is_empty()).collect();
+    if !root.starts_with('/') || segments.iter().any(|s| *s == "." || *s == "..") {
+        return Err(bad_flag(
+            "kubelet-cgroup-root",
+            format!("{root:?} (expected an absolute cgroup path such as / or /kubelet, without . or ..)"),
+        ));
+    }
+    if cgroup_driver == "systemd" && segments.iter().any(|s| !s.ends_with(".slice")) {
+        return Err(bad_flag(
+            "kubelet-cgroup-root",
+            format!("{root:?} (the systemd driver names slices: expected / or a path such as /node.slice)"),
+        ));
+    }
     let domain = ResourceDomain::new(&cli.domain).map_err(|e| bad_flag("domain", e))?;
     let tls = if cli.enable_tls {
         let (Some(cert), Some(key)) = (cli.tls_cert_file.clone(), cli.tls_key_file.clone()) else {
@@ -206,7 +224,11 @@ async fn run(cli: Cli, gates: FeatureGates<'static, CoreGate>, checked: Checked)
     config.dra_driver.clone_from(&cli.driver_name);
     config.domain = domain;
     config.manager_dir.clone_from(&cli.manager_dir);
-    config.cgroup = CgroupLayout { root: cli.host_cgroup_root.clone(), driver: settings.cgroup_driver };
+    config.cgroup = CgroupLayout {
+        root: cli.host_cgroup_root.clone(),
+        driver: settings.cgroup_driver,
+        kubelet_cgroup_root: cli.kubelet_cgroup_root.clone(),
+    };
     config.settings = settings;
     config.sm_watcher = gates.enabled(CoreGate::SharedSMUtilizationWatcher);
     config.vmem_tracking = gates.enabled(CoreGate::VirtualMemoryTracking);
@@ -332,6 +354,20 @@ mod tests {
         assert_eq!(auto.settings.cgroup_driver, CgroupDriver::Auto);
         let systemd = check(&parse(&["--node-name=n1", "--cgroup-driver=SystemD"])).ok().unwrap();
         assert_eq!(systemd.settings.cgroup_driver, CgroupDriver::Systemd);
+        for good in ["--kubelet-cgroup-root=/", "--kubelet-cgroup-root=/node", "--kubelet-cgroup-root=/a/b/"]
+        {
+            assert!(check(&parse(&["--node-name=n1", good])).is_ok(), "{good}");
+        }
+        for bad in ["--kubelet-cgroup-root=node", "--kubelet-cgroup-root=/a/../b", "--kubelet-cgroup-root="] {
+            assert!(check(&parse(&["--node-name=n1", bad])).is_err(), "{bad}");
+        }
+        let slices =
+            ["--node-name=n1", "--cgroup-driver=systemd", "--kubelet-cgroup-root=/a.slice/a-b.slice"];
+        assert!(check(&parse(&slices)).is_ok());
+        assert!(
+            check(&parse(&["--node-name=n1", "--cgroup-driver=systemd", "--kubelet-cgroup-root=/node"]))
+                .is_err()
+        );
         assert!(check(&parse(&["--node-name=n1", "--cgroup-driver=sytemd"])).is_err());
         assert!(check(&parse(&["--node-name=n1", "--enable-dra-monitor", "--driver-name=gpu"])).is_err());
     }
