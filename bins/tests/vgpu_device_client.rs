@@ -21,6 +21,8 @@ fn registry(root: &Path) -> RegistryConfig {
     let cgroup = root.join("cgroup").join(CGROUP.trim_start_matches('/'));
     std::fs::create_dir_all(&cgroup).unwrap();
     std::fs::write(cgroup.join("cgroup.procs"), "311\n27\n").unwrap();
+    // A unified (cgroup v2) host: `0::<path>` of /proc/<pid>/cgroup names the caller's cgroup.
+    std::fs::write(root.join("cgroup/cgroup.controllers"), "cpu memory\n").unwrap();
     std::fs::create_dir_all(root.join(format!("manager/{UID}_main/config"))).unwrap();
     let uid = {
         use std::os::unix::fs::MetadataExt;

@@ -73,6 +73,8 @@ async fn device_client_registers_with_the_live_registry() {
     for dir in ["proc", "cgroup"] {
         std::fs::create_dir_all(host.join(dir)).unwrap();
     }
+    // A unified (cgroup v2) host: `0::<path>` of /proc/<pid>/cgroup names the caller's cgroup.
+    std::fs::write(host.join("cgroup/cgroup.controllers"), "cpu memory\n").unwrap();
     let args = [
         "--feature-gates=DevicePluginClientMode=true".to_owned(),
         format!("--host-proc-root={}", host.join("proc").display()),

@@ -7,7 +7,8 @@
 //! 1. identifies the caller **once, when its connection is accepted** ([`peer`]): the socket credentials
 //!    (`SO_PEERCRED` pid, uid, gid), a handle on that process that cannot follow its PID to another one
 //!    (an open `/proc/<pid>/stat`), the process's uids (the socket's uid must be one of them, else the PID
-//!    was reused before the accept), and `<proc-root>/<pid>/cgroup` → the pod UID in that cgroup path
+//!    was reused before the accept), and `<proc-root>/<pid>/cgroup` (its `0::` line on a unified cgroup v2
+//!    host, its `memory` line on v1 and hybrid hosts, [`cgroup_path_of`]) → the pod UID in that cgroup path
 //!    (parsed per the node's cgroup driver: systemd `kubepods-<qos>-pod<uid with _>.slice`, cgroupfs
 //!    `pod<uid>`; auto accepts both). The identity is bound to the connection; requests never look the
 //!    PID up again;
@@ -179,23 +180,31 @@ pub fn pod_uid_from_cgroup_path(path: &str, driver: CgroupDriver) -> Option<Stri
     }
 }
 
-/// The cgroup path of a process from its `/proc/<pid>/cgroup` text: the v2 entry (`0::<path>`), else the
-/// v1 `memory` controller's.
-pub fn cgroup_path_of(text: &str) -> Option<(String, bool)> {
-    let mut v1 = None;
-    for line in text.lines() {
+/// The cgroup path of a process from its `/proc/<pid>/cgroup` text, and whether it is a cgroup v2 path.
+///
+/// On a unified (cgroup v2 only) host (`unified`: [`is_unified`] of the cgroup mount) that is the `0::<path>`
+/// entry. Otherwise it is the v1 `memory` controller's: a hybrid host also lists `0::<path>`, but for the
+/// unified hierarchy mounted beside the v1 controllers (`<mount>/unified`), which the kubelet does not
+/// manage, so that entry is never read there.
+pub fn cgroup_path_of(text: &str, unified: bool) -> Option<(String, bool)> {
+    text.lines().find_map(|line| {
         let mut fields = line.splitn(3, ':');
         let (Some(id), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else {
-            continue;
+            return None;
         };
-        if id == "0" && controllers.is_empty() {
-            return Some((path.to_owned(), true));
-        }
-        if controllers.split(',').any(|c| c == "memory") {
-            v1 = Some((path.to_owned(), false));
-        }
-    }
-    v1
+        let wanted = if unified {
+            id == "0" && controllers.is_empty()
+        } else {
+            controllers.split(',').any(|c| c == "memory")
+        };
+        wanted.then(|| (path.to_owned(), unified))
+    })
+}
+
+/// Whether the cgroup mount at `cgroup_root` (e.g. `/sys/fs/cgroup`) is a unified cgroup v2 hierarchy (it
+/// has `cgroup.controllers`), rather than v1 or hybrid controllers.
+pub fn is_unified(cgroup_root: &Path) -> bool {
+    cgroup_root.join("cgroup.controllers").is_file()
 }
 
 /// Where a register UUID's PIDs are written, and who may write them.
@@ -572,6 +581,7 @@ pub fn serve_registry_with(
         own_proc: PathBuf::from(peer::OWN_PROC),
         proc_root: config.proc_root.clone(),
         cgroup_driver: config.cgroup_driver,
+        unified: is_unified(&config.cgroup_root),
     });
     let service = RegistryService::new(config);
     let service = Arc::new(match resolver {
@@ -651,10 +661,27 @@ mod tests {
     }
 
     #[test]
-    fn cgroup_file_v2_then_v1_memory() {
-        assert_eq!(cgroup_path_of("0::/kubepods/x\n"), Some(("/kubepods/x".to_owned(), true)));
+    fn cgroup_file_v2_on_unified_hosts_memory_elsewhere() {
+        assert_eq!(cgroup_path_of("0::/kubepods/x\n", true), Some(("/kubepods/x".to_owned(), true)));
         let v1 = "12:cpu,cpuacct:/kubepods/a\n5:memory:/kubepods/b\n1:name=systemd:/kubepods/c\n";
-        assert_eq!(cgroup_path_of(v1), Some(("/kubepods/b".to_owned(), false)));
-        assert_eq!(cgroup_path_of("garbage"), None);
+        assert_eq!(cgroup_path_of(v1, false), Some(("/kubepods/b".to_owned(), false)));
+        // A hybrid host lists the unified hierarchy too (first or last): the memory controller's path counts.
+        for hybrid in [
+            "0::/system.slice/containerd.service\n4:memory:/kubepods/besteffort/pod1/c\n",
+            "4:memory:/kubepods/besteffort/pod1/c\n0::/system.slice/containerd.service\n",
+        ] {
+            assert_eq!(
+                cgroup_path_of(hybrid, false),
+                Some(("/kubepods/besteffort/pod1/c".to_owned(), false)),
+                "{hybrid}"
+            );
+        }
+        assert_eq!(cgroup_path_of(v1, true), None, "no v2 entry on a unified host");
+        assert_eq!(cgroup_path_of("0::/kubepods/x\n", false), None, "no memory controller on a v1 host");
+        assert_eq!(cgroup_path_of("garbage", false), None);
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_unified(dir.path()));
+        std::fs::write(dir.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
+        assert!(is_unified(dir.path()));
     }
 }

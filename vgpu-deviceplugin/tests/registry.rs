@@ -61,6 +61,8 @@ fn setup(root: &Path, driver: CgroupDriver) -> RegistryConfig {
     let cgroup = root.join("cgroup").join(CGROUP.trim_start_matches('/'));
     std::fs::create_dir_all(&cgroup).unwrap();
     std::fs::write(cgroup.join("cgroup.procs"), "4242\n17\n4242\n").unwrap();
+    // A unified (cgroup v2) host: `0::<path>` of /proc/<pid>/cgroup names the caller's cgroup.
+    std::fs::write(root.join("cgroup/cgroup.controllers"), "cpu memory\n").unwrap();
     // The container's processes run as this test's user (the uid rule).
     fake_status(root, 4242, own_uid());
     std::fs::create_dir_all(root.join(format!("manager/{UID}_main/config"))).unwrap();

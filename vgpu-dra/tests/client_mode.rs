@@ -138,6 +138,8 @@ fn registry_config(node: &TestNode, pod: &str) -> RegistryConfig {
     let cgroup = root.join("cgroup").join(cgroup_of(pod).trim_start_matches('/'));
     std::fs::create_dir_all(&cgroup).unwrap();
     std::fs::write(cgroup.join("cgroup.procs"), format!("{me}\n")).unwrap();
+    // A unified (cgroup v2) host: `0::<path>` of /proc/<pid>/cgroup names the caller's cgroup.
+    std::fs::write(root.join("cgroup/cgroup.controllers"), "cpu memory\n").unwrap();
     RegistryConfig {
         manager_dir: node.config.manager_dir.clone(),
         proc_root: root.join("proc"),

@@ -239,6 +239,9 @@ pub struct IdentifyConfig {
     pub proc_root: PathBuf,
     /// The node's cgroup driver.
     pub cgroup_driver: CgroupDriver,
+    /// Whether the host's cgroup mount is a unified v2 hierarchy ([`super::is_unified`]): which line of
+    /// `/proc/<pid>/cgroup` names the caller's cgroup ([`cgroup_path_of`]).
+    pub unified: bool,
 }
 
 impl CallerIdentity {
@@ -295,7 +298,7 @@ impl CallerIdentity {
             }
             let file = config.proc_root.join(pid.to_string()).join("cgroup");
             let text = std::fs::read_to_string(&file).map_err(proc_err(file.clone()))?;
-            let (path, v2) = cgroup_path_of(&text).ok_or(IdentityError::Malformed {
+            let (path, v2) = cgroup_path_of(&text, config.unified).ok_or(IdentityError::Malformed {
                 pid,
                 path: file,
                 what: "no cgroup",
