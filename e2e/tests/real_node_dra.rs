@@ -10,7 +10,10 @@
 //! `allocatedResourcesStatus`; the GPU's recovery makes it `Healthy` again. Deleting the
 //! pod makes the kubelet call `NodeUnprepareResources`: the CDI spec and the claim's partition go.
 //!
-//! With gate `NRISupport` the plugin also registers with containerd's own NRI (enabled on the node): the
+//! With gate `NRISupport` the plugin first dials a folder without containerd's NRI socket: the claim
+//! container is refused by the CDI spec's guard mount (it never runs without a partition) until the socket
+//! is linked there; then the plugin registers with containerd's own NRI (enabled on the node) and the
+//! kubelet's retry goes through the hook: the
 //! container's partition (`claims/<uid>/<podUID>_<ctr>`) and its pod env come from the `CreateContainer`
 //! adjustment; after a containerd restart the plugin reconnects and a second claim pod gets them again.
 //!
@@ -98,9 +101,12 @@ async fn claim_pod_on_the_real_node(test: &str, nri: bool) {
         ("RUST_LOG".to_owned(), "info".to_owned()),
         ("FEATURE_GATES".to_owned(), if nri { "NRISupport=true" } else { "" }.to_owned()),
     ];
+    // With NRI the plugin first dials a folder without containerd's socket: it is not connected when the
+    // first claim container is created. containerd's socket is linked there later.
+    let nri_root = work.join("nri");
     if nri {
-        // containerd's own NRI socket (`<nri-root>/nri.sock`).
-        args.push(format!("--nri-root={}", node.nri_socket().parent().unwrap().display()));
+        std::fs::create_dir_all(&nri_root).unwrap();
+        args.push(format!("--nri-root={}", nri_root.display()));
     }
     env.start_process(PLUGIN, &vgpu_binary("vgpu-kubelet-plugin").unwrap(), &args, &vars).unwrap();
 
@@ -127,6 +133,25 @@ async fn claim_pod_on_the_real_node(test: &str, nri: bool) {
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     create_claim_pod(&client, &node, "share", "cuda").await;
+    if nri {
+        // The hook cannot run: the claim's CDI spec's guard mount (no such source) fails the container, which
+        // never runs without its partition, and the kubelet keeps retrying.
+        let statuses = env
+            .poll("the claim container refused for want of the NRI hook", TIMEOUT, || async {
+                let status = pods.get("cuda").await.ok()?.status?;
+                let text = serde_json::to_string(&status.container_statuses?).ok()?;
+                text.contains(vgpu_dra::nri::GUARD_SOURCE).then_some(text)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(PLUGIN, 40), node.log_tails(40)));
+        println!("before the hook: {statuses:.600}");
+        let pod = pods.get("cuda").await.unwrap();
+        let container = pod.status.and_then(|s| s.container_statuses).unwrap().remove(0);
+        assert!(!container.ready && container.state.and_then(|s| s.running).is_none(), "{statuses:.600}");
+        // containerd's socket appears where the plugin dials: it connects, and the kubelet's next try runs
+        // the container through the hook.
+        std::os::unix::fs::symlink(node.nri_socket(), nri_root.join("nri.sock")).unwrap();
+    }
     let probe = running_probe(&env, &node, &pods, "cuda").await;
     let kubelet_log = std::fs::read_to_string(node.kubelet_log()).unwrap_or_default();
     assert!(!kubelet_log.contains("RegisterPlugin error"), "the kubelet failed a registration first");

@@ -27,6 +27,13 @@
 //! container's), and `MANAGER_CLIENT_REGISTER_UUID=` (empty: a per-container partition is found by pod
 //! and container, [`ContainerCache`]).
 //!
+//! A container the hook never saw (created while the plugin was not connected to the runtime, e.g. right
+//! after a containerd restart) would run without a partition, so with no limits: the claim's CDI spec
+//! therefore mounts [`guard_mount`], whose source never exists, on `/etc/vgpu-manager/config`. The runtime
+//! fails such a container's creation (runc: no such file); the kubelet retries, and once the plugin is
+//! back the hook's partition mount replaces the guard (an adjustment's mount removes the spec's mount on
+//! the same path).
+//!
 //! A pod UID, container name or claim UID that is empty, `.`, `..` or holds a `/` fails the container's
 //! creation with a message naming it (it would name a directory outside the claim's).
 
@@ -263,6 +270,17 @@ impl Handler for NriHook {
 /// The NRI plugin running `hook` with the contract's name and `config`'s socket and index.
 pub fn plugin(hook: NriHook, config: &NriConfig) -> Result<Plugin<NriHook>, PluginError> {
     Plugin::new(PluginConfig::new(&config.root, config.index.clone()), Arc::new(hook))
+}
+
+/// The name, under a claim's host directory, of the source of [`guard_mount`]: a path that is never made.
+pub const GUARD_SOURCE: &str = "no-partition--the-NRI-hook-did-not-run";
+
+/// The claim's CDI spec mount that keeps a container the NRI hook missed from starting: a bind of
+/// `<host claim dir>/`[`GUARD_SOURCE`] (which never exists, so runc fails the container's creation and the
+/// kubelet retries it) on `/etc/vgpu-manager/config`, the path of the hook's own partition mount, which
+/// replaces it (NRI removes a spec mount whose destination an adjustment mounts).
+pub fn guard_mount(host_claim: &Path) -> cdi::Mount {
+    cdi::Mount::bind(cdi::CONTAINER_CONFIG_DIR, &host_claim.join(GUARD_SOURCE), true)
 }
 
 /// The bind mounts of a partition whose host directory is `host` (as the CDI partition mounts).

@@ -908,6 +908,12 @@ impl DeviceState {
             if cfg.sm_watcher() {
                 common.mounts.push(Mount::bind(cdi::CONTAINER_WATCHER_DIR, &host.join("watcher"), true));
             }
+            if cfg.nri() {
+                // A container the NRI hook did not adjust (our plugin not connected to the runtime then) must
+                // not run without its partition: this mount's source never exists, so the runtime refuses to
+                // create it and the kubelet retries; the hook's own mount on the same path replaces it.
+                common.mounts.push(crate::nri::guard_mount(&cfg.host_claim_dir(&claim.uid)));
+            }
         }
         let host_claim = cfg.host_claim_dir(&claim.uid);
         let devices = planned

@@ -91,6 +91,7 @@ async fn gate_off_the_partition_is_per_claim_and_mounted_through_cdi() {
     assert!(state.prepare(&[ClaimRef::new("ns", "single", "u-single")]).await["u-single"].is_ok());
     let spec = std::fs::read_to_string(node.config.cdi_spec_path("u-single")).unwrap();
     assert!(spec.contains("/tmp/.vgpu_lock") && spec.contains("/etc/vgpu-manager/config/pids.config"));
+    assert!(!spec.contains(vgpu_dra::nri::GUARD_SOURCE), "no NRI guard without NRI");
     let parts = std::fs::read_dir(node.config.claim_dir("u-single")).unwrap().count();
     assert_eq!(parts, 1, "one partition made at Prepare");
 }
@@ -108,6 +109,19 @@ async fn create_container_injects_a_per_container_partition_over_the_socket() {
     let spec = std::fs::read_to_string(node.config.cdi_spec_path("u-shared")).unwrap();
     assert!(spec.contains("MANAGER_VGPU_CLAIM_UID=u-shared"));
     assert!(!spec.contains("/tmp/.vgpu_lock") && !spec.contains("pids.config"), "no partition mounts in CDI");
+    // The guard: a container the hook misses cannot start (its source never exists); the hook's partition
+    // mount on the same path replaces it.
+    let spec_json: serde_json::Value = serde_json::from_str(&spec).unwrap();
+    let guard = node.config.host_claim_dir("u-shared").join(vgpu_dra::nri::GUARD_SOURCE);
+    let guards: Vec<_> = spec_json["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["containerPath"] == "/etc/vgpu-manager/config")
+        .collect();
+    assert_eq!(guards.len(), 1, "{spec}");
+    assert_eq!(guards[0]["hostPath"], guard.display().to_string());
+    assert!(!guard.exists());
     let claim_dir = node.config.claim_dir("u-shared");
     assert_eq!(std::fs::read_dir(&claim_dir).unwrap().count(), 0, "Prepare makes only the claim directory");
 
