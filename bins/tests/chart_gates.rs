@@ -293,6 +293,51 @@ fn gpu_module_dra_switch_selects_the_mode() {
     assert!(dp.iter().any(|(k, n, _)| k == "Deployment" && n == "vgpu-controller"));
 }
 
+/// The node DaemonSets of vgpu-manager's two charts join the host's PID namespace exactly when something in
+/// the pod needs host PIDs: the monitor sidecar (NVML's process PIDs against the containers' `cgroup.procs`),
+/// `DevicePluginClientMode` (the registry's `SO_PEERCRED` PIDs) or `SharedSMUtilizationWatcher`; all eight
+/// combinations of the three, for each chart.
+#[test]
+fn node_daemonsets_share_the_host_pid_namespace_exactly_when_needed() {
+    let Some(helm) = helm() else {
+        eprintln!("skipped: Helm is not built (run e2e/build-helm.sh or set VGPU_HELM)");
+        return;
+    };
+    let charts = [
+        (
+            "vgpu-manager",
+            "t-vgpu-manager-device-plugin",
+            "devicePlugin.deviceMonitor.enabled",
+            "devicePlugin.devicePlugin.commands",
+        ),
+        (
+            "vgpu-manager-dra-driver",
+            "t-vgpu-manager-dra-driver-kubelet-plugin",
+            "kubeletPlugin.containers.monitor.enabled",
+            "kubeletPlugin.containers.plugin",
+        ),
+    ];
+    for (chart, daemonset, monitor, gates) in charts {
+        for bits in 0..8u8 {
+            let (with_monitor, client, watcher) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
+            let sets = [
+                format!("{monitor}={with_monitor}"),
+                format!("{gates}.featureGates.DevicePluginClientMode={client}"),
+                format!("{gates}.featureGates.SharedSMUtilizationWatcher={watcher}"),
+            ];
+            let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+            let docs = render(&helm, chart, &sets);
+            let (_, _, text) = docs
+                .iter()
+                .find(|(k, n, _)| k == "DaemonSet" && n == daemonset)
+                .unwrap_or_else(|| panic!("{chart}: no DaemonSet {daemonset}"));
+            let want = with_monitor || client || watcher;
+            assert_eq!(text.contains("\n      hostPID: true\n"), want, "{chart} {sets:?}");
+            assert!(text.contains("--host-proc-root=/proc-host"), "{chart} {sets:?}");
+        }
+    }
+}
+
 /// The container `name` of the rendered workloads: its `--feature-gates=` argument or its `FEATURE_GATES` env.
 fn rendered_gates(docs: &[Value], container: &str) -> String {
     let c = docs
