@@ -9,10 +9,12 @@
 //! * The GPU module CRDs of `deploy/gpu-module/crds/` are created, the four PhysicalGPUs are written through
 //!   the API (spec as the node agent writes it, PCI addresses equal to the mock's bus ids), and `vgpu-controller`
 //!   runs (admin kubeconfig, no webhooks registered: admission is `tests/gpu_controller.rs`' part). GPUClasses
-//!   `metax-whole` (vendor metax, Exclusive) and `a100-whole` (vendor nvidia, device type a100-sxm4-40gb,
-//!   Exclusive) become DeviceClasses and each is valid with exactly the two GPUs of its node.
+//!   `metax-whole` (vendor metax, Exclusive) and `a100-whole` (vendor nvidia, device type a100-sxm4-40gb, at
+//!   least 40,000 MiB and compute capability 8.0, Exclusive) become DeviceClasses and each is valid with
+//!   exactly the two GPUs of its node: the memory and capability it needs are the adapter's, not the test's.
 //! * The adapters (issue #20, "Adapters"): each plugin writes its node's PhysicalGPUs' `status.driverVersion`
-//!   (its mock's driver version: `570.86.10` NVIDIA, `2.33.0.5` MetaX) and condition `HardwareHealthy=True`
+//!   (its mock's driver version: `570.86.10` NVIDIA, `2.33.0.5` MetaX), `memoryMiB`, `computeCapability`
+//!   (NVIDIA only), condition `DriverReady=True` (`DriverAnswering`) and condition `HardwareHealthy=True`
 //!   by server-side apply (field manager `vgpu-kubelet-plugin`), found by `spec.nodeName` and matched by PCI
 //!   address, although the CRD is created after the plugins start; the other status fields stay as written.
 //! * Claims of those DeviceClasses, each used by a pod without `nodeName`: the real kube-scheduler allocates
@@ -119,7 +121,7 @@ fn start_plugin(env: &mut TestEnv, node: &str, mock: &str, driver: &str) {
     .unwrap();
 }
 
-/// A PhysicalGPU as the node agent writes it (spec), with the adapter's status fields.
+/// A PhysicalGPU as the node agent writes it (spec and `status.driver`); the adapter writes the rest.
 async fn put_gpu(
     gpus: &Api<DynamicObject>,
     node: &str,
@@ -127,7 +129,6 @@ async fn put_gpu(
     vendor: &str,
     ids: (&str, &str),
     model: &str,
-    memory_mib: u64,
 ) {
     let (vendor_id, device_id) = ids;
     let vendor_name = if vendor == "metax" { "MetaX Integrated Circuits" } else { "NVIDIA Corporation" };
@@ -140,10 +141,7 @@ async fn put_gpu(
     let gpu = object(json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU",
         "metadata": {"name": name}, "spec": spec}));
     gpus.create(&PostParams::default(), &gpu).await.unwrap();
-    let mut status = json!({"driver": vendor, "memoryMiB": memory_mib});
-    if vendor == "nvidia" {
-        status["computeCapability"] = json!("8.0");
-    }
+    let status = json!({"driver": vendor});
     let status = json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "PhysicalGPU",
         "metadata": {"name": name}, "status": status});
     gpus.patch_status(&name, &PatchParams::apply("e2e-adapter").force(), &Patch::Apply(&status))
@@ -289,10 +287,11 @@ async fn metax_claims_land_only_on_the_metax_node() {
     .await
     .unwrap();
     for index in 0..2 {
-        put_gpu(&gpus, NV_NODE, index, "nvidia", ("10de", "20b0"), "a100-sxm4-40gb", 40960).await;
-        put_gpu(&gpus, MX_NODE, index, "metax", ("9999", "4000"), "MXC500", 65536).await;
+        put_gpu(&gpus, NV_NODE, index, "nvidia", ("10de", "20b0"), "a100-sxm4-40gb").await;
+        put_gpu(&gpus, MX_NODE, index, "metax", ("9999", "4000"), "MXC500").await;
     }
-    // The adapters: driver version and HardwareHealthy from each node's own plugin.
+    // The adapters: driver version, memory, compute capability, DriverReady and HardwareHealthy from each
+    // node's own plugin (the test writes none of them).
     for (node, version) in [(NV_NODE, "570.86.10"), (MX_NODE, "2.33.0.5")] {
         for index in 0..2 {
             let name = format!("{node}-{index}");
@@ -320,7 +319,19 @@ async fn metax_claims_land_only_on_the_metax_node() {
             );
             let driver = if node == MX_NODE { "metax" } else { "nvidia" };
             assert_eq!(status["driver"], driver, "{name}: the other writers' fields stay");
-            assert!(status["memoryMiB"].is_u64(), "{name}: {status}");
+            let (memory, capability) = if node == MX_NODE { (65536, None) } else { (40960, Some("8.0")) };
+            assert_eq!(status["memoryMiB"], memory, "{name}: {status}");
+            assert_eq!(status["computeCapability"].as_str(), capability, "{name}: {status}");
+            let ready = status["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "DriverReady"))
+                .cloned()
+                .unwrap_or_else(|| panic!("{name}: no DriverReady: {status}"));
+            assert_eq!(
+                (&ready["status"], &ready["reason"]),
+                (&json!("True"), &json!("DriverAnswering")),
+                "{name}"
+            );
             let managers: Vec<String> = gpus
                 .get(&name)
                 .await
@@ -370,7 +381,8 @@ async fn metax_claims_land_only_on_the_metax_node() {
         "metadata": {"name": "metax-whole"}, "spec": {"vendor": "metax", "sharing": {"mode": "Exclusive"}}}));
     let a100 = object(json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass",
         "metadata": {"name": "a100-whole"},
-        "spec": {"vendor": "nvidia", "deviceType": "a100-sxm4-40gb", "sharing": {"mode": "Exclusive"}}}));
+        "spec": {"vendor": "nvidia", "deviceType": "a100-sxm4-40gb", "minMemoryMiB": 40000,
+            "minComputeCapability": "8.0", "sharing": {"mode": "Exclusive"}}}));
     classes.create(&PostParams::default(), &metax).await.unwrap();
     classes.create(&PostParams::default(), &a100).await.unwrap();
     let device_classes: Api<DeviceClass> = Api::all(client.clone());

@@ -1,11 +1,24 @@
 //! The adapter's part of the GPU module's PhysicalGPU status (issue #20, "Adapters"): the kubelet plugin of
 //! each vendor (NVIDIA: `manager.nvidia.com`, MetaX: `gpu.metax-tech.com`; the backend says which) writes the
-//! vendor driver's version and the hardware health of the PhysicalGPUs of its node.
+//! vendor driver's version, the GPU's memory and compute capability, whether the driver answers for it and
+//! its hardware health, for the PhysicalGPUs of its node.
 //!
 //! | what | source | PhysicalGPU field |
 //! |---|---|---|
 //! | driver version | [`AllocatableDevices::driver_versions`] (the backend's `driver_versions`) | `status.driverVersion` (absent when the backend reports none) |
+//! | memory | the backend's GPU (`memory_mib`) | `status.memoryMiB` (absent when 0) |
+//! | compute capability | the backend's GPU (`capability`, `major.minor`) | `status.computeCapability` (absent when `0.0`: not reported, e.g. MetaX) |
+//! | driver answering | a [`DriverProbe`] at each sync: the backend's device list, asked again ([`StatusSync::with_driver_probe`]) | condition `DriverReady` |
 //! | hardware health | the [`HealthSnapshot`] of the GPU's devices ([`crate::health`]) | condition `HardwareHealthy` |
+//!
+//! `DriverReady` of one GPU:
+//!
+//! | driver probe | status | reason |
+//! |---|---|---|
+//! | the backend call failed (driver unloaded, library error) | `False` | `DriverNotAnswering` (the error as message) |
+//! | answered, the GPU's UUID not among its GPUs | `False` | `GpuNotListed` |
+//! | answered, a device of the GPU has taint `<driver>/gpu-lost` | `False` | `GpuLost` |
+//! | answered, the GPU listed | `True` | `DriverAnswering` |
 //!
 //! `HardwareHealthy` of one GPU (every published device of the GPU counts; the first unhealthy one gives the reason):
 //!
@@ -45,8 +58,10 @@ use crate::{
 
 /// The field manager of the adapter's status writes.
 pub const FIELD_MANAGER: &str = "vgpu-kubelet-plugin";
-/// The condition type this module writes.
+/// The hardware-health condition this module writes.
 pub const CONDITION_HARDWARE_HEALTHY: &str = "HardwareHealthy";
+/// The driver condition this module writes.
+pub const CONDITION_DRIVER_READY: &str = "DriverReady";
 /// The default resync interval of [`StatusSync`].
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
 
@@ -101,6 +116,12 @@ pub struct StatusPatch {
     pub name: String,
     /// `status.driverVersion`.
     pub driver_version: Option<String>,
+    /// `status.memoryMiB`.
+    pub memory_mib: Option<u64>,
+    /// `status.computeCapability`.
+    pub compute_capability: Option<String>,
+    /// The `DriverReady` condition.
+    pub driver_ready: Condition,
     /// The `HardwareHealthy` condition.
     pub hardware_healthy: Condition,
 }
@@ -108,9 +129,15 @@ pub struct StatusPatch {
 impl StatusPatch {
     /// The server-side apply body (only the owned fields).
     pub fn to_apply_body(&self, api_version: &str) -> serde_json::Value {
-        let mut status = serde_json::json!({ "conditions": [self.hardware_healthy] });
+        let mut status = serde_json::json!({ "conditions": [self.driver_ready, self.hardware_healthy] });
         if let Some(version) = &self.driver_version {
             status["driverVersion"] = serde_json::Value::String(version.clone());
+        }
+        if let Some(memory) = self.memory_mib {
+            status["memoryMiB"] = serde_json::Value::from(memory);
+        }
+        if let Some(capability) = &self.compute_capability {
+            status["computeCapability"] = serde_json::Value::String(capability.clone());
         }
         serde_json::json!({
             "apiVersion": api_version,
@@ -126,15 +153,93 @@ pub fn normalise_pci(text: &str) -> Option<PciAddress> {
     text.trim().parse().ok()
 }
 
-/// The `HardwareHealthy` condition of the GPU with backend index `index`. See the module docs.
-pub fn hardware_healthy(devices: &AllocatableDevices, health: &HealthSnapshot, index: u32) -> Condition {
-    let condition = |status, reason: &str, message: String| Condition {
-        type_: CONDITION_HARDWARE_HEALTHY.to_owned(),
+/// What the vendor driver answered when asked for its GPUs at a sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriverProbe {
+    /// The UUIDs of the GPUs it lists.
+    Answered(Vec<String>),
+    /// The call failed; the error.
+    Failed(String),
+}
+
+impl DriverProbe {
+    /// Asks `backend` for its GPUs now (a blocking call into the vendor library).
+    pub fn ask(backend: &dyn vgpu_core::backend::DeviceBackend) -> Self {
+        match backend.devices() {
+            Ok(gpus) => Self::Answered(gpus.into_iter().map(|g| g.uuid).collect()),
+            Err(error) => Self::Failed(error.to_string()),
+        }
+    }
+
+    /// The answer the start-up device list gave (no backend to ask again).
+    pub fn from_devices(devices: &AllocatableDevices) -> Self {
+        let mut uuids: Vec<String> = devices.iter().map(|d| d.gpu.uuid.clone()).collect();
+        uuids.dedup();
+        Self::Answered(uuids)
+    }
+}
+
+fn condition(type_: &str, status: ConditionStatus, reason: &str, message: String) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
         status,
         reason: Some(reason.to_owned()),
         message: Some(message),
         last_transition_time: None,
         observed_generation: None,
+    }
+}
+
+/// The `DriverReady` condition of the GPU with backend index `index`. See the module docs.
+pub fn driver_ready(
+    devices: &AllocatableDevices,
+    health: &HealthSnapshot,
+    probe: &DriverProbe,
+    index: u32,
+) -> Condition {
+    let ready =
+        |status, reason: &str, message: String| condition(CONDITION_DRIVER_READY, status, reason, message);
+    let uuids = match probe {
+        DriverProbe::Failed(error) => {
+            return ready(
+                ConditionStatus::False,
+                "DriverNotAnswering",
+                format!("the driver did not answer: {error}"),
+            );
+        }
+        DriverProbe::Answered(uuids) => uuids,
+    };
+    let mut gpu_devices = devices.iter().filter(|d| d.gpu.index == index).peekable();
+    let Some(uuid) = gpu_devices.peek().map(|d| d.gpu.uuid.clone()) else {
+        return ready(
+            ConditionStatus::False,
+            "GpuNotListed",
+            format!("no device of GPU {index} is published"),
+        );
+    };
+    if !uuids.contains(&uuid) {
+        return ready(
+            ConditionStatus::False,
+            "GpuNotListed",
+            format!("the driver no longer lists GPU {uuid}"),
+        );
+    }
+    let lost = gpu_devices.any(|d| {
+        health.get(&d.name).is_some_and(|state| {
+            state.taints.iter().any(|t| t.key.rsplit('/').next() == Some(TAINT_GPU_LOST))
+        })
+    });
+    if lost {
+        return ready(ConditionStatus::False, "GpuLost", format!("the driver lost GPU {uuid}"));
+    }
+    let version = devices.driver_versions().map(|v| format!(" {}", v.driver_version)).unwrap_or_default();
+    ready(ConditionStatus::True, "DriverAnswering", format!("the driver{version} lists GPU {uuid}"))
+}
+
+/// The `HardwareHealthy` condition of the GPU with backend index `index`. See the module docs.
+pub fn hardware_healthy(devices: &AllocatableDevices, health: &HealthSnapshot, index: u32) -> Condition {
+    let condition = |status, reason: &str, message: String| {
+        condition(CONDITION_HARDWARE_HEALTHY, status, reason, message)
     };
     if !health.is_monitored() {
         return condition(ConditionStatus::Unknown, "NotMonitored", "device health is not watched".into());
@@ -188,6 +293,7 @@ pub fn compute_patches(
     gpus: &[GpuRef],
     devices: &AllocatableDevices,
     health: &HealthSnapshot,
+    probe: &DriverProbe,
 ) -> Vec<StatusPatch> {
     let driver_version = devices.driver_versions().map(|v| v.driver_version.clone());
     let mut by_address = BTreeMap::new();
@@ -203,9 +309,14 @@ pub fn compute_patches(
             let index = normalise_pci(&gpu.pci_address)
                 .and_then(|address| by_address.get(&address).copied())
                 .or_else(|| by_index.contains_key(&gpu.index).then_some(gpu.index))?;
+            let physical = devices.iter().find(|d| d.gpu.index == index).map(|d| &d.gpu)?;
+            let capability = physical.compute_capability;
             Some(StatusPatch {
                 name: gpu.name.clone(),
                 driver_version: driver_version.clone(),
+                memory_mib: (physical.memory_mib() > 0).then(|| physical.memory_mib()),
+                compute_capability: (capability.major > 0).then(|| capability.to_string()),
+                driver_ready: driver_ready(devices, health, probe, index),
                 hardware_healthy: hardware_healthy(devices, health, index),
             })
         })
@@ -341,14 +452,24 @@ pub enum SyncOutcome {
 }
 
 /// Keeps this node's PhysicalGPU status (driver version, `HardwareHealthy`) up to date. See the module docs.
-#[derive(Debug)]
 pub struct StatusSync {
     store: Arc<dyn PhysicalGpuStore>,
     node: String,
     devices: Arc<AllocatableDevices>,
     health: watch::Receiver<HealthSnapshot>,
+    driver: Option<Arc<dyn vgpu_core::backend::DeviceBackend>>,
     resync: Duration,
     applied: BTreeMap<String, StatusPatch>,
+}
+
+impl std::fmt::Debug for StatusSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusSync")
+            .field("node", &self.node)
+            .field("driver_probe", &self.driver.as_ref().map(|b| b.name()))
+            .field("resync", &self.resync)
+            .finish_non_exhaustive()
+    }
 }
 
 impl StatusSync {
@@ -364,9 +485,17 @@ impl StatusSync {
             node: node.to_owned(),
             devices,
             health,
+            driver: None,
             resync: DEFAULT_RESYNC,
             applied: BTreeMap::new(),
         }
+    }
+
+    /// Asks `backend` for its GPUs at each sync ([`DriverProbe::ask`]) for `DriverReady`; without it the
+    /// start-up device list answers.
+    pub fn with_driver_probe(mut self, backend: Arc<dyn vgpu_core::backend::DeviceBackend>) -> Self {
+        self.driver = Some(backend);
+        self
     }
 
     /// Sets the resync interval.
@@ -383,7 +512,16 @@ impl StatusSync {
     pub async fn sync_once(&mut self) -> Result<SyncOutcome, PhysicalGpuError> {
         let Some(gpus) = self.store.list(&self.node).await? else { return Ok(SyncOutcome::NoCrd) };
         let snapshot = self.health.borrow_and_update().clone();
-        let patches = compute_patches(&gpus, &self.devices, &snapshot);
+        let probe = match &self.driver {
+            Some(backend) => {
+                let backend = Arc::clone(backend);
+                tokio::task::spawn_blocking(move || DriverProbe::ask(backend.as_ref()))
+                    .await
+                    .unwrap_or_else(|e| DriverProbe::Failed(format!("the driver probe did not finish: {e}")))
+            }
+            None => DriverProbe::from_devices(&self.devices),
+        };
+        let patches = compute_patches(&gpus, &self.devices, &snapshot, &probe);
         let mut applied = 0;
         for patch in patches {
             if self.applied.get(&patch.name) == Some(&patch) {
@@ -459,6 +597,10 @@ gpus:
         Arc::new(AllocatableDevices::from_backend(&backend, &DeviceConfig::default()).unwrap())
     }
 
+    fn answered(devices: &AllocatableDevices) -> DriverProbe {
+        DriverProbe::from_devices(devices)
+    }
+
     fn gpu(name: &str, index: u32, address: &str) -> GpuRef {
         GpuRef { name: name.into(), index, pci_address: address.into() }
     }
@@ -478,7 +620,8 @@ gpus:
     fn unmonitored_health_is_unknown_and_the_version_is_written() {
         let devices = devices(MOCK);
         let gpus = [gpu("w1-a", 0, "0000:3b:00.0"), gpu("w1-b", 1, "0000:86:00.0")];
-        let patches = compute_patches(&gpus, &devices, &HealthSnapshot::unmonitored_default());
+        let patches =
+            compute_patches(&gpus, &devices, &HealthSnapshot::unmonitored_default(), &answered(&devices));
         assert_eq!(patches.len(), 2);
         for p in &patches {
             assert_eq!(p.driver_version.as_deref(), Some("570.86.10"));
@@ -496,7 +639,7 @@ gpus:
         // Index 0 but the address of GPU 1 (indices shifted): the address wins.
         let gpus =
             [gpu("moved", 0, "0000:86:00.0"), gpu("by-index", 0, "0000:99:00.0"), gpu("none", 7, "bad")];
-        let patches = compute_patches(&gpus, &devices, &health.borrow());
+        let patches = compute_patches(&gpus, &devices, &health.borrow(), &answered(&devices));
         assert_eq!(patches.len(), 2, "{patches:?}");
         let moved = &patches[0].hardware_healthy;
         assert_eq!((moved.status, moved.reason.as_deref()), (ConditionStatus::False, Some("Xid79")));
@@ -512,7 +655,7 @@ gpus:
         assert!(monitor.apply(&event(0, "GPU-A", HealthEventKind::Xid { code: 13 })));
         assert!(monitor.apply(&event(1, "GPU-B", HealthEventKind::DeviceLost)));
         let gpus = [gpu("a", 0, "0000:3b:00.0"), gpu("b", 1, "0000:86:00.0")];
-        let patches = compute_patches(&gpus, &devices, &health.borrow());
+        let patches = compute_patches(&gpus, &devices, &health.borrow(), &answered(&devices));
         assert_eq!(
             patches[0].hardware_healthy.status,
             ConditionStatus::True,
@@ -525,12 +668,93 @@ gpus:
     #[test]
     fn no_driver_versions_no_field() {
         let devices = devices("gpus:\n  - { uuid: GPU-A, name: MXC500, vendor: metax, memoryMiB: 1024 }\n");
-        let patches = compute_patches(&[gpu("m", 0, "0000:01:00.0")], &devices, &HealthSnapshot::default());
+        let patches = compute_patches(
+            &[gpu("m", 0, "0000:01:00.0")],
+            &devices,
+            &HealthSnapshot::default(),
+            &answered(&devices),
+        );
         assert_eq!(patches[0].driver_version, None);
         let body = patches[0].to_apply_body("gpu.deckhouse.io/v1alpha1");
         assert!(body["status"].get("driverVersion").is_none());
-        assert_eq!(body["status"]["conditions"][0]["type"], "HardwareHealthy");
+        assert!(body["status"].get("computeCapability").is_none(), "MetaX reports none");
+        assert_eq!(body["status"]["memoryMiB"], 1024);
+        assert_eq!(body["status"]["conditions"][0]["type"], "DriverReady");
+        assert_eq!(body["status"]["conditions"][1]["type"], "HardwareHealthy");
         assert_eq!(body["metadata"]["name"], "m");
+    }
+
+    #[test]
+    fn memory_capability_and_driver_ready() {
+        let devices = devices(
+            "driver: { version: 570.86.10 }\ngpus:\n  - { uuid: GPU-A, name: A100, memoryMiB: 40960, computeCapability: '8.0', busId: '0000:3b:00.0' }\n  - { uuid: GPU-B, name: A100, memoryMiB: 40960, computeCapability: '8.0', busId: '0000:86:00.0' }\n",
+        );
+        let monitor = HealthMonitor::new(HealthConfig::new("manager.nvidia.com", &[]), &devices);
+        let health = monitor.subscribe();
+        let gpus = [gpu("a", 0, "0000:3b:00.0"), gpu("b", 1, "0000:86:00.0")];
+        let ready = |probe: &DriverProbe| -> Vec<(ConditionStatus, String)> {
+            compute_patches(&gpus, &devices, &health.borrow(), probe)
+                .into_iter()
+                .map(|p| (p.driver_ready.status, p.driver_ready.reason.unwrap_or_default()))
+                .collect()
+        };
+        let patches = compute_patches(&gpus, &devices, &health.borrow(), &answered(&devices));
+        assert_eq!(patches[0].memory_mib, Some(40960));
+        assert_eq!(patches[0].compute_capability.as_deref(), Some("8.0"));
+        let body = patches[0].to_apply_body("gpu.deckhouse.io/v1alpha1");
+        assert_eq!(
+            (&body["status"]["memoryMiB"], &body["status"]["computeCapability"]),
+            (&40960.into(), &"8.0".into())
+        );
+        let message = patches[0].driver_ready.message.clone().unwrap_or_default();
+        assert!(message.contains("570.86.10") && message.contains("GPU-A"), "{message}");
+        let answering = (ConditionStatus::True, "DriverAnswering".to_owned());
+        assert_eq!(ready(&answered(&devices)), [answering.clone(), answering.clone()]);
+        // GPU-B gone from the driver's list; then the driver not answering at all.
+        assert_eq!(
+            ready(&DriverProbe::Answered(vec!["GPU-A".into()])),
+            [answering.clone(), (ConditionStatus::False, "GpuNotListed".to_owned())]
+        );
+        let failed = ready(&DriverProbe::Failed("NVML: driver not loaded".into()));
+        assert!(failed.iter().all(|r| *r == (ConditionStatus::False, "DriverNotAnswering".to_owned())));
+        // A lost GPU: the driver no longer reaches it.
+        assert!(monitor.apply(&event(1, "GPU-B", HealthEventKind::DeviceLost)));
+        assert_eq!(ready(&answered(&devices)), [answering, (ConditionStatus::False, "GpuLost".to_owned())]);
+    }
+
+    #[tokio::test]
+    async fn the_driver_is_asked_again_at_each_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        // The mock reads its MIG state file on every device list: a broken one makes the list fail, as a
+        // driver that stopped answering does.
+        let state = dir.path().join("mig.json");
+        let backend =
+            MockBackend::from_yaml_str(&format!("{MOCK}migStateFile: {}\n", state.display())).unwrap();
+        let devices = Arc::new(AllocatableDevices::from_backend(&backend, &DeviceConfig::default()).unwrap());
+        let monitor = HealthMonitor::new(HealthConfig::new("manager.nvidia.com", &[]), &devices);
+        let store = Arc::new(MemoryPhysicalGpus::new(true));
+        store.add("w1", gpu("w1-a", 0, "0000:3b:00.0"));
+        let mut sync = StatusSync::new(
+            Arc::clone(&store) as Arc<dyn PhysicalGpuStore>,
+            "w1",
+            devices,
+            monitor.subscribe(),
+        )
+        .with_driver_probe(Arc::new(backend));
+        assert_eq!(sync.sync_once().await.unwrap(), SyncOutcome::Applied(1));
+        assert_eq!(store.status("w1-a").unwrap().driver_ready.status, ConditionStatus::True);
+        assert_eq!(sync.sync_once().await.unwrap(), SyncOutcome::Applied(0));
+        std::fs::write(&state, "{ not json").unwrap();
+        assert_eq!(sync.sync_once().await.unwrap(), SyncOutcome::Applied(1));
+        let ready = store.status("w1-a").unwrap().driver_ready;
+        assert_eq!(
+            (ready.status, ready.reason.as_deref()),
+            (ConditionStatus::False, Some("DriverNotAnswering"))
+        );
+        assert!(ready.message.unwrap_or_default().contains("mig.json"));
+        std::fs::remove_file(&state).unwrap();
+        assert_eq!(sync.sync_once().await.unwrap(), SyncOutcome::Applied(1), "answering again");
+        assert_eq!(store.status("w1-a").unwrap().driver_ready.status, ConditionStatus::True);
     }
 
     #[tokio::test]

@@ -440,7 +440,8 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
             tracing::warn!(node = %config.node_name, %error, "cannot read the node; ResourceSlices get no owner")
         }
     }
-    // GPU module (issue #20, adapters): this node's PhysicalGPUs get the driver version and HardwareHealthy.
+    // GPU module (issue #20, adapters): this node's PhysicalGPUs get the driver version, memory, compute
+    // capability, DriverReady (the driver asked again at each sync) and HardwareHealthy.
     if cli.physical_gpu_status {
         let store = Arc::new(vgpu_dra::physical_gpu::KubePhysicalGpus::new(client.clone()));
         vgpu_dra::physical_gpu::StatusSync::new(
@@ -449,6 +450,7 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
             Arc::clone(&devices),
             health.clone(),
         )
+        .with_driver_probe(Arc::clone(&backend))
         .with_resync(cli.physical_gpu_resync_interval)
         .spawn(stopped());
     }
