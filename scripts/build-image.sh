@@ -69,6 +69,17 @@ if [[ -z "${RUNTIME_IMAGE:-}" ]]; then
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"
   done
+  # pci.ids for the node agent's names (the Containerfile installs Debian's pci.ids into an apt base).
+  pci_ids=""
+  for candidate in /usr/share/misc/pci.ids /usr/share/hwdata/pci.ids; do
+    [[ -r "$candidate" ]] && { pci_ids="$candidate"; break; }
+  done
+  if [[ -n "$pci_ids" ]]; then
+    mkdir -p "$root/usr/share/misc"
+    cp -L "$pci_ids" "$root/usr/share/misc/pci.ids"
+  else
+    echo "build-image: no pci.ids on this host (apt-get install pci.ids): PhysicalGPU names will be hex ids" >&2
+  fi
   mkdir -p "$root/etc" "$root/tmp" "$root/root"
   chmod 1777 "$root/tmp"
   chmod 0700 "$root/root"

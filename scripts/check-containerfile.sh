@@ -12,7 +12,8 @@
 #     device-scheduler, device-webhook, kubelet-plugin; device-client) is a symlink to one of our binaries,
 #     the image holds install_files.sh (/usr/bin and /scripts) and kubelet-plugin-prestart.sh, both scripts
 #     parse (`bash -n`; shellcheck too where it is installed), and the static device client goes to
-#     /installed/registry/device-client.
+#     /installed/registry/device-client;
+#  5. the runtime base holds pci.ids (Debian's package; the offline base copies the host's).
 # scripts/build-image.sh builds the real image where buildah is available; bins/tests/install_scripts.rs runs the
 # scripts.
 set -euo pipefail
@@ -36,6 +37,10 @@ done
 if command -v shellcheck >/dev/null; then
   shellcheck scripts/install_files.sh scripts/kubelet-plugin-prestart.sh || fail "shellcheck"
 fi
+grep -q 'apt-get install -y --no-install-recommends pci.ids' Containerfile \
+  || fail "the runtime base no longer installs pci.ids (the node agent names PhysicalGPUs from it)"
+grep -q 'cp -L "$pci_ids" "$root/usr/share/misc/pci.ids"' scripts/build-image.sh \
+  || fail "scripts/build-image.sh's host-made base no longer brings pci.ids"
 grep -q 'ln -s /usr/bin/install_files.sh /scripts/install_files.sh' Containerfile \
   || fail "the image does not hold /scripts/install_files.sh (vgpu-manager's device-plugin chart runs it)"
 

@@ -293,6 +293,35 @@ fn gpu_module_dra_switch_selects_the_mode() {
     assert!(dp.iter().any(|(k, n, _)| k == "Deployment" && n == "vgpu-controller"));
 }
 
+/// The gpu-module chart ships the `gpu-supported-vendors` ConfigMap and points the node agent at it; the
+/// agent's own parser reads its vendor table (NVIDIA and MetaX). A ConfigMap named by the values replaces it.
+#[test]
+fn gpu_module_ships_the_vendors_config_map_the_node_agent_reads() {
+    let Some(helm) = helm() else {
+        eprintln!("skipped: Helm is not built (run e2e/build-helm.sh or set VGPU_HELM)");
+        return;
+    };
+    let docs = render(&helm, "gpu-module", &[]);
+    let (_, _, text) = docs
+        .iter()
+        .find(|(k, n, _)| k == "ConfigMap" && n == "gpu-supported-vendors")
+        .expect("the chart ships gpu-supported-vendors");
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_saphyr::from_str(text).unwrap();
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("d8-gpu"));
+    let table =
+        vgpu_node_agent::vendors::table_from_data("d8-gpu", "gpu-supported-vendors", &cm.data.unwrap())
+            .unwrap();
+    let keys: Vec<&str> = table.iter().map(|v| v.key.as_str()).collect();
+    assert_eq!(keys, ["nvidia", "metax"]);
+    let agent = docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-node-agent").unwrap();
+    assert!(agent.2.contains("--vendors-configmap=d8-gpu/gpu-supported-vendors"), "{}", agent.2);
+
+    let own = render(&helm, "gpu-module", &["nodeAgent.vendorsConfigMap=ops/my-vendors"]);
+    assert!(!own.iter().any(|(k, n, _)| k == "ConfigMap" && n == "gpu-supported-vendors"));
+    let agent = own.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-node-agent").unwrap();
+    assert!(agent.2.contains("--vendors-configmap=ops/my-vendors"), "{}", agent.2);
+}
+
 /// The node DaemonSets of vgpu-manager's two charts join the host's PID namespace exactly when something in
 /// the pod needs host PIDs: the monitor sidecar (NVML's process PIDs against the containers' `cgroup.procs`),
 /// `DevicePluginClientMode` (the registry's `SO_PEERCRED` PIDs) or `SharedSMUtilizationWatcher`; all eight
