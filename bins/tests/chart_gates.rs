@@ -263,8 +263,9 @@ fn render(helm: &Path, chart: &str, sets: &[&str]) -> Vec<(String, String, Strin
 }
 
 /// The gpu-module chart's one switch between its modes: `dra.enabled=true` deploys the vendor adapters (kubelet
-/// plugins selected by `gpu.deckhouse.io/vendor`) and no device plugin; `false` deploys the device plugin with
-/// `--gfd-labels` and the MIG manager, and no adapter. The node agent and the controller run in both.
+/// plugins selected by `gpu.deckhouse.io/vendor`) and no device plugin; `false` (the default) deploys the device
+/// plugin with `--gfd-labels` and `--whole-gpus` and the MIG manager, and no adapter. The node agent and the
+/// controller run in both.
 #[test]
 fn gpu_module_dra_switch_selects_the_mode() {
     let Some(helm) = helm() else {
@@ -277,7 +278,7 @@ fn gpu_module_dra_switch_selects_the_mode() {
         names.sort();
         names
     };
-    let dra = render(&helm, "gpu-module", &[]);
+    let dra = render(&helm, "gpu-module", &["dra.enabled=true"]);
     assert_eq!(daemonsets(&dra), ["vgpu-adapter-metax", "vgpu-adapter-nvidia", "vgpu-node-agent"]);
     let metax = dra.iter().find(|(_, n, _)| n == "vgpu-adapter-metax").unwrap();
     assert!(
@@ -286,10 +287,10 @@ fn gpu_module_dra_switch_selects_the_mode() {
     );
     assert!(dra.iter().any(|(k, n, _)| k == "Deployment" && n == "vgpu-controller"));
 
-    let dp = render(&helm, "gpu-module", &["dra.enabled=false"]);
+    let dp = render(&helm, "gpu-module", &[]);
     assert_eq!(daemonsets(&dp), ["vgpu-device-plugin", "vgpu-mig-manager", "vgpu-node-agent"]);
     let plugin = dp.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin").unwrap();
-    assert!(plugin.2.contains("--gfd-labels"));
+    assert!(plugin.2.contains("--gfd-labels") && plugin.2.contains("--whole-gpus"));
     assert!(dp.iter().any(|(k, n, _)| k == "Deployment" && n == "vgpu-controller"));
 }
 

@@ -215,6 +215,9 @@ pub struct PluginConfig {
     /// The MIG instances the MIG plugins serve (from the backend, per `migStrategy`; see
     /// [`crate::mig::mig_devices`]).
     pub mig_devices: Vec<crate::mig::MigDevice>,
+    /// `--whole-gpus`: serve whole GPUs as `<domain>/gpu` ([`crate::whole_gpu`]) instead of
+    /// `<domain>/vgpu-number` (default false).
+    pub whole_gpus: bool,
     /// How often `kubelet.sock` and our sockets are checked for re-creation (upstream uses fsnotify).
     pub watch_interval: Duration,
     /// Limit for dialing our own socket and for the `Register` call (upstream 5 s).
@@ -251,6 +254,7 @@ impl PluginConfig {
             vendor: Arc::new(NvidiaAdapter),
             imex_channels: Vec::new(),
             mig_devices: Vec::new(),
+            whole_gpus: false,
             proc_root: PathBuf::from("/proc"),
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             registry_socket_group: None,

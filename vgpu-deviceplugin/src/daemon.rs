@@ -113,7 +113,10 @@ impl Daemon {
         nodes: Arc<dyn NodeClient>,
     ) -> Result<Self, ServerError> {
         crate::gates::check_gates(&config.gates)?;
-        if !config.gates.enabled(CoreGate::HonorPreAllocatedDeviceIDs) {
+        if config.whole_gpus {
+            crate::gates::check_whole_gpus(&config.gates)?;
+        }
+        if !config.whole_gpus && !config.gates.enabled(CoreGate::HonorPreAllocatedDeviceIDs) {
             // Upstream behaviour, kept: the gate alone offers GetPreferredAllocation. Our own components
             // never read a GPU from a kubelet device ID (PreStartContainer matches the exact ID set of
             // devices.json), but other readers of pod-resources or device health would be misled.

@@ -45,11 +45,40 @@ pub fn check_gates(gates: &FeatureGates<'_, CoreGate>) -> Result<(), ServerError
     Err(ServerError::Config(text.join("; ")))
 }
 
+/// With [`PluginConfig::whole_gpus`](crate::config::PluginConfig::whole_gpus) no `vgpu-number` plugin runs, and
+/// every device-plugin gate acts on it (its allocation, its limits, its extra resources, its client-mode
+/// registry, its SM watcher): an enabled one would be accepted and ignored, so it is refused, naming each.
+pub fn check_whole_gpus(gates: &FeatureGates<'_, CoreGate>) -> Result<(), ServerError> {
+    let on: Vec<String> =
+        gates.registry().gates().iter().filter(|g| gates.enabled(**g)).map(ToString::to_string).collect();
+    if on.is_empty() {
+        return Ok(());
+    }
+    Err(ServerError::Config(format!(
+        "feature gates {} act on the vgpu-number plugin, which --whole-gpus does not serve: turn them off or drop \
+         --whole-gpus",
+        on.join(", ")
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn whole_gpus_refuse_every_enabled_gate() {
+        let registry = crate::feature_gates();
+        assert!(check_whole_gpus(&registry.defaults()).is_ok());
+        let two =
+            registry.configure(["HonorPreAllocatedDeviceIDs=true", "GPUCoreResourcePlugin=true"]).unwrap();
+        let err = check_whole_gpus(&two).unwrap_err().to_string();
+        assert!(
+            err.contains("GPUCoreResourcePlugin, HonorPreAllocatedDeviceIDs") && err.contains("--whole-gpus"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn every_device_plugin_gate_is_honoured() {

@@ -94,6 +94,7 @@ pub mod server;
 pub mod service;
 pub mod sm_watcher;
 pub mod vnumber;
+pub mod whole_gpu;
 
 /// Default `--device-plugin-path`: the kubelet's device-plugin directory.
 pub const DEFAULT_DEVICE_PLUGIN_PATH: &str = "/var/lib/kubelet/device-plugins/";
@@ -113,7 +114,8 @@ pub fn feature_gates() -> &'static vgpu_gates::Registry<vgpu_gates::CoreGate> {
     vgpu_gates::device_plugin()
 }
 
-/// The plugins this configuration serves, in order: vnumber (unless `migStrategy: single`), one MIG plugin
+/// The plugins this configuration serves, in order: vnumber, or the whole-GPU plugin with
+/// [`config::PluginConfig::whole_gpus`] (either unless `migStrategy: single`), one MIG plugin
 /// per profile of `config.mig_devices` (unless `migStrategy: none`), vcore (gate `GPUCoreResourcePlugin`),
 /// vmemory (gate `GPUMemoryResourcePlugin`).
 pub fn build_handlers(
@@ -123,7 +125,15 @@ pub fn build_handlers(
 ) -> Vec<Arc<dyn plugin::PluginHandler>> {
     let mut handlers: Vec<Arc<dyn plugin::PluginHandler>> = Vec::new();
     if config.settings.mig_strategy != MigStrategy::Single {
-        handlers.push(Arc::new(vnumber::VgpuNumberPlugin::new(Arc::clone(config), state.clone(), cluster)));
+        if config.whole_gpus {
+            handlers.push(Arc::new(whole_gpu::WholeGpuPlugin::new(Arc::clone(config), state.clone())));
+        } else {
+            handlers.push(Arc::new(vnumber::VgpuNumberPlugin::new(
+                Arc::clone(config),
+                state.clone(),
+                cluster,
+            )));
+        }
     }
     if config.settings.mig_strategy != MigStrategy::None {
         for plugin in mig::mig_plugins(config, &config.mig_devices) {

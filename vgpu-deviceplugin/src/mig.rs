@@ -128,7 +128,6 @@ impl MigPlugin {
     }
 
     fn container_response(&self, ids: &[String]) -> Result<ContainerAllocateResponse, String> {
-        let cfg = &self.config;
         let mut picked = Vec::with_capacity(ids.len());
         for id in ids {
             let d = self
@@ -139,53 +138,68 @@ impl MigPlugin {
             picked.push(d);
         }
         let uuids: Vec<&str> = picked.iter().map(|d| d.uuid.as_str()).collect();
-        let strategies = &cfg.settings.device_list_strategy;
-        let all_cdi = !strategies.is_empty()
-            && strategies
-                .iter()
-                .all(|s| matches!(s, DeviceListStrategy::CdiAnnotations | DeviceListStrategy::CdiCri));
-        let mut envs = HashMap::new();
-        let mut mounts = Vec::new();
-        let mut annotations = HashMap::new();
-        let mut cdi_devices = Vec::new();
-        let vendor = &cfg.vendor;
-        if strategies.contains(&DeviceListStrategy::Envvar)
-            && let Some(env) = vendor.visible_devices_env()
-        {
-            envs.insert(env.to_owned(), uuids.join(","));
-        }
-        if strategies.contains(&DeviceListStrategy::VolumeMounts)
-            && let (Some(env), Some(root)) = (vendor.visible_devices_env(), vendor.volume_mounts_root())
-        {
-            envs.insert(env.to_owned(), root.to_owned());
-            for uuid in &uuids {
-                mounts.push(Mount {
-                    container_path: format!("{root}/{uuid}"),
-                    host_path: "/dev/null".to_owned(),
-                    read_only: true,
-                });
-            }
-        }
-        let mut devices = if all_cdi { Vec::new() } else { mig_device_specs(cfg, &picked) };
-        let mut qualified: Vec<String> = uuids.iter().map(|u| vendor.cdi_device(u)).collect();
-        add_imex_channels(cfg, &mut envs, &mut mounts, &mut qualified, (!all_cdi).then_some(&mut devices));
-        if strategies.contains(&DeviceListStrategy::CdiCri) {
-            cdi_devices = qualified.iter().map(|name| CdiDevice { name: name.clone() }).collect();
-        }
-        if strategies.contains(&DeviceListStrategy::CdiAnnotations)
-            && let Some(first) = uuids.first()
-        {
-            // No pod is known here: the first instance UUID names the key.
-            let (key, value) =
-                cdi::annotation(&cfg.cdi_annotation_prefix, cdi::MIG_PLUGIN_NAME, first, &qualified)
-                    .map_err(|e| e.to_string())?;
-            annotations.insert(key, value);
-        }
-        for (key, value) in vendor.feature_env(&cfg.settings) {
-            envs.insert(key.to_owned(), value);
-        }
-        Ok(ContainerAllocateResponse { envs, mounts, devices, annotations, cdi_devices })
+        whole_device_response(&self.config, &uuids, cdi::MIG_PLUGIN_NAME, || {
+            mig_device_specs(&self.config, &picked)
+        })
     }
+}
+
+/// The container response of a plugin handing out whole units (MIG instances, [`crate::whole_gpu`]'s
+/// GPUs) whose UUIDs are `uuids`: the device-list strategies (`envvar`, `volume-mounts`, `cdi-cri`,
+/// `cdi-annotations`, the annotation keyed by `plugin_name` and the first UUID), the units' device nodes
+/// from `device_specs` (not with CDI strategies only), the IMEX channels and the vendor's feature env. No
+/// vGPU environment and no limiter mounts.
+pub fn whole_device_response(
+    cfg: &PluginConfig,
+    uuids: &[&str],
+    plugin_name: &str,
+    device_specs: impl FnOnce() -> Vec<DeviceSpec>,
+) -> Result<ContainerAllocateResponse, String> {
+    let strategies = &cfg.settings.device_list_strategy;
+    let all_cdi = !strategies.is_empty()
+        && strategies
+            .iter()
+            .all(|s| matches!(s, DeviceListStrategy::CdiAnnotations | DeviceListStrategy::CdiCri));
+    let mut envs = HashMap::new();
+    let mut mounts = Vec::new();
+    let mut annotations = HashMap::new();
+    let mut cdi_devices = Vec::new();
+    let vendor = &cfg.vendor;
+    if strategies.contains(&DeviceListStrategy::Envvar)
+        && let Some(env) = vendor.visible_devices_env()
+    {
+        envs.insert(env.to_owned(), uuids.join(","));
+    }
+    if strategies.contains(&DeviceListStrategy::VolumeMounts)
+        && let (Some(env), Some(root)) = (vendor.visible_devices_env(), vendor.volume_mounts_root())
+    {
+        envs.insert(env.to_owned(), root.to_owned());
+        for uuid in uuids {
+            mounts.push(Mount {
+                container_path: format!("{root}/{uuid}"),
+                host_path: "/dev/null".to_owned(),
+                read_only: true,
+            });
+        }
+    }
+    let mut devices = if all_cdi { Vec::new() } else { device_specs() };
+    let mut qualified: Vec<String> = uuids.iter().map(|u| vendor.cdi_device(u)).collect();
+    add_imex_channels(cfg, &mut envs, &mut mounts, &mut qualified, (!all_cdi).then_some(&mut devices));
+    if strategies.contains(&DeviceListStrategy::CdiCri) {
+        cdi_devices = qualified.iter().map(|name| CdiDevice { name: name.clone() }).collect();
+    }
+    if strategies.contains(&DeviceListStrategy::CdiAnnotations)
+        && let Some(first) = uuids.first()
+    {
+        // No pod is known here: the first unit's UUID names the key.
+        let (key, value) = cdi::annotation(&cfg.cdi_annotation_prefix, plugin_name, first, &qualified)
+            .map_err(|e| e.to_string())?;
+        annotations.insert(key, value);
+    }
+    for (key, value) in vendor.feature_env(&cfg.settings) {
+        envs.insert(key.to_owned(), value);
+    }
+    Ok(ContainerAllocateResponse { envs, mounts, devices, annotations, cdi_devices })
 }
 
 /// The `DeviceFileMinor:` of a capability `access` file, `None` when absent or unreadable.

@@ -143,6 +143,10 @@ struct Cli {
     /// mode, in place of GFD).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     gfd_labels: bool,
+    /// Serve whole GPUs as `<domain>/gpu`, placed by kube-scheduler alone, instead of `<domain>/vgpu-number`
+    /// (which needs the scheduler extender): the GPU module's device-plugin mode.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
+    whole_gpus: bool,
     #[command(flatten)]
     gates: CoreGateArgs,
 }
@@ -231,6 +235,7 @@ fn plugin_config(cli: &Cli, node: String, settings: NodeSettings, domain: Resour
     config.cgroup_mode = CgroupMode::detect(&cli.host_cgroup_root);
     config.domain = domain;
     config.settings = settings;
+    config.whole_gpus = cli.whole_gpus;
     config.settings.cgroup_driver =
         resolve_cgroup_driver(config.settings.cgroup_driver, &cli.kubelet_root, &cli.host_cgroup_root);
     config
@@ -402,6 +407,7 @@ mod tests {
         // `--flag false` with a space: `false` is not the flag's value (Go), and a stray argument is refused.
         assert!(Cli::try_parse_from(["vgpu-device-plugin", "--gds-enabled", "false"]).is_err());
         assert!(Cli::try_parse_from(["vgpu-device-plugin", "--gfd-labels=yes"]).is_err());
+        assert!(parse(&["--whole-gpus"]).whole_gpus && !parse(&[]).whole_gpus);
     }
 
     #[test]
