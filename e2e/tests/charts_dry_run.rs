@@ -38,6 +38,8 @@ struct Case {
 /// Host paths mounted only with gate PassthroughSupport (`/lib/modules`) and NRISupport (`/var/run/nri`).
 const PASSTHROUGH_MOUNT: &str = r#""path":"/lib/modules""#;
 const NRI_MOUNT: &str = r#""path":"/var/run/nri""#;
+/// The node DaemonSets' init container that installs the host files (`hostFiles.install`).
+const INSTALL_FILES: &str = r#""name":"install-files""#;
 /// gpu-module's two modes: kubelet plugin adapters (`dra.enabled`) or the device plugin.
 const KUBELET_PLUGIN: &str = "/usr/bin/vgpu-kubelet-plugin";
 const DEVICE_PLUGIN: &str = "/usr/bin/vgpu-device-plugin";
@@ -56,7 +58,7 @@ const CASES: &[Case] = &[
         values: "defaults",
         set: &[],
         kinds: &["DaemonSet", "Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"],
-        has: &[r#""--feature-gates=HonorPreAllocatedDeviceIDs=true""#],
+        has: &[r#""--feature-gates=HonorPreAllocatedDeviceIDs=true""#, INSTALL_FILES, r#""LIBRARY_VERSION""#],
         lacks: &[],
     },
     Case {
@@ -110,6 +112,14 @@ const CASES: &[Case] = &[
     },
     Case {
         chart: "vgpu-manager",
+        values: "host files installed by hand",
+        set: &["devicePlugin.hostFiles.install=false"],
+        kinds: &["DaemonSet"],
+        has: &[],
+        lacks: &[INSTALL_FILES],
+    },
+    Case {
+        chart: "vgpu-manager",
         values: "HonorPreAllocatedDeviceIDs off",
         set: &["devicePlugin.devicePlugin.commands.featureGates.HonorPreAllocatedDeviceIDs=false"],
         kinds: &["DaemonSet"],
@@ -121,7 +131,7 @@ const CASES: &[Case] = &[
         values: "defaults",
         set: &[],
         kinds: &["DaemonSet", "DeviceClass"],
-        has: &[],
+        has: &[INSTALL_FILES, r#""LIBRARY_VERSION""#],
         lacks: &[PASSTHROUGH_MOUNT, NRI_MOUNT],
     },
     Case {

@@ -240,7 +240,7 @@ impl PluginConfig {
             settings: NodeSettings::default(),
             gates: crate::feature_gates().defaults(),
             cgroup_mode: CgroupMode::default(),
-            library_version: "v1.0.0".to_owned(),
+            library_version: vgpu_core::abi::runtime_files::DEFAULT_LIBRARY_VERSION.to_owned(),
             cuda_version: CudaVersion::default(),
             driver_version: String::new(),
             device_root: PathBuf::from("/"),

@@ -103,7 +103,7 @@ impl DriverConfig {
             cores_ratio: 100,
             memory_ratio: 100,
             gates: crate::feature_gates().defaults(),
-            library_version: "v1.0.0".to_owned(),
+            library_version: vgpu_core::abi::runtime_files::DEFAULT_LIBRARY_VERSION.to_owned(),
             compatibility_mode: 2,
             boot_id_path: PathBuf::from(BOOT_ID_PATH),
             lock_timeout: LOCK_TIMEOUT,

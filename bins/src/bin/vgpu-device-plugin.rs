@@ -70,6 +70,10 @@ struct Cli {
     /// Host path of the manager directory (the mount sources handed to containers).
     #[arg(long, env = "HOST_MANAGER_DIR", default_value = DEFAULT_MANAGER_DIR)]
     host_manager_dir: PathBuf,
+    /// The version suffix of the control library the vGPU containers mount:
+    /// `<manager-dir>/libvgpu-control.so.<version>`.
+    #[arg(long, env = "LIBRARY_VERSION", default_value = vgpu_core::abi::runtime_files::DEFAULT_LIBRARY_VERSION, value_parser = vgpu_core::abi::runtime_files::parse_library_version)]
+    library_version: String,
     /// Where this process sees the manager directory (the per-container files are written there).
     #[arg(long, default_value = DEFAULT_MANAGER_DIR)]
     manager_dir: PathBuf,
@@ -223,6 +227,7 @@ fn plugin_config(cli: &Cli, node: String, settings: NodeSettings, domain: Resour
     let mut config = PluginConfig::new(node);
     config.device_plugin_path.clone_from(&cli.device_plugin_path);
     config.host_manager_dir.clone_from(&cli.host_manager_dir);
+    config.library_version.clone_from(&cli.library_version);
     config.manager_dir.clone_from(&cli.manager_dir);
     config.host_driver_root.clone_from(&cli.host_driver_root);
     config.device_root.clone_from(&cli.container_driver_root);
@@ -354,6 +359,7 @@ mod tests {
             "--container-driver-root=/drv",
             "--manager-dir=/mnt/mgr",
             "--host-manager-dir=/var/lib/vgpu",
+            "--library-version=v2.3.0",
             "--cdi-annotation-prefix=example.com/",
             "--cdi-root=/etc/cdi",
             "--kubelet-root",
@@ -368,6 +374,8 @@ mod tests {
         assert_eq!(config.device_root, Path::new("/drv"));
         assert_eq!(config.manager_dir, Path::new("/mnt/mgr"));
         assert_eq!(config.host_manager_dir, Path::new("/var/lib/vgpu"));
+        assert_eq!(config.library_version, "v2.3.0");
+        assert!(Cli::try_parse_from(["vgpu-device-plugin", "--library-version=../x"]).is_err());
         assert_eq!(config.cdi_annotation_prefix, "example.com/");
         assert_eq!(config.cdi_root, Path::new("/etc/cdi"));
         assert_eq!(config.settings.cgroup_driver, CgroupDriver::Cgroupfs);

@@ -80,6 +80,10 @@ struct Cli {
     /// The manager directory on the host (CDI mount sources).
     #[arg(long, env = "HOST_MANAGER_DIR", default_value = DEFAULT_MANAGER_DIR)]
     host_manager_dir: PathBuf,
+    /// The version suffix of the control library the vGPU claims' CDI specs mount:
+    /// `<manager-dir>/libvgpu-control.so.<version>`.
+    #[arg(long, env = "LIBRARY_VERSION", default_value = vgpu_core::abi::runtime_files::DEFAULT_LIBRARY_VERSION, value_parser = vgpu_core::abi::runtime_files::parse_library_version)]
+    library_version: String,
     /// Where this process sees the manager directory (claim directories are created there); default: the
     /// host manager directory.
     #[arg(long)]
@@ -263,6 +267,7 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
     config.plugins_dir.clone_from(&cli.kubelet_plugins_directory_path);
     config.cdi_root.clone_from(&cli.cdi_root);
     config.host_manager_dir.clone_from(&cli.host_manager_dir);
+    config.library_version.clone_from(&cli.library_version);
     config.manager_dir = cli.manager_dir.clone().unwrap_or_else(|| cli.host_manager_dir.clone());
     config.host_driver_root = host_driver_root;
     config.container_driver_root.clone_from(&cli.container_driver_root);

@@ -22,6 +22,30 @@ pub fn library_file_name(version: &str) -> String {
     format!("libvgpu-control.so.{version}")
 }
 
+/// The library version the plugins mount by default (vgpu-manager's).
+pub const DEFAULT_LIBRARY_VERSION: &str = "v1.0.0";
+
+/// Checks a library version (`--library-version`): 1 to 64 ASCII letters, digits, `.`, `_`, `+` or `-`, not
+/// starting with `.` (it becomes part of a file name in the manager directory).
+///
+/// ```
+/// use vgpu_core::abi::runtime_files::parse_library_version;
+/// assert_eq!(parse_library_version("v2.1.0-rc1").unwrap(), "v2.1.0-rc1");
+/// assert!(parse_library_version("../v1").is_err());
+/// ```
+pub fn parse_library_version(text: &str) -> Result<String, String> {
+    let ok = (1..=64).contains(&text.len())
+        && !text.starts_with('.')
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-'));
+    if ok {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "{text:?} is not a library version (expected 1 to 64 letters, digits, '.', '_', '+' or '-', e.g. v1.0.0)"
+        ))
+    }
+}
+
 /// A runtime file a vGPU container would mount is not there as a regular file.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -96,6 +120,19 @@ pub fn install(manager_dir: &Path, library_version: &str, library: &[u8]) -> Res
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn a_library_version_never_leaves_the_manager_directory(text in "\\PC{0,70}") {
+            if let Ok(version) = parse_library_version(&text) {
+                let name = library_file_name(&version);
+                prop_assert!(!name.contains('/'), "{name}");
+                prop_assert_eq!(std::path::Path::new(&name).components().count(), 1);
+            }
+        }
+    }
+
     use super::*;
 
     #[test]
