@@ -30,6 +30,12 @@ impl<H: PluginHandler + ?Sized> DevicePluginService<H> {
     pub fn new(handler: Arc<H>, gpus: watch::Receiver<Vec<GpuDevice>>, stop: watch::Receiver<bool>) -> Self {
         Self { handler, gpus, stop }
     }
+
+    /// Logs (debug) how long the handler took to answer `rpc`: the plugin's share of a pod's start-up.
+    fn answered(&self, rpc: &'static str, started: std::time::Instant) {
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        tracing::debug!(plugin = self.handler.name(), rpc, elapsed_ms, "RPC answered");
+    }
 }
 
 /// The `ListAndWatch` response stream.
@@ -76,14 +82,19 @@ impl<H: PluginHandler + ?Sized> DevicePlugin for DevicePluginService<H> {
         &self,
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
-        Ok(Response::new(self.handler.preferred_allocation(request.into_inner()).await?))
+        let started = std::time::Instant::now();
+        let result = self.handler.preferred_allocation(request.into_inner()).await;
+        self.answered("GetPreferredAllocation", started);
+        Ok(Response::new(result?))
     }
 
     async fn allocate(
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
+        let started = std::time::Instant::now();
         let result = self.handler.allocate(request.into_inner()).await;
+        self.answered("Allocate", started);
         if let Err(err) = &result {
             tracing::error!(plugin = self.handler.name(), %err, "Allocate failed");
         }
@@ -94,6 +105,9 @@ impl<H: PluginHandler + ?Sized> DevicePlugin for DevicePluginService<H> {
         &self,
         request: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {
-        Ok(Response::new(self.handler.pre_start_container(request.into_inner()).await?))
+        let started = std::time::Instant::now();
+        let result = self.handler.pre_start_container(request.into_inner()).await;
+        self.answered("PreStartContainer", started);
+        Ok(Response::new(result?))
     }
 }
