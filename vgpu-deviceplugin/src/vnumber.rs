@@ -452,9 +452,11 @@ impl VgpuNumberPlugin {
     }
 
     async fn pre_start(&self, ids: &[String]) -> Result<(), String> {
-        let found = self.locate(ids).await?;
-        // The pod (its UID for a pod-resources match; its claim when vgpu.config must be rebuilt).
-        let pods = self.node_pods().await;
+        // The container (pod-resources, else the kubelet checkpoint) and this node's pods (its UID for a
+        // pod-resources match; its claim when vgpu.config must be rebuilt; the stale-directory sweep), asked
+        // at once: the kubelet waits for this answer before it starts the container.
+        let (found, pods) = tokio::join!(self.locate(ids), self.node_pods());
+        let found = found?;
         let pod = match (&found.pod, &pods) {
             (PodKey::Name { namespace, name }, Ok(pods)) => {
                 Some(pods.iter().find(|p| &p.namespace == namespace && &p.name == name).cloned().ok_or_else(
