@@ -442,6 +442,28 @@ impl RealNode {
         self.root_dir().join("plugins")
     }
 
+    /// Waits until the Node's status advertises `count` of extended resource `resource` (what the kubelet
+    /// posts once a device plugin registered and sent its devices; kube-scheduler holds a pod it finds none
+    /// for as unschedulable far longer than a test waits) and returns the Node's allocatable. The error
+    /// carries the tail of `component`'s log and the node's logs.
+    pub async fn wait_allocatable(
+        &self,
+        env: &TestEnv,
+        resource: &str,
+        count: u32,
+        component: &str,
+        timeout: Duration,
+    ) -> Result<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>> {
+        let nodes: kube::Api<Node> = kube::Api::all(env.client().await?);
+        let want = count.to_string();
+        env.poll(&format!("{count} {resource} allocatable on node {}", self.name), timeout, || async {
+            let alloc = nodes.get(&self.name).await.ok()?.status?.allocatable?;
+            (alloc.get(resource).map(|q| q.0.as_str()) == Some(want.as_str())).then_some(alloc)
+        })
+        .await
+        .map_err(|e| anyhow!("{e}\n{}\n{}", env.log_tail(component, 40), self.log_tails(40)))
+    }
+
     /// `<root>/pod-resources/kubelet.sock`, the kubelet's PodResources service.
     pub fn pod_resources_socket(&self) -> PathBuf {
         self.root_dir().join("pod-resources").join("kubelet.sock")

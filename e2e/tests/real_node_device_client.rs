@@ -16,8 +16,7 @@
 
 use std::{path::Path, time::Duration};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::PostParams};
 use serde_json::json;
 use vgpu_core::abi::runtime_files;
@@ -81,7 +80,6 @@ async fn real_node_device_client_registers_from_a_real_container() {
     let mut node = RealNode::builder().binaries(binaries).start(&env).await.unwrap();
     let client = env.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let nodes: Api<Node> = Api::all(client.clone());
 
     // The plugin in client mode reads the host's real /proc and cgroup tree.
     let work = env.workdir().join("gpu-host");
@@ -103,12 +101,9 @@ async fn real_node_device_client_registers_from_a_real_container() {
     .unwrap_or_else(|e| panic!("{e}\n{}", env.log_tail(DEVICE_PLUGIN, 40)));
     runtime_files::install(&host.manager_dir, "v1.0.0", b"not a real library: busybox is static").unwrap();
     std::fs::copy(vgpu_binary("vgpu-device-client").unwrap(), registry.join("device-client")).unwrap();
-    env.poll("the kubelet's vgpu-number allocatable", TIMEOUT, || async {
-        let alloc = nodes.get(node.node_name()).await.ok()?.status?.allocatable?;
-        (alloc.get(VGPU_NUMBER) == Some(&Quantity("12".into()))).then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(DEVICE_PLUGIN, 40), node.log_tails(40)));
+    node.wait_allocatable(&env, VGPU_NUMBER, 12, DEVICE_PLUGIN, TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     start_vgpu_scheduling(&mut env).await.unwrap();
 
     let mut running = Vec::new();

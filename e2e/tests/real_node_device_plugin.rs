@@ -157,13 +157,10 @@ async fn real_node_runs_a_vgpu_pod_through_the_device_plugin() {
     .unwrap();
 
     // The kubelet advertises what the plugins registered: 3 healthy GPUs × 4.
-    let allocatable = env
-        .poll("the kubelet's vgpu-number allocatable", TIMEOUT, || async {
-            let alloc = nodes.get(node.node_name()).await.ok()?.status?.allocatable?;
-            (alloc.get(VGPU_NUMBER) == Some(&Quantity("12".into()))).then_some(alloc)
-        })
+    let allocatable = node
+        .wait_allocatable(&env, VGPU_NUMBER, 12, DEVICE_PLUGIN, TIMEOUT)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(DEVICE_PLUGIN, 40), node.log_tails(40)));
+        .unwrap_or_else(|e| panic!("{e}"));
     let allocatable: BTreeMap<_, _> =
         allocatable.into_iter().filter(|(k, _)| k.starts_with("nvidia.com/")).collect();
     println!("allocatable: {allocatable:?}");

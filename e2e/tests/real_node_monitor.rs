@@ -10,8 +10,7 @@
 
 use std::{path::Path, time::Duration};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
     api::{DeleteParams, PostParams},
@@ -79,13 +78,9 @@ async fn real_node_monitor_reports_real_containers_to_prometheus() {
     env.start_process(DEVICE_PLUGIN, &vgpu_binary(DEVICE_PLUGIN).unwrap(), &args, &[]).unwrap();
     // Scheduled only once the Node advertises the plugin's devices (3 healthy GPUs × 4): a pod kube-scheduler
     // finds no vgpu-number for waits as unschedulable far longer than this test does.
-    let nodes: Api<Node> = Api::all(client.clone());
-    env.poll("the kubelet's vgpu-number allocatable", TIMEOUT, || async {
-        let alloc = nodes.get(node.node_name()).await.ok()?.status?.allocatable?;
-        (alloc.get(VGPU_NUMBER) == Some(&Quantity("12".into()))).then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(DEVICE_PLUGIN, 40), node.log_tails(40)));
+    node.wait_allocatable(&env, VGPU_NUMBER, 12, DEVICE_PLUGIN, TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     start_vgpu_scheduling(&mut env).await.unwrap();
     runtime_files::install(&host.manager_dir, "v1.0.0", b"not a real library: busybox is static").unwrap();
 

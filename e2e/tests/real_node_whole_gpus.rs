@@ -11,8 +11,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
     api::{DeleteParams, PostParams},
@@ -47,20 +46,14 @@ async fn real_node_runs_whole_gpu_pods_without_the_extender() {
     let mut node = RealNode::builder().binaries(binaries).start(&env).await.unwrap();
     let client = env.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let nodes: Api<Node> = Api::all(client.clone());
 
     let work = env.workdir().join("gpu-host");
     let host = probe::GpuHost::create(&work, 4).unwrap();
     let mut args = host.device_plugin_args(&env, &node, &mock_description());
     args.push("--whole-gpus".to_owned());
     env.start_process(DEVICE_PLUGIN, &vgpu_binary(DEVICE_PLUGIN).unwrap(), &args, &[]).unwrap();
-    let allocatable = env
-        .poll("the kubelet's nvidia.com/gpu allocatable", TIMEOUT, || async {
-            let alloc = nodes.get(node.node_name()).await.ok()?.status?.allocatable?;
-            (alloc.get(GPU) == Some(&Quantity("3".into()))).then_some(alloc)
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(DEVICE_PLUGIN, 40), node.log_tails(40)));
+    let allocatable =
+        node.wait_allocatable(&env, GPU, 3, DEVICE_PLUGIN, TIMEOUT).await.unwrap_or_else(|e| panic!("{e}"));
     assert!(!allocatable.contains_key("nvidia.com/vgpu-number"), "{allocatable:?}");
     // kube-scheduler alone: no extender.
     env.start_scheduler_with_config(&scheduler_configuration(env.kubeconfig_path(), &[])).await.unwrap();
