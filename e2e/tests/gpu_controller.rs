@@ -22,6 +22,8 @@
 //! * Occupancy: the allocation is written through the API (`resourceclaims/status`) as the scheduler would
 //!   (no kubelet publishes slices here, so the real allocator is not involved); PhysicalGPU `w1-1` becomes
 //!   `Allocated` with the claim, and is `Available` again when the claim is deleted.
+//! * Node `w2` is deleted: the controller deletes its PhysicalGPU `w2-0` (the manifest's RBAC allows exactly
+//!   that), and `w1`'s stay.
 //!
 //! Needs the control-plane binaries and our binaries: run `e2e/run.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -29,7 +31,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
@@ -151,6 +153,12 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
     })
     .await
     .unwrap();
+    // Their nodes (the controller deletes the PhysicalGPUs of deleted nodes).
+    let nodes: Api<Node> = Api::all(client.clone());
+    for name in ["w1", "w2"] {
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+    }
     put_gpu(&gpus, "w1-0", "w1", 0, "a100-sxm4-40gb", 40960).await;
     put_gpu(&gpus, "w1-1", "w1", 1, "a100-sxm4-40gb", 40960).await;
     put_gpu(&gpus, "w2-0", "w2", 0, "t4", 15360).await;
@@ -401,6 +409,18 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
     })
     .await
     .unwrap();
+
+    // Node w2 is deleted: its PhysicalGPU goes (the controller's delete, with the manifest's RBAC), w1's stay.
+    nodes.delete("w2", &DeleteParams::default()).await.unwrap();
+    env.poll("PhysicalGPU w2-0 deleted with its node", WAIT, || {
+        let gpus = gpus.clone();
+        async move { gpus.get_opt("w2-0").await.ok()?.is_none().then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", env.log_tail(CONTROLLER, 30)));
+    for name in ["w1-0", "w1-1"] {
+        assert!(gpus.get_opt(name).await.unwrap().is_some(), "{name} was deleted");
+    }
 
     env.check_process(CONTROLLER).unwrap();
     env.finish();

@@ -87,6 +87,8 @@ pub trait ControllerCluster: Send + Sync + 'static {
     /// Deletes `claim`, only if the stored claim still has `claim`'s UID and resourceVersion; a claim already
     /// gone is no error.
     fn delete_claim(&self, claim: &ResourceClaim) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Deletes PhysicalGPU `gpu`, only if the stored one still has `gpu`'s UID; one already gone is no error.
+    fn delete_gpu(&self, gpu: &PhysicalGPU) -> impl Future<Output = Result<(), ClusterError>> + Send;
 }
 
 /// `namespace/name` of a namespaced object, for messages.
@@ -311,6 +313,18 @@ impl ControllerCluster for InMemoryCluster {
                 return Err("the claim changed since it was read (UID or resourceVersion)".to_owned());
             }
             s.claims.remove(i);
+            Ok(())
+        })
+    }
+
+    async fn delete_gpu(&self, gpu: &PhysicalGPU) -> Result<(), ClusterError> {
+        let name = gpu.name_any();
+        self.try_write(format!("delete PhysicalGPU {name}"), |s| {
+            let Some(i) = s.gpus.iter().position(|g| g.name_any() == name) else { return Ok(()) };
+            if s.gpus[i].metadata.uid != gpu.metadata.uid {
+                return Err("the PhysicalGPU was replaced (another UID)".to_owned());
+            }
+            s.gpus.remove(i);
             Ok(())
         })
     }

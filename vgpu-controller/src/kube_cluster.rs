@@ -347,4 +347,18 @@ impl ControllerCluster for KubeCluster {
             Err(e) => Err(api_error(format!("delete ResourceClaim {}", key_of(claim)), &e)),
         }
     }
+
+    async fn delete_gpu(&self, gpu: &PhysicalGPU) -> Result<(), ClusterError> {
+        let name = gpu.name_any();
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &self.gpu_ar);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions { uid: gpu.metadata.uid.clone(), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(api_error(format!("delete PhysicalGPU {name}"), &e)),
+        }
+    }
 }

@@ -20,7 +20,7 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use tokio::sync::Notify;
-use vgpu_api::{GPUClassStatus, GpuState};
+use vgpu_api::{GPUClassStatus, GpuState, PhysicalGPU};
 
 use crate::claims::{self, ClaimAction};
 use crate::cluster::{ClusterError, ControllerCluster, Snapshot, key_of};
@@ -53,12 +53,15 @@ pub struct Plan {
     pub classes_valid: (usize, usize),
     /// Every GPU's desired status (for the gauges), by name.
     pub gpus: Vec<(String, String, GpuStatus)>,
+    /// PhysicalGPUs of deleted nodes, to delete ([`orphaned_gpus`]).
+    pub delete_gpus: Vec<PhysicalGPU>,
 }
 
 impl Plan {
     /// Number of writes.
     pub fn writes(&self) -> usize {
-        self.apply_device_classes.len()
+        self.delete_gpus.len()
+            + self.apply_device_classes.len()
             + self.delete_device_classes.len()
             + self.class_statuses.len()
             + self.gpu_statuses.len()
@@ -130,12 +133,23 @@ pub fn plan(config: &ControllerConfig, snapshot: &Snapshot) -> Plan {
         let status = gpu.status.as_ref();
         let same = status
             .is_some_and(|s| s.state == Some(want.state) && s.occupancy.as_ref() == Some(&want.occupancy));
-        if !same {
+        let orphaned = !snapshot.nodes.is_empty() && !snapshot.nodes.contains_key(&gpu.spec.node_name);
+        if !same && !orphaned {
             out.gpu_statuses.push((name.clone(), want.clone()));
         }
         out.gpus.push((name, gpu.spec.node_name.clone(), want.clone()));
     }
+    out.delete_gpus = orphaned_gpus(snapshot);
     out
+}
+
+/// The PhysicalGPUs of deleted nodes: `spec.nodeName` names no Node. None while no Node is known at all (a
+/// cluster has nodes; an empty node list says the cache, not the cluster, is empty).
+pub fn orphaned_gpus(snapshot: &Snapshot) -> Vec<PhysicalGPU> {
+    if snapshot.nodes.is_empty() {
+        return Vec::new();
+    }
+    snapshot.gpus.iter().filter(|g| !snapshot.nodes.contains_key(&g.spec.node_name)).cloned().collect()
 }
 
 /// One pass's outcome.
@@ -210,6 +224,10 @@ impl<C: ControllerCluster> Reconciler<C> {
         }
         for (gpu, status) in &plan.gpu_statuses {
             record("PhysicalGPUStatus", self.cluster.apply_gpu_status(gpu, status).await);
+        }
+        for gpu in &plan.delete_gpus {
+            tracing::info!(gpu = %gpu.name_any(), node = %gpu.spec.node_name, "deleting the PhysicalGPU of a deleted node");
+            record("PhysicalGPUDelete", self.cluster.delete_gpu(gpu).await);
         }
         let now = (self.clock)();
         let mut requeue_after: Option<Duration> = None;
@@ -332,6 +350,42 @@ mod tests {
     use super::*;
     use crate::cluster::InMemoryCluster;
     use crate::fixture;
+
+    #[tokio::test]
+    async fn the_gpus_of_deleted_nodes_are_deleted() {
+        let cluster = Arc::new(InMemoryCluster::new());
+        let mut replaced = fixture::gpu("gone", 1, "nvidia", "t4", Some(15360));
+        replaced.metadata.uid = Some("uid-old".into());
+        for gpu in [
+            fixture::gpu("w1", 0, "nvidia", "t4", Some(15360)),
+            fixture::gpu("gone", 0, "nvidia", "t4", None),
+        ] {
+            cluster.put_gpu(gpu);
+        }
+        let r = Reconciler::new(ControllerConfig::default(), cluster.clone(), Metrics::default());
+        // No Node known at all: nothing is deleted (an empty node cache is not an empty cluster).
+        r.reconcile_once().await.unwrap();
+        assert_eq!(cluster.state().gpus.len(), 2);
+        assert!(!cluster.writes().iter().any(|w| w.starts_with("delete")), "{:?}", cluster.writes());
+
+        cluster.put_node("w1", std::collections::BTreeMap::new());
+        // A claim on the gone node's GPU would change its status: it gets none, only the delete.
+        cluster.put_claim(fixture::allocated_claim("ml", "job", &[("manager.nvidia.com", "gone", "vgpu-0")]));
+        let before = cluster.writes().len();
+        let report = r.reconcile_once().await.unwrap();
+        let names: Vec<String> = cluster.state().gpus.iter().map(|g| g.name_any()).collect();
+        assert_eq!(names, ["w1-0-nvidia"]);
+        assert!(report.failures.is_empty(), "{report:?}");
+        assert_eq!(cluster.writes()[before..], ["delete PhysicalGPU gone-0-nvidia".to_owned()]);
+
+        // Only the object that was read: one replaced since (another UID) stays, and the pass reports it.
+        cluster.put_gpu(replaced.clone());
+        let mut stale = replaced;
+        stale.metadata.uid = Some("uid-new".into());
+        let err = cluster.delete_gpu(&stale).await.unwrap_err().to_string();
+        assert!(err.contains("another UID"), "{err}");
+        assert_eq!(cluster.state().gpus.len(), 2);
+    }
 
     #[tokio::test]
     async fn passes_write_only_differences_and_release() {
