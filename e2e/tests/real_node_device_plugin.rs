@@ -11,7 +11,7 @@
 //! plugin registers again, a second pod runs, and the first one was never restarted. The plugin is then
 //! restarted with `HonorPreAllocatedDeviceIDs` off: it registers again, the running pods are untouched, and
 //! three more containers get their pre-allocated GPU whichever IDs the kubelet picked (`devices.json` holds
-//! the kubelet's IDs).
+//! the kubelet's IDs). containerd is restarted: the running containers survive, and one more pod runs.
 //!
 //! Needs the control plane, the real node and root: `e2e/run.sh real_node_device_plugin`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -307,9 +307,21 @@ async fn real_node_runs_a_vgpu_pod_through_the_device_plugin() {
         assert_eq!(restarts(&pod), Some(0), "{name} after the plugin restart: {:?}", pod.status);
     }
 
-    // 6. Deleted: the containers leave containerd. (The kubelet's device checkpoint keeps their entries until
+    // 6. A containerd restart: the running containers survive it (their shims are not containerd's children)
+    // and nothing of the plugin's is involved; a new vGPU pod runs afterwards.
+    let tasks_before = node.task_ids().unwrap().len();
+    node.restart_containerd().await.unwrap();
+    pods.create(&PostParams::default(), &probe_pod("after-containerd", node.busybox_image())).await.unwrap();
+    wait_running(&env, &node, &pods, "after-containerd").await;
+    for name in ["vgpu", "after-restart", "gate-off-0"] {
+        let pod = pods.get(name).await.unwrap();
+        assert_eq!(restarts(&pod), Some(0), "{name} after the containerd restart: {:?}", pod.status);
+    }
+    assert!(node.task_ids().unwrap().len() > tasks_before, "the new pod's sandbox and container are tasks");
+
+    // 7. Deleted: the containers leave containerd. (The kubelet's device checkpoint keeps their entries until
     // its next allocation: upstream behaviour, not checked here.)
-    let names = ["vgpu", "after-restart", "gate-off-0", "gate-off-1", "gate-off-2"];
+    let names = ["vgpu", "after-restart", "gate-off-0", "gate-off-1", "gate-off-2", "after-containerd"];
     for name in names {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }
