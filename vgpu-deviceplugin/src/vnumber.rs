@@ -418,21 +418,12 @@ impl VgpuNumberPlugin {
         vgpu_config::write(path, &config).map_err(|e| e.to_string())
     }
 
-    /// The container `PreStartContainer` is called for: pod-resources `List` first, then the kubelet
-    /// checkpoint.
+    /// The container `PreStartContainer` is called for: the kubelet's device checkpoint first (a local file
+    /// the kubelet writes when `Allocate` answered, before it starts the container; it names the pod's UID),
+    /// then pod-resources `List` (which names the pod by namespace and name).
     async fn locate(&self, ids: &[String]) -> Result<LocatedContainer, String> {
         let cfg = &self.config;
         let mut tried = Vec::new();
-        match locate::list_pod_resources(&cfg.pod_resources_socket, cfg.pod_resources_timeout).await {
-            Ok(list) => match locate::find_in_pod_resources(&list, &self.resource_name, ids) {
-                Some(found) => return Ok(found),
-                None => tried.push(format!(
-                    "pod-resources on {} lists no container holding exactly these devices",
-                    cfg.pod_resources_socket.display()
-                )),
-            },
-            Err(err) => tried.push(err.to_string()),
-        }
         match locate::read_checkpoint(&cfg.kubelet_checkpoint()) {
             Ok(entries) => match locate::find_in_checkpoint(&entries, &self.resource_name, ids) {
                 Some(found) => return Ok(found),
@@ -440,6 +431,16 @@ impl VgpuNumberPlugin {
                     "{} has no {} entry holding exactly these devices",
                     cfg.kubelet_checkpoint().display(),
                     self.resource_name
+                )),
+            },
+            Err(err) => tried.push(err.to_string()),
+        }
+        match locate::list_pod_resources(&cfg.pod_resources_socket, cfg.pod_resources_timeout).await {
+            Ok(list) => match locate::find_in_pod_resources(&list, &self.resource_name, ids) {
+                Some(found) => return Ok(found),
+                None => tried.push(format!(
+                    "pod-resources on {} lists no container holding exactly these devices",
+                    cfg.pod_resources_socket.display()
                 )),
             },
             Err(err) => tried.push(err.to_string()),
@@ -452,27 +453,23 @@ impl VgpuNumberPlugin {
     }
 
     async fn pre_start(&self, ids: &[String]) -> Result<(), String> {
-        // The container (pod-resources, else the kubelet checkpoint) and this node's pods (its UID for a
-        // pod-resources match; its claim when vgpu.config must be rebuilt; the stale-directory sweep), asked
-        // at once: the kubelet waits for this answer before it starts the container.
-        let (found, pods) = tokio::join!(self.locate(ids), self.node_pods());
-        let found = found?;
-        let pod = match (&found.pod, &pods) {
-            (PodKey::Name { namespace, name }, Ok(pods)) => {
-                Some(pods.iter().find(|p| &p.namespace == namespace && &p.name == name).cloned().ok_or_else(
-                    || format!("pod {namespace}/{name} is not on node {}", self.config.node_name),
-                )?)
+        let found = self.locate(ids).await?;
+        // The pod's UID: the checkpoint names it; a pod-resources match (namespace/name) needs this node's pods,
+        // read live. The kubelet waits for this answer before it starts the container, so the list is read
+        // only when needed (here, or below to rebuild a missing vgpu.config).
+        let (uid, mut pod) = match &found.pod {
+            PodKey::Uid(uid) => (uid.clone(), None),
+            PodKey::Name { namespace, name } => {
+                let pods = self
+                    .node_pods()
+                    .await
+                    .map_err(|err| format!("pod {namespace}/{name}: cannot resolve its UID: {err}"))?;
+                let pod =
+                    pods.into_iter().find(|p| &p.namespace == namespace && &p.name == name).ok_or_else(
+                        || format!("pod {namespace}/{name} is not on node {}", self.config.node_name),
+                    )?;
+                (pod.uid.clone(), Some(pod))
             }
-            (PodKey::Name { namespace, name }, Err(err)) => {
-                return Err(format!("pod {namespace}/{name}: cannot resolve its UID: {err}"));
-            }
-            (PodKey::Uid(uid), Ok(pods)) => pods.iter().find(|p| &p.uid == uid).cloned(),
-            (PodKey::Uid(_), Err(_)) => None,
-        };
-        let uid = match (&found.pod, &pod) {
-            (_, Some(p)) => p.uid.clone(),
-            (PodKey::Uid(uid), None) => uid.clone(),
-            (PodKey::Name { .. }, None) => return Err("pod UID unknown".to_owned()),
         };
         let dir = self.config.manager_dir.join(format!("{uid}_{}", found.container));
 
@@ -490,6 +487,9 @@ impl VgpuNumberPlugin {
 
         let config = dir.join("config").join(vgpu_config::FILE_NAME);
         if !config.exists() {
+            if pod.is_none() {
+                pod = self.node_pods().await.ok().and_then(|pods| pods.into_iter().find(|p| p.uid == uid));
+            }
             let pod = pod.ok_or_else(|| {
                 format!("{} is missing and pod {uid} cannot be read to rebuild it", config.display())
             })?;
@@ -519,19 +519,21 @@ impl VgpuNumberPlugin {
             remove_if_present(&dir.join(stale))?;
         }
 
-        // Best effort: directories of pods that are gone. Only with a successful pod list: never delete on
-        // a guess.
-        if let Ok(pods) = pods {
-            let mut live: HashSet<String> = pods.into_iter().map(|p| p.uid).collect();
-            live.insert(uid);
-            for removed in locate::remove_stale_dirs(
-                &self.config.manager_dir,
-                &live,
-                self.config.stale_dir_grace,
-                std::time::SystemTime::now(),
-            ) {
-                tracing::info!(dir = %removed.display(), "removed the files of a pod that no longer exists");
-            }
+        // Best effort, after the answer: directories of pods that are gone. Only with a successful pod list:
+        // never delete on a guess.
+        if let Ok(cluster) = self.cluster() {
+            let (cluster, node) = (Arc::clone(cluster), self.config.node_name.clone());
+            let (manager_dir, grace) = (self.config.manager_dir.clone(), self.config.stale_dir_grace);
+            tokio::spawn(async move {
+                let Ok(pods) = cluster.list_node_pods(&node).await else { return };
+                let mut live: HashSet<String> = pods.into_iter().map(|p| p.uid).collect();
+                live.insert(uid);
+                for removed in
+                    locate::remove_stale_dirs(&manager_dir, &live, grace, std::time::SystemTime::now())
+                {
+                    tracing::info!(dir = %removed.display(), "removed the files of a pod that no longer exists");
+                }
+            });
         }
         Ok(())
     }
@@ -681,12 +683,12 @@ impl PluginHandler for VgpuNumberPlugin {
         }
     }
 
-    /// Finds the container (pod-resources `List`, then the kubelet checkpoint), checks that its
+    /// Finds the container (the kubelet checkpoint, then pod-resources `List`), checks that its
     /// `devices.json` holds exactly the IDs the kubelet passes, rebuilds a missing `vgpu.config` from the
     /// pod's `real-allocated` claim, checks its size (exactly 8192 bytes with gate
     /// `AllocationFailureReschedule`), deletes `config/pids.config`, `vmem_node/vmem_node.config` and
-    /// `sm_node/sm_node.config` so the library starts clean, and removes the directories of pods that are
-    /// gone.
+    /// `sm_node/sm_node.config` so the library starts clean, and then, after answering, removes the
+    /// directories of pods that are gone (a pod LIST off the kubelet's critical path).
     async fn pre_start_container(
         &self,
         request: PreStartContainerRequest,

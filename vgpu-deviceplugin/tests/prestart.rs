@@ -1,5 +1,6 @@
-//! `PreStartContainer` over real unix sockets: the container is found through a fake kubelet pod-resources
-//! server (`v1.PodResourcesLister/List`) or, when that is down, the kubelet checkpoint file; the IDs are
+//! `PreStartContainer` over real unix sockets: the container is found through the kubelet checkpoint file
+//! (which names the pod's UID: no pod LIST before the answer) or, when it has no entry, a fake kubelet
+//! pod-resources server (`v1.PodResourcesLister/List`); the IDs are
 //! checked against `devices.json`; a missing `vgpu.config` is rebuilt; the library's runtime files and the
 //! directories of vanished pods are removed.
 
@@ -243,6 +244,11 @@ async fn pod_resources_locates_the_container_and_prestart_cleans_up() {
     for file in runtime_files(&f.ctr("main")) {
         assert!(file.exists(), "{} belongs to another container", file.display());
     }
+    // The vanished pod's directory is removed after the answer (the pod LIST is off the kubelet's path).
+    let deadline = std::time::Instant::now() + WAIT;
+    while gone.exists() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(!gone.exists(), "the vanished pod's directory is removed");
     assert!(f.manager.join("watcher").exists() && f.manager.join("notes_txt").exists());
     assert!(f.ctr("main").exists());
@@ -282,7 +288,7 @@ async fn pod_resources_locates_the_container_and_prestart_cleans_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn checkpoint_file_is_the_fallback() {
+async fn checkpoint_file_names_the_pod_first() {
     let mut f = fixture().await;
     f.allocate().await;
     *f.fake.down.lock().unwrap() = true;
