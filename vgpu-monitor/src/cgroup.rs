@@ -10,11 +10,10 @@
 //! `<qos>` is `burstable` or `besteffort`; Guaranteed pods sit directly under `kubepods`. A kubelet with a
 //! `cgroupRoot` of its own ([`CgroupLayout::kubelet_cgroup_root`]) puts `kubepods` under it: cgroupfs
 //! `/node` → `node/kubepods/...`; systemd `/node.slice` (or `/a.slice/a-b.slice`) names every slice below it
-//! with its prefix, as the kubelet does: `node.slice/node-kubepods.slice/node-kubepods-<qos>.slice/...`. The
-//! container's
-//! cgroup is the child whose name holds the container ID (`cri-containerd-<id>.scope`, `crio-<id>.scope`,
-//! `docker-<id>.scope` with systemd; `<id>` with cgroupfs). [`CgroupDriver::Auto`] tries systemd, then
-//! cgroupfs. A container not found (not started yet, gone) has no PIDs; that is not an error.
+//! with its prefix, as the kubelet does: `node.slice/node-kubepods.slice/node-kubepods-<qos>.slice/...`.
+//! The container's cgroup is the child whose name holds the container ID (`cri-containerd-<id>.scope`,
+//! `crio-<id>.scope`, `docker-<id>.scope` with systemd; `<id>` with cgroupfs). [`CgroupDriver::Auto`] tries
+//! systemd, then cgroupfs. A container not found (not started yet, gone) has no PIDs; that is not an error.
 
 use std::path::{Path, PathBuf};
 
