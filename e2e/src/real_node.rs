@@ -238,6 +238,17 @@ pub fn env_builder(name: impl Into<String>) -> TestEnvBuilder {
     TestEnv::builder(name).apiserver_arg(KUBELET_ADDRESS_TYPES_ARG)
 }
 
+/// The start of a real-node test with the default node: [`locate_or_skip`], an environment from
+/// [`env_builder`] named `name`, and a [`RealNode`] started against it (Ready). `Ok(None)` when the test
+/// skips. Bind the pair in this order (`let Some((env, node)) = ...`): the node is then dropped, and torn
+/// down, before the environment.
+pub async fn start_env_and_node(name: &str) -> Result<Option<(TestEnv, RealNode)>> {
+    let Some(binaries) = locate_or_skip()? else { return Ok(None) };
+    let env = env_builder(name).start().await?;
+    let node = RealNode::builder().binaries(binaries).start(&env).await?;
+    Ok(Some((env, node)))
+}
+
 /// Configures and starts a [`RealNode`].
 #[derive(Debug, Clone)]
 pub struct RealNodeBuilder {

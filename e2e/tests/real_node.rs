@@ -23,9 +23,11 @@ const GC_TIMEOUT: Duration = Duration::from_secs(90);
 #[ignore = "needs the control plane, the real node and root: run e2e/run.sh"]
 async fn real_node_runs_a_busybox_pod_and_cleans_up() {
     let started = Instant::now();
-    let Some(binaries) = real_node::locate_or_skip().unwrap() else { return };
-    let env = real_node::env_builder("real_node_runs_a_busybox_pod_and_cleans_up").start().await.unwrap();
-    let mut node = RealNode::builder().binaries(binaries).start(&env).await.unwrap();
+    let Some((env, mut node)) =
+        real_node::start_env_and_node("real_node_runs_a_busybox_pod_and_cleans_up").await.unwrap()
+    else {
+        return;
+    };
     let ready_after = started.elapsed();
     let client = env.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client, "default");

@@ -68,16 +68,17 @@ fn container_id(pod: &Pod) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control plane, the real node and root: run e2e/run.sh"]
 async fn real_node_device_client_registers_from_a_real_container() {
-    let Some(binaries) = real_node::locate_or_skip().unwrap() else { return };
     if let Some(missing) = GLIBC.iter().find(|p| !Path::new(p).exists()) {
         eprintln!("SKIPPED: {missing} does not exist on this host (the test pods mount the host's glibc)");
         return;
     }
-    let mut env = real_node::env_builder("real_node_device_client_registers_from_a_real_container")
-        .start()
-        .await
-        .unwrap();
-    let mut node = RealNode::builder().binaries(binaries).start(&env).await.unwrap();
+    let Some((mut env, mut node)) =
+        real_node::start_env_and_node("real_node_device_client_registers_from_a_real_container")
+            .await
+            .unwrap()
+    else {
+        return;
+    };
     let client = env.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
 

@@ -130,10 +130,11 @@ async fn plugin_back(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control plane, the real node and root: run e2e/run.sh"]
 async fn real_node_runs_a_vgpu_pod_through_the_device_plugin() {
-    let Some(binaries) = real_node::locate_or_skip().unwrap() else { return };
-    let mut env =
-        real_node::env_builder("real_node_runs_a_vgpu_pod_through_the_device_plugin").start().await.unwrap();
-    let mut node = RealNode::builder().binaries(binaries).start(&env).await.unwrap();
+    let Some((mut env, mut node)) =
+        real_node::start_env_and_node("real_node_runs_a_vgpu_pod_through_the_device_plugin").await.unwrap()
+    else {
+        return;
+    };
     let client = env.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let nodes: Api<Node> = Api::all(client.clone());

@@ -81,9 +81,7 @@ async fn running_probe(env: &vgpu_e2e::TestEnv, node: &RealNode, pods: &Api<Pod>
 }
 
 async fn claim_pod_on_the_real_node(test: &str, nri: bool) {
-    let Some(binaries) = real_node::locate_or_skip().unwrap() else { return };
-    let mut env = real_node::env_builder(test).start().await.unwrap();
-    let mut node = RealNode::builder().binaries(binaries).start(&env).await.unwrap();
+    let Some((mut env, mut node)) = real_node::start_env_and_node(test).await.unwrap() else { return };
     let client = env.client().await.unwrap();
     env.start_scheduler_with_config(&scheduler_configuration(env.kubeconfig_path(), &[])).await.unwrap();
     fixtures::create_dra_device_classes(&client).await.unwrap();

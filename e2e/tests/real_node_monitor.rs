@@ -53,12 +53,13 @@ fn container_pids(node: &RealNode, uid: &str, qos: &str, container_id: &str) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control plane, the real node and root: run e2e/run.sh"]
 async fn real_node_monitor_reports_real_containers_to_prometheus() {
-    let Some(binaries) = real_node::locate_or_skip().unwrap() else { return };
-    let mut env = real_node::env_builder("real_node_monitor_reports_real_containers_to_prometheus")
-        .start()
-        .await
-        .unwrap();
-    let mut node = RealNode::builder().binaries(binaries).start(&env).await.unwrap();
+    let Some((mut env, mut node)) =
+        real_node::start_env_and_node("real_node_monitor_reports_real_containers_to_prometheus")
+            .await
+            .unwrap()
+    else {
+        return;
+    };
     let client = env.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
 

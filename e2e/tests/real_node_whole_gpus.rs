@@ -40,10 +40,11 @@ fn gpu_pod(node: &RealNode, name: &str, count: u32) -> Pod {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control plane, the real node and root: run e2e/run.sh"]
 async fn real_node_runs_whole_gpu_pods_without_the_extender() {
-    let Some(binaries) = real_node::locate_or_skip().unwrap() else { return };
-    let mut env =
-        real_node::env_builder("real_node_runs_whole_gpu_pods_without_the_extender").start().await.unwrap();
-    let mut node = RealNode::builder().binaries(binaries).start(&env).await.unwrap();
+    let Some((mut env, mut node)) =
+        real_node::start_env_and_node("real_node_runs_whole_gpu_pods_without_the_extender").await.unwrap()
+    else {
+        return;
+    };
     let client = env.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
 
