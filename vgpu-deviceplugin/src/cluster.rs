@@ -129,6 +129,18 @@ pub struct ClusterError {
 pub trait ClusterClient: Send + Sync + 'static {
     /// Pods with `spec.nodeName == node` (a live list, not a cache).
     async fn list_node_pods(&self, node: &str) -> Result<Vec<PodInfo>, ClusterError>;
+    /// Pods with `spec.nodeName == node` and label `key == value` (a live list, not a cache). The API
+    /// server filters: the answer holds only those pods, which is what makes `Allocate` cheap on a node
+    /// running many pods. The default filters [`list_node_pods`](Self::list_node_pods).
+    async fn list_node_pods_labelled(
+        &self,
+        node: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<Vec<PodInfo>, ClusterError> {
+        let pods = self.list_node_pods(node).await?;
+        Ok(pods.into_iter().filter(|p| p.labels.get(key).map(String::as_str) == Some(value)).collect())
+    }
     /// Merge-patches a pod's labels and annotations.
     async fn patch_pod(&self, namespace: &str, name: &str, patch: &PodPatch) -> Result<(), ClusterError>;
 }

@@ -5,6 +5,7 @@
 //! | call | request |
 //! |---|---|
 //! | list pods on node `n` | `GET /api/v1/pods?&fieldSelector=spec.nodeName%3Dn` |
+//! | list pods on node `n` labelled `k=v` | `GET /api/v1/pods?&fieldSelector=spec.nodeName%3Dn&labelSelector=k%3Dv` |
 //! | patch a pod | `PATCH /api/v1/namespaces/<ns>/pods/<name>?`, `application/merge-patch+json`, `{"metadata":{"labels":..,"annotations":..}}` |
 //! | patch the node | `PATCH /api/v1/nodes/<n>?`, `application/merge-patch+json`, same body shape |
 //! | drop stale resources | `GET /api/v1/nodes/<n>`, then only if one is present `PATCH /api/v1/nodes/<n>/status?`, `application/merge-patch+json`, `{"status":{"capacity":{"<r>":null},"allocatable":{"<r>":null}}}` |
@@ -127,6 +128,22 @@ impl ClusterClient for KubeCluster {
         let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
         let list =
             api.list(&params).await.map_err(|e| cluster_error(format!("list pods on node {node}"), &e))?;
+        Ok(list.items.iter().map(pod_info).collect())
+    }
+
+    async fn list_node_pods_labelled(
+        &self,
+        node: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<Vec<PodInfo>, ClusterError> {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let params =
+            ListParams::default().fields(&format!("spec.nodeName={node}")).labels(&format!("{key}={value}"));
+        let list = api
+            .list(&params)
+            .await
+            .map_err(|e| cluster_error(format!("list pods on node {node} labelled {key}={value}"), &e))?;
         Ok(list.items.iter().map(pod_info).collect())
     }
 

@@ -15,7 +15,7 @@ use vgpu_core::{
         vgpu_config::{self, BuildOptions, ContainerIdentity, VgpuConfig},
     },
     codec::pod_devices,
-    model::{ComputePolicy, ContainerDeviceClaim, GpuDevice, PodDeviceClaim},
+    model::{AssignedPhase, ComputePolicy, ContainerDeviceClaim, GpuDevice, PodDeviceClaim},
     node_config::DeviceListStrategy,
 };
 use vgpu_gates::CoreGate;
@@ -141,6 +141,19 @@ impl VgpuNumberPlugin {
         self.cluster.as_ref().ok_or_else(|| "no cluster client configured".to_owned())
     }
 
+    /// This node's pods labelled `assigned-phase=allocating`, the only ones [`current_pod`](Self::current_pod)
+    /// can pick: the API server filters them (a node's other pods are never sent, decoded or copied).
+    async fn allocating_pods(&self) -> Result<Vec<PodInfo>, String> {
+        self.cluster()?
+            .list_node_pods_labelled(
+                &self.config.node_name,
+                &self.config.domain.assigned_phase(),
+                AssignedPhase::Allocating.as_str(),
+            )
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// The pod being admitted on this node: label `assigned-phase=allocating`, not Succeeded/Failed, not
     /// deleting, with `pre-allocated`, `predicate-node == spec.nodeName` and `predicate-time` in
     /// `(0, MaxInt64)`; the oldest `predicate-time` wins (ties by namespace/name).
@@ -149,7 +162,9 @@ impl VgpuNumberPlugin {
         let (phase_key, pre_key, node_key, time_key) =
             (d.assigned_phase(), d.pre_allocated(), d.predicate_node(), d.predicate_time());
         pods.into_iter()
-            .filter(|p| p.labels.get(&phase_key).map(String::as_str) == Some("allocating"))
+            .filter(|p| {
+                p.labels.get(&phase_key).map(String::as_str) == Some(AssignedPhase::Allocating.as_str())
+            })
             .filter(|p| p.phase != PHASE_SUCCEEDED && p.phase != PHASE_FAILED && !p.deleting)
             .filter(|p| p.annotations.get(&pre_key).is_some_and(|v| !v.is_empty()))
             .filter(|p| p.annotations.get(&node_key) == Some(&p.node_name))
@@ -180,8 +195,7 @@ impl VgpuNumberPlugin {
         &self,
         request: &PreferredAllocationRequest,
     ) -> Result<PreferredAllocationResponse, String> {
-        let cluster = self.cluster()?;
-        let pods = cluster.list_node_pods(&self.config.node_name).await.map_err(|e| e.to_string())?;
+        let pods = self.allocating_pods().await?;
         let pod = self.current_pod(pods).ok_or("no pod is being allocated")?;
         let (pre, real) = self.claims_of(&pod)?;
         let mut used = HashSet::new();
@@ -656,11 +670,7 @@ impl PluginHandler for VgpuNumberPlugin {
 
     async fn allocate(&self, request: AllocateRequest) -> Result<AllocateResponse, PluginError> {
         let _serial = self.allocating.lock().await;
-        let cluster = self.cluster().map_err(PluginError::Allocate)?;
-        let pods = cluster
-            .list_node_pods(&self.config.node_name)
-            .await
-            .map_err(|e| PluginError::Allocate(e.to_string()))?;
+        let pods = self.allocating_pods().await.map_err(PluginError::Allocate)?;
         let pod = self.current_pod(pods).ok_or_else(|| {
             PluginError::Allocate(format!("no pod in allocating phase on node {}", self.config.node_name))
         })?;

@@ -72,6 +72,29 @@ async fn lists_pods_on_the_node_with_a_field_selector() {
 }
 
 #[tokio::test]
+async fn lists_the_allocating_pods_with_a_label_selector_too() {
+    let (cluster, mut handle) = cluster();
+    let server = tokio::spawn(async move {
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.method, "GET");
+        assert_eq!(
+            seen.uri,
+            "/api/v1/pods?&fieldSelector=spec.nodeName%3Dn1&labelSelector=nvidia.com%2Fassigned-phase%3Dallocating"
+        );
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": "p", "namespace": "ns", "labels": { "nvidia.com/assigned-phase": "allocating" } },
+            "spec": { "nodeName": "n1", "containers": [] }
+        });
+        reply(send, 200, &json!({ "apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod] }));
+    });
+    let pods =
+        cluster.list_node_pods_labelled("n1", "nvidia.com/assigned-phase", "allocating").await.unwrap();
+    server.await.unwrap();
+    assert_eq!(pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["p"]);
+}
+
+#[tokio::test]
 async fn patches_pods_with_a_merge_patch() {
     let (cluster, mut handle) = cluster();
     let server = tokio::spawn(async move {
