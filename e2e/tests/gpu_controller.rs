@@ -16,6 +16,10 @@
 //!   (name and UID of the stored pod) as the claim's controller owner, also for a `generateName` pod, whose name
 //!   the mutation cannot know. No controller-manager runs here, so the garbage collector's part (deleting the
 //!   claim with its pod) is not exercised; the ownerReference it works from is asserted.
+//! * UPDATE: a merge patch that drops the pod's `gpu.deckhouse.io/admission-id` label is mutated back to the
+//!   same id (its other label change stays). Pod validation (`pod-validation.gpu.deckhouse.io`): a pod naming
+//!   the trainer's generated claim is refused (another pod's claim), and so is a pod naming a claim whose
+//!   GPUClass (`h100`) was deleted after the claim was made — both messages as the client sees them.
 //! * A pod that is mutated and then refused by the API server's validation (`restartPolicy: Sometimes`) leaves
 //!   a claim without an owner: a watch sees it created and deleted by the controller after the grace
 //!   (`--orphaned-claim-grace-period=3s`), while the owned claims stay.
@@ -318,6 +322,26 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
     let pod_uid = pod.metadata.uid.clone().unwrap();
     owned_by(&env, &claims, &claim_name, "trainer", &pod_uid).await;
 
+    // UPDATE mutation: an update dropping the admission-id label gets it back; its other changes stay.
+    let relabel = json!({"metadata": {"labels": {"gpu.deckhouse.io/admission-id": null, "team": "a"}}});
+    let updated = pods.patch("trainer", &PatchParams::default(), &Patch::Merge(&relabel)).await.unwrap();
+    let labels = updated.metadata.labels.clone().unwrap();
+    assert_eq!(labels.get("gpu.deckhouse.io/admission-id"), Some(&id), "{labels:?}");
+    assert_eq!(labels.get("team").map(String::as_str), Some("a"), "{labels:?}");
+
+    // Pod validation: a pod may not use the claim the mutation made for another pod.
+    let thief: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "thief"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]}}))
+    .unwrap();
+    let err = pods.create(&PostParams::default(), &thief).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!(
+            "admission webhook \"pod-validation.gpu.deckhouse.io\" denied the request: spec.resourceClaims[0].resourceClaimName: Invalid value: \"{claim_name}\": ResourceClaim \"{claim_name}\" was made by the pod mutation for another pod (label gpu.deckhouse.io/admission-id \"{id}\"; this pod has none)"
+        )),
+        "{err}"
+    );
+
     // generateName: the stored name is only known after admission; the owner is the stored pod.
     let generated_pod: Pod = serde_json::from_value(
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "gen-"},
@@ -380,6 +404,33 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
     // The owned claims stay.
     assert!(claims.get_opt(&claim_name).await.unwrap().is_some());
     assert!(claims.get_opt(&gen_claim).await.unwrap().is_some());
+
+    // Pod validation: a claim asking for a GPUClass that is gone (h100, deleted after the claim was made)
+    // keeps a new pod out, with the claim's field named.
+    claims.create(&PostParams::default(), &claim("h100-claim", "h100.gpu.deckhouse.io", 1)).await.unwrap();
+    classes.delete("h100", &DeleteParams::default()).await.unwrap();
+    let h100_pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "h100-user"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "h100-claim"}],
+            "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]}}))
+    .unwrap();
+    let err = env
+        .poll("a pod naming a claim of the deleted GPUClass h100 refused", WAIT, || {
+            let pods = pods.clone();
+            let h100_pod = h100_pod.clone();
+            async move {
+                // Dry runs until the controller's caches hold the claim and miss the class.
+                let dry_run = PostParams { dry_run: true, ..Default::default() };
+                let err = pods.create(&dry_run, &h100_pod).await.err()?.to_string();
+                err.contains("does not exist").then_some(err)
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", env.log_tail(CONTROLLER, 30)));
+    assert!(
+        err.contains("spec.resourceClaims[0].resourceClaimName: Invalid value: \"h100-claim\": ResourceClaim \"h100-claim\" asks for GPUClass \"h100\" (spec.devices.requests[0].exactly.deviceClassName), which does not exist"),
+        "{err}"
+    );
+    claims.delete("h100-claim", &DeleteParams::default()).await.unwrap();
 
     // Occupancy follows the claim's allocation (written as the scheduler writes it) and release.
     claims.create(&PostParams::default(), &claim("job", "a100-shared.gpu.deckhouse.io", 1)).await.unwrap();

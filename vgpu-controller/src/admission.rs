@@ -1,5 +1,5 @@
-//! Admission for the GPU module: validating rules for GPUClass, DeviceClass and ResourceClaim, and the pod
-//! mutation that turns a GPUClass request into a ResourceClaim. Decoding and answers are vgpu-webhook's
+//! Admission for the GPU module: validating rules for GPUClass, DeviceClass, ResourceClaim and Pod, the pod
+//! mutation that turns a GPUClass request into a ResourceClaim, and the pod mutation on UPDATE. Decoding and answers are vgpu-webhook's
 //! ([`vgpu_webhook::review`]), claim creation goes through its cluster seam ([`vgpu_webhook::api::ClusterApi`]),
 //! claim names are its safe names ([`vgpu_webhook::names`]), and the pod patch is the diff of its
 //! [`vgpu_webhook::mutate::comparable`] sides; only the GPU-module rules live here.
@@ -12,6 +12,8 @@
 //! | `POST /deviceclasses/validate` | CREATE, UPDATE | a DeviceClass that names a GPUClass (label `<group>/gpuclass`, or a name ending in `.<group>`) that does not exist | — |
 //! | `POST /resourceclaims/validate` | CREATE | a request whose `deviceClassName` is a GPUClass's (`<class>.<group>`) while that GPUClass does not exist; one that asks more devices than matching GPUs sit on any one node, more `memory` than any matching GPU has, or more than 100 `cores` | — |
 //! | `POST /pods/mutate` | CREATE | a GPUClass resource whose class does not exist, whose count is not a positive integer, or whose `nodeSelector` conflicts with the pod's | removes the `<group>/<class>` limit and request; adds a pod claim `<container>-<class>` (`spec.resourceClaims`, container `resources.claims`), the class's `nodeSelector` and the label `<group>/admission-id`; creates the ResourceClaim (dry run on a dry-run request) |
+//! | `POST /pods/mutate` | UPDATE | — | puts back the label `<group>/admission-id` when the update drops or changes it on a pod with claims ([`crate::pod_update`]); nothing else |
+//! | `POST /pods/validate` | CREATE, UPDATE (not subresources) | a `<group>/<class>` resource left unconverted (count, class, GPUs per node named first); a `resourceClaimName` whose claim asks for a GPUClass that does not exist, or that the pod mutation made for another pod ([`crate::pod_validation`]); on UPDATE only a violation the update brings in | — |
 //!
 //! # The GPUClass request
 //!
@@ -60,6 +62,7 @@ use crate::cluster::{InMemoryCluster, Snapshot};
 use crate::config::ControllerConfig;
 use crate::desired::{MANAGED_BY, NodeLabels, gpu_matches};
 use crate::metrics::Metrics;
+use crate::pod_validation::{PodContext, claim_names, validate_pod, validate_pod_update};
 
 /// GPUClass validation route.
 pub const VALIDATE_CLASSES_PATH: &str = "/gpuclasses/validate";
@@ -69,6 +72,8 @@ pub const VALIDATE_DEVICE_CLASSES_PATH: &str = "/deviceclasses/validate";
 pub const VALIDATE_CLAIMS_PATH: &str = "/resourceclaims/validate";
 /// Pod mutation route.
 pub const MUTATE_PODS_PATH: &str = "/pods/mutate";
+/// Pod validation route.
+pub const VALIDATE_PODS_PATH: &str = "/pods/validate";
 /// The request name inside generated claims.
 pub const REQUEST_NAME: &str = "gpu";
 /// Most `cores` one device offers (percent of a GPU).
@@ -84,6 +89,17 @@ pub trait Inventory: Send + Sync + 'static {
     fn classes(&self) -> Vec<GPUClass>;
     /// PhysicalGPUs now.
     fn gpus(&self) -> Vec<PhysicalGPU>;
+    /// ResourceClaim `<namespace>/<name>` now (`None` when not known).
+    fn claim(&self, namespace: &str, name: &str) -> Option<ResourceClaim>;
+}
+
+fn find_claim(claims: &[ResourceClaim], namespace: &str, name: &str) -> Option<ResourceClaim> {
+    claims
+        .iter()
+        .find(|c| {
+            c.metadata.namespace.as_deref() == Some(namespace) && c.metadata.name.as_deref() == Some(name)
+        })
+        .cloned()
 }
 
 impl Inventory for InMemoryCluster {
@@ -92,6 +108,9 @@ impl Inventory for InMemoryCluster {
     }
     fn gpus(&self) -> Vec<PhysicalGPU> {
         self.state().gpus
+    }
+    fn claim(&self, namespace: &str, name: &str) -> Option<ResourceClaim> {
+        find_claim(&self.state().claims, namespace, name)
     }
 }
 
@@ -102,6 +121,9 @@ impl Inventory for crate::kube_cluster::KubeCluster {
     fn gpus(&self) -> Vec<PhysicalGPU> {
         crate::kube_cluster::KubeCluster::gpus(self)
     }
+    fn claim(&self, namespace: &str, name: &str) -> Option<ResourceClaim> {
+        crate::kube_cluster::KubeCluster::claim(self, namespace, name)
+    }
 }
 
 impl Inventory for Snapshot {
@@ -110,6 +132,9 @@ impl Inventory for Snapshot {
     }
     fn gpus(&self) -> Vec<PhysicalGPU> {
         self.gpus.clone()
+    }
+    fn claim(&self, namespace: &str, name: &str) -> Option<ResourceClaim> {
+        find_claim(&self.claims, namespace, name)
     }
 }
 
@@ -221,6 +246,16 @@ fn quantity_bytes(q: &str) -> Option<u64> {
     })
 }
 
+/// The most PhysicalGPUs matching `class` that sit on one node; `None` while no GPU matches (the class's
+/// status says why, and counts cannot be compared with anything yet).
+pub fn most_on_one_node(class: &GPUClass, gpus: &[PhysicalGPU]) -> Option<u64> {
+    let mut per_node: BTreeMap<&str, u64> = BTreeMap::new();
+    for g in gpus.iter().filter(|g| gpu_matches(&class.spec, g, &NodeLabels::new()).is_ok()) {
+        *per_node.entry(g.spec.node_name.as_str()).or_default() += 1;
+    }
+    per_node.values().copied().max()
+}
+
 /// The ResourceClaim rules (module docs), for one claim against the classes and GPUs.
 pub fn validate_claim(
     config: &ControllerConfig,
@@ -258,18 +293,11 @@ pub fn validate_claim(
         };
         let matched: Vec<&PhysicalGPU> =
             gpus.iter().filter(|g| gpu_matches(&class.spec, g, &NodeLabels::new()).is_ok()).collect();
-        if matched.is_empty() {
-            // Nothing to compare with yet: the class's status says why; the claim stays pending.
-            continue;
-        }
-        let mut per_node: BTreeMap<&str, i64> = BTreeMap::new();
-        for g in &matched {
-            *per_node.entry(g.spec.node_name.as_str()).or_default() += 1;
-        }
-        let most = per_node.values().copied().max().unwrap_or(0);
+        // Nothing to compare with yet: the class's status says why; the claim stays pending.
+        let Some(most) = most_on_one_node(class, gpus) else { continue };
         if req.allocation_mode.as_deref().unwrap_or("ExactCount") == "ExactCount" {
             let count = req.count.unwrap_or(1);
-            if count > most {
+            if u64::try_from(count).is_ok_and(|c| c > most) {
                 return deny(format!(
                     "count: Invalid value: {count}: GPUClass {class_name:?} has at most {most} matching GPU{} on one node",
                     if most == 1 { "" } else { "s" }
@@ -525,14 +553,58 @@ impl<I: Inventory, A: ClusterApi> Admission<I, A> {
         Ok(self.answer(VALIDATE_CLAIMS_PATH, &req, outcome))
     }
 
-    /// `/pods/mutate`: the patch, after the claims are created (all or none).
+    /// `/pods/mutate`: on CREATE the patch, after the claims are created (all or none); on UPDATE the
+    /// admission-id label put back when the update dropped it ([`crate::pod_update`]).
     pub async fn mutate_pods(&self, body: &[u8]) -> Result<AdmissionReview<DynamicObject>, ReviewError> {
         let req = decode::<Pod>(body)?;
-        let outcome = match (&req.object, &req.operation) {
-            (Some(pod), Operation::Create) => self.mutate(pod, &req).await,
+        let outcome = match (&req.object, &req.old_object, &req.operation) {
+            (Some(pod), _, Operation::Create) => self.mutate(pod, &req).await,
+            (Some(pod), Some(old), Operation::Update) => {
+                match crate::pod_update::restore_admission_label(&self.config, old, pod) {
+                    None => Ok(None),
+                    Some(restored) => comparable(pod)
+                        .and_then(|before| Ok(json_patch::diff(&before, &comparable(&restored)?)))
+                        .map(Some),
+                }
+            }
             _ => Ok(None),
         };
         Ok(self.answer(MUTATE_PODS_PATH, &req, outcome))
+    }
+
+    /// `/pods/validate` ([`crate::pod_validation`]): CREATE and UPDATE (an update is refused only for a
+    /// violation it brings in); other operations are allowed.
+    pub fn validate_pods(&self, body: &[u8]) -> Result<AdmissionReview<DynamicObject>, ReviewError> {
+        let req = decode::<Pod>(body)?;
+        let namespace = req.namespace.clone().unwrap_or_default();
+        let outcome = match (&req.object, &req.old_object, &req.operation) {
+            (Some(pod), _, Operation::Create) if req.sub_resource.is_none() => {
+                let claims = self.pod_claims(&namespace, [pod]);
+                let (classes, gpus) = (self.inventory.classes(), self.inventory.gpus());
+                let ctx = PodContext { classes: &classes, gpus: &gpus, claims: &claims };
+                validate_pod(&self.config, ctx, pod).map(|()| None)
+            }
+            (Some(pod), Some(old), Operation::Update) if req.sub_resource.is_none() => {
+                let claims = self.pod_claims(&namespace, [pod, old]);
+                let (classes, gpus) = (self.inventory.classes(), self.inventory.gpus());
+                let ctx = PodContext { classes: &classes, gpus: &gpus, claims: &claims };
+                validate_pod_update(&self.config, ctx, old, pod).map(|()| None)
+            }
+            _ => Ok(None),
+        };
+        Ok(self.answer(VALIDATE_PODS_PATH, &req, outcome))
+    }
+
+    /// The cached ResourceClaims `pods` name by `resourceClaimName` in `namespace`.
+    fn pod_claims<'p>(
+        &self,
+        namespace: &str,
+        pods: impl IntoIterator<Item = &'p Pod>,
+    ) -> BTreeMap<String, ResourceClaim> {
+        pods.into_iter()
+            .flat_map(claim_names)
+            .filter_map(|name| Some((name.clone(), self.inventory.claim(namespace, &name)?)))
+            .collect()
     }
 
     async fn mutate(

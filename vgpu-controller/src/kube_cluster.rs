@@ -221,6 +221,12 @@ impl KubeCluster {
         parse_all(&self.gpus)
     }
 
+    /// ResourceClaim `<namespace>/<name>` in the cache (for admission; `None` when the cache does not hold it).
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<ResourceClaim> {
+        let key = reflector::ObjectRef::<ResourceClaim>::new(name).within(namespace);
+        self.claims.get(&key).map(|c| c.as_ref().clone())
+    }
+
     fn apply_params() -> PatchParams {
         PatchParams::apply(FIELD_MANAGER).force()
     }

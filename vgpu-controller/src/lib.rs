@@ -1,6 +1,6 @@
 //! The GPU module's controller: turns each `GPUClass` ([`vgpu_api`]) into a DRA `DeviceClass`, keeps the
 //! occupancy of every `PhysicalGPU` from the ResourceClaims the scheduler allocated, and validates GPUClass,
-//! DeviceClass and ResourceClaim objects at admission (and turns a pod's GPUClass request into a claim).
+//! DeviceClass, ResourceClaim and Pod objects at admission (and turns a pod's GPUClass request into a claim).
 //!
 //! # Watches → reconcile → writes
 //!
@@ -29,6 +29,8 @@
 //! | [`cluster`] | the seam: [`ControllerCluster`](cluster::ControllerCluster), [`InMemoryCluster`](cluster::InMemoryCluster) |
 //! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): watch-fed caches and server-side apply |
 //! | [`admission`] | validating rules for GPUClass, DeviceClass, ResourceClaim; the pod mutation |
+//! | [`pod_validation`] | pure: a pod's GPUClass requests and ResourceClaims against the classes, GPUs and claims (`/pods/validate`) |
+//! | [`pod_update`] | pure: the pod mutation on UPDATE (the admission-id label kept) |
 //! | [`claims`] | pure: the owner (or deletion) of each ResourceClaim the pod mutation created |
 //! | [`server`] | HTTPS routes: admission, `/healthz`, `/readyz`, `/version`, `/metrics` (RBAC-authorized) |
 //! | [`metrics`] | the Prometheus families |
@@ -58,6 +60,8 @@ pub mod fixture;
 pub mod kube_cluster;
 pub mod metrics;
 pub mod occupancy;
+pub mod pod_update;
+pub mod pod_validation;
 pub mod reconcile;
 pub mod server;
 

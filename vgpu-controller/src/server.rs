@@ -7,6 +7,7 @@
 //! | `POST /deviceclasses/validate` | AdmissionReview ([`Admission::validate_device_classes`]) |
 //! | `POST /resourceclaims/validate` | AdmissionReview ([`Admission::validate_claims`]) |
 //! | `POST /pods/mutate` | AdmissionReview ([`Admission::mutate_pods`]) |
+//! | `POST /pods/validate` | AdmissionReview ([`Admission::validate_pods`]) |
 //! | `GET /healthz` | 200 `ok` |
 //! | `GET /readyz` | 200 `ok` once the caches have synced, else 503 `caches not synced` |
 //! | `GET /version` | 200, [`VersionInfo`] as JSON |
@@ -38,7 +39,7 @@ use vgpu_webhook::server::{MAX_BODY_BYTES, answer};
 
 use crate::admission::{
     Admission, Inventory, MUTATE_PODS_PATH, VALIDATE_CLAIMS_PATH, VALIDATE_CLASSES_PATH,
-    VALIDATE_DEVICE_CLASSES_PATH,
+    VALIDATE_DEVICE_CLASSES_PATH, VALIDATE_PODS_PATH,
 };
 
 /// `Content-Type` of the metrics page.
@@ -81,6 +82,7 @@ impl<I: Inventory, A: ClusterApi> ControllerServer<I, A> {
             .route(VALIDATE_DEVICE_CLASSES_PATH, post(route::<I, A, 1>))
             .route(VALIDATE_CLAIMS_PATH, post(route::<I, A, 2>))
             .route(MUTATE_PODS_PATH, post(route::<I, A, 3>))
+            .route(VALIDATE_PODS_PATH, post(route::<I, A, 4>))
             .route(HEALTHZ_PATH, get(|| async { "ok" }))
             .route(READYZ_PATH, get(readyz::<I, A>))
             .route(VERSION_PATH, get(|| async { axum::Json(VersionInfo::new("vgpu-controller")) }))
@@ -105,7 +107,8 @@ async fn route<I: Inventory, A: ClusterApi, const R: u8>(
         0 => a.validate_gpu_classes(&bytes),
         1 => a.validate_device_classes(&bytes),
         2 => a.validate_claims(&bytes),
-        _ => a.mutate_pods(&bytes).await,
+        3 => a.mutate_pods(&bytes).await,
+        _ => a.validate_pods(&bytes),
     })
 }
 

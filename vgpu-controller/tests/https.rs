@@ -1,6 +1,8 @@
 //! The controller's routes over real HTTPS on loopback (`server::serve` with `vgpu_serve` TLS): GPUClass,
 //! DeviceClass and ResourceClaim reviews allowed and denied with the field named, a pod mutated with a patch
-//! and its ResourceClaim created through vgpu-webhook's `MemoryApi`, a malformed body answered 400, `/readyz`
+//! and its ResourceClaim created through vgpu-webhook's `MemoryApi`, pods validated on CREATE and UPDATE (an
+//! unconverted GPUClass request, another pod's generated claim) and the UPDATE mutation's label patch, a
+//! malformed body answered 400, `/readyz`
 //! following the caches, and `/metrics` behind TokenReview + SubjectAccessReview (401, 403, 200).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -59,6 +61,23 @@ fn review(
     .unwrap()
 }
 
+/// An UPDATE review of pod `object` with `old`.
+fn pod_update(old: Value, object: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-2", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "UPDATE", "userInfo": {}, "namespace": "ml", "name": object["metadata"]["name"],
+        "object": object, "oldObject": old}}))
+    .unwrap()
+}
+
+/// The JSON patch of an allowed response (kube-core writes the bytes as a JSON array, which the API server
+/// decodes like base64).
+fn patch_of(r: &Value) -> Value {
+    let bytes: Vec<u8> = serde_json::from_value(r["patch"].clone()).unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
 fn response(body: &str) -> Value {
     serde_json::from_str::<Value>(body).unwrap()["response"].clone()
 }
@@ -76,7 +95,8 @@ async fn routes_over_https() {
     inventory.put_gpu(fixture::gpu("w1", 0, "nvidia", "a100-sxm4-40gb", Some(40960)));
     let api = MemoryApi::new();
     let (registry, metrics) = Metrics::with_registry();
-    let admission = Arc::new(Admission::new(ControllerConfig::default(), inventory, api.clone(), metrics));
+    let admission =
+        Arc::new(Admission::new(ControllerConfig::default(), inventory.clone(), api.clone(), metrics));
     let reviewer = Arc::new(MemoryReviewer::new());
     reviewer.add_token("t-prom", UserInfo::new("system:serviceaccount:monitoring:prometheus"));
     reviewer.add_token("t-other", UserInfo::new("system:serviceaccount:default:other"));
@@ -210,6 +230,76 @@ async fn routes_over_https() {
         vgpu_webhook::names::short_hash("u-1", vgpu_controller::admission::ADMISSION_ID_LENGTH)
     );
 
+    // Pod validation: an unconverted GPUClass request, and a claim the mutation made for another pod.
+    let unconverted = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "raw", "namespace": "ml"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"gpu.deckhouse.io/h100": "1"}}}]}});
+    let (_, body) = call(
+        &c,
+        addr,
+        Method::POST,
+        "/pods/validate",
+        None,
+        &review(("", "v1", "Pod"), "pods", "CREATE", Some("ml"), unconverted),
+    )
+    .await;
+    let r = response(&body);
+    assert_eq!(r["allowed"], false, "{body}");
+    assert_eq!(
+        r["status"]["message"],
+        "container \"main\": spec.containers[0].resources.limits[gpu.deckhouse.io/h100]: Not found: GPUClass \"h100\" does not exist"
+    );
+    inventory.put_claim(fixture::generated_claim("ml", "web-claim", "id-web", fixture::time(0)));
+    let thief = serde_json::to_value(fixture::pod("ml", "thief", "", "id-thief", &["web-claim"])).unwrap();
+    let (_, body) = call(
+        &c,
+        addr,
+        Method::POST,
+        "/pods/validate",
+        None,
+        &review(("", "v1", "Pod"), "pods", "CREATE", Some("ml"), thief),
+    )
+    .await;
+    assert_eq!(
+        response(&body)["status"]["message"],
+        "spec.resourceClaims[0].resourceClaimName: Invalid value: \"web-claim\": ResourceClaim \"web-claim\" was made by the pod mutation for another pod (label gpu.deckhouse.io/admission-id \"id-web\"; this pod has \"id-thief\")"
+    );
+    let owner = serde_json::to_value(fixture::pod("ml", "web", "", "id-web", &["web-claim"])).unwrap();
+    let (_, body) = call(
+        &c,
+        addr,
+        Method::POST,
+        "/pods/validate",
+        None,
+        &review(("", "v1", "Pod"), "pods", "CREATE", Some("ml"), owner.clone()),
+    )
+    .await;
+    assert_eq!(response(&body)["allowed"], true, "{body}");
+
+    // UPDATE: dropping the admission-id label is mutated back; validation refuses the label of another pod
+    // only when the update brings it in.
+    let mut unlabelled = owner.clone();
+    unlabelled["metadata"]["labels"] = json!({"team": "a"});
+    let (_, body) =
+        call(&c, addr, Method::POST, "/pods/mutate", None, &pod_update(owner.clone(), unlabelled.clone()))
+            .await;
+    let r = response(&body);
+    assert_eq!(r["allowed"], true, "{body}");
+    assert_eq!(
+        patch_of(&r),
+        json!([{"op": "add", "path": "/metadata/labels/gpu.deckhouse.io~1admission-id", "value": "id-web"}])
+    );
+    let (_, body) =
+        call(&c, addr, Method::POST, "/pods/mutate", None, &pod_update(owner.clone(), owner.clone())).await;
+    assert!(response(&body).get("patch").is_none(), "an update keeping the label gets no patch: {body}");
+    let (_, body) =
+        call(&c, addr, Method::POST, "/pods/validate", None, &pod_update(owner.clone(), unlabelled.clone()))
+            .await;
+    assert!(response(&body)["status"]["message"].as_str().unwrap().ends_with("this pod has none)"), "{body}");
+    let (_, body) =
+        call(&c, addr, Method::POST, "/pods/validate", None, &pod_update(unlabelled.clone(), unlabelled))
+            .await;
+    assert_eq!(response(&body)["allowed"], true, "an existing violation does not block updates: {body}");
+
     // A body that is not a review.
     let (status, body) = call(&c, addr, Method::POST, "/gpuclasses/validate", None, b"{").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -225,7 +315,11 @@ async fn routes_over_https() {
         "{page}"
     );
     assert!(
-        page.contains("vgpu_controller_admission_total{route=\"/pods/mutate\",allowed=\"true\"} 1"),
+        page.contains("vgpu_controller_admission_total{route=\"/pods/mutate\",allowed=\"true\"} 3"),
+        "{page}"
+    );
+    assert!(
+        page.contains("vgpu_controller_admission_total{route=\"/pods/validate\",allowed=\"false\"} 3"),
         "{page}"
     );
     assert!(page.contains("process_"), "{page}");
