@@ -74,7 +74,11 @@ fn pod_update(old: Value, object: Value) -> Vec<u8> {
 /// The JSON patch of an allowed response (kube-core writes the bytes as a JSON array, which the API server
 /// decodes like base64).
 fn patch_of(r: &Value) -> Value {
-    let bytes: Vec<u8> = serde_json::from_value(r["patch"].clone()).unwrap();
+    let bytes: Vec<u8> = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        r["patch"].as_str().expect("patch is base64 text"),
+    )
+    .unwrap();
     serde_json::from_slice(&bytes).unwrap()
 }
 

@@ -6,6 +6,10 @@
 //! | allowed | 200 | `response{uid, allowed: true}`, plus `patch` (base64 JSON Patch) and `patchType: JSONPatch` when the object changes |
 //! | denied | 200 | `response{uid, allowed: false, status{status: Failure, code: 422, reason: Invalid, message}}` |
 //!
+//! On the wire ([`to_wire_json`]) `patch` is a base64 string, as Go encodes the `[]byte` field of
+//! `AdmissionResponse`; kube-core's type serializes it as an array of numbers, which the API server happens to
+//! accept but no other AdmissionReview reader expects.
+//!
 //! The API server prefixes the message with `admission webhook "<name>" denied the request: ` and hands the
 //! status (reason `Invalid`, code 422) to the client.
 
@@ -71,6 +75,18 @@ pub fn respond<K: Resource>(
     response.into_review()
 }
 
+/// The review as the HTTP body: JSON, with `response.patch` as base64 text (upstream's wire form of the
+/// `[]byte` field) instead of the array of numbers kube-core's `Vec<u8>` serializes to.
+pub fn to_wire_json(review: &AdmissionReview<DynamicObject>) -> Result<Vec<u8>, serde_json::Error> {
+    use base64::Engine as _;
+    let mut value = serde_json::to_value(review)?;
+    if let Some(patch) = value.get_mut("response").and_then(|r| r.get_mut("patch")) {
+        let bytes: Vec<u8> = serde_json::from_value(patch.take())?;
+        *patch = serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(bytes));
+    }
+    serde_json::to_vec(&value)
+}
+
 fn deny(base: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
     let mut r = base.deny(&denial.message);
     r.result.status = Some(StatusSummary::Failure);
@@ -104,6 +120,26 @@ mod tests {
             serde_json::json!({"status": "Failure", "code": 422, "reason": "Invalid", "message": "container \"main\": bad"})
         );
         assert_eq!(denied["response"]["allowed"], false);
+    }
+
+    #[test]
+    fn the_wire_patch_is_base64_as_in_go() {
+        use base64::Engine as _;
+        let req = decode::<Pod>(BODY.as_bytes()).unwrap();
+        let patch: json_patch::Patch =
+            serde_json::from_str(r#"[{"op":"add","path":"/metadata/labels","value":{"a":"b"}}]"#).unwrap();
+        let wire: serde_json::Value =
+            serde_json::from_slice(&to_wire_json(&respond(&req, Ok(Some(patch)))).unwrap()).unwrap();
+        let text = wire["response"]["patch"].as_str().unwrap();
+        let decoded = base64::engine::general_purpose::STANDARD.decode(text).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&decoded).unwrap(),
+            serde_json::json!([{"op":"add","path":"/metadata/labels","value":{"a":"b"}}])
+        );
+        assert_eq!(wire["response"]["patchType"], "JSONPatch");
+        let plain: serde_json::Value =
+            serde_json::from_slice(&to_wire_json(&respond(&req, Ok(None))).unwrap()).unwrap();
+        assert!(plain["response"].get("patch").is_none());
     }
 
     #[test]

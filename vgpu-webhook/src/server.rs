@@ -139,7 +139,7 @@ async fn body_of<C>(
 /// not an AdmissionReview request (public for the GPU module controller's routes).
 pub fn answer(result: Result<AdmissionReview<DynamicObject>, ReviewError>) -> Response {
     match result {
-        Ok(review) => match serde_json::to_vec(&review) {
+        Ok(review) => match crate::review::to_wire_json(&review) {
             Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
             Err(e) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode the AdmissionReview: {e}\n"))

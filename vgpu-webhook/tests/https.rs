@@ -112,7 +112,7 @@ async fn routes_over_https() {
         (answer["response"]["uid"].clone(), answer["response"]["allowed"].clone()),
         (json!("u-9"), json!(true))
     );
-    let patch: Vec<u8> = serde_json::from_value(answer["response"]["patch"].clone()).unwrap();
+    let patch: Vec<u8> = base64_patch(&answer["response"]["patch"]);
     let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
     let mut pod = vgpu_pod();
     json_patch::patch(&mut pod, &patch).unwrap();
@@ -179,7 +179,7 @@ async fn volcano_job_routes_over_https() {
     assert_eq!(status, StatusCode::OK, "{body}");
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["response"]["allowed"], true);
-    let patch: Vec<u8> = serde_json::from_value(answer["response"]["patch"].clone()).unwrap();
+    let patch: Vec<u8> = base64_patch(&answer["response"]["patch"]);
     let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
     json_patch::patch(&mut job, &patch).unwrap();
     let claim =
@@ -231,4 +231,11 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     assert!(call(&connector(&old), server.addr, Method::GET, "/healthz", b"").await.is_err());
     server.stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(15), server.task).await.unwrap().unwrap();
+}
+
+/// `response.patch` as upstream sends it: base64 text (Go `[]byte`).
+fn base64_patch(patch: &serde_json::Value) -> Vec<u8> {
+    use base64::Engine as _;
+    let text = patch.as_str().unwrap_or_else(|| panic!("patch is not base64 text: {patch}"));
+    base64::engine::general_purpose::STANDARD.decode(text).unwrap()
 }
