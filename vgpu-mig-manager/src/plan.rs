@@ -71,6 +71,19 @@ pub fn matches(layout: &MigLayout, target: &GpuTarget) -> bool {
     }
 }
 
+/// Whether `layout` already is what `plan` makes: the mode and, with MIG on, the multiset of profiles.
+pub fn meets(layout: &MigLayout, plan: &GpuPlan) -> bool {
+    if !plan.mig_enabled {
+        return layout.mode == MigMode::Disabled;
+    }
+    let mut wanted: BTreeMap<MigProfile, u32> = BTreeMap::new();
+    for planned in &plan.instances {
+        let Ok(profile) = planned.rule.name.parse::<MigProfile>() else { return false };
+        *wanted.entry(profile).or_insert(0) += 1;
+    }
+    layout.mode == MigMode::Enabled && profile_counts(layout) == wanted
+}
+
 /// Checks every target against the backend and places the instances. Fails, having changed nothing, when
 /// any GPU cannot take its target.
 pub fn plan(
@@ -123,12 +136,17 @@ pub struct ApplyError {
     pub source: BackendError,
 }
 
-/// Applies the GPUs of `plans` that change: destroy every instance, set the mode, create the instances.
+/// Applies the GPUs of `plans` that change: destroy every instance, set the mode, create the instances. A
+/// GPU that already [`meets`] its plan is left alone, so applying again after a partial apply (a GPU reset
+/// in between) redoes nothing.
 pub fn apply(backend: &dyn DeviceBackend, plans: &[GpuPlan]) -> Result<(), ApplyError> {
     for plan in plans.iter().filter(|p| p.changes) {
         let index = plan.index;
         let fail = |step: String| move |source| ApplyError { index, step, source };
         let layout = backend.mig_layout(index).map_err(fail("reading the MIG layout".to_owned()))?;
+        if meets(&layout, plan) {
+            continue;
+        }
         for instance in &layout.instances {
             backend
                 .destroy_mig_device(index, instance.gpu_instance_id)
@@ -246,6 +264,13 @@ gpus:
             match plan(&backend, &targets) {
                 Ok(plans) => {
                     apply(&backend, &plans).unwrap();
+                    let applied = (backend.mig_layout(0).unwrap(), backend.mig_layout(1).unwrap());
+                    apply(&backend, &plans).unwrap();
+                    proptest::prop_assert_eq!(
+                        &applied,
+                        &(backend.mig_layout(0).unwrap(), backend.mig_layout(1).unwrap()),
+                        "applying the same plans again changes nothing"
+                    );
                     proptest::prop_assert!(plan(&backend, &targets).unwrap().iter().all(|p| !p.changes));
                     for gpu in 0..2 {
                         proptest::prop_assert!(matches(&backend.mig_layout(gpu).unwrap(), &targets[&gpu]));
