@@ -2,7 +2,7 @@
 //! for when no reset is possible ([`rebooted_since`], [`request_value`]).
 //!
 //! On GPUs whose MIG mode change needs a reset (NVML leaves it *pending*; the backends answer
-//! [`MigError::ResetRequired`]), the manager resets the GPU through
+//! [`vgpu_core::backend::mig::MigError::ResetRequired`]), the manager resets the GPU through
 //! [`DeviceBackend::reset_gpu`] and goes on with the layout. When the reset is refused (processes hold the
 //! GPU, the backend cannot reset, resets are disabled with `--gpu-reset=false`) it requests a reboot:
 //!
@@ -23,9 +23,9 @@
 
 use std::collections::BTreeSet;
 
-use vgpu_core::backend::{BackendError, DeviceBackend, mig::MigError};
+use vgpu_core::backend::DeviceBackend;
 
-use crate::plan::{ApplyError, GpuPlan, apply};
+use crate::plan::{ApplyError, GpuPlan, apply_leaving_pending};
 
 /// The annotation value when the node reports no boot ID.
 pub const UNKNOWN_BOOT_ID: &str = "unknown";
@@ -47,16 +47,10 @@ pub enum ApplyFailure {
     },
 }
 
-/// The pending mode (`true`: enabled) when `err` is a mode change waiting for a reset.
-pub fn pending_mode(err: &ApplyError) -> Option<bool> {
-    match &err.source {
-        BackendError::Mig { source: MigError::ResetRequired { enabled }, .. } => Some(*enabled),
-        _ => None,
-    }
-}
-
-/// Applies `plans` ([`apply`]); a GPU left with a pending mode is reset (when `reset_allowed`) and the
-/// apply goes on. Each GPU is reset at most once. Returns the GPUs that were reset.
+/// Applies `plans` ([`apply_leaving_pending`]); the GPUs left with a pending mode are reset (when
+/// `reset_allowed`) and the apply goes on. Each GPU is reset at most once. Returns the GPUs that were reset.
+/// When a reset is impossible every changing GPU has had its mode set (pending), so one reboot applies
+/// them all.
 pub fn apply_with_reset(
     backend: &dyn DeviceBackend,
     plans: &[GpuPlan],
@@ -64,26 +58,26 @@ pub fn apply_with_reset(
 ) -> Result<BTreeSet<u32>, ApplyFailure> {
     let mut reset = BTreeSet::new();
     loop {
-        let err = match apply(backend, plans) {
-            Ok(()) => return Ok(reset),
-            Err(err) => err,
-        };
-        let Some(enabled) = pending_mode(&err) else { return Err(err.into()) };
-        let index = err.index;
-        let mode = if enabled { "enabled" } else { "disabled" };
-        let reboot = |why: String| ApplyFailure::RebootRequired {
-            index,
-            reason: format!("GPU {index}: MIG mode {mode} is pending and {why}"),
-        };
-        if !reset_allowed {
-            return Err(reboot("GPU resets are disabled (--gpu-reset=false)".to_owned()));
+        let pending = apply_leaving_pending(backend, plans)?;
+        if pending.is_empty() {
+            return Ok(reset);
         }
-        if !reset.insert(index) {
-            return Err(reboot("a GPU reset did not apply it".to_owned()));
-        }
-        tracing::info!(gpu = index, mode, "resetting the GPU to apply the pending MIG mode");
-        if let Err(err) = backend.reset_gpu(index) {
-            return Err(reboot(format!("the GPU cannot be reset: {err}")));
+        for (index, enabled) in pending {
+            let mode = if enabled { "enabled" } else { "disabled" };
+            let reboot = |why: String| ApplyFailure::RebootRequired {
+                index,
+                reason: format!("GPU {index}: MIG mode {mode} is pending and {why}"),
+            };
+            if !reset_allowed {
+                return Err(reboot("GPU resets are disabled (--gpu-reset=false)".to_owned()));
+            }
+            if !reset.insert(index) {
+                return Err(reboot("a GPU reset did not apply it".to_owned()));
+            }
+            tracing::info!(gpu = index, mode, "resetting the GPU to apply the pending MIG mode");
+            if let Err(err) = backend.reset_gpu(index) {
+                return Err(reboot(format!("the GPU cannot be reset: {err}")));
+            }
         }
     }
 }
