@@ -333,12 +333,15 @@ async fn set_boot_id(nodes: &Api<Node>, boot_id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control-plane binaries: run e2e/run.sh"]
 async fn mig_manager_drains_through_a_pdb_and_requests_a_reboot() {
-    let mut env = TestEnv::builder("mig_manager_drains_through_a_pdb_and_requests_a_reboot").start().await.unwrap();
+    let mut env =
+        TestEnv::builder("mig_manager_drains_through_a_pdb_and_requests_a_reboot").start().await.unwrap();
     let client = env.client().await.unwrap();
     let state_file = env.workdir().join("mig-state.json");
     let description = env.workdir().join("mock.yaml");
     let gpu = |id: &str| {
-        format!("  - {{ uuid: GPU-{id}, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, mig: {{ mode: Disabled, modeChange: Pending, reset: InUse }} }}\n")
+        format!(
+            "  - {{ uuid: GPU-{id}, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, mig: {{ mode: Disabled, modeChange: Pending, reset: InUse }} }}\n"
+        )
     };
     std::fs::write(
         &description,
@@ -460,9 +463,13 @@ async fn mig_manager_drains_through_a_pdb_and_requests_a_reboot() {
     assert!(node.spec.unwrap().unschedulable.unwrap_or(false), "kept cordoned until the reboot");
     assert!(pods.get("agent").await.unwrap().metadata.deletion_timestamp.is_none(), "DaemonSet pod kept");
 
-    // The reboot operator reboots the node: the pending modes applied, a new boot ID.
+    // The reboot operator reboots the node: the manager stops, the pending modes are applied, a new boot ID,
+    // the manager starts again.
+    env.stop_process(MANAGER).unwrap();
     MockBackend::from_path(&description).unwrap().reboot().unwrap();
     set_boot_id(&nodes, "boot-2").await;
+    env.start_process(MANAGER, &vgpu_binary(MANAGER).unwrap(), &args, &[("RUST_LOG".into(), "info".into())])
+        .unwrap();
     env.poll("state success after the reboot, request withdrawn", TIMEOUT, || async {
         (reboot_state(&nodes).await? == ("success".to_owned(), None, Some("False".to_owned()))).then_some(())
     })

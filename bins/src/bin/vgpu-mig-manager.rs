@@ -149,7 +149,15 @@ async fn run(cli: Cli, config: ManagerConfig) -> anyhow::Result<()> {
         tracing::warn!("{w}");
     }
     let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
-    let client = cli.kube.client(vgpu_bins::COMPONENT_RATE).await?;
+    // Without kube's default retry layer: it retries a 429 up to 15 times with a growing delay, so a
+    // PodDisruptionBudget's refusal of an eviction would never come back as one (the pass would time out);
+    // the manager retries on its next pass with its own backoff instead.
+    let options = cli.kube.options(vgpu_bins::COMPONENT_RATE);
+    let bucket = options.bucket().context("the Kubernetes client rate limit")?;
+    let mut kube_config = options.config().await.context("the Kubernetes client configuration")?;
+    kube_config.default_retry = false;
+    let client = vgpu_kube::client::client_with_bucket(kube_config, bucket)
+        .context("building the Kubernetes client")?;
     tracing::info!(config = ?config, backend = backend.name(), "starting the MIG manager");
     let shutdown = shutdown_signal()?;
     MigManager::new(config, KubeCluster::new(client), backend).run(shutdown).await;
