@@ -24,6 +24,11 @@ fn bad_flags_exit_2_naming_the_flag() {
             "invalid --config-map \"no-namespace\": expected <namespace>/<name>",
         ),
         (&["--config-map=ns/"], "invalid --config-map \"ns/\": expected <namespace>/<name>"),
+        (&["--max-retry-interval=0s"], "invalid --max-retry-interval 0s: expected a positive duration"),
+        (
+            &["--retry-interval=5s", "--max-retry-interval=1s"],
+            "invalid --max-retry-interval 1s: expected at least --retry-interval (5s)",
+        ),
         (&["--config-map=a/b/c"], "invalid --config-map \"a/b/c\": expected <namespace>/<name>"),
         (
             &["--device-plugin-selector=app"],
@@ -41,6 +46,14 @@ fn bad_flags_exit_2_naming_the_flag() {
             .assert()
             .code(2)
             .stderr(predicate::str::starts_with(format!("vgpu-mig-manager: {message}")));
+    }
+    // Go-style booleans: clap refuses anything else, naming the flag.
+    for (arg, flag) in [("--drain=maybe", "--drain"), ("--gpu-reset=sometimes", "--gpu-reset")] {
+        manager()
+            .args(["--node-name=node-1", arg])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("invalid value").and(predicate::str::contains(flag)));
     }
     // The strategy message lists the accepted values.
     manager()

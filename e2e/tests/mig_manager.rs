@@ -12,10 +12,10 @@
 //! `nvidia.com/mig-1g.10gb` with 14 devices. Label `bad-profile` → state `failed`, the reason annotation,
 //! the node schedulable and the layout unchanged.
 //!
-//! PodDisruptionBudgets are not exercised here: in this control plane (no controller-manager) an eviction
-//! that has to evaluate PDBs — any Running pod — gets no answer from the API server (observed: the manager's
-//! 30 s eviction timeout fires again and again), so the 429 → retry path is covered by the library tests
-//! (`vgpu-mig-manager/tests/manager.rs`) only.
+//! The second scenario (`--drain`, issue #34 item 6) exercises a PodDisruptionBudget: this control plane has
+//! no controller-manager, so the test writes the PDB's status as the disruption controller would; the API
+//! server then answers the eviction with 429 until the budget allows it. It also skips a DaemonSet pod and
+//! ends with a reboot request (GPUs that cannot be reset) that the manager withdraws after the "reboot".
 //!
 //! The manager runs as the ServiceAccount of `deploy/mig-manager/rbac.yaml` (so the manifests grant every
 //! call it makes).
@@ -25,7 +25,10 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, Namespace, Node, Pod},
+    policy::v1::PodDisruptionBudget,
+};
 use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -41,6 +44,7 @@ const PLUGIN: &str = "vgpu-device-plugin";
 const CONFIG_LABEL: &str = "nvidia.com/mig.config";
 const STATE_LABEL: &str = "nvidia.com/mig.config.state";
 const REASON: &str = "nvidia.com/mig.config.state.reason";
+const REBOOT_ANNOTATION: &str = "nvidia.com/mig.config.reboot-required";
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 const CONFIG: &str = r#"version: v1
@@ -276,6 +280,210 @@ async fn mig_manager_applies_the_labelled_layout_with_the_node_in_maintenance() 
     assert!(reason.contains("profile \"1g.11gb\" does not exist on A100-80GB"), "{reason}");
     assert_eq!(node_state(&nodes).await.unwrap(), ("failed".to_owned(), false, 0));
     assert_eq!(backend.mig_layout(1).unwrap().instances.len(), 7);
+    env.check_process(MANAGER).unwrap();
+    env.finish();
+}
+
+/// Plays the disruption controller (this control plane has no controller-manager): the PDB's status as
+/// computed for one healthy pod, allowing `allowed` disruptions.
+async fn pdb_status(pdbs: &Api<PodDisruptionBudget>, allowed: i32) {
+    let generation = pdbs.get("web").await.unwrap().metadata.generation.unwrap_or(1);
+    let status = serde_json::json!({ "status": {
+        "observedGeneration": generation, "disruptionsAllowed": allowed,
+        "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1
+    } });
+    pdbs.patch_status("web", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+}
+
+/// The node's reboot request: (state label, reboot annotation, `MIGRebootRequired` condition status).
+async fn reboot_state(nodes: &Api<Node>) -> Option<(String, Option<String>, Option<String>)> {
+    let node = nodes.get(NODE).await.ok()?;
+    let state = node.metadata.labels?.get(STATE_LABEL)?.clone();
+    let annotation = node.metadata.annotations.unwrap_or_default().get(REBOOT_ANNOTATION).cloned();
+    let condition = node
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "MIGRebootRequired")
+        .map(|c| c.status);
+    Some((state, annotation, condition))
+}
+
+async fn set_boot_id(nodes: &Api<Node>, boot_id: &str) {
+    let info = serde_json::json!({ "status": { "nodeInfo": {
+        "bootID": boot_id, "machineID": "m", "systemUUID": "s", "kernelVersion": "6.1", "osImage": "test",
+        "containerRuntimeVersion": "containerd://2", "kubeletVersion": "v1.37.2", "kubeProxyVersion": "",
+        "operatingSystem": "linux", "architecture": "amd64"
+    } } });
+    nodes.patch_status(NODE, &PatchParams::default(), &Patch::Merge(&info)).await.unwrap();
+}
+
+/// `--drain` and the reboot request (issue #34 item 6), against the real API server: GPUs whose MIG mode
+/// change stays pending and cannot be reset (mock `modeChange: Pending, reset: InUse`).
+///
+/// The drain evicts the Deployment-style pod `web` (Running and Ready) through the Eviction API; its
+/// PodDisruptionBudget (status written by this test, playing the disruption controller) first allows no
+/// disruption: the API server answers 429 and the pod stays, the manager retrying; once the budget allows
+/// one, the eviction goes through. The DaemonSet pod `agent` is never evicted. The layout then needs a
+/// reset the mock refuses: state `reboot-required`, the annotation with the boot ID, the condition
+/// `MIGRebootRequired=True`, the node kept cordoned. "Reboot": the state file with the modes applied and a
+/// new boot ID; the manager applies the layout, withdraws the request (annotation removed, condition
+/// `False`) and uncordons the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control-plane binaries: run e2e/run.sh"]
+async fn mig_manager_drains_through_a_pdb_and_requests_a_reboot() {
+    let mut env =
+        TestEnv::builder("mig_manager_drains_through_a_pdb_and_requests_a_reboot").start().await.unwrap();
+    let client = env.client().await.unwrap();
+    let state_file = env.workdir().join("mig-state.json");
+    let description = env.workdir().join("mock.yaml");
+    let gpu = |id: &str| {
+        format!(
+            "  - {{ uuid: GPU-{id}, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, mig: {{ mode: Disabled, modeChange: Pending, reset: InUse }} }}\n"
+        )
+    };
+    std::fs::write(
+        &description,
+        format!("gpus:\n{}{}migStateFile: {}\n", gpu("a"), gpu("b"), state_file.display()),
+    )
+    .unwrap();
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &object(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": { "name": NODE, "labels": { CONFIG_LABEL: "all-disabled" } }
+            })),
+        )
+        .await
+        .unwrap();
+    set_boot_id(&nodes, "boot-1").await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(&PostParams::default(), &object(serde_json::json!({ "metadata": { "name": NS } })))
+        .await
+        .unwrap();
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    config_maps
+        .create(
+            &PostParams::default(),
+            &object(serde_json::json!({
+                "metadata": { "name": "default-mig-parted-config" }, "data": { "config.yaml": CONFIG }
+            })),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let owned = |name: &str, kind: &str, labels: serde_json::Value| -> Pod {
+        object(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name, "namespace": NS, "labels": labels, "ownerReferences": [ {
+                "apiVersion": "apps/v1", "kind": kind, "name": format!("{name}-owner"),
+                "uid": "00000000-0000-0000-0000-000000000001", "controller": true } ] },
+            "spec": { "nodeName": NODE, "containers": [ { "name": "c", "image": "busybox" } ] }
+        }))
+    };
+    pods.create(&PostParams::default(), &owned("web", "ReplicaSet", serde_json::json!({ "app": "web" })))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &owned("agent", "DaemonSet", serde_json::json!({ "app": "agent" })))
+        .await
+        .unwrap();
+    // As the kubelet: web runs and is ready (a PDB protects Running, Ready pods).
+    let running = serde_json::json!({ "status": { "phase": "Running", "conditions": [
+        { "type": "Ready", "status": "True" } ] } });
+    pods.patch_status("web", &PatchParams::default(), &Patch::Merge(&running)).await.unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), NS);
+    pdbs.create(
+        &PostParams::default(),
+        &object(serde_json::json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": { "name": "web" },
+            "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "web" } } }
+        })),
+    )
+    .await
+    .unwrap();
+    pdb_status(&pdbs, 0).await;
+
+    let kubeconfig = manager_kubeconfig(&env, &client).await;
+    let args = vec![
+        "--backend=mock".to_owned(),
+        format!("--mock-config={}", description.display()),
+        format!("--node-name={NODE}"),
+        format!("--config-map={NS}/default-mig-parted-config"),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--machine-type-file={}", env.workdir().join("no-dmi").display()),
+        "--interval=1s".to_owned(),
+        "--retry-interval=1s".to_owned(),
+        "--max-retry-interval=2s".to_owned(),
+        "--drain".to_owned(),
+    ];
+    env.start_process(MANAGER, &vgpu_binary(MANAGER).unwrap(), &args, &[("RUST_LOG".into(), "info".into())])
+        .unwrap();
+    env.poll("state success for all-disabled", TIMEOUT, || async {
+        (node_state(&nodes).await? == ("success".to_owned(), false, 0)).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // The drain: the PDB refuses (429), the pod stays, the manager retries.
+    set_config(&nodes, "all-1g.10gb").await;
+    env.poll("the eviction of web refused by its PDB", TIMEOUT, || async {
+        env.log_tail(MANAGER, 400).contains("gpu/web: eviction refused").then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(pods.get("web").await.unwrap().metadata.deletion_timestamp.is_none(), "the PDB holds web");
+    assert_eq!(node_state(&nodes).await.unwrap(), ("pending".to_owned(), true, 1));
+    assert_eq!(MockBackend::from_path(&description).unwrap().mig_layout(0).unwrap().mode, MigMode::Disabled);
+
+    // The budget allows one disruption: evicted (the API server starts the graceful deletion).
+    pdb_status(&pdbs, 1).await;
+    env.poll("web evicted once the PDB allows it", TIMEOUT, || async {
+        pods.get("web").await.ok()?.metadata.deletion_timestamp.map(|_| ())
+    })
+    .await
+    .unwrap();
+    pods.delete("web", &DeleteParams::default().grace_period(0)).await.unwrap();
+
+    // No reset possible: a reboot is requested, the node stays in maintenance.
+    env.poll("reboot requested", TIMEOUT, || async {
+        let wanted = ("reboot-required".to_owned(), Some("boot-1".to_owned()), Some("True".to_owned()));
+        (reboot_state(&nodes).await? == wanted).then_some(())
+    })
+    .await
+    .unwrap();
+    let node = nodes.get(NODE).await.unwrap();
+    let reason = node.metadata.annotations.unwrap()[REASON].clone();
+    assert!(reason.contains("is pending and the GPU cannot be reset"), "{reason}");
+    assert!(node.spec.unwrap().unschedulable.unwrap_or(false), "kept cordoned until the reboot");
+    assert!(pods.get("agent").await.unwrap().metadata.deletion_timestamp.is_none(), "DaemonSet pod kept");
+
+    // The reboot operator reboots the node: the manager stops, the pending modes are applied, a new boot ID,
+    // the manager starts again.
+    env.stop_process(MANAGER).unwrap();
+    MockBackend::from_path(&description).unwrap().reboot().unwrap();
+    set_boot_id(&nodes, "boot-2").await;
+    env.start_process(MANAGER, &vgpu_binary(MANAGER).unwrap(), &args, &[("RUST_LOG".into(), "info".into())])
+        .unwrap();
+    env.poll("state success after the reboot, request withdrawn", TIMEOUT, || async {
+        (reboot_state(&nodes).await? == ("success".to_owned(), None, Some("False".to_owned()))).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(node_state(&nodes).await.unwrap(), ("success".to_owned(), false, 0));
+    let backend = MockBackend::from_path(&description).unwrap();
+    for gpu in 0..2 {
+        let layout = backend.mig_layout(gpu).unwrap();
+        assert_eq!((layout.mode, layout.instances.len()), (MigMode::Enabled, 7), "GPU {gpu}");
+    }
+    let evictions = env.log_tail(MANAGER, 2000);
+    assert!(!evictions.contains("gpu/agent"), "the DaemonSet pod was never evicted");
+    assert!(pods.get("agent").await.unwrap().metadata.deletion_timestamp.is_none());
     env.check_process(MANAGER).unwrap();
     env.finish();
 }

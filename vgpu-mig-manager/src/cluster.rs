@@ -1,5 +1,5 @@
-//! The MIG manager's view of the cluster ([`MigCluster`]): read and patch its node, read the configuration
-//! ConfigMap, list, evict and delete the node's pods. [`crate::kube_cluster::KubeCluster`] talks to the API
+//! The MIG manager's view of the cluster ([`MigCluster`]): read and patch its node (metadata, spec, a status
+//! condition), read the configuration ConfigMap, list, evict and delete the node's pods. [`crate::kube_cluster::KubeCluster`] talks to the API
 //! server; [`InMemoryCluster`] serves unit tests (evictions can be refused as a PodDisruptionBudget would).
 
 use std::{
@@ -49,6 +49,23 @@ pub struct NodeState {
     pub unschedulable: bool,
     /// `spec.taints`.
     pub taints: Vec<NodeTaint>,
+    /// `status.nodeInfo.bootID` (empty when the node reports none): it changes when the node reboots.
+    pub boot_id: String,
+    /// `status.conditions`: type → status (`True`, `False`, `Unknown`).
+    pub conditions: BTreeMap<String, String>,
+}
+
+/// A node status condition the manager sets (`status.conditions[]`, merged by `type`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeCondition {
+    /// `type`, e.g. [`crate::REBOOT_CONDITION`].
+    pub type_: String,
+    /// `status`: `true` is `True`, `false` is `False`.
+    pub status: bool,
+    /// `reason`, CamelCase.
+    pub reason: String,
+    /// `message`, for people.
+    pub message: String,
 }
 
 /// The parts of a pod the manager reads.
@@ -66,6 +83,11 @@ pub struct PodState {
     pub phase: String,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
+    /// The kind of the controlling owner (`ownerReferences[]` with `controller: true`), e.g. `DaemonSet`.
+    pub controller_kind: Option<String>,
+    /// A mirror pod: the API server's copy of a kubelet static pod (annotation `kubernetes.io/config.mirror`);
+    /// it cannot be evicted.
+    pub mirror: bool,
 }
 
 /// How an eviction ended.
@@ -127,6 +149,13 @@ pub trait MigCluster: Send + Sync + 'static {
         namespace: &str,
         name: &str,
     ) -> impl Future<Output = Result<EvictOutcome, ClusterError>> + Send;
+    /// Sets one condition of the node's status (the other conditions are kept); the transition time
+    /// changes only when the status does.
+    fn set_node_condition(
+        &self,
+        node: &str,
+        condition: &NodeCondition,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
     /// Deletes a pod (absent is fine).
     fn delete_pod(
         &self,
@@ -146,6 +175,8 @@ pub enum Call {
     Evict(String),
     /// `delete_pod(namespace/name)`.
     Delete(String),
+    /// `set_node_condition(type, status)`.
+    Condition(String, bool),
 }
 
 #[derive(Debug, Default)]
@@ -190,6 +221,17 @@ impl InMemoryCluster {
         let version = store.version.to_string();
         if let Some(node) = store.nodes.get_mut(name) {
             node.labels.insert(key.to_owned(), value.to_owned());
+            node.resource_version = version;
+        }
+    }
+
+    /// Sets the node's boot ID (as the kubelet does after a reboot).
+    pub fn set_boot_id(&self, name: &str, boot_id: &str) {
+        let mut store = self.store();
+        store.version += 1;
+        let version = store.version.to_string();
+        if let Some(node) = store.nodes.get_mut(name) {
+            node.boot_id = boot_id.to_owned();
             node.resource_version = version;
         }
     }
@@ -301,6 +343,19 @@ impl MigCluster for InMemoryCluster {
             Some(_) => EvictOutcome::Evicted,
             None => EvictOutcome::NotFound,
         })
+    }
+
+    async fn set_node_condition(&self, node: &str, condition: &NodeCondition) -> Result<(), ClusterError> {
+        let mut store = self.store();
+        store.version += 1;
+        let version = store.version.to_string();
+        let stored =
+            store.nodes.get_mut(node).ok_or_else(|| missing(format!("set condition of node {node}")))?;
+        let status = if condition.status { "True" } else { "False" };
+        stored.conditions.insert(condition.type_.clone(), status.to_owned());
+        stored.resource_version = version;
+        store.calls.push(Call::Condition(condition.type_.clone(), condition.status));
+        Ok(())
     }
 
     async fn delete_pod(&self, namespace: &str, name: &str) -> Result<(), ClusterError> {

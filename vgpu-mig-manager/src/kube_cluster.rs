@@ -5,12 +5,13 @@
 //! | get node | `GET /api/v1/nodes/<n>` | |
 //! | patch labels/annotations | `PATCH /api/v1/nodes/<n>`, `application/merge-patch+json`, `{"metadata":{"labels":..,"annotations":..}}` (`null` removes) | |
 //! | cordon/taint | `PATCH /api/v1/nodes/<n>`, merge patch `{"metadata":{"resourceVersion":rv},"spec":{"unschedulable":b,"taints":[..]}}` | 409 when the node changed since it was read |
+//! | condition | `PATCH /api/v1/nodes/<n>/status`, `application/strategic-merge-patch+json`, `{"status":{"conditions":[{"type",..}]}}` (merged by `type`: the kubelet's conditions are kept) | |
 //! | get ConfigMap | `GET /api/v1/namespaces/<ns>/configmaps/<name>` | 404 → `None` |
 //! | list pods on the node | `GET /api/v1/pods?fieldSelector=spec.nodeName%3D<n>` | |
 //! | evict | `POST /api/v1/namespaces/<ns>/pods/<name>/eviction`, `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name","namespace"}}` | 404 → `NotFound`, 429 → `Refused`; no answer in [`EVICTION_TIMEOUT`] → error (retried) |
 //! | delete | `DELETE /api/v1/namespaces/<ns>/pods/<name>` | 404 → done |
 //!
-//! RBAC: `nodes` get, patch; `configmaps` get (the configuration's namespace); `pods` list, delete;
+//! RBAC: `nodes` get, patch; `nodes/status` patch; `configmaps` get (the configuration's namespace); `pods` list, delete;
 //! `pods/eviction` create (see `deploy/mig-manager/`).
 //!
 //! This crate does not pick a `k8s-openapi` version feature; the binary does.
@@ -23,7 +24,12 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 
-use crate::cluster::{ClusterError, EvictOutcome, MetadataPatch, MigCluster, NodeState, NodeTaint, PodState};
+use crate::cluster::{
+    ClusterError, EvictOutcome, MetadataPatch, MigCluster, NodeCondition, NodeState, NodeTaint, PodState,
+};
+
+/// The annotation the kubelet puts on mirror pods (the API server's copies of static pods).
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// How long one eviction call may take before the pass gives up (and retries on the next).
 pub const EVICTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -85,6 +91,14 @@ fn pod_state(pod: &Pod) -> PodState {
         resources,
         phase: pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default(),
         deleting: pod.metadata.deletion_timestamp.is_some(),
+        controller_kind: pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.kind.clone()),
+        mirror: pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)),
     }
 }
 
@@ -93,7 +107,15 @@ impl MigCluster for KubeCluster {
         let n =
             Api::<Node>::all(self.client.clone()).get(node).await.map_err(err(format!("get node {node}")))?;
         let spec = n.spec.unwrap_or_default();
+        let status = n.status.unwrap_or_default();
         Ok(NodeState {
+            boot_id: status.node_info.map(|i| i.boot_id).unwrap_or_default(),
+            conditions: status
+                .conditions
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| (c.type_, c.status))
+                .collect(),
             resource_version: n.metadata.resource_version.unwrap_or_default(),
             labels: n.metadata.labels.unwrap_or_default(),
             annotations: n.metadata.annotations.unwrap_or_default(),
@@ -192,6 +214,25 @@ impl MigCluster for KubeCluster {
             }
             Ok(Err(e)) => Err(err(operation)(e)),
         }
+    }
+
+    async fn set_node_condition(&self, node: &str, condition: &NodeCondition) -> Result<(), ClusterError> {
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+        let body = serde_json::json!({
+            "status": { "conditions": [ {
+                "type": condition.type_,
+                "status": if condition.status { "True" } else { "False" },
+                "reason": condition.reason,
+                "message": condition.message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            } ] }
+        });
+        Api::<Node>::all(self.client.clone())
+            .patch_status(node, &PatchParams::default(), &Patch::Strategic(&body))
+            .await
+            .map_err(err(format!("set condition {} of node {node}", condition.type_)))?;
+        Ok(())
     }
 
     async fn delete_pod(&self, namespace: &str, name: &str) -> Result<(), ClusterError> {

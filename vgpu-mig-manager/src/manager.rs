@@ -15,16 +15,22 @@
 //!    `nvidia.com/mig.config.cordoned=true` records that the cordon is ours, so a node an administrator had
 //!    cordoned stays cordoned afterwards.
 //! 5. Evict the node's GPU pods (pods whose containers request a resource under one of the GPU resource
-//!    prefixes, `nvidia.com/` by default) through the Eviction API; a 429 (PodDisruptionBudget) is retried on
-//!    the next pass. The pass ends while any GPU pod remains (the loop comes back after the short period).
-//! 6. Apply the layout through the backend's MIG calls ([`crate::plan::apply`]); a backend failure is state
-//!    `failed` with the reason, and the node is returned to service.
+//!    prefixes, `nvidia.com/` by default) — or, with [`EvictionScope::Drain`] (`--drain`), every pod but
+//!    DaemonSet and mirror pods ([`crate::drain`]) — through the Eviction API; a 429 (PodDisruptionBudget) is
+//!    retried on a later pass. The pass ends while any such pod remains (the loop comes back after the retry
+//!    period, doubled on each further wait up to [`ManagerConfig::max_retry_period`]).
+//! 6. Apply the layout through the backend's MIG calls ([`crate::reset::apply_with_reset`]); a MIG mode left
+//!    pending is applied by a GPU reset. A backend failure is state `failed` with the reason, and the node is
+//!    returned to service. A pending mode no reset can apply is state `reboot-required`, the annotation
+//!    `nvidia.com/mig.config.reboot-required` and the Node condition `MIGRebootRequired=True`
+//!    ([`crate::reset`]); the node stays in maintenance until it has rebooted and the layout applies.
 //! 7. Make the device plugin re-advertise: our device plugin reads the MIG layout when it starts
 //!    (`vgpu-deviceplugin`'s daemon builds its MIG plugins once), so the manager deletes the device plugin
 //!    pods on the node (label selector, default `app.kubernetes.io/name=vgpu-device-plugin`); their
 //!    DaemonSet starts them again and they register the new `nvidia.com/mig-<profile>` resources.
 //! 8. Publish the GFD labels ([`crate::labels`]) when enabled, close the maintenance (taint removed,
-//!    uncordoned if the cordon was ours), state `success`, reason removed.
+//!    uncordoned if the cordon was ours), state `success`, reason removed, a reboot request withdrawn
+//!    (annotation removed, condition `False`).
 //!
 //! Every step is idempotent, so a manager restarted in the middle converges on its next pass.
 
@@ -33,11 +39,14 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use vgpu_core::{backend::DeviceBackend, node_config::MigStrategy};
 
 use crate::{
-    CONFIG_LABEL, CORDONED_ANNOTATION, REASON_ANNOTATION, STATE_LABEL, TAINT_KEY,
-    cluster::{ClusterError, EvictOutcome, MetadataPatch, MigCluster, NodeState, NodeTaint},
+    CONFIG_LABEL, CORDONED_ANNOTATION, REASON_ANNOTATION, REBOOT_ANNOTATION, REBOOT_CONDITION, STATE_LABEL,
+    TAINT_KEY,
+    cluster::{ClusterError, EvictOutcome, MetadataPatch, MigCluster, NodeCondition, NodeState, NodeTaint},
     config::MigConfigFile,
+    drain::{EvictionScope, keep_reason, retry_delay},
     labels::{NodeFacts, gfd_labels, label_patch},
-    plan::{apply, plan},
+    plan::plan,
+    reset::{ApplyFailure, apply_with_reset, rebooted_since, request_value},
 };
 
 /// `nvidia.com/mig.config.state` values.
@@ -48,6 +57,9 @@ pub mod state {
     pub const SUCCESS: &str = "success";
     /// The layout could not be applied; the reason is in the annotation.
     pub const FAILED: &str = "failed";
+    /// A MIG mode is pending and no GPU reset can apply it: the node must reboot ([`crate::reset`]); the
+    /// reason is in the annotation.
+    pub const REBOOT_REQUIRED: &str = "reboot-required";
 }
 
 /// How the manager is set up.
@@ -73,8 +85,14 @@ pub struct ManagerConfig {
     pub machine: Option<String>,
     /// Period between passes when nothing is pending.
     pub period: Duration,
-    /// Period while waiting for evictions.
+    /// Period while waiting for evictions (the first wait; later ones double).
     pub retry_period: Duration,
+    /// The longest wait between passes while evictions are refused or pods terminate.
+    pub max_retry_period: Duration,
+    /// Which pods leave the node: the GPU pods, or all of them ([`EvictionScope::Drain`]).
+    pub eviction: EvictionScope,
+    /// Whether to reset a GPU whose MIG mode is pending (otherwise a reboot is requested at once).
+    pub gpu_reset: bool,
 }
 
 impl ManagerConfig {
@@ -94,6 +112,9 @@ impl ManagerConfig {
             machine: None,
             period: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            max_retry_period: Duration::from_secs(60),
+            eviction: EvictionScope::GpuPods,
+            gpu_reset: true,
         }
     }
 }
@@ -107,8 +128,10 @@ pub enum Outcome {
     InSync,
     /// The layout was changed and the node returned.
     Applied,
-    /// In maintenance, waiting for GPU pods to go (the reasons, e.g. refused evictions).
+    /// In maintenance, waiting for pods to go (the reasons, e.g. refused evictions).
     Waiting(String),
+    /// In maintenance, waiting for a node reboot (state `reboot-required`, the reason).
+    RebootRequired(String),
     /// State `failed` with this reason.
     Failed(String),
 }
@@ -149,13 +172,22 @@ impl<C: MigCluster> MigManager<C> {
     /// Passes until `shutdown` completes; cluster errors are logged and retried.
     pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut waits = 0u32;
         loop {
             let wait = match self.reconcile().await {
                 Ok(Outcome::Waiting(why)) => {
-                    tracing::info!(%why, "waiting for GPU pods to leave the node");
-                    self.config.retry_period
+                    let wait = retry_delay(self.config.retry_period, waits, self.config.max_retry_period);
+                    waits = waits.saturating_add(1);
+                    tracing::info!(%why, ?wait, "waiting for pods to leave the node");
+                    wait
+                }
+                Ok(Outcome::RebootRequired(why)) => {
+                    waits = 0;
+                    tracing::warn!(%why, "waiting for the node to reboot");
+                    self.config.period
                 }
                 Ok(outcome) => {
+                    waits = 0;
                     tracing::debug!(?outcome, "MIG pass done");
                     self.config.period
                 }
@@ -181,6 +213,7 @@ impl<C: MigCluster> MigManager<C> {
                 self.end_maintenance(&node, None).await?;
             }
             self.publish(&node, None, None).await?;
+            self.withdraw_reboot_request().await?;
             return Ok(Outcome::NoConfig);
         };
         let plans = match self.desired(&name).await? {
@@ -195,26 +228,109 @@ impl<C: MigCluster> MigManager<C> {
             } else {
                 self.publish(&node, Some(state::SUCCESS), None).await?;
             }
+            self.withdraw_reboot_request().await?;
             return Ok(Outcome::InSync);
         }
 
         let node = self.begin_maintenance(node).await?;
-        if let Some(waiting) = self.evict_gpu_pods().await? {
+        if let Some(waiting) = self.evict_pods().await? {
             return Ok(Outcome::Waiting(waiting));
         }
         let backend = Arc::clone(&self.backend);
-        let applied = tokio::task::spawn_blocking(move || apply(backend.as_ref(), &plans))
-            .await
-            .map_err(|err| ClusterError::new("apply the MIG layout", err.to_string()))?;
-        if let Err(err) = applied {
-            tracing::error!(%err, "MIG layout not applied");
-            return self.fail(&node, true, err.to_string()).await;
+        let reset_allowed = self.config.gpu_reset;
+        let applied =
+            tokio::task::spawn_blocking(move || apply_with_reset(backend.as_ref(), &plans, reset_allowed))
+                .await
+                .map_err(|err| ClusterError::new("apply the MIG layout", err.to_string()))?;
+        match applied {
+            Ok(reset) if !reset.is_empty() => {
+                tracing::info!(gpus = ?reset, "GPU reset applied the pending MIG mode")
+            }
+            Ok(_) => {}
+            Err(ApplyFailure::RebootRequired { reason, .. }) => {
+                return self.request_reboot(&node, reason).await;
+            }
+            Err(err) => {
+                tracing::error!(%err, "MIG layout not applied");
+                return self.fail(&node, true, err.to_string()).await;
+            }
         }
         self.restart_device_plugin().await?;
         let node = self.cluster.get_node(node_name).await?;
         self.end_maintenance(&node, Some(state::SUCCESS)).await?;
+        self.withdraw_reboot_request().await?;
         tracing::info!(config = %name, "MIG configuration applied");
         Ok(Outcome::Applied)
+    }
+
+    /// Asks for a node reboot ([`crate::reset`]), keeping the node in maintenance; or, when the node already
+    /// rebooted for this request and the mode is still pending, state `failed` (no second reboot).
+    async fn request_reboot(&self, node: &NodeState, reason: String) -> Result<Outcome, ManagerError> {
+        if let Some(requested) = node.annotations.get(REBOOT_ANNOTATION)
+            && rebooted_since(requested, &node.boot_id)
+        {
+            let reason = format!(
+                "{reason}; still pending after the node rebooted (boot ID {requested} -> {}); remove the annotation {REBOOT_ANNOTATION} to request another reboot",
+                node.boot_id
+            );
+            let outcome = self.fail(node, true, reason.clone()).await?;
+            self.set_reboot_condition(node, false, "MIGModeStillPending", &reason).await?;
+            return Ok(outcome);
+        }
+        let mut patch = MetadataPatch::default();
+        if node.labels.get(STATE_LABEL).map(String::as_str) != Some(state::REBOOT_REQUIRED) {
+            patch.labels.insert(STATE_LABEL.to_owned(), Some(state::REBOOT_REQUIRED.to_owned()));
+        }
+        if node.annotations.get(REASON_ANNOTATION) != Some(&reason) {
+            patch.annotations.insert(REASON_ANNOTATION.to_owned(), Some(reason.clone()));
+        }
+        if !node.annotations.contains_key(REBOOT_ANNOTATION) {
+            patch.annotations.insert(REBOOT_ANNOTATION.to_owned(), Some(request_value(&node.boot_id)));
+            tracing::warn!(%reason, boot_id = %node.boot_id, "requesting a node reboot to apply the MIG mode");
+        }
+        if !patch.is_empty() {
+            self.cluster.patch_node_metadata(&self.config.node_name, &patch).await?;
+        }
+        self.set_reboot_condition(node, true, "MIGModePending", &reason).await?;
+        Ok(Outcome::RebootRequired(reason))
+    }
+
+    /// Sets the `MIGRebootRequired` condition unless it already has `status` (a `False` one is only written
+    /// over a `True` one).
+    async fn set_reboot_condition(
+        &self,
+        node: &NodeState,
+        status: bool,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ManagerError> {
+        let current = node.conditions.get(REBOOT_CONDITION).map(String::as_str);
+        let wanted = if status { "True" } else { "False" };
+        if current == Some(wanted) || (!status && current.is_none()) {
+            return Ok(());
+        }
+        let condition = NodeCondition {
+            type_: REBOOT_CONDITION.to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+        };
+        self.cluster.set_node_condition(&self.config.node_name, &condition).await?;
+        Ok(())
+    }
+
+    /// Removes the reboot annotation and sets the condition `False`, when either is there.
+    async fn withdraw_reboot_request(&self) -> Result<(), ManagerError> {
+        let node = self.cluster.get_node(&self.config.node_name).await?;
+        if node.annotations.contains_key(REBOOT_ANNOTATION) {
+            let patch = MetadataPatch {
+                annotations: [(REBOOT_ANNOTATION.to_owned(), None)].into_iter().collect(),
+                ..MetadataPatch::default()
+            };
+            self.cluster.patch_node_metadata(&self.config.node_name, &patch).await?;
+            tracing::info!("node reboot request withdrawn");
+        }
+        self.set_reboot_condition(&node, false, "MIGConfigApplied", "the MIG configuration is applied").await
     }
 
     /// The plans of configuration `name`, or the reason it cannot apply.
@@ -316,7 +432,11 @@ impl<C: MigCluster> MigManager<C> {
     async fn begin_maintenance(&self, node: NodeState) -> Result<NodeState, ManagerError> {
         let name = &self.config.node_name;
         let mut patch = MetadataPatch::default();
-        if node.labels.get(STATE_LABEL).map(String::as_str) != Some(state::PENDING) {
+        // A reboot request still waiting for its reboot keeps its state (no flapping on every pass).
+        let awaiting_reboot = node.labels.get(STATE_LABEL).map(String::as_str)
+            == Some(state::REBOOT_REQUIRED)
+            && node.annotations.get(REBOOT_ANNOTATION).is_some_and(|r| !rebooted_since(r, &node.boot_id));
+        if !awaiting_reboot && node.labels.get(STATE_LABEL).map(String::as_str) != Some(state::PENDING) {
             patch.labels.insert(STATE_LABEL.to_owned(), Some(state::PENDING.to_owned()));
         }
         let has_taint = node.taints.iter().any(|t| t.key == TAINT_KEY);
@@ -365,18 +485,15 @@ impl<C: MigCluster> MigManager<C> {
         Ok(())
     }
 
-    fn is_gpu_pod(&self, resources: &std::collections::BTreeSet<String>) -> bool {
-        resources.iter().any(|r| self.config.gpu_resource_prefixes.iter().any(|p| r.starts_with(p.as_str())))
+    fn evicted(&self, pod: &crate::cluster::PodState) -> bool {
+        keep_reason(pod, self.config.eviction, &self.config.gpu_resource_prefixes).is_none()
     }
 
-    /// Evicts the GPU pods; `Some(reason)` while any remains.
-    async fn evict_gpu_pods(&self) -> Result<Option<String>, ManagerError> {
+    /// Evicts the pods of the eviction scope; `Some(reason)` while any remains.
+    async fn evict_pods(&self) -> Result<Option<String>, ManagerError> {
         let pods = self.cluster.list_node_pods(&self.config.node_name).await?;
         let mut waiting = Vec::new();
-        for pod in pods.iter().filter(|p| self.is_gpu_pod(&p.resources)) {
-            if matches!(pod.phase.as_str(), "Succeeded" | "Failed") {
-                continue;
-            }
+        for pod in pods.iter().filter(|p| self.evicted(p)) {
             let key = format!("{}/{}", pod.namespace, pod.name);
             if pod.deleting {
                 waiting.push(format!("{key} is terminating"));
@@ -384,7 +501,7 @@ impl<C: MigCluster> MigManager<C> {
             }
             match self.cluster.evict_pod(&pod.namespace, &pod.name).await? {
                 EvictOutcome::Evicted => {
-                    tracing::info!(pod = %key, "GPU pod evicted");
+                    tracing::info!(pod = %key, scope = ?self.config.eviction, "pod evicted");
                     waiting.push(format!("{key} evicted"));
                 }
                 EvictOutcome::NotFound => {}
@@ -403,10 +520,14 @@ impl<C: MigCluster> MigManager<C> {
             .list_node_pods(&self.config.node_name)
             .await?
             .into_iter()
-            .filter(|p| self.is_gpu_pod(&p.resources) && !matches!(p.phase.as_str(), "Succeeded" | "Failed"))
+            .filter(|p| self.evicted(p))
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
-        Ok((!left.is_empty()).then(|| format!("{} GPU pod(s) left: {}", left.len(), waiting.join("; "))))
+        let what = match self.config.eviction {
+            EvictionScope::GpuPods => "GPU pod(s)",
+            EvictionScope::Drain => "pod(s)",
+        };
+        Ok((!left.is_empty()).then(|| format!("{} {what} left: {}", left.len(), waiting.join("; "))))
     }
 
     async fn restart_device_plugin(&self) -> Result<(), ManagerError> {

@@ -71,6 +71,19 @@ pub fn matches(layout: &MigLayout, target: &GpuTarget) -> bool {
     }
 }
 
+/// Whether `layout` already is what `plan` makes: the mode and, with MIG on, the multiset of profiles.
+pub fn meets(layout: &MigLayout, plan: &GpuPlan) -> bool {
+    if !plan.mig_enabled {
+        return layout.mode == MigMode::Disabled;
+    }
+    let mut wanted: BTreeMap<MigProfile, u32> = BTreeMap::new();
+    for planned in &plan.instances {
+        let Ok(profile) = planned.rule.name.parse::<MigProfile>() else { return false };
+        *wanted.entry(profile).or_insert(0) += 1;
+    }
+    layout.mode == MigMode::Enabled && profile_counts(layout) == wanted
+}
+
 /// Checks every target against the backend and places the instances. Fails, having changed nothing, when
 /// any GPU cannot take its target.
 pub fn plan(
@@ -123,39 +136,72 @@ pub struct ApplyError {
     pub source: BackendError,
 }
 
-/// Applies the GPUs of `plans` that change: destroy every instance, set the mode, create the instances.
+/// Applies the GPUs of `plans` that change: destroy every instance, set the mode, create the instances. A
+/// GPU that already [`meets`] its plan is left alone, so applying again after a partial apply (a GPU reset
+/// in between) redoes nothing. Stops at the first failure, a mode left pending included
+/// ([`MigError::ResetRequired`]).
 pub fn apply(backend: &dyn DeviceBackend, plans: &[GpuPlan]) -> Result<(), ApplyError> {
     for plan in plans.iter().filter(|p| p.changes) {
-        let index = plan.index;
-        let fail = |step: String| move |source| ApplyError { index, step, source };
-        let layout = backend.mig_layout(index).map_err(fail("reading the MIG layout".to_owned()))?;
-        for instance in &layout.instances {
-            backend
-                .destroy_mig_device(index, instance.gpu_instance_id)
-                .map_err(fail(format!("destroying GPU instance {}", instance.gpu_instance_id)))?;
-        }
-        let verb = if plan.mig_enabled { "enabling MIG" } else { "disabling MIG" };
-        backend.set_mig_mode(index, plan.mig_enabled).map_err(fail(verb.to_owned()))?;
-        for planned in &plan.instances {
-            let profile: MigProfile = planned.rule.name.parse().map_err(|_| ApplyError {
-                index,
-                step: format!("creating {}", planned.rule.name),
-                source: BackendError::NotSupported {
-                    backend: "mig-manager",
-                    operation: "an unparsable profile name",
-                },
-            })?;
-            backend
-                .create_mig_device(index, &profile, planned.start)
-                .map_err(fail(format!("creating {} at memory slice {}", planned.rule.name, planned.start)))?;
-        }
-        tracing::info!(
-            gpu = index,
-            mig = plan.mig_enabled,
-            instances = plan.instances.len(),
-            "MIG layout applied"
-        );
+        apply_one(backend, plan)?;
     }
+    Ok(())
+}
+
+/// As [`apply`], but a GPU whose mode change stays pending does not stop the others (so one reset round or
+/// one reboot applies every pending mode): returns the GPUs left pending, with their pending mode (`true`:
+/// enabled).
+pub fn apply_leaving_pending(
+    backend: &dyn DeviceBackend,
+    plans: &[GpuPlan],
+) -> Result<Vec<(u32, bool)>, ApplyError> {
+    let mut pending = Vec::new();
+    for plan in plans.iter().filter(|p| p.changes) {
+        match apply_one(backend, plan) {
+            Ok(()) => {}
+            Err(ApplyError {
+                index,
+                source: BackendError::Mig { source: MigError::ResetRequired { enabled }, .. },
+                ..
+            }) => pending.push((index, enabled)),
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(pending)
+}
+
+fn apply_one(backend: &dyn DeviceBackend, plan: &GpuPlan) -> Result<(), ApplyError> {
+    let index = plan.index;
+    let fail = |step: String| move |source| ApplyError { index, step, source };
+    let layout = backend.mig_layout(index).map_err(fail("reading the MIG layout".to_owned()))?;
+    if meets(&layout, plan) {
+        return Ok(());
+    }
+    for instance in &layout.instances {
+        backend
+            .destroy_mig_device(index, instance.gpu_instance_id)
+            .map_err(fail(format!("destroying GPU instance {}", instance.gpu_instance_id)))?;
+    }
+    let verb = if plan.mig_enabled { "enabling MIG" } else { "disabling MIG" };
+    backend.set_mig_mode(index, plan.mig_enabled).map_err(fail(verb.to_owned()))?;
+    for planned in &plan.instances {
+        let profile: MigProfile = planned.rule.name.parse().map_err(|_| ApplyError {
+            index,
+            step: format!("creating {}", planned.rule.name),
+            source: BackendError::NotSupported {
+                backend: "mig-manager",
+                operation: "an unparsable profile name",
+            },
+        })?;
+        backend
+            .create_mig_device(index, &profile, planned.start)
+            .map_err(fail(format!("creating {} at memory slice {}", planned.rule.name, planned.start)))?;
+    }
+    tracing::info!(
+        gpu = index,
+        mig = plan.mig_enabled,
+        instances = plan.instances.len(),
+        "MIG layout applied"
+    );
     Ok(())
 }
 
@@ -246,6 +292,13 @@ gpus:
             match plan(&backend, &targets) {
                 Ok(plans) => {
                     apply(&backend, &plans).unwrap();
+                    let applied = (backend.mig_layout(0).unwrap(), backend.mig_layout(1).unwrap());
+                    apply(&backend, &plans).unwrap();
+                    proptest::prop_assert_eq!(
+                        &applied,
+                        &(backend.mig_layout(0).unwrap(), backend.mig_layout(1).unwrap()),
+                        "applying the same plans again changes nothing"
+                    );
                     proptest::prop_assert!(plan(&backend, &targets).unwrap().iter().all(|p| !p.changes));
                     for gpu in 0..2 {
                         proptest::prop_assert!(matches(&backend.mig_layout(gpu).unwrap(), &targets[&gpu]));

@@ -67,7 +67,7 @@ fn pod(ns: &str, name: &str, resources: &[&str], labels: &[(&str, &str)]) -> Pod
         labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         resources: resources.iter().map(|r| r.to_string()).collect(),
         phase: "Running".to_owned(),
-        deleting: false,
+        ..PodState::default()
     }
 }
 

@@ -2,8 +2,10 @@
 //! docs).
 //!
 //! Thin wiring: parse and validate flags (exit 2 naming the flag) → open the device backend → Kubernetes
-//! client → one reconcile pass every `--interval` (every `--retry-interval` while GPU pods are being
-//! evicted) until SIGTERM/SIGINT. It has no feature gates.
+//! client → one reconcile pass every `--interval` (from `--retry-interval`, doubling up to
+//! `--max-retry-interval`, while pods are being evicted) until SIGTERM/SIGINT. `--drain` evicts every pod
+//! but DaemonSet and mirror pods instead of the GPU pods only; `--gpu-reset=false` asks for a node reboot
+//! (never a GPU reset) when a MIG mode change is pending. It has no feature gates.
 
 use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
@@ -11,7 +13,7 @@ use anyhow::Context;
 use clap::Parser;
 use vgpu_bins::{parse_go_duration, shutdown_signal};
 use vgpu_core::node_config::MigStrategy;
-use vgpu_mig_manager::{ManagerConfig, MigManager, kube_cluster::KubeCluster};
+use vgpu_mig_manager::{ManagerConfig, MigManager, drain::EvictionScope, kube_cluster::KubeCluster};
 use vgpu_nvml::select::{BackendChoice, SelectOptions, open_backend};
 
 /// Applies the MIG layout named by the node's `nvidia.com/mig.config` label, with the node in maintenance.
@@ -46,9 +48,20 @@ struct Cli {
     /// Time between passes (Go duration).
     #[arg(long, default_value = "10s", value_parser = parse_go_duration)]
     interval: Duration,
-    /// Time between passes while GPU pods are being evicted (Go duration).
+    /// Time between passes while pods are being evicted, the first time (Go duration); it doubles on each
+    /// further wait.
     #[arg(long, default_value = "2s", value_parser = parse_go_duration)]
     retry_interval: Duration,
+    /// The longest time between passes while evictions are refused or pods terminate (Go duration).
+    #[arg(long, default_value = "1m", value_parser = parse_go_duration)]
+    max_retry_interval: Duration,
+    /// Drain the node for a MIG change (every pod but DaemonSet and mirror pods, through the Eviction API so
+    /// PodDisruptionBudgets hold) instead of evicting the GPU pods only.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
+    drain: bool,
+    /// Reset a GPU whose MIG mode change is pending; false: request a node reboot at once.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
+    gpu_reset: bool,
     /// Device backend: auto, nvml, metax or mock.
     #[arg(long, default_value = "auto")]
     backend: BackendChoice,
@@ -93,7 +106,11 @@ fn manager_config(cli: &Cli) -> Result<ManagerConfig, String> {
     if cli.config_key.trim().is_empty() {
         return Err("invalid --config-key \"\": expected a ConfigMap key such as config.yaml".to_owned());
     }
-    for (flag, d) in [("--interval", cli.interval), ("--retry-interval", cli.retry_interval)] {
+    for (flag, d) in [
+        ("--interval", cli.interval),
+        ("--retry-interval", cli.retry_interval),
+        ("--max-retry-interval", cli.max_retry_interval),
+    ] {
         if d.is_zero() {
             return Err(format!("invalid {flag} 0s: expected a positive duration, e.g. 10s"));
         }
@@ -112,6 +129,15 @@ fn manager_config(cli: &Cli) -> Result<ManagerConfig, String> {
     config.machine = std::fs::read_to_string(&cli.machine_type_file).ok().map(|s| s.trim().to_owned());
     config.period = cli.interval;
     config.retry_period = cli.retry_interval;
+    if cli.max_retry_interval < cli.retry_interval {
+        return Err(format!(
+            "invalid --max-retry-interval {:?}: expected at least --retry-interval ({:?})",
+            cli.max_retry_interval, cli.retry_interval
+        ));
+    }
+    config.max_retry_period = cli.max_retry_interval;
+    config.eviction = if cli.drain { EvictionScope::Drain } else { EvictionScope::GpuPods };
+    config.gpu_reset = cli.gpu_reset;
     Ok(config)
 }
 
@@ -123,7 +149,15 @@ async fn run(cli: Cli, config: ManagerConfig) -> anyhow::Result<()> {
         tracing::warn!("{w}");
     }
     let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
-    let client = cli.kube.client(vgpu_bins::COMPONENT_RATE).await?;
+    // Without kube's default retry layer: it retries a 429 up to 15 times with a growing delay, so a
+    // PodDisruptionBudget's refusal of an eviction would never come back as one (the pass would time out);
+    // the manager retries on its next pass with its own backoff instead.
+    let options = cli.kube.options(vgpu_bins::COMPONENT_RATE);
+    let bucket = options.bucket().context("the Kubernetes client rate limit")?;
+    let mut kube_config = options.config().await.context("the Kubernetes client configuration")?;
+    kube_config.default_retry = false;
+    let client = vgpu_kube::client::client_with_bucket(kube_config, bucket)
+        .context("building the Kubernetes client")?;
     tracing::info!(config = ?config, backend = backend.name(), "starting the MIG manager");
     let shutdown = shutdown_signal()?;
     MigManager::new(config, KubeCluster::new(client), backend).run(shutdown).await;

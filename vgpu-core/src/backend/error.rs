@@ -50,6 +50,15 @@ pub enum BackendError {
         #[source]
         source: super::mig::MigError,
     },
+    /// The GPU cannot be reset now (processes use it, the driver refused); a node reboot is the remaining
+    /// way to apply what waited for the reset.
+    #[error("GPU {index} cannot be reset: {reason}")]
+    ResetRefused {
+        /// The GPU.
+        index: u32,
+        /// Why, e.g. `in use by 2 process(es)`.
+        reason: String,
+    },
     /// The mock description is invalid.
     #[error(transparent)]
     Mock(#[from] MockConfigError),

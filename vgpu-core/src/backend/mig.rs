@@ -249,6 +249,16 @@ pub enum MigError {
     /// No GPU instance has this id.
     #[error("no GPU instance with id {0}")]
     NoSuchInstance(u32),
+    /// The mode change was accepted but is pending: it takes effect when the GPU is reset
+    /// ([`super::DeviceBackend::reset_gpu`]) or the node rebooted.
+    #[error(
+        "MIG mode {} is pending: it takes effect after a GPU reset or a node reboot",
+        if *enabled { "enabled" } else { "disabled" }
+    )]
+    ResetRequired {
+        /// The pending mode (`true`: MIG enabled).
+        enabled: bool,
+    },
     /// The requested set of instances does not fit on the GPU in any placement.
     #[error(
         "{request} does not fit on one {model} GPU ({memory_slices} memory slices, {compute_slices} compute slices)"

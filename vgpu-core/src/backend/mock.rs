@@ -24,6 +24,9 @@
 //!     mig:                         # default: MIG not supported
 //!       mode: Enabled              # NotSupported | Disabled | Enabled (MIG control needs a known model,
 //!                                  #   see backend::mig: A100, H100 80GB, H200, A30 by name and memory)
+//!       modeChange: Immediate      # Immediate (default) | Pending: a mode change waits for a GPU reset
+//!       reset: Succeeds            # Succeeds (default; refused while processes run) | InUse | NotSupported
+//!       pending: Disabled          # a mode change already waiting for a reset (default none)
 //!       instances:
 //!         - { uuid: MIG-0, profile: 3g.40gb, gpuInstanceId: 1, computeInstanceId: 0,
 //!             placementStart: 0, placementSize: 4, memoryMiB: 40320,
@@ -52,14 +55,25 @@
 //! [`BackendError::Mig`] naming the rule. New instances get the lowest free GPU instance id (from 1),
 //! compute instance 0 and the UUID `MIG-<gpu uuid without GPU->-<gi>`.
 //!
+//! With `modeChange: Pending`, [`DeviceBackend::set_mig_mode`] records the wanted mode as pending and
+//! answers [`MigError::ResetRequired`] (as NVML does on GPUs that need a reset); setting the current mode
+//! again cancels it. [`DeviceBackend::reset_gpu`] applies a pending mode when `reset` is `Succeeds` and no
+//! process runs on the GPU (description or live file); otherwise it answers [`BackendError::ResetRefused`]
+//! (`InUse`, or processes) or [`BackendError::NotSupported`] (`NotSupported`). A node reboot is simulated
+//! by writing the state file with the pending mode applied (or by [`MockBackend::reboot`]).
+//!
 //! With `migStateFile`, the layouts are shared between processes (the MIG manager changes them, the device
 //! plugin reads them): each MIG read loads the file when it exists (it overrides the description's `mig`
 //! for the GPUs it names, by UUID) and each change rewrites it atomically, as JSON:
 //!
 //! ```json
 //! {"gpus": {"GPU-0": {"mode": "Enabled", "instances": [{"uuid": "MIG-0-1", "profile": "1g.10gb",
-//!   "gpuInstanceId": 1, "computeInstanceId": 0, "placementStart": 0, "placementSize": 1, "memoryMiB": 9856}]}}}
+//!   "gpuInstanceId": 1, "computeInstanceId": 0, "placementStart": 0, "placementSize": 1, "memoryMiB": 9856}]},
+//!   "GPU-1": {"mode": "Disabled", "pending": "Enabled"}}}
 //! ```
+//!
+//! (`modeChange` and `reset` describe the GPU and belong to the description only; the state file refuses
+//! them.)
 //!
 //! ## Live file
 //!
@@ -216,6 +230,12 @@ fn yes() -> bool {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct MigSpec {
     mode: MigModeSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending: Option<MigModeSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode_change: Option<ModeChangeSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reset: Option<ResetSpec>,
     #[serde(default)]
     instances: Vec<MigInstanceSpec>,
 }
@@ -225,6 +245,55 @@ enum MigModeSpec {
     NotSupported,
     Disabled,
     Enabled,
+}
+
+impl MigModeSpec {
+    fn mode(self) -> MigMode {
+        match self {
+            Self::NotSupported => MigMode::NotSupported,
+            Self::Disabled => MigMode::Disabled,
+            Self::Enabled => MigMode::Enabled,
+        }
+    }
+
+    fn of(mode: MigMode) -> Self {
+        match mode {
+            MigMode::NotSupported => Self::NotSupported,
+            MigMode::Disabled => Self::Disabled,
+            MigMode::Enabled => Self::Enabled,
+        }
+    }
+}
+
+/// `mig.modeChange`: whether a mode change applies at once or waits for a GPU reset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+enum ModeChangeSpec {
+    #[default]
+    Immediate,
+    Pending,
+}
+
+/// `mig.reset`: how [`DeviceBackend::reset_gpu`] answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+enum ResetSpec {
+    #[default]
+    Succeeds,
+    InUse,
+    NotSupported,
+}
+
+/// How one GPU's MIG mode changes and resets behave (the description's `modeChange` and `reset`).
+#[derive(Debug, Clone, Copy, Default)]
+struct MigBehaviour {
+    mode_change: ModeChangeSpec,
+    reset: ResetSpec,
+}
+
+/// The MIG state machine's state: layouts and pending modes, by index.
+#[derive(Debug, Default)]
+struct MigStore {
+    layouts: Vec<MigLayout>,
+    pending: Vec<Option<MigMode>>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -252,13 +321,12 @@ struct MigStateFile {
 }
 
 impl MigSpec {
-    fn from_layout(layout: &MigLayout) -> Self {
+    fn from_layout(layout: &MigLayout, pending: Option<MigMode>) -> Self {
         Self {
-            mode: match layout.mode {
-                MigMode::NotSupported => MigModeSpec::NotSupported,
-                MigMode::Disabled => MigModeSpec::Disabled,
-                MigMode::Enabled => MigModeSpec::Enabled,
-            },
+            mode: MigModeSpec::of(layout.mode),
+            pending: pending.map(MigModeSpec::of),
+            mode_change: None,
+            reset: None,
             instances: layout
                 .instances
                 .iter()
@@ -493,6 +561,8 @@ impl Validator<'_> {
         let mut uuids = HashSet::new();
         let mut bus_ids = HashSet::new();
         let mut mig_models = Vec::with_capacity(count);
+        let mut behaviours = Vec::with_capacity(count);
+        let mut pendings = Vec::with_capacity(count);
         for (i, spec) in description.gpus.into_iter().enumerate() {
             let field = |name: &str| format!("gpus[{i}].{name}");
             if spec.uuid.trim().is_empty() {
@@ -545,10 +615,16 @@ impl Validator<'_> {
                 return Err(self.invalid(field("splitCount"), "must be at least 1"));
             }
 
-            let mig = match spec.mig {
-                None => MigLayout::default(),
+            let behaviour = spec.mig.as_ref().map_or_else(MigBehaviour::default, |mig| MigBehaviour {
+                mode_change: mig.mode_change.unwrap_or_default(),
+                reset: mig.reset.unwrap_or_default(),
+            });
+            let (mig, pending) = match spec.mig {
+                None => (MigLayout::default(), None),
                 Some(mig) => self.mig(i, mig, spec.memory_mib)?,
             };
+            behaviours.push(behaviour);
+            pendings.push(pending);
             let processes: Vec<GpuProcess> = spec.processes.iter().map(ProcessSpec::process).collect();
             let used_mib = spec.used_memory_mib.unwrap_or_else(|| {
                 spec.processes.iter().filter_map(|p| p.used_memory_mib).fold(0u64, u64::saturating_add)
@@ -667,6 +743,7 @@ impl Validator<'_> {
 
         let layouts = gpus.iter().map(|g| g.mig.clone()).collect();
         let gpus_len = gpus.len();
+        let store = MigStore { layouts, pending: pendings };
         let backend = MockBackend {
             node_name: description.name,
             driver,
@@ -675,25 +752,47 @@ impl Validator<'_> {
             topology,
             scripted,
             subscribers: Mutex::new(Vec::new()),
-            mig: Mutex::new(layouts),
+            mig: Mutex::new(store),
+            mig_behaviours: behaviours,
             sharing: Mutex::new(SharingState::new(gpus_len)),
             mig_models,
             mig_state_file: description.mig_state_file,
             live_file: description.live_file,
         };
         if let Some(path) = &backend.mig_state_file {
-            let mut layouts = backend.mig.lock().unwrap_or_else(PoisonError::into_inner);
-            backend.load_mig_state(path, &mut layouts)?;
-            drop(layouts);
+            let mut store = backend.mig.lock().unwrap_or_else(PoisonError::into_inner);
+            backend.load_mig_state(path, &mut store)?;
+            drop(store);
         }
         Ok(backend)
     }
 
-    fn mig(&self, gpu: usize, spec: MigSpec, memory_mib: u64) -> Result<MigLayout, MockConfigError> {
-        let mode = match spec.mode {
-            MigModeSpec::NotSupported => MigMode::NotSupported,
-            MigModeSpec::Disabled => MigMode::Disabled,
-            MigModeSpec::Enabled => MigMode::Enabled,
+    /// The layout and the pending mode of `gpus[gpu].mig`.
+    fn mig(
+        &self,
+        gpu: usize,
+        spec: MigSpec,
+        memory_mib: u64,
+    ) -> Result<(MigLayout, Option<MigMode>), MockConfigError> {
+        let mode = spec.mode.mode();
+        let pending = match spec.pending.map(MigModeSpec::mode) {
+            None => None,
+            Some(MigMode::NotSupported) => {
+                return Err(self.invalid(format!("gpus[{gpu}].mig.pending"), "must be Disabled or Enabled"));
+            }
+            Some(_) if mode == MigMode::NotSupported => {
+                return Err(self.invalid(
+                    format!("gpus[{gpu}].mig.pending"),
+                    "not allowed on a GPU whose mode is NotSupported",
+                ));
+            }
+            Some(p) if p == mode => {
+                return Err(self.invalid(
+                    format!("gpus[{gpu}].mig.pending"),
+                    format!("{p:?} is already the current mode; leave pending out"),
+                ));
+            }
+            Some(p) => Some(p),
         };
         if mode != MigMode::Enabled && !spec.instances.is_empty() {
             return Err(
@@ -737,11 +836,19 @@ impl Validator<'_> {
                 format!("{total} MiB of instances is more than the {memory_mib} MiB of the GPU"),
             ));
         }
-        Ok(MigLayout { mode, instances })
+        Ok((MigLayout { mode, instances }, pending))
     }
 }
 
 // === impl MockBackend ===
+
+fn pending_at(pending: &mut [Option<MigMode>], index: u32) -> Result<&mut Option<MigMode>, BackendError> {
+    let count = pending.len();
+    usize::try_from(index)
+        .ok()
+        .and_then(|i| pending.get_mut(i))
+        .ok_or(BackendError::NoSuchDevice { index, count })
+}
 
 fn layout_at(layouts: &mut [MigLayout], index: u32) -> Result<&mut MigLayout, BackendError> {
     let count = layouts.len();
@@ -781,8 +888,10 @@ pub struct MockBackend {
     topology: LinkMatrix,
     scripted: Vec<(Duration, HealthEvent)>,
     subscribers: Mutex<Vec<HealthEventSender>>,
-    /// The current MIG layouts, by index (the state machine).
-    mig: Mutex<Vec<MigLayout>>,
+    /// The current MIG layouts and pending modes, by index (the state machine).
+    mig: Mutex<MigStore>,
+    /// How each GPU's mode changes and resets behave.
+    mig_behaviours: Vec<MigBehaviour>,
     mig_models: Vec<Option<&'static MigModel>>,
     mig_state_file: Option<PathBuf>,
     /// The live file (module docs), read on each call.
@@ -885,7 +994,7 @@ impl MockBackend {
     }
 
     /// Replaces `layouts` entries with those the state file names (a missing file changes nothing).
-    fn load_mig_state(&self, path: &Path, layouts: &mut [MigLayout]) -> Result<(), MockConfigError> {
+    fn load_mig_state(&self, path: &Path, store: &mut MigStore) -> Result<(), MockConfigError> {
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -903,21 +1012,29 @@ impl MockBackend {
                     validator.invalid(format!("gpus.{uuid}"), "no GPU of the description has this UUID")
                 );
             };
+            if spec.mode_change.is_some() || spec.reset.is_some() {
+                return Err(validator.invalid(
+                    format!("gpus.{uuid}"),
+                    "modeChange and reset belong to the description, not the state file",
+                ));
+            }
             let memory = self.devices.get(i).map_or(0, |d| d.memory_mib);
-            if let Some(slot) = layouts.get_mut(i) {
-                *slot = validator.mig(i, spec, memory)?;
+            let (layout, pending) = validator.mig(i, spec, memory)?;
+            if let (Some(slot), Some(p)) = (store.layouts.get_mut(i), store.pending.get_mut(i)) {
+                *slot = layout;
+                *p = pending;
             }
         }
         Ok(())
     }
 
-    fn save_mig_state(&self, path: &Path, layouts: &[MigLayout]) -> Result<(), BackendError> {
+    fn save_mig_state(&self, path: &Path, store: &MigStore) -> Result<(), BackendError> {
         let state = MigStateFile {
             gpus: self
                 .devices
                 .iter()
-                .zip(layouts)
-                .map(|(d, l)| (d.uuid.clone(), MigSpec::from_layout(l)))
+                .zip(store.layouts.iter().zip(&store.pending))
+                .map(|(d, (l, p))| (d.uuid.clone(), MigSpec::from_layout(l, *p)))
                 .collect(),
         };
         let text = serde_json::to_vec_pretty(&state).map_err(|err| BackendError::Library {
@@ -930,22 +1047,58 @@ impl MockBackend {
         })
     }
 
-    /// Runs `f` on the current MIG layouts (re-read from the state file first, if any); with `write`, saves
-    /// them afterwards when `f` succeeded.
+    /// Runs `f` on the current MIG state (re-read from the state file first, if any); with `write`, saves
+    /// it afterwards when `f` succeeded.
     fn with_mig<R>(
         &self,
         write: bool,
-        f: impl FnOnce(&mut [MigLayout]) -> Result<R, BackendError>,
+        f: impl FnOnce(&mut MigStore) -> Result<R, BackendError>,
     ) -> Result<R, BackendError> {
-        let mut layouts = self.mig.lock().unwrap_or_else(PoisonError::into_inner);
+        self.with_mig_saving(write, |store| f(store).map(|r| (r, true)))
+    }
+
+    /// As [`Self::with_mig`], where `f` also says whether to save (`write` and `f`'s answer): a refusal that
+    /// still changed the state (a mode left pending) is saved too.
+    fn with_mig_saving<R>(
+        &self,
+        write: bool,
+        f: impl FnOnce(&mut MigStore) -> Result<(R, bool), BackendError>,
+    ) -> Result<R, BackendError> {
+        let mut store = self.mig.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(path) = &self.mig_state_file {
-            self.load_mig_state(path, &mut layouts)?;
+            self.load_mig_state(path, &mut store)?;
         }
-        let result = f(&mut layouts)?;
-        if write && let Some(path) = &self.mig_state_file {
-            self.save_mig_state(path, &layouts)?;
+        let result = f(&mut store);
+        let save = match &result {
+            Ok((_, save)) => *save,
+            Err(_) => false,
+        };
+        if write
+            && save
+            && let Some(path) = &self.mig_state_file
+        {
+            self.save_mig_state(path, &store)?;
         }
-        Ok(result)
+        result.map(|(r, _)| r)
+    }
+
+    /// The pending MIG mode of GPU `index`, if a mode change waits for a reset.
+    pub fn pending_mig_mode(&self, index: u32) -> Result<Option<MigMode>, BackendError> {
+        self.gpu(index)?;
+        self.with_mig(false, |store| Ok(pending_at(&mut store.pending, index)?.as_ref().copied()))
+    }
+
+    /// Simulates a node reboot: every pending MIG mode takes effect (written to the state file, if any).
+    pub fn reboot(&self) -> Result<(), BackendError> {
+        self.with_mig(true, |store| {
+            for (layout, pending) in store.layouts.iter_mut().zip(store.pending.iter_mut()) {
+                if let Some(mode) = pending.take() {
+                    layout.mode = mode;
+                    layout.instances.clear();
+                }
+            }
+            Ok(())
+        })
     }
 
     /// The MIG model of a MIG-capable GPU, or the refusal.
@@ -971,6 +1124,10 @@ impl MockBackend {
     fn live_state(&self) -> Result<Option<LiveState>, MockConfigError> {
         let Some(path) = &self.live_file else { return Ok(None) };
         read_live(path, &self.devices)
+    }
+
+    fn behaviour(&self, index: u32) -> MigBehaviour {
+        usize::try_from(index).ok().and_then(|i| self.mig_behaviours.get(i)).copied().unwrap_or_default()
     }
 
     fn gpu(&self, index: u32) -> Result<&GpuState, BackendError> {
@@ -1044,9 +1201,9 @@ impl DeviceBackend for MockBackend {
     }
 
     fn devices(&self) -> Result<Vec<GpuDevice>, BackendError> {
-        self.with_mig(false, |layouts| {
+        self.with_mig(false, |store| {
             let mut devices = self.devices.clone();
-            for (device, layout) in devices.iter_mut().zip(layouts.iter()) {
+            for (device, layout) in devices.iter_mut().zip(store.layouts.iter()) {
                 device.mig_enabled = layout.mode == MigMode::Enabled;
             }
             Ok(devices)
@@ -1148,7 +1305,7 @@ impl DeviceBackend for MockBackend {
 
     fn mig_layout(&self, index: u32) -> Result<MigLayout, BackendError> {
         self.gpu(index)?;
-        self.with_mig(false, |layouts| Ok(layout_at(layouts, index)?.clone()))
+        self.with_mig(false, |store| Ok(layout_at(&mut store.layouts, index)?.clone()))
     }
 
     fn mig_profiles(&self, index: u32) -> Result<Vec<MigProfileInfo>, BackendError> {
@@ -1158,8 +1315,9 @@ impl DeviceBackend for MockBackend {
 
     fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<(), BackendError> {
         self.gpu(index)?;
-        self.with_mig(true, |layouts| {
-            let layout = layout_at(layouts, index)?;
+        let behaviour = self.behaviour(index);
+        self.with_mig_saving(true, |store| {
+            let layout = layout_at(&mut store.layouts, index)?;
             if layout.mode == MigMode::NotSupported {
                 return Err(BackendError::Mig { index, source: MigError::NotCapable });
             }
@@ -1170,7 +1328,55 @@ impl DeviceBackend for MockBackend {
                     source: MigError::InstancesExist { count: layout.instances.len() },
                 });
             }
-            layout.mode = wanted;
+            let current = layout.mode;
+            let pending = pending_at(&mut store.pending, index)?;
+            if current == wanted {
+                // Asking for the current mode cancels a pending change (as NVML does).
+                let changed = pending.take().is_some();
+                return Ok((Ok(()), changed));
+            }
+            if behaviour.mode_change == ModeChangeSpec::Pending {
+                *pending = Some(wanted);
+                // Saved: the pending mode outlives this refusal, as the driver's does.
+                return Ok((
+                    Err(BackendError::Mig { index, source: MigError::ResetRequired { enabled } }),
+                    true,
+                ));
+            }
+            *pending = None;
+            layout_at(&mut store.layouts, index)?.mode = wanted;
+            Ok((Ok(()), true))
+        })
+        .and_then(|r| r)
+    }
+
+    fn reset_gpu(&self, index: u32) -> Result<(), BackendError> {
+        self.gpu(index)?;
+        match self.behaviour(index).reset {
+            ResetSpec::NotSupported => {
+                return Err(BackendError::NotSupported { backend: "mock", operation: "resetting the GPU" });
+            }
+            ResetSpec::InUse => {
+                return Err(BackendError::ResetRefused {
+                    index,
+                    reason: "the GPU is in use (mock description: reset: InUse)".to_owned(),
+                });
+            }
+            ResetSpec::Succeeds => {}
+        }
+        let running = self.processes(index)?.len();
+        if running > 0 {
+            return Err(BackendError::ResetRefused {
+                index,
+                reason: format!("in use by {running} process(es)"),
+            });
+        }
+        self.with_mig(true, |store| {
+            if let Some(mode) = pending_at(&mut store.pending, index)?.take() {
+                let layout = layout_at(&mut store.layouts, index)?;
+                layout.mode = mode;
+                layout.instances.clear();
+            }
             Ok(())
         })
     }
@@ -1182,8 +1388,8 @@ impl DeviceBackend for MockBackend {
         placement_start: u32,
     ) -> Result<MigInstance, BackendError> {
         let gpu_uuid = self.device(index)?.uuid.clone();
-        self.with_mig(true, |layouts| {
-            let layout = layout_at(layouts, index)?;
+        self.with_mig(true, |store| {
+            let layout = layout_at(&mut store.layouts, index)?;
             let model = self.mig_model(index, layout)?;
             if layout.mode != MigMode::Enabled {
                 return Err(BackendError::Mig { index, source: MigError::NotEnabled });
@@ -1211,8 +1417,8 @@ impl DeviceBackend for MockBackend {
 
     fn destroy_mig_device(&self, index: u32, gpu_instance_id: u32) -> Result<(), BackendError> {
         self.gpu(index)?;
-        self.with_mig(true, |layouts| {
-            let layout = layout_at(layouts, index)?;
+        self.with_mig(true, |store| {
+            let layout = layout_at(&mut store.layouts, index)?;
             let before = layout.instances.len();
             layout.instances.retain(|i| i.gpu_instance_id != gpu_instance_id);
             if layout.instances.len() == before {
@@ -1678,6 +1884,121 @@ gpus:
         assert!(matches!(MockBackend::from_yaml_str(&text), Err(MockConfigError::Invalid { .. })));
         std::fs::write(&state, "not json").unwrap();
         assert!(matches!(reader.mig_layout(0), Err(BackendError::Mock(MockConfigError::Parse { .. }))));
+    }
+
+    const PENDING: &str = "\
+gpus:
+  - { uuid: GPU-a, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, mig: { mode: Disabled, modeChange: Pending } }
+  - { uuid: GPU-b, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, mig: { mode: Disabled, modeChange: Pending, reset: InUse } }
+  - { uuid: GPU-c, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, mig: { mode: Disabled, modeChange: Pending, reset: NotSupported } }
+  - { uuid: GPU-d, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, mig: { mode: Disabled, modeChange: Pending },
+      processes: [ { pid: 7, usedMemoryMiB: 10 } ] }
+";
+
+    #[test]
+    fn a_pending_mode_waits_for_a_reset() {
+        let backend = MockBackend::from_yaml_str(PENDING).unwrap();
+        match backend.set_mig_mode(0, true) {
+            Err(err @ BackendError::Mig { source: MigError::ResetRequired { enabled: true }, .. }) => {
+                assert_eq!(
+                    err.to_string(),
+                    "GPU 0: MIG mode enabled is pending: it takes effect after a GPU reset or a node reboot"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(backend.mig_layout(0).unwrap().mode, MigMode::Disabled, "still the current mode");
+        assert_eq!(backend.pending_mig_mode(0).unwrap(), Some(MigMode::Enabled));
+        // Asking for the current mode cancels the pending change.
+        backend.set_mig_mode(0, false).unwrap();
+        assert_eq!(backend.pending_mig_mode(0).unwrap(), None);
+        assert!(backend.set_mig_mode(0, true).is_err());
+        backend.reset_gpu(0).unwrap();
+        assert_eq!(backend.mig_layout(0).unwrap().mode, MigMode::Enabled);
+        assert_eq!(backend.pending_mig_mode(0).unwrap(), None);
+        backend.create_mig_device(0, &profile("7g.80gb"), 0).unwrap();
+        backend.reset_gpu(0).unwrap();
+        assert_eq!(
+            backend.mig_layout(0).unwrap().instances.len(),
+            1,
+            "a reset without a pending mode keeps the layout"
+        );
+    }
+
+    #[test]
+    fn impossible_resets_are_refused_naming_why() {
+        let backend = MockBackend::from_yaml_str(PENDING).unwrap();
+        for gpu in 1..4 {
+            assert!(backend.set_mig_mode(gpu, true).is_err());
+        }
+        let refusals: Vec<String> =
+            (1..4).map(|gpu| backend.reset_gpu(gpu).unwrap_err().to_string()).collect();
+        assert_eq!(
+            refusals,
+            [
+                "GPU 1 cannot be reset: the GPU is in use (mock description: reset: InUse)",
+                "resetting the GPU is not supported by the mock backend",
+                "GPU 3 cannot be reset: in use by 1 process(es)",
+            ]
+        );
+        for gpu in 1..4 {
+            assert_eq!(backend.pending_mig_mode(gpu).unwrap(), Some(MigMode::Enabled), "GPU {gpu}");
+        }
+        // The trait's default: no reset.
+        assert!(matches!(
+            MockBackend::from_yaml_str(A100)
+                .map(|b| Box::new(b) as Box<dyn DeviceBackend>)
+                .unwrap()
+                .reset_gpu(9),
+            Err(BackendError::NoSuchDevice { .. })
+        ));
+        // A reboot applies every pending mode.
+        backend.reboot().unwrap();
+        assert!((0..4).all(|gpu| backend.pending_mig_mode(gpu).unwrap().is_none()));
+        assert_eq!(
+            (1..4).map(|gpu| backend.mig_layout(gpu).unwrap().mode).collect::<Vec<_>>(),
+            [MigMode::Enabled; 3]
+        );
+    }
+
+    #[test]
+    fn pending_modes_live_in_the_state_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("mig.json");
+        let text = format!("{PENDING}migStateFile: {}\n", state.display());
+        let manager = MockBackend::from_yaml_str(&text).unwrap();
+        assert!(manager.set_mig_mode(1, true).is_err());
+        let saved = std::fs::read_to_string(&state).unwrap();
+        assert!(saved.contains(r#""pending": "Enabled""#), "{saved}");
+        assert!(!saved.contains("modeChange") && !saved.contains("reset"), "{saved}");
+        let restarted = MockBackend::from_yaml_str(&text).unwrap();
+        assert_eq!(restarted.pending_mig_mode(1).unwrap(), Some(MigMode::Enabled), "survives a restart");
+        assert!(restarted.reset_gpu(1).is_err(), "the description's reset behaviour, not the state file's");
+        // A reboot, as a test writes it: the pending mode applied.
+        std::fs::write(&state, r#"{"gpus": {"GPU-b": {"mode": "Enabled"}}}"#).unwrap();
+        assert_eq!(manager.mig_layout(1).unwrap().mode, MigMode::Enabled);
+        assert_eq!(manager.pending_mig_mode(1).unwrap(), None);
+        for (file, field) in [
+            (r#"{"gpus": {"GPU-b": {"mode": "Enabled", "reset": "InUse"}}}"#, "gpus.GPU-b"),
+            (r#"{"gpus": {"GPU-b": {"mode": "Enabled", "pending": "Enabled"}}}"#, "gpus[1].mig.pending"),
+            (
+                r#"{"gpus": {"GPU-b": {"mode": "Disabled", "pending": "NotSupported"}}}"#,
+                "gpus[1].mig.pending",
+            ),
+        ] {
+            std::fs::write(&state, file).unwrap();
+            match manager.mig_layout(1) {
+                Err(BackendError::Mock(MockConfigError::Invalid { field: f, .. })) => {
+                    assert_eq!(f, field, "{file}")
+                }
+                other => panic!("{file}: {other:?}"),
+            }
+        }
+        let bad =
+            "gpus:\n  - { uuid: a, name: T4, memoryMiB: 1, mig: { mode: NotSupported, pending: Enabled } }\n";
+        assert!(MockBackend::from_yaml_str(bad).unwrap_err().to_string().contains("gpus[0].mig.pending"));
+        let bad = "gpus:\n  - { uuid: a, name: T4, memoryMiB: 1, mig: { mode: Disabled, reset: Maybe } }\n";
+        assert!(matches!(MockBackend::from_yaml_str(bad), Err(MockConfigError::Parse { .. })));
     }
 
     #[derive(Debug, Clone)]

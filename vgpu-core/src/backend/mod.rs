@@ -125,6 +125,14 @@ pub trait DeviceBackend: Send + Sync {
         Err(BackendError::NotSupported { backend: self.name(), operation: "destroying MIG instances" })
     }
 
+    /// Resets the GPU, which applies a pending MIG mode ([`mig::MigError::ResetRequired`]). Refused
+    /// ([`BackendError::ResetRefused`]) while processes use the GPU; the default answers
+    /// [`BackendError::NotSupported`] (the node must then be rebooted).
+    fn reset_gpu(&self, index: u32) -> Result<(), BackendError> {
+        let _ = index;
+        Err(BackendError::NotSupported { backend: self.name(), operation: "resetting the GPU" })
+    }
+
     /// The GPU's compute mode ([`compute`]). Sharing control (this and the next two methods) is optional:
     /// the defaults answer [`BackendError::NotSupported`].
     fn compute_mode(&self, index: u32) -> Result<ComputeMode, BackendError> {
@@ -224,6 +232,9 @@ impl<B: DeviceBackend + ?Sized> DeviceBackend for Box<B> {
     }
     fn destroy_mig_device(&self, index: u32, gpu_instance_id: u32) -> Result<(), BackendError> {
         (**self).destroy_mig_device(index, gpu_instance_id)
+    }
+    fn reset_gpu(&self, index: u32) -> Result<(), BackendError> {
+        (**self).reset_gpu(index)
     }
     fn pci_device_id(&self, index: u32) -> Result<u32, BackendError> {
         (**self).pci_device_id(index)

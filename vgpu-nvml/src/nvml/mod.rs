@@ -13,7 +13,10 @@
 //! when the mode is already set); [`DeviceBackend::set_time_slice`] runs `nvidia-smi compute-policy`.
 //!
 //! MIG: [`DeviceBackend::set_mig_mode`] is `nvmlDeviceSetMigMode` (refused while MIG devices exist;
-//! a mode that is only pending — GPU reset needed — is an error naming the pending mode);
+//! a mode that is only pending — GPU reset needed — is [`MigError::ResetRequired`] naming the pending
+//! mode); [`DeviceBackend::reset_gpu`] runs `nvidia-smi --gpu-reset` ([`sharing::gpu_reset_args`]; NVML
+//! has no reset call) and answers [`BackendError::ResetRefused`] with the command's output when the driver
+//! refuses, e.g. while processes hold the GPU;
 //! [`DeviceBackend::mig_profiles`] answers from the static table of [`vgpu_core::backend::mig`] for the
 //! GPU's model (nvml-wrapper's `possible_placements` wrapper never sets its vector's length, so it always
 //! answers empty). The calls nvml-wrapper 0.13 does not wrap go through its own function pointers in the
@@ -517,15 +520,32 @@ impl DeviceBackend for NvmlBackend {
         device.set_mig_mode(enabled).map_err(lib("nvmlDeviceSetMigMode"))?;
         let mode = device.mig_mode().map_err(lib("nvmlDeviceGetMigMode"))?;
         if (mode.current == 1) != enabled {
-            return Err(BackendError::Unavailable {
-                backend: "nvml",
-                message: format!(
-                    "GPU {index}: MIG mode {} is pending (current {}); reset the GPU or reboot the node",
-                    mode.pending, mode.current
-                ),
-            });
+            tracing::info!(
+                gpu = index,
+                current = mode.current,
+                pending = mode.pending,
+                "MIG mode change pending"
+            );
+            return Err(BackendError::Mig { index, source: MigError::ResetRequired { enabled } });
         }
         Ok(())
+    }
+
+    fn reset_gpu(&self, index: u32) -> Result<(), BackendError> {
+        let uuid = self.device(index)?.uuid().map_err(lib("nvmlDeviceGetUUID"))?;
+        sharing::run_smi(
+            &self.options.nvidia_smi,
+            &sharing::gpu_reset_args(&uuid),
+            self.options.library_path.as_deref(),
+        )
+        .map_err(|err| {
+            // The command line, exit status and output are in the source of `nvidia-smi failed`.
+            let reason = match &err {
+                BackendError::Library { source, .. } => source.to_string(),
+                other => other.to_string(),
+            };
+            BackendError::ResetRefused { index, reason }
+        })
     }
 
     fn create_mig_device(

@@ -7,6 +7,11 @@
 //! | compute mode | `nvmlDeviceSetComputeMode(device, DEFAULT / PROHIBITED / EXCLUSIVE_PROCESS)` |
 //! | time slice | `<nvidia-smi> compute-policy -i <uuid> --set-timeslice <0..3>` ([`NvmlOptions::nvidia_smi`](super::NvmlOptions::nvidia_smi)) |
 //!
+//! The GPU reset that applies a pending MIG mode ([`vgpu_core::backend::DeviceBackend::reset_gpu`]) runs the
+//! same `nvidia-smi`, because NVML has no reset call either: `<nvidia-smi> --gpu-reset -i <uuid>`
+//! ([`gpu_reset_args`]). The driver refuses it while any process (a CUDA job, DCGM, `nvidia-persistenced`)
+//! holds the GPU; the MIG manager then asks for a node reboot.
+//!
 //! A failing `nvidia-smi` is a [`BackendError::Library`] whose source, a [`SmiError`], carries the command
 //! line, the exit status and the command's output.
 
@@ -49,6 +54,11 @@ pub fn time_slice_args(uuid: &str, slice: TimeSlice) -> Vec<String> {
         "--set-timeslice".to_owned(),
         slice.smi_value().to_string(),
     ]
+}
+
+/// The arguments of `nvidia-smi` that reset GPU `uuid`.
+pub fn gpu_reset_args(uuid: &str) -> Vec<String> {
+    vec!["--gpu-reset".to_owned(), "-i".to_owned(), uuid.to_owned()]
 }
 
 /// Runs `smi args…` (with `LD_PRELOAD=<nvml>` when NVML was loaded from an explicit path, as upstream, so
@@ -125,6 +135,7 @@ mod tests {
             time_slice_args("GPU-a", TimeSlice::Medium).join(" "),
             "compute-policy -i GPU-a --set-timeslice 2"
         );
+        assert_eq!(gpu_reset_args("GPU-a").join(" "), "--gpu-reset -i GPU-a");
         for mode in [ComputeMode::Default, ComputeMode::Prohibited, ComputeMode::ExclusiveProcess] {
             assert_eq!(from_nvml(to_nvml(mode)), mode);
         }
