@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the upstream control-plane binaries used by the e2e tests (kube-apiserver,
-# kube-scheduler, etcd) at the versions pinned in e2e/controlplane/go.mod, into a
+# kube-scheduler, kube-controller-manager, etcd) at the versions pinned in e2e/controlplane/go.mod, into a
 # cache folder outside the clone, and skips the build when they are already there.
 #
 #   VGPU_E2E_CACHE   cache root (default: ${XDG_CACHE_HOME:-~/.cache}/vgpu-e2e);
@@ -22,7 +22,7 @@ fi
 
 cache_root="${VGPU_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vgpu-e2e}"
 out="$cache_root/k8s-${k8s_version}_etcd-${etcd_version}"
-bins=(kube-apiserver kube-scheduler etcd)
+bins=(kube-apiserver kube-scheduler kube-controller-manager etcd)
 
 # The stamp covers everything that decides the build output.
 stamp_value="$(
@@ -58,7 +58,7 @@ start=$SECONDS
 (
   cd "$src"
   CGO_ENABLED=0 nice -n 19 go build -mod=readonly -trimpath -ldflags="$ldflags" -o "$tmp/" \
-    ./kube-apiserver ./kube-scheduler ./etcd
+    ./kube-apiserver ./kube-scheduler ./kube-controller-manager ./etcd
 )
 echo "$stamp_value" > "$tmp/.stamp"
 rm -rf "$out"

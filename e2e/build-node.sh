@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the real node of the e2e tests (vgpu_e2e::real_node): the upstream kubelet at the version
-# pinned in e2e/controlplane/go.mod, containerd, its runc shim and ctr at the version pinned in
+# Builds the real node of the e2e tests (vgpu_e2e::real_node): the upstream kubelet and kube-proxy at the
+# version pinned in e2e/controlplane/go.mod, containerd, its runc shim and ctr at the version pinned in
 # e2e/node/go.mod, and the two test images as OCI archives, into a cache folder outside the clone;
 # skips the build when they are already there. runc, the CNI plugins, iptables, conntrack and the
 # static busybox come from Debian packages, installed here with apt-get when missing.
@@ -31,7 +31,7 @@ fi
 
 cache_root="${VGPU_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vgpu-e2e}"
 out="$cache_root/node-k8s-${k8s_version}_containerd-${containerd_version}"
-bins=(kubelet containerd containerd-shim-runc-v2 ctr)
+bins=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr)
 images=(busybox.oci.tar pause.oci.tar)
 
 # Debian packages the node runs with (the command or file that shows each one is there).
@@ -77,7 +77,7 @@ fi
 stamp_value="$(
   {
     go env GOVERSION GOOS GOARCH
-    cat "$cp_src/go.mod" "$cp_src/go.sum" "$cp_src/kubelet/main.go"
+    cat "$cp_src/go.mod" "$cp_src/go.sum" "$cp_src/kubelet/main.go" "$cp_src/kube-proxy/main.go"
     cat "$node_src/go.mod" "$node_src/go.sum" "$node_src/pause/main.go" "$0"
     sha256sum "$busybox"
   } | sha256sum | cut -d' ' -f1
@@ -92,7 +92,7 @@ if [[ "$up_to_date" == 1 && "${VGPU_E2E_FORCE:-0}" != 1 ]]; then
   exit 0
 fi
 
-echo "build-node: building kubelet ${k8s_version} + containerd ${containerd_version} into $out (this takes a while)" >&2
+echo "build-node: building kubelet + kube-proxy ${k8s_version} + containerd ${containerd_version} into $out (this takes a while)" >&2
 mkdir -p "$cache_root"
 tmp="$(mktemp -d "$cache_root/.build-node.XXXXXX")"
 chmod 755 "$tmp"
@@ -106,7 +106,7 @@ k8s_ldflags="-s -w -X ${vpkg}.gitVersion=${k8s_version} -X ${vpkg}.gitMajor=1 -X
 k8s_ldflags+=" -X ${vpkg}.gitTreeState=clean -X ${vpkg}.buildDate=1970-01-01T00:00:00Z"
 (
   cd "$cp_src"
-  CGO_ENABLED=0 nice -n 19 go build -mod=readonly -trimpath -ldflags="$k8s_ldflags" -o "$tmp/" ./kubelet
+  CGO_ENABLED=0 nice -n 19 go build -mod=readonly -trimpath -ldflags="$k8s_ldflags" -o "$tmp/" ./kubelet ./kube-proxy
 )
 kubelet_done=$SECONDS
 

@@ -10,6 +10,12 @@
 #   PROFILE=dev scripts/build-image.sh        (debug binaries: quick, large)
 #   RUNTIME_IMAGE=docker.io/library/debian:bookworm-slim scripts/build-image.sh
 #   LIMITER_IMAGE=docker.io/coldzerofear/vgpu-manager:<tag> scripts/build-image.sh   (with the CUDA limiter)
+#   PREBUILT=target/debug scripts/build-image.sh   (no cargo: the binaries already in that folder, debug info
+#                                                   stripped; the host copy of vgpu-device-client is then that
+#                                                   folder's dynamically linked one: fine for containers with
+#                                                   glibc, such as the e2e tests' on the real node)
+#   OCI_ARCHIVE=/tmp/vgpu.oci.tar scripts/build-image.sh   (also writes the image as an OCI archive naming TAG,
+#                                                   for `ctr images import`: the real node's e2e tests)
 #
 # Needs buildah and podman (Debian packages); CARGO_TARGET_DIR is honoured.
 set -euo pipefail
@@ -24,15 +30,25 @@ case "$profile" in
   dev) flags=(); out="$target_dir/debug"; static_out="$target_dir/$host/debug" ;;
   *) echo "PROFILE must be release or dev, not $profile" >&2; exit 2 ;;
 esac
-cargo build "${flags[@]}" --locked -p vgpu-bins --bins
-RUSTFLAGS='-C target-feature=+crt-static' \
-  cargo build "${flags[@]}" --locked -p vgpu-bins --bin vgpu-device-client --target "$host"
+if [[ -n "${PREBUILT:-}" ]]; then
+  out="$PREBUILT"
+  static_out="$PREBUILT"
+  [[ -x "$out/vgpu-device-client" ]] || { echo "build-image: $out holds no vgpu binaries (PREBUILT)" >&2; exit 1; }
+else
+  cargo build "${flags[@]}" --locked -p vgpu-bins --bins
+  RUSTFLAGS='-C target-feature=+crt-static' \
+    cargo build "${flags[@]}" --locked -p vgpu-bins --bin vgpu-device-client --target "$host"
+fi
 # target/image-bins/ is the part of target/ in the build context (.containerignore): bin/ -> /usr/bin/,
 # installed/ -> /installed/.
 rm -rf target/image-bins
 mkdir -p target/image-bins/bin target/image-bins/installed/registry
 find "$out" -maxdepth 1 -type f -executable -name 'vgpu*' -exec cp {} target/image-bins/bin/ \;
 cp "$static_out/vgpu-device-client" target/image-bins/installed/registry/device-client
+if [[ -n "${PREBUILT:-}" ]]; then
+  # Debug builds carry hundreds of MB of debug info: the image (and an import on the node) without it.
+  find target/image-bins -type f -name '*' -exec strip --strip-debug {} \;
+fi
 bins="$(find target/image-bins/bin -type f -printf '%f\n' | sort)"
 echo "build-image: $(wc -l <<<"$bins") binaries from $out: $(tr '\n' ' ' <<<"$bins")"
 
@@ -95,6 +111,12 @@ fi
 buildah bud -q --target runtime-prebuilt --build-arg RUNTIME_IMAGE="$RUNTIME_IMAGE" \
   --build-arg LIMITER_IMAGE="${LIMITER_IMAGE:-}" -t "$tag" -f Containerfile .
 echo "build-image: $tag, $(podman image inspect "$tag" --format '{{.Size}}') bytes"
+if [[ -n "${OCI_ARCHIVE:-}" ]]; then
+  rm -f "$OCI_ARCHIVE"
+  # containerd names an imported image after the archive's io.containerd.image.name / ref name: TAG.
+  buildah push -q "$tag" "oci-archive:$OCI_ARCHIVE:$tag" >/dev/null
+  echo "build-image: $OCI_ARCHIVE ($(stat -c %s "$OCI_ARCHIVE") bytes)"
+fi
 
 # What the image is checked with: vgpuctl, one of vgpu-manager's names, and the install step into a scratch
 # manager directory (a second run must change nothing).

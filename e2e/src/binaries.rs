@@ -8,7 +8,8 @@ use anyhow::{Context, Result, bail};
 pub const K8S_VERSION: &str = "v1.37.2";
 /// `go.etcd.io/etcd/server/v3` version of etcd (see `e2e/controlplane/go.mod`).
 pub const ETCD_VERSION: &str = "v3.7.3";
-/// Environment variable naming the folder that holds `etcd`, `kube-apiserver`, `kube-scheduler`.
+/// Environment variable naming the folder that holds `etcd`, `kube-apiserver`, `kube-scheduler`,
+/// `kube-controller-manager`.
 pub const BIN_DIR_ENV: &str = "VGPU_E2E_BIN_DIR";
 /// Environment variable overriding the build cache root (default `~/.cache/vgpu-e2e`).
 pub const CACHE_ENV: &str = "VGPU_E2E_CACHE";
@@ -29,7 +30,7 @@ fn non_empty_env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-/// Paths of the three upstream binaries.
+/// Paths of the four upstream binaries.
 #[derive(Debug, Clone)]
 pub struct Binaries {
     /// `etcd`.
@@ -38,6 +39,8 @@ pub struct Binaries {
     pub kube_apiserver: PathBuf,
     /// `kube-scheduler`.
     pub kube_scheduler: PathBuf,
+    /// `kube-controller-manager` (started only by [`crate::TestEnvBuilder::cluster_services`]).
+    pub kube_controller_manager: PathBuf,
 }
 
 impl Binaries {
@@ -58,13 +61,16 @@ impl Binaries {
             etcd: dir.join("etcd"),
             kube_apiserver: dir.join("kube-apiserver"),
             kube_scheduler: dir.join("kube-scheduler"),
+            kube_controller_manager: dir.join("kube-controller-manager"),
         };
-        for path in [&found.etcd, &found.kube_apiserver, &found.kube_scheduler] {
+        for path in
+            [&found.etcd, &found.kube_apiserver, &found.kube_scheduler, &found.kube_controller_manager]
+        {
             if !path.is_file() {
                 bail!(
                     "control-plane binary {} is missing; build it with e2e/build-controlplane.sh \
                      (k8s {K8S_VERSION}, etcd {ETCD_VERSION}) or point {BIN_DIR_ENV} at a folder holding \
-                     etcd, kube-apiserver and kube-scheduler",
+                     etcd, kube-apiserver, kube-scheduler and kube-controller-manager",
                     path.display()
                 );
             }

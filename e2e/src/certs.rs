@@ -10,7 +10,8 @@ use rcgen::{
 };
 
 /// First address of the service CIDR given to kube-apiserver (`--service-cluster-ip-range`).
-/// It is only a name in the certificate; nothing listens there.
+/// The `kubernetes` Service's ClusterIP: only a name in the certificate, unless kube-proxy runs on a
+/// real node ([`crate::TestEnvBuilder::cluster_services`]).
 pub(crate) const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 
 /// PEM-encoded material, ready to be written to files.
@@ -22,7 +23,8 @@ pub(crate) struct Pki {
     pub(crate) sa_public_key: String,
 }
 
-pub(crate) fn generate() -> Result<Pki> {
+/// `extra_ips`: more addresses the serving certificate names (the host's, when pods reach the API server).
+pub(crate) fn generate(extra_ips: &[Ipv4Addr]) -> Result<Pki> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params.distinguished_name.push(DnType::CommonName, "vgpu-e2e-ca");
@@ -39,6 +41,9 @@ pub(crate) fn generate() -> Result<Pki> {
     ])?;
     serving.subject_alt_names.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
     serving.subject_alt_names.push(SanType::IpAddress(IpAddr::V4(SERVICE_IP)));
+    for ip in extra_ips {
+        serving.subject_alt_names.push(SanType::IpAddress(IpAddr::V4(*ip)));
+    }
     serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
     serving.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
@@ -61,7 +66,7 @@ mod tests {
 
     #[test]
     fn generates_pem_material() {
-        let pki = generate().unwrap();
+        let pki = generate(&[Ipv4Addr::new(192, 0, 2, 7)]).unwrap();
         assert!(pki.ca_cert.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(pki.serving_cert.starts_with("-----BEGIN CERTIFICATE-----"));
         assert_ne!(pki.ca_cert, pki.serving_cert);

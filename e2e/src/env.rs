@@ -2,6 +2,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,7 @@ use serde_json::json;
 
 use crate::binaries::Binaries;
 use crate::certs;
-use crate::net::{free_ports, wait_for_port};
+use crate::net::{free_ports, host_address, wait_for_port};
 use crate::process::{ManagedProcess, log_tail};
 use crate::scheduler::{ExtenderConfig, scheduler_configuration};
 
@@ -30,7 +31,7 @@ pub const KEEP_LOGS_ENV: &str = "VGPU_E2E_KEEP_LOGS";
 
 const ETCD_START_TIMEOUT: Duration = Duration::from_secs(30);
 /// The processes [`TestEnv`] starts itself (their logs are not part of [`TestEnv::poll`]'s errors).
-const CONTROL_PLANE: [&str; 3] = ["etcd", "kube-apiserver", "kube-scheduler"];
+const CONTROL_PLANE: [&str; 4] = ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"];
 /// Pause between two calls of [`TestEnv::poll`]'s function.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
 const SCHEDULER_START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -45,9 +46,22 @@ pub struct TestEnvBuilder {
     apiserver_args: Vec<String>,
     ready_timeout: Duration,
     binaries: Option<Binaries>,
+    cluster_services: bool,
 }
 
 impl TestEnvBuilder {
+    /// Runs the control plane as a cluster whose pods use it, for charts installed on a real node:
+    /// kube-apiserver listens on every address and advertises this host's (the `kubernetes` Service's
+    /// endpoint, kept by the lease reconciler; its certificate names that address), pods get service
+    /// account tokens (the `ServiceAccount` admission plugin), webhook and aggregated API calls go to a
+    /// Service's endpoints (`--enable-aggregator-routing`: no kube-proxy runs beside the API server), and
+    /// kube-controller-manager runs (DaemonSets, Deployments, the garbage collector, service accounts
+    /// and tokens, `kube-root-ca.crt`).
+    pub fn cluster_services(mut self) -> Self {
+        self.cluster_services = true;
+        self
+    }
+
     /// Adds (or overrides) a kube-apiserver feature gate.
     pub fn feature_gate(mut self, name: &str, enabled: bool) -> Self {
         let prefix = format!("{name}=");
@@ -92,10 +106,12 @@ impl TestEnvBuilder {
             .context("creating the environment folder")?;
         let [etcd_port, etcd_peer_port, api_port] =
             free_ports(3)?.try_into().map_err(|_| anyhow::anyhow!("free_ports returned a wrong count"))?;
+        let host_address = if self.cluster_services { Some(host_address()?) } else { None };
         let mut env = TestEnv {
             name: self.name.clone(),
             binaries,
             processes: Vec::new(),
+            host_address,
             api_port,
             kubeconfig: dir.path().join("kubeconfig"),
             token: random_token(),
@@ -106,6 +122,9 @@ impl TestEnvBuilder {
         env.start_etcd(etcd_port, etcd_peer_port).await?;
         env.start_apiserver(&self, etcd_port)?;
         env.wait_ready(self.ready_timeout).await?;
+        if self.cluster_services {
+            env.start_controller_manager()?;
+        }
         Ok(env)
     }
 }
@@ -121,6 +140,8 @@ pub struct TestEnv {
     name: String,
     binaries: Binaries,
     processes: Vec<ManagedProcess>,
+    /// This host's address, advertised by kube-apiserver ([`TestEnvBuilder::cluster_services`]).
+    host_address: Option<Ipv4Addr>,
     api_port: u16,
     kubeconfig: PathBuf,
     token: String,
@@ -140,12 +161,19 @@ impl TestEnv {
             apiserver_args: Vec::new(),
             ready_timeout: Duration::from_secs(120),
             binaries: None,
+            cluster_services: false,
         }
     }
 
     /// `https://127.0.0.1:<port>`.
     pub fn api_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.api_port)
+    }
+
+    /// The address pods reach the API server on (this host's, advertised as the `kubernetes` Service's
+    /// endpoint); `None` unless started with [`TestEnvBuilder::cluster_services`].
+    pub fn host_address(&self) -> Option<Ipv4Addr> {
+        self.host_address
     }
 
     /// The admin kubeconfig (static token, `system:masters`).
@@ -305,6 +333,7 @@ impl TestEnv {
             "etcd" => &self.binaries.etcd,
             "kube-apiserver" => &self.binaries.kube_apiserver,
             "kube-scheduler" => &self.binaries.kube_scheduler,
+            "kube-controller-manager" => &self.binaries.kube_controller_manager,
             other => bail!("unknown component {other}"),
         };
         let process = ManagedProcess::spawn(name, program, args, &self.log_path(name))?;
@@ -313,7 +342,7 @@ impl TestEnv {
     }
 
     fn write_credentials(&self) -> Result<()> {
-        let pki = certs::generate()?;
+        let pki = certs::generate(self.host_address.as_slice())?;
         let dir = self.dir.path();
         for (file, content) in [
             ("ca.crt", &pki.ca_cert),
@@ -368,8 +397,8 @@ impl TestEnv {
         let file = |name: &str| dir.join(name).display().to_string();
         let mut args = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--bind-address={}", if self.host_address.is_some() { "0.0.0.0" } else { "127.0.0.1" }),
+            format!("--advertise-address={}", self.host_address.unwrap_or(Ipv4Addr::LOCALHOST)),
             format!("--secure-port={}", self.api_port),
             format!("--cert-dir={}", file("apiserver-certs")),
             format!("--tls-cert-file={}", file("apiserver.crt")),
@@ -382,13 +411,21 @@ impl TestEnv {
             format!("--service-account-signing-key-file={}", file("sa.key")),
             "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
             "--allow-privileged=true".to_owned(),
+        ];
+        if self.host_address.is_some() {
+            args.push("--enable-aggregator-routing=true".to_owned());
+            // kube-controller-manager runs and creates the service accounts; nothing lifts the
+            // `node.kubernetes.io/not-ready` taint TaintNodesByCondition puts on a new node before
+            // its kubelet reports (the node lifecycle controller would, later).
+            args.push("--disable-admission-plugins=TaintNodesByCondition".to_owned());
+        } else {
             // The default (lease) reconciler rejects a loopback advertise address.
-            "--endpoint-reconciler-type=none".to_owned(),
+            args.push("--endpoint-reconciler-type=none".to_owned());
             // No kube-controller-manager runs: nothing would create the `default` service
             // accounts, nor lift the `node.kubernetes.io/not-ready` taint that
             // TaintNodesByCondition puts on new nodes.
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".to_owned(),
-        ];
+            args.push("--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".to_owned());
+        }
         if !builder.feature_gates.is_empty() {
             args.push(format!("--feature-gates={}", builder.feature_gates.join(",")));
         }
@@ -397,6 +434,29 @@ impl TestEnv {
         }
         args.extend(builder.apiserver_args.iter().cloned());
         self.spawn("kube-apiserver", &args)?;
+        Ok(())
+    }
+
+    /// kube-controller-manager with the admin kubeconfig (no leader election, no serving port): every
+    /// default controller, signing service-account tokens with the API server's key and publishing its CA.
+    fn start_controller_manager(&mut self) -> Result<()> {
+        let dir = self.dir.path();
+        let file = |name: &str| dir.join(name).display().to_string();
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--secure-port=0".to_owned(),
+            "--leader-elect=false".to_owned(),
+            "--use-service-account-credentials=false".to_owned(),
+            format!("--service-account-private-key-file={}", file("sa.key")),
+            format!("--root-ca-file={}", file("ca.crt")),
+            // Pod CIDRs are the real node's own (its CNI configuration).
+            "--controllers=*,-node-ipam-controller".to_owned(),
+            "--v=2".to_owned(),
+        ];
+        self.spawn("kube-controller-manager", &args)?;
         Ok(())
     }
 
@@ -511,6 +571,7 @@ mod tests {
             etcd: dir.path().join("etcd"),
             kube_apiserver: dir.path().join("kube-apiserver"),
             kube_scheduler: dir.path().join("kube-scheduler"),
+            kube_controller_manager: dir.path().join("kube-controller-manager"),
         };
         let err = TestEnv::builder("unit_test_missing_binaries").binaries(bins).start().await.unwrap_err();
         assert!(format!("{err:#}").contains("starting etcd"), "{err:#}");

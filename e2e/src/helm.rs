@@ -110,6 +110,26 @@ pub fn template(
     Ok(docs.into_iter().filter(|d| d.as_object().is_some_and(|o| !o.is_empty())).collect())
 }
 
+/// Runs `helm <verb> <args> --kubeconfig <kubeconfig>` (for `install`, `upgrade` and `uninstall` against
+/// the test API server) and returns its stdout; a failure is an error with Helm's stderr.
+pub fn run(helm: &Path, kubeconfig: &Path, verb: &str, args: &[String]) -> Result<String> {
+    let output = Command::new(helm)
+        .arg(verb)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .output()
+        .with_context(|| format!("running {}", helm.display()))?;
+    if !output.status.success() {
+        bail!(
+            "helm {verb} {args:?} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    String::from_utf8(output.stdout).with_context(|| format!("helm {verb} printed non-UTF-8"))
+}
+
 /// Reads the CustomResourceDefinitions of `files` (YAML, one or more documents each).
 pub fn read_crds(files: &[PathBuf]) -> Result<Vec<CustomResourceDefinition>> {
     let mut crds = Vec::new();

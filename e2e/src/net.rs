@@ -1,4 +1,4 @@
-//! Loopback ports.
+//! Loopback ports, and this host's own address.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::time::Duration;
@@ -13,6 +13,20 @@ pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>> {
         .collect::<std::io::Result<Vec<_>>>()
         .context("binding a free port on 127.0.0.1")?;
     listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+/// This host's address on its default route (the source address the kernel picks for an outside
+/// destination; nothing is sent). Pods reach the host there, through their bridge's gateway.
+pub(crate) fn host_address() -> Result<Ipv4Addr> {
+    let socket = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).context("binding a UDP socket")?;
+    // TEST-NET-3: never routed anywhere; connecting a UDP socket only asks the routing table.
+    socket
+        .connect((Ipv4Addr::new(203, 0, 113, 1), 9))
+        .context("this host has no default route: pods could not reach the API server")?;
+    match socket.local_addr().context("reading the UDP socket's address")?.ip() {
+        std::net::IpAddr::V4(ip) if !ip.is_loopback() && !ip.is_unspecified() => Ok(ip),
+        other => bail!("the default route's source address {other} is not one pods can reach"),
+    }
 }
 
 /// Waits until something accepts TCP connections on `127.0.0.1:port`, or `timeout` passes.

@@ -9,7 +9,8 @@
 //! | containerd | its own root, state, socket, shim socket folder and runc root under the node folder; CRI with CDI specs read from [`RealNode::cdi_dir`], NRI on [`RealNode::nri_socket`], `restrict_oom_score_adj` (root lacks `CAP_SYS_RESOURCE` on the CI machines), netns mounts under its state folder |
 //! | network | a bridge of its own (`vgpue2e<id>`) holding the gateway of a free `10.217.<n>.0/24`, which is also the node's `InternalIP` (the kubelet refuses loopback node IPs); bridge + host-local (state in the node folder) + portmap, loopback by containerd; no masquerading: pods reach the host and each other only |
 //! | kubelet | `failCgroupV1: false`, cgroupfs under a cgroup root of its own (`/vgpu-e2e-<id>`), anonymous authentication and `AlwaysAllow` (the API server's kubelet client has no certificate), root folder under the node folder, the environment's admin kubeconfig, image GC and eviction thresholds that never fire; in a mount namespace of its own where the node's device-plugin folder is bound on the compiled-in `/var/lib/kubelet/device-plugins` and tmpfs hide `/var/lib` and `/var/log` (the host's are never written); the node folder is a shared mount, so its volume mounts reach containerd |
-//! | teardown | kubelet stopped, every task and container deleted through `ctr`, containerd stopped, this node's shims and the processes left in its cgroups killed, mounts under the node folder unmounted (deepest first), its iptables chains, bridge, cgroups and CNI cache entries deleted, the kernel settings the kubelet and the bridge plugin change restored, the node folder removed |
+//! | kube-proxy | only with [`RealNodeBuilder::kube_proxy`]: iptables mode, the pod network as its cluster CIDR, the environment's admin kubeconfig; with [`crate::TestEnvBuilder::cluster_services`] pods then reach the API server through the `kubernetes` Service, as in-cluster clients do |
+//! | teardown | kube-proxy and kubelet stopped, every task and container deleted through `ctr`, containerd stopped, this node's shims and the processes left in its cgroups killed, mounts under the node folder unmounted (deepest first), its iptables chains, bridge, cgroups and CNI cache entries deleted, the kernel settings the kubelet and the bridge plugin change restored, the node folder removed |
 //!
 //! The API server must reach the kubelet by `InternalIP` (for logs, exec): start the environment with
 //! [`env_builder`] (or add [`KUBELET_ADDRESS_TYPES_ARG`] yourself). Declare the node after the
@@ -76,7 +77,7 @@ const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sb
 const SHIM_SOCKET_DIR_MAX: usize = 42;
 /// The kernel settings the kubelet sets at start (its kernel tunables) and the bridge plugin sets
 /// (IPv4 forwarding for the gateway); each is put back at teardown.
-const SYSCTLS: [&str; 7] = [
+const SYSCTLS: [&str; 8] = [
     "vm/overcommit_memory",
     "vm/panic_on_oom",
     "kernel/panic",
@@ -84,6 +85,7 @@ const SYSCTLS: [&str; 7] = [
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
     "net/ipv4/ip_forward",
+    "net/ipv4/conf/all/route_localnet",
 ];
 const IPTABLES_TABLES: [&str; 3] = ["filter", "nat", "mangle"];
 /// Runs the kubelet in a mount namespace of its own (`unshare --mount --propagation unchanged`) where
@@ -127,6 +129,8 @@ pub struct NodeBinaries {
     pub dir: PathBuf,
     /// `kubelet` (k8s [`K8S_VERSION`]).
     pub kubelet: PathBuf,
+    /// `kube-proxy` (k8s [`K8S_VERSION`]; started only by [`RealNodeBuilder::kube_proxy`]).
+    pub kube_proxy: PathBuf,
     /// `containerd` ([`CONTAINERD_VERSION`]).
     pub containerd: PathBuf,
     /// `containerd-shim-runc-v2`.
@@ -145,6 +149,7 @@ impl NodeBinaries {
         let found = Self {
             dir: dir.to_owned(),
             kubelet: dir.join("kubelet"),
+            kube_proxy: dir.join("kube-proxy"),
             containerd: dir.join("containerd"),
             containerd_shim: dir.join("containerd-shim-runc-v2"),
             ctr: dir.join("ctr"),
@@ -153,6 +158,7 @@ impl NodeBinaries {
         };
         for path in [
             &found.kubelet,
+            &found.kube_proxy,
             &found.containerd,
             &found.containerd_shim,
             &found.ctr,
@@ -258,6 +264,7 @@ pub struct RealNodeBuilder {
     kubelet_args: Vec<String>,
     binaries: Option<NodeBinaries>,
     ready_timeout: Duration,
+    kube_proxy: bool,
 }
 
 impl RealNodeBuilder {
@@ -277,6 +284,13 @@ impl RealNodeBuilder {
     /// `("cpuManagerPolicy", json!("static"))`).
     pub fn kubelet_config(mut self, field: &str, value: Value) -> Self {
         self.kubelet_config.insert(field.to_owned(), value);
+        self
+    }
+
+    /// Also runs kube-proxy (iptables mode) once the node is `Ready`, so that pods reach Services (the
+    /// `kubernetes` Service included, with [`crate::TestEnvBuilder::cluster_services`]).
+    pub fn kube_proxy(mut self) -> Self {
+        self.kube_proxy = true;
         self
     }
 
@@ -333,6 +347,7 @@ impl RealNodeBuilder {
             process_env: vec![("PATH".to_owned(), path)],
             containerd: None,
             kubelet: None,
+            kube_proxy: None,
             containerd_args: Vec::new(),
             kubelet_args: Vec::new(),
             healthz_port,
@@ -351,6 +366,9 @@ impl RealNodeBuilder {
         node.start_kubelet().await?;
         let client = env.client().await?;
         node.wait_ready(&client, self.ready_timeout).await?;
+        if self.kube_proxy {
+            node.start_kube_proxy(env).await?;
+        }
         Ok(node)
     }
 }
@@ -374,6 +392,7 @@ pub struct RealNode {
     process_env: Vec<(String, String)>,
     containerd: Option<ManagedProcess>,
     kubelet: Option<ManagedProcess>,
+    kube_proxy: Option<ManagedProcess>,
     containerd_args: Vec<String>,
     kubelet_args: Vec<String>,
     healthz_port: u16,
@@ -393,6 +412,7 @@ impl RealNode {
             kubelet_args: Vec::new(),
             binaries: None,
             ready_timeout: Duration::from_secs(120),
+            kube_proxy: false,
         }
     }
 
@@ -797,6 +817,16 @@ imports = []
         }
     }
 
+    /// Imports an OCI image archive (`ctr images import --local`) and returns the names containerd holds
+    /// afterwards that it did not before. Pods run it with `imagePullPolicy: Never` (or `IfNotPresent`).
+    pub fn import_image_archive(&self, archive: &Path) -> Result<Vec<String>> {
+        let before = lines(&self.ctr(&["images", "ls", "--quiet"])?);
+        self.ctr(&["images", "import", "--local", path_str(archive)?])
+            .with_context(|| format!("importing {}", archive.display()))?;
+        let after = lines(&self.ctr(&["images", "ls", "--quiet"])?);
+        Ok(after.into_iter().filter(|i| !before.contains(i)).collect())
+    }
+
     fn import_images(&self) -> Result<()> {
         for archive in [&self.binaries.pause_archive, &self.binaries.busybox_archive] {
             self.ctr(&["images", "import", "--local", path_str(archive)?])
@@ -902,6 +932,58 @@ imports = []
         }
     }
 
+    /// kube-proxy in iptables mode; returns once it has written its service chains (`KUBE-SERVICES`).
+    /// Conntrack settings are left as they are (a shared host); no metrics or health servers.
+    async fn start_kube_proxy(&mut self, env: &TestEnv) -> Result<()> {
+        let config = json!({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "mode": "iptables",
+            "clientConnection": {"kubeconfig": env.kubeconfig_path()},
+            "hostnameOverride": self.name,
+            "clusterCIDR": self.pod_cidr(),
+            "bindAddress": self.network.gateway.to_string(),
+            "healthzBindAddress": "",
+            "metricsBindAddress": "",
+            "iptables": {"localhostNodePorts": false, "masqueradeAll": false},
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+        });
+        let path = self.log_dir.join(format!("kube-proxy-{}-config.json", self.name));
+        std::fs::write(&path, serde_json::to_vec_pretty(&config)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        let args = vec![format!("--config={}", path.display()), "--v=2".to_owned()];
+        let log = self.log_dir.join(format!("kube-proxy-{}.log", self.name));
+        let name = format!("kube-proxy-{}", self.name);
+        let process =
+            ManagedProcess::spawn_with_env(&name, &self.binaries.kube_proxy, &args, &self.process_env, &log)?;
+        self.kube_proxy = Some(process);
+        let iptables = find_program("iptables").context("iptables not found")?;
+        let deadline = Instant::now() + KUBELET_START_TIMEOUT;
+        loop {
+            if let Some(process) = self.kube_proxy.as_mut() {
+                process.check_running()?;
+            }
+            if let Ok((chains, rules)) = iptables_chains(&iptables, "nat")
+                && chains.contains("KUBE-SERVICES")
+                && rules.iter().any(|r| r.starts_with("-A KUBE-SERVICES") && r.contains("KUBE-SVC-"))
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "kube-proxy wrote no service rules after {KUBELET_START_TIMEOUT:?}:\n{}",
+                    log_tail(&log, 40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn wait_ready(&mut self, client: &kube::Client, timeout: Duration) -> Result<()> {
         let nodes = Api::<Node>::all(client.clone());
         let deadline = Instant::now() + timeout;
@@ -933,6 +1015,9 @@ imports = []
     /// Every step runs even when an earlier one failed; the failures are returned.
     fn teardown(&mut self) -> Vec<String> {
         let mut problems = Vec::new();
+        if let Some(mut proxy) = self.kube_proxy.take() {
+            proxy.stop();
+        }
         if let Some(mut kubelet) = self.kubelet.take() {
             kubelet.stop();
         }
