@@ -131,6 +131,18 @@ impl ClientOptions {
     }
 }
 
+/// `config` with kube's default retry layer off, for a client that evicts pods.
+///
+/// kube 5 retries every 429 up to 15 times with a delay growing to 1000 s (`Config::default_retry`). An
+/// eviction's 429 is not overload but a PodDisruptionBudget's refusal: retried inside the client, it would
+/// never come back as one, and the caller (which has its own backoff: `kubectl drain` waits 5 s) would hang
+/// until its timeout. client-go returns it at once (it retries a 429 only with a `Retry-After` header, which
+/// an eviction's refusal does not send).
+pub fn without_retry(mut config: kube::Config) -> kube::Config {
+    config.default_retry = false;
+    config
+}
+
 /// A client of `config` whose every request first takes a token of `bucket`.
 pub fn client_with_bucket(config: kube::Config, bucket: TokenBucket) -> Result<kube::Client, ClientError> {
     tracing::debug!(url = %config.cluster_url, rate = ?bucket.rate(), "Kubernetes client");

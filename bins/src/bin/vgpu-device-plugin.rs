@@ -246,12 +246,23 @@ fn plugin_config(cli: &Cli, node: String, settings: NodeSettings, domain: Resour
     config
 }
 
-async fn kube_client(args: &vgpu_bins::KubeClientArgs, timeout: u64) -> anyhow::Result<kube::Client> {
+/// The plugin's client, and the reschedule controller's: the same configuration and rate limit, without
+/// kube's retry of a 429 (a PodDisruptionBudget's refusal of an eviction comes back as one at once;
+/// [`vgpu_kube::client::without_retry`]).
+async fn kube_clients(
+    args: &vgpu_bins::KubeClientArgs,
+    timeout: u64,
+) -> anyhow::Result<(kube::Client, kube::Client)> {
     let options = args.options(vgpu_bins::COMPONENT_RATE);
     let bucket = options.bucket()?;
     let mut config = options.config().await?;
     apply_kube_timeout(&mut config, timeout);
-    vgpu_kube::client::client_with_bucket(config, bucket).context("building the Kubernetes client")
+    let evicting = vgpu_kube::client::without_retry(config.clone());
+    let client = vgpu_kube::client::client_with_bucket(config, bucket.clone())
+        .context("building the Kubernetes client")?;
+    let evicting =
+        vgpu_kube::client::client_with_bucket(evicting, bucket).context("building the Kubernetes client")?;
+    Ok((client, evicting))
 }
 
 async fn run(
@@ -267,8 +278,10 @@ async fn run(
     for w in &opened.warnings {
         tracing::warn!("{w}");
     }
-    let client = kube_client(&cli.kube, cli.kube_timeout).await?;
-    let cluster = Arc::new(KubeCluster::new(client).with_instance(format!("vgpu-device-plugin-{node}")));
+    let (client, evicting) = kube_clients(&cli.kube, cli.kube_timeout).await?;
+    let instance = format!("vgpu-device-plugin-{node}");
+    let cluster = Arc::new(KubeCluster::new(client).with_instance(instance.clone()));
+    let reschedule = Arc::new(KubeCluster::new(evicting).with_instance(instance));
 
     let mut config = plugin_config(&cli, node, settings, domain);
     config.gates = gates;
@@ -276,9 +289,9 @@ async fn run(
     // Driver and CUDA versions (vgpu.config, node labels) come from the backend in Daemon::new.
     let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
     // The reschedule controller (gate AllocationFailureReschedule) evicts, deletes and recreates pods
-    // through the same client.
+    // through its own client (no 429 retry).
     let mut daemon =
-        Daemon::new(config, backend, cluster.clone(), cluster.clone())?.with_reschedule_client(cluster);
+        Daemon::new(config, backend, cluster.clone(), cluster)?.with_reschedule_client(reschedule);
     daemon.publisher.interval = Duration::from_secs(cli.node_publish_interval);
     if cli.gfd_labels {
         let machine =

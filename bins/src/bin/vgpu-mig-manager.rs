@@ -154,8 +154,9 @@ async fn run(cli: Cli, config: ManagerConfig) -> anyhow::Result<()> {
     // the manager retries on its next pass with its own backoff instead.
     let options = cli.kube.options(vgpu_bins::COMPONENT_RATE);
     let bucket = options.bucket().context("the Kubernetes client rate limit")?;
-    let mut kube_config = options.config().await.context("the Kubernetes client configuration")?;
-    kube_config.default_retry = false;
+    let kube_config = vgpu_kube::client::without_retry(
+        options.config().await.context("the Kubernetes client configuration")?,
+    );
     let client = vgpu_kube::client::client_with_bucket(kube_config, bucket)
         .context("building the Kubernetes client")?;
     tracing::info!(config = ?config, backend = backend.name(), "starting the MIG manager");
