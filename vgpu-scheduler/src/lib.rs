@@ -26,7 +26,7 @@
 //! | [`leader`] | [`LeaderConfig`], [`leader::run`]: Lease election or `--watch-lease`, role in [`Readiness`] and the pod label |
 //! | [`wire`] | the `k8s.io/kube-scheduler/extender/v1` JSON types and their conversions to and from the verb results |
 //! | [`server`] | the axum router ([`server::router`]) and [`server::serve`]/[`server::run`]: verbs, `/healthz`, `/readyz`, `/metrics`, `/version` |
-//! | [`tls`] | re-export of [`vgpu_serve::tls`]: rustls (ring, ALPN `http/1.1`), hot-reloaded certificate ([`tls::CertReloader`]), client-certificate verification ([`tls::ClientCaReloader`]) |
+//! | [`tls`] | re-export of [`vgpu_serve::tls`]: rustls (ring, ALPN `h2` then `http/1.1`), hot-reloaded certificate ([`tls::CertReloader`]), client-certificate verification ([`tls::ClientCaReloader`]) |
 //! | [`metrics`] | [`Metrics`]: the contract's `vgpu_scheduler_*` families (prometheus-client) |
 //! | [`work`] | [`work::WorkPool`]: admission and blocking-thread workers for the verbs, so the probes always answer |
 //!

@@ -768,7 +768,7 @@ fn ca_and_leaf(ca: &rcgen::Issuer<'_, rcgen::KeyPair>, name: &str) -> (String, S
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_serves_http11_and_rotates_the_certificate() {
+async fn tls_serves_h2_and_rotates_the_certificate() {
     use tokio_rustls::rustls;
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -814,12 +814,15 @@ async fn tls_serves_http11_and_rotates_the_certificate() {
     assert_eq!(presented(&tls), der_a);
     assert_eq!(
         tls.get_ref().1.alpn_protocol(),
-        Some(&b"http/1.1"[..]),
-        "http/1.1 only, even when h2 is offered"
+        Some(&b"h2"[..]),
+        "h2 when the client offers it (kube-scheduler)"
     );
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
     tokio::spawn(conn);
-    let req = Request::get("/healthz").header("host", "localhost").body(Full::new(Bytes::new())).unwrap();
+    let req = Request::get("https://localhost/healthz").body(Full::new(Bytes::new())).unwrap();
     let resp = sender.send_request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "ok");

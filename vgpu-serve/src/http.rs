@@ -28,7 +28,7 @@ use http::{HeaderMap, Request, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::service::Service as _;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use serde::Serialize;
@@ -257,7 +257,35 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for StampedIo<S> {
 
 // === serve ===
 
-/// Serves one connection: `app` with each request's [`RequestStart`], under `builder`'s header timeout.
+/// The two connection builders of [`serve`]: HTTP/1.1, and HTTP/2 for TLS connections that negotiated `h2`.
+#[derive(Clone)]
+struct Builders {
+    http1: hyper::server::conn::http1::Builder,
+    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+}
+
+/// Concurrent streams an HTTP/2 client may open on one connection (kube-scheduler sends one call per pod
+/// and node batch; the Go default is 250 as well).
+const MAX_CONCURRENT_STREAMS: u32 = 250;
+
+impl Builders {
+    fn new(timeouts: &HttpTimeouts) -> Self {
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        let header_timeout = timeouts.header_read_timeout.min(timeouts.read_timeout);
+        http1.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+        let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        // A peer that stops answering pings within the header timeout is gone: its connection closes.
+        http2
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            .keep_alive_interval(Some(timeouts.header_read_timeout))
+            .keep_alive_timeout(timeouts.header_read_timeout);
+        Self { http1, http2 }
+    }
+}
+
+/// Serves one HTTP/1.1 connection: `app` with each request's [`RequestStart`] (the first byte of the
+/// request), under the builder's header timeout.
 async fn serve_connection<S>(
     stream: S,
     client_cert: Option<VerifiedClientCert>,
@@ -287,12 +315,39 @@ where
     watcher.watch(builder.serve_connection(io, service)).await
 }
 
+/// Serves one HTTP/2 connection: requests are multiplexed, so each one's [`RequestStart`] is when its
+/// headers arrived (a stream's header frames come whole).
+async fn serve_h2_connection<S>(
+    stream: S,
+    client_cert: Option<VerifiedClientCert>,
+    app: Router,
+    builder: hyper::server::conn::http2::Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+) -> Result<(), hyper::Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let inner = TowerToHyperService::new(app);
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(RequestStart(Instant::now()));
+        if let Some(cert) = &client_cert {
+            req.extensions_mut().insert(cert.clone());
+        }
+        inner.call(req)
+    });
+    watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await
+}
+
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets open connections finish
 /// (up to [`HttpTimeouts::shutdown_timeout`]) and returns.
 ///
-/// HTTP/1.1 only; headers must arrive within [`HttpTimeouts::header_read_timeout`] (the TLS handshake too),
-/// and each request gets a [`RequestStart`] extension from which [`read_body`] counts
-/// [`HttpTimeouts::read_timeout`]. With `tls`, connections are TLS (see [`crate::tls::TlsFiles::start`]),
+/// HTTP/1.1, and HTTP/2 on TLS connections whose client negotiated `h2` through ALPN
+/// ([`crate::tls::ALPN_PROTOCOLS`]): one multiplexed connection serves all of a Go client's calls
+/// (kube-scheduler's extender client, kube-apiserver's webhook client), where HTTP/1.1 opens one per call
+/// in flight. HTTP/1.1 headers must arrive within [`HttpTimeouts::header_read_timeout`] (the TLS handshake
+/// too; an HTTP/2 peer must answer pings within it), and each request gets a [`RequestStart`] extension from
+/// which [`read_body`] counts [`HttpTimeouts::read_timeout`]. With `tls`, connections are TLS (see
+/// [`crate::tls::TlsFiles::start`]),
 /// and the requests of a connection whose client presented a verified certificate carry it as a
 /// [`VerifiedClientCert`] extension. Accept errors and failed handshakes are logged and never stop the server.
 pub async fn serve<F>(
@@ -305,9 +360,7 @@ pub async fn serve<F>(
     F: Future<Output = ()> + Send,
 {
     let graceful = GracefulShutdown::new();
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    let header_timeout = timeouts.header_read_timeout.min(timeouts.read_timeout);
-    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    let builders = Builders::new(timeouts);
     let handshake_timeout = timeouts.header_read_timeout;
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -325,17 +378,22 @@ pub async fn serve<F>(
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
-        let builder = builder.clone();
+        let builders = builders.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone();
         tokio::spawn(async move {
             let served = match tls {
-                None => serve_connection(stream, None, app, builder, watcher).await,
+                None => serve_connection(stream, None, app, builders.http1, watcher).await,
                 Some(acceptor) => {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(tls_stream)) => {
-                            let cert = VerifiedClientCert::from_connection(tls_stream.get_ref().1);
-                            serve_connection(tls_stream, cert, app, builder, watcher).await
+                            let session = tls_stream.get_ref().1;
+                            let cert = VerifiedClientCert::from_connection(session);
+                            if session.alpn_protocol() == Some(b"h2".as_slice()) {
+                                serve_h2_connection(tls_stream, cert, app, builders.http2, watcher).await
+                            } else {
+                                serve_connection(tls_stream, cert, app, builders.http1, watcher).await
+                            }
                         }
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, error = %e, "TLS handshake failed");

@@ -3,7 +3,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`tls`] | rustls (ring, ALPN `http/1.1`) with a hot-reloaded certificate ([`tls::CertReloader`]) and optional client-certificate verification against a reloaded CA bundle ([`tls::ClientCaReloader`]) |
+//! | [`tls`] | rustls (ring, ALPN `h2` then `http/1.1`) with a hot-reloaded certificate ([`tls::CertReloader`]) and optional client-certificate verification against a reloaded CA bundle ([`tls::ClientCaReloader`]) |
 //! | [`http`] | the HTTP/1.1 `serve` loop with the upstream header/request timeouts, TLS accept and graceful shutdown; body reading under a cap and the request deadline; `/version` info |
 //! | [`process_metrics`] | the Prometheus `process_*` collector (`/proc/self`) every binary's `/metrics` carries |
 //! | [`pprof`] | `--pprof-bind-port`: CPU profiles at `/debug/pprof/profile?seconds=S` in pprof's gzip-compressed protobuf, as Go's `net/http/pprof` serves them ([`pprof::serve_pprof`]) |

@@ -1,6 +1,7 @@
 //! TLS for the vgpu servers (`--enable-tls`, `--tls-cert-file`, `--tls-key-file`, `--cert-refresh-interval`,
-//! `--client-ca-file`): rustls with the ring provider, HTTP/1.1 only (ALPN `http/1.1`), a certificate that is
-//! reloaded while the server runs, and optional client-certificate verification.
+//! `--client-ca-file`): rustls with the ring provider, ALPN `h2` then `http/1.1` (both served by
+//! [`crate::http::serve`]), a certificate that is reloaded while the server runs, and optional
+//! client-certificate verification.
 //!
 //! [`CertReloader`] is a rustls [`ResolvesServerCert`]: every handshake takes the current certificate and key.
 //! [`CertReloader::spawn_refresher`] re-reads both PEM files every refresh interval (default 5 s) and swaps in
@@ -43,8 +44,10 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureS
 /// Default `--cert-refresh-interval`.
 pub const DEFAULT_CERT_REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The ALPN protocols offered: HTTP/1.1 only, as vgpu-manager.
-pub const ALPN_PROTOCOLS: [&[u8]; 1] = [b"http/1.1"];
+/// The ALPN protocols offered, in the server's order of preference: `h2` (a Go client such as kube-scheduler
+/// or kube-apiserver then multiplexes all its calls on one connection; [`crate::http::serve`] serves it), then
+/// `http/1.1` (vgpu-manager offers only this one; clients that ask for it alone get it).
+pub const ALPN_PROTOCOLS: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// Whether a client must present a certificate during the handshake (module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -539,7 +542,7 @@ impl VerifiedClientCert {
 }
 
 /// A rustls server configuration over a resolver: ring provider, safe default protocol versions, no client
-/// authentication, ALPN `http/1.1` only.
+/// authentication, ALPN [`ALPN_PROTOCOLS`].
 pub fn server_config(resolver: Arc<dyn ResolvesServerCert>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     Ok(with_alpn(
         rustls::ServerConfig::builder_with_provider(provider())
@@ -630,14 +633,14 @@ mod tests {
     }
 
     #[test]
-    fn server_config_offers_http11_only() {
+    fn server_config_offers_h2_then_http11() {
         let dir = tempfile::tempdir().unwrap();
         let (c, k) = pair("x");
         std::fs::write(dir.path().join("c"), c).unwrap();
         std::fs::write(dir.path().join("k"), k).unwrap();
         let r = Arc::new(CertReloader::load(dir.path().join("c"), dir.path().join("k")).unwrap());
         let cfg = server_config(r).unwrap();
-        assert_eq!(cfg.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        assert_eq!(cfg.alpn_protocols, vec![b"h2".to_vec(), b"http/1.1".to_vec()]);
     }
 
     #[test]
