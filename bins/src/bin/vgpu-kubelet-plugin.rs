@@ -78,7 +78,7 @@ struct Cli {
     /// Authorize the metrics path by bearer token: the API server must authenticate the token
     /// (TokenReview) and allow its user `get` on the non-resource URL <--metrics-path> (SubjectAccessReview);
     /// 401/403 otherwise. /healthz and /readyz stay open. Decisions are cached 10s (allowed) / 2s (refused).
-    #[arg(long, env = "ENABLE_RBAC", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool_env, action = clap::ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     enable_rbac: bool,
     /// Consumable shares of whole GPUs (needs gate ConsumableShares): disabled, memory, unlimited or a
     /// positive integer.
