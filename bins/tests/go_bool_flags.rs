@@ -56,7 +56,7 @@ const CASES: &[Case] = &[
         exe: env!("CARGO_BIN_EXE_vgpu-kubelet-plugin"),
         base: &[],
         stops_at: "--node-name (or NODE_NAME) is required",
-        flags: &["physical-gpu-status"],
+        flags: &["physical-gpu-status", "enable-rbac"],
     },
     Case {
         bin: "vgpu-webhook",

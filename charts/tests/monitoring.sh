@@ -13,6 +13,7 @@
 # | dashboard | valid JSON; unique panel ids, no overlapping panels, all on the ${datasource} variable; every PromQL expression parses (`promtool check rules` on them as recording rules) and returns samples on synthetic series with the labels our code documents (`promtool test rules`, absent(<expr>) empty); the ConfigMap holds it unchanged |
 # | metric names | every metric the rules and the dashboard read is exported by our Rust code (monitoring_check.py names) |
 # | values schema | files/monitoring.schema.json merged into values.schema.json rejects typos and wrong types, accepts the defaults |
+# | gpu-module | off by default (no monitor, rule, dcgm-exporter); adapters serve /metrics with --enable-rbac and the auth-delegator binding; PodMonitor/ServiceMonitor vgpu-adapter with the metrics-reader token (none without enableRbac); dcgm-exporter DaemonSet (image/tag values, NVIDIA nodes) and its monitors; PrometheusRule groups per what is on; `helm lint --strict`; rule names against our code (DCGM_FI_* listed as external); `promtool test rules gpu_module_alerts_test.yaml` |
 #
 # promtool missing: its checks are skipped, saying so (the rest still runs).
 set -euo pipefail
@@ -252,6 +253,76 @@ EOF
 echo "=== metric names (rules and dashboard) against the Rust sources"
 "${check[@]}" names . "$mgr/files/alerts.yaml" "$mgr/files/vgpu-dashboard.json" || bad "metric names"
 
+echo "=== gpu-module (adapter metrics, DCGM exporter: chart-only, untested without a GPU)"
+gm=charts/gpu-module
+gmon=(--set dra.enabled=true --set monitoring.podMonitor.enabled=true --set monitoring.serviceMonitor.enabled=true
+  --set monitoring.prometheusRule.enabled=true)
+"$helm" template r "$gm" -n d8-gpu "${kube[@]}" >"$tmp/gm-default.yaml"
+"$helm" template r "$gm" -n d8-gpu "${kube[@]}" --set dra.enabled=true >"$tmp/gm-dra.yaml"
+for k in PodMonitor ServiceMonitor PrometheusRule; do
+  expect_no_kind "$tmp/gm-default.yaml" "$k"
+  expect_no_kind "$tmp/gm-dra.yaml" "$k"
+done
+expect absent "$tmp/gm-default.yaml" DaemonSet dcgm-exporter
+expect absent "$tmp/gm-dra.yaml" Secret vgpu-adapter-metrics-reader-token
+expect_kind "$tmp/gm-dra.yaml" ClusterRoleBinding vgpu-adapter-auth-delegator
+expect_field "$tmp/gm-dra.yaml" ClusterRoleBinding vgpu-adapter-auth-delegator roleRef/name '"system:auth-delegator"'
+expect_field "$tmp/gm-dra.yaml" DaemonSet vgpu-adapter-nvidia spec/template/spec/containers/0/ports \
+  '[{"containerPort": 8080, "name": "metrics"}]'
+expect_field "$tmp/gm-dra.yaml" DaemonSet vgpu-adapter-nvidia spec/template/spec/containers/0/livenessProbe \
+  '{"httpGet": {"path": "/healthz", "port": "metrics"}}'
+verify
+for want in --http-endpoint=:8080 --metrics-path=/metrics --enable-rbac=true; do
+  if grep -qF -- "$want" "$tmp/gm-dra.yaml"; then ok "adapters: $want"; else bad "adapters: no $want"; fi
+done
+"$helm" template r "$gm" -n d8-gpu "${kube[@]}" "${gmon[@]}" --set dcgmExporter.enabled=true \
+  --set dcgmExporter.image.tag=9.9.9-test >"$tmp/gm.yaml"
+expect_kind "$tmp/gm.yaml" PodMonitor vgpu-adapter
+expect_kind "$tmp/gm.yaml" Service vgpu-adapter
+expect_kind "$tmp/gm.yaml" ServiceMonitor vgpu-adapter
+expect_kind "$tmp/gm.yaml" ClusterRole vgpu-adapter-metrics-reader
+expect_kind "$tmp/gm.yaml" ClusterRoleBinding vgpu-adapter-metrics-reader
+expect_kind "$tmp/gm.yaml" ServiceAccount vgpu-adapter-metrics-reader
+expect_kind "$tmp/gm.yaml" PodMonitor dcgm-exporter
+expect_kind "$tmp/gm.yaml" ServiceMonitor dcgm-exporter
+expect_kind "$tmp/gm.yaml" PrometheusRule gpu-module
+expect_field "$tmp/gm.yaml" ClusterRole vgpu-adapter-metrics-reader rules '[{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]'
+expect_field "$tmp/gm.yaml" Secret vgpu-adapter-metrics-reader-token type '"kubernetes.io/service-account-token"'
+expect_field "$tmp/gm.yaml" PodMonitor vgpu-adapter spec/podMetricsEndpoints/0/authorization \
+  '{"credentials": {"key": "token", "name": "vgpu-adapter-metrics-reader-token"}, "type": "Bearer"}'
+expect_field "$tmp/gm.yaml" PodMonitor vgpu-adapter spec/podMetricsEndpoints/0/relabelings/0/replacement '"vgpu-adapter"'
+expect_field "$tmp/gm.yaml" ServiceMonitor vgpu-adapter spec/endpoints/0/authorization/credentials/name \
+  '"vgpu-adapter-metrics-reader-token"'
+expect subset "$tmp/gm.yaml" PodMonitor vgpu-adapter spec/selector/matchLabels \
+  DaemonSet vgpu-adapter-nvidia spec/template/metadata/labels
+expect subset "$tmp/gm.yaml" Service vgpu-adapter spec/selector DaemonSet vgpu-adapter-metax spec/template/metadata/labels
+expect subset "$tmp/gm.yaml" ServiceMonitor vgpu-adapter spec/selector/matchLabels Service vgpu-adapter metadata/labels
+expect_field "$tmp/gm.yaml" DaemonSet dcgm-exporter spec/template/spec/containers/0/image '"nvcr.io/nvidia/k8s/dcgm-exporter:9.9.9-test"'
+expect_field "$tmp/gm.yaml" DaemonSet dcgm-exporter spec/template/spec/nodeSelector '{"gpu.deckhouse.io/vendor": "nvidia"}'
+expect nofield "$tmp/gm.yaml" PodMonitor dcgm-exporter spec/podMetricsEndpoints/0/authorization
+expect subset "$tmp/gm.yaml" PodMonitor dcgm-exporter spec/selector/matchLabels DaemonSet dcgm-exporter spec/template/metadata/labels
+expect subset "$tmp/gm.yaml" ServiceMonitor dcgm-exporter spec/selector/matchLabels Service dcgm-exporter metadata/labels
+verify
+"${check[@]}" rule-spec "$tmp/gm.yaml" "$tmp/gm-rules.yaml"
+if "${check[@]}" same-groups "$gm/files/alerts.yaml" "$tmp/gm-rules.yaml"; then ok "rendered rules = files/alerts.yaml (everything on)"; else bad "gpu-module rendered rules differ from files/alerts.yaml"; fi
+"$helm" template r "$gm" -n d8-gpu "${kube[@]}" "${gmon[@]}" >"$tmp/gm-nodcgm.yaml"
+"${check[@]}" rule-spec "$tmp/gm-nodcgm.yaml" "$tmp/gm-nodcgm-rules.yaml"
+if grep -q DCGM "$tmp/gm-nodcgm-rules.yaml"; then bad "DCGM alerts rendered without dcgmExporter.enabled"; else ok "no DCGM alerts without the exporter"; fi
+expect absent "$tmp/gm-nodcgm.yaml" DaemonSet dcgm-exporter
+expect absent "$tmp/gm-nodcgm.yaml" PodMonitor dcgm-exporter
+verify
+"$helm" template r "$gm" -n d8-gpu "${kube[@]}" "${gmon[@]}" --set adapters.metrics.enableRbac=false >"$tmp/gm-norbac.yaml"
+expect nofield "$tmp/gm-norbac.yaml" PodMonitor vgpu-adapter spec/podMetricsEndpoints/0/authorization
+expect absent "$tmp/gm-norbac.yaml" ClusterRoleBinding vgpu-adapter-auth-delegator
+expect absent "$tmp/gm-norbac.yaml" Secret vgpu-adapter-metrics-reader-token
+verify
+if grep -qF -- --enable-rbac=false "$tmp/gm-norbac.yaml"; then ok "adapters: --enable-rbac=false"; else bad "adapters: no --enable-rbac=false"; fi
+expect_fail "createTokenSecret is false and existingSecret is empty" "$gm" "${gmon[@]}" \
+  --set monitoring.metricsAuth.createTokenSecret=false
+"$helm" lint --strict "${kube[@]}" "$gm" "${gmon[@]}" --set dcgmExporter.enabled=true >"$tmp/lint.log" 2>&1 \
+  && ok "helm lint --strict gpu-module" || { cat "$tmp/lint.log" >&2; bad "helm lint gpu-module"; }
+"${check[@]}" names . "$gm/files/alerts.yaml" - || bad "gpu-module metric names"
+
 echo "=== promtool"
 if command -v promtool >/dev/null; then
   promtool check rules "$mgr/files/alerts.yaml" && ok "check rules files/alerts.yaml" || bad "promtool check rules files/alerts.yaml"
@@ -259,6 +330,8 @@ if command -v promtool >/dev/null; then
   "${check[@]}" exprs "$mgr/files/alerts.yaml" "$mgr/files/vgpu-dashboard.json" "$tmp/exprs.yaml"
   promtool check rules "$tmp/exprs.yaml" && ok "every expression parses" || bad "an expression does not parse"
   (cd charts/tests && promtool test rules alerts_test.yaml) && ok "test rules alerts_test.yaml" || bad "promtool test rules"
+  promtool check rules charts/gpu-module/files/alerts.yaml "$tmp/gm-rules.yaml" && ok "check rules gpu-module" || bad "promtool check rules gpu-module"
+  (cd charts/tests && promtool test rules gpu_module_alerts_test.yaml) && ok "test rules gpu_module_alerts_test.yaml" || bad "promtool test rules gpu-module"
   "${check[@]}" dashboard-test . "$mgr/files/vgpu-dashboard.json" "$tmp/dashboard_test.yaml"
   promtool test rules "$tmp/dashboard_test.yaml" && ok "every dashboard expression returns samples on the documented label sets" \
     || bad "a dashboard expression returns nothing on series with the documented labels (vector matching or label names)"

@@ -6,7 +6,8 @@ Subcommands:
                                 replaced by sample values), written to OUT as a rule file of recording rules, for
                                 `promtool check rules` to parse them
   names REPO RULES DASHBOARD    every metric name the rules and dashboard read must be one our Rust code exports
-                                (or one of EXTERNAL); prints them, exits 1 naming the unknown ones
+                                (or one of EXTERNAL, EXTERNAL_DCGM); prints them, exits 1 naming the unknown
+                                ones; DASHBOARD "-" = none
   dashboard DASHBOARD           the dashboard's layout and wiring: unique panel ids, panels inside the 24-column
                                 grid without overlaps, every panel and target on the ${datasource} variable,
                                 every target with an expression
@@ -42,6 +43,12 @@ import yaml
 # Metric names the rules and dashboard read that are not ours: Prometheus' own scrape health and
 # kube-state-metrics' container readiness (the extender alert without scraping).
 EXTERNAL = {"up", "kube_pod_container_status_ready"}
+
+# Upstream NVIDIA dcgm-exporter's gauges (default-counters.csv) that charts/gpu-module/files/alerts.yaml reads:
+# NVIDIA's names, exported by the dcgm-exporter image, not by our code (the gpu-module chart's DCGM is
+# chart-only: no test runs it, it needs a GPU).
+EXTERNAL_DCGM = {"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}
+EXTERNAL |= EXTERNAL_DCGM
 
 PROMQL_WORDS = {
     "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
@@ -129,13 +136,18 @@ def metric_names(expr):
 
 def exported_names(repo):
     """Metric family names our crates export: quoted literals of non-comment lines of */src/**/*.rs, and
-    for every `Registry::with_prefix("P")` file, P_<name> of its `.register("<name>"` calls."""
+    for every `Registry::with_prefix("P")` (or `with_prefix(C)` with `const C: &str = "P"` in the same file)
+    file, P_<name> of its `.register("<name>"` calls."""
     literals, prefixed = set(), set()
     for f in sorted(pathlib.Path(repo).glob("*/src/**/*.rs")):
         text = f.read_text(encoding="utf-8", errors="replace")
         code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("//"))
         literals.update(re.findall(r'"([a-z_:][a-z0-9_:]*)"', code))
-        for prefix in re.findall(r'Registry::with_prefix\(\s*"([a-z0-9_]+)"\s*\)', code):
+        consts = dict(re.findall(r'const\s+([A-Z_][A-Z0-9_]*)\s*:\s*&str\s*=\s*"([a-z0-9_]+)"', code))
+        prefixes = re.findall(r'Registry::with_prefix\(\s*"([a-z0-9_]+)"\s*\)', code)
+        # A prefix named by a `const X: &str = "..."` of the same file.
+        prefixes += [consts[c] for c in re.findall(r'Registry::with_prefix\(\s*([A-Z_][A-Z0-9_]*)\s*\)', code) if c in consts]
+        for prefix in prefixes:
             for name in re.findall(r'\.register\(\s*"([a-z0-9_]+)"', code):
                 prefixed.add(f"{prefix}_{name}")
     return literals, prefixed
@@ -274,14 +286,17 @@ def cmd_dashboard_test(repo, dashboard, out):
 def cmd_names(repo, rules, dashboard):
     literals, prefixed = exported_names(repo)
     used = {}
-    for where, e in rule_exprs(rules) + dashboard_exprs(dashboard):
+    dashboard_items = [] if dashboard == "-" else dashboard_exprs(dashboard)
+    for where, e in rule_exprs(rules) + dashboard_items:
         for n in metric_names(e):
             used.setdefault(n, []).append(where)
     if not used:
         sys.exit("no metric names found in the rules and the dashboard")
     bad = []
     for n in sorted(used):
-        if n in EXTERNAL:
+        if n in EXTERNAL_DCGM:
+            print(f"  {n}: external (upstream dcgm-exporter)")
+        elif n in EXTERNAL:
             print(f"  {n}: external (not ours)")
         elif is_exported(n, literals, prefixed):
             print(f"  {n}: exported")

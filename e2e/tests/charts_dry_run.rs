@@ -188,6 +188,20 @@ const CASES: &[Case] = &[
     },
     Case {
         chart: "gpu-module",
+        values: "adapters' metrics monitored, DCGM exporter (chart-only)",
+        set: &[
+            "dra.enabled=true",
+            "monitoring.podMonitor.enabled=true",
+            "monitoring.serviceMonitor.enabled=true",
+            "monitoring.prometheusRule.enabled=true",
+            "dcgmExporter.enabled=true",
+        ],
+        kinds: &["PodMonitor", "ServiceMonitor", "PrometheusRule", "DaemonSet"],
+        has: &[KUBELET_PLUGIN, r#""--enable-rbac=true""#, "nvcr.io/nvidia/k8s/dcgm-exporter"],
+        lacks: &[DEVICE_PLUGIN],
+    },
+    Case {
+        chart: "gpu-module",
         values: "controller with cert-manager",
         set: &["controller.certManager.enabled=true"],
         kinds: &["Issuer", "Certificate"],

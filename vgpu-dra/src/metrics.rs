@@ -17,10 +17,22 @@
 //! | `vgpu_kubelet_plugin_resource_slice_publish_rounds_total` | counter | | publishing rounds finished, successful or not |
 //! | `vgpu_kubelet_plugin_resource_slice_publish_failing` | gauge | | 1 while the last publishing round failed |
 //!
+//! | `vgpu_kubelet_plugin_device_health` | gauge | `device`, `uuid`, `status` = `Healthy`\|`Unhealthy`\|`Unknown` | 1 for the device's current status, 0 for the other two (a state set: three series per allocatable device) |
+//! | `vgpu_kubelet_plugin_device_health_monitored` | gauge | | 1 while a health stream feeds the statuses (gate `NVMLDeviceHealthCheck` on and the backend's stream alive), else 0 |
+//!
 //! Every `operation`/`result` series exists from the start (zero), so rates work before the first claim.
 //! The `resource_slice_*` ones are read at scrape time from the slice publisher's progress channel
 //! ([`crate::slices::publisher::SlicePublisher::status`], given by [`DriverMetrics::set_publisher`]) and are
-//! absent until it is given.
+//! absent until it is given. The `device_health*` ones are read at scrape time from the health snapshot
+//! ([`crate::health::HealthSnapshot`], given by [`DriverMetrics::set_health`]) and are absent until it is
+//! given; a snapshot that tracks no devices (gate off) has `device_health_monitored 0` and no
+//! `device_health` series. The label set is bounded: `device` and `uuid` come from this node's allocatable
+//! devices, `status` from three values.
+//!
+//! With an [`Authorizer`] (`--enable-rbac`, [`router_with_authz`]) the metrics path answers only a bearer
+//! token that a TokenReview authenticates (else 401) and a SubjectAccessReview allows `get` on the metrics
+//! path (else 403) — [`vgpu_serve::authz`], as the controller, the extender and the device monitor do;
+//! `/healthz` and `/readyz` stay open for the kubelet's probes.
 
 use std::{
     path::PathBuf,
@@ -49,7 +61,15 @@ use prometheus_client::{
 use tokio::{net::TcpListener, sync::watch};
 use vgpu_serve::http::{HEALTHZ_PATH, HttpTimeouts, READYZ_PATH};
 
-use crate::{driver::RunningDriver, registration::RegistrationState, slices::publisher::PublisherStatus};
+use vgpu_serve::authz::{Authorizer, NonResourceRequest};
+
+use crate::{
+    devices::AllocatableDevices,
+    driver::RunningDriver,
+    health::{HealthSnapshot, HealthStatus},
+    registration::RegistrationState,
+    slices::publisher::PublisherStatus,
+};
 
 /// Content type of the metrics page.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -134,6 +154,49 @@ pub struct DriverMetrics {
     operations: Family<OpResult, Counter>,
     duration: Family<OpLabel, Histogram, fn() -> Histogram>,
     publisher: Arc<std::sync::OnceLock<watch::Receiver<PublisherStatus>>>,
+    health: Arc<std::sync::OnceLock<HealthSource>>,
+}
+
+/// The health snapshot and the UUID of each device name (the `uuid` label).
+#[derive(Debug)]
+struct HealthSource {
+    snapshot: watch::Receiver<HealthSnapshot>,
+    uuids: std::collections::BTreeMap<String, String>,
+}
+
+/// The `device_health*` families, read from the health snapshot once it is set.
+#[derive(Debug)]
+struct HealthCollector(Arc<std::sync::OnceLock<HealthSource>>);
+
+const STATUSES: [HealthStatus; 3] = [HealthStatus::Healthy, HealthStatus::Unhealthy, HealthStatus::Unknown];
+
+impl Collector for HealthCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(source) = self.0.get() else { return Ok(()) };
+        let snapshot = source.snapshot.borrow().clone();
+        let monitored = ConstGauge::new(i64::from(snapshot.is_monitored()));
+        monitored.encode(encoder.encode_descriptor(
+            "vgpu_kubelet_plugin_device_health_monitored",
+            "1 while a health stream feeds the device statuses, else 0",
+            None,
+            monitored.metric_type(),
+        )?)?;
+        let mut family = encoder.encode_descriptor(
+            "vgpu_kubelet_plugin_device_health",
+            "1 for the device's current health status (Healthy, Unhealthy, Unknown), 0 for the others",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (device, state) in snapshot.iter() {
+            let uuid = source.uuids.get(device).map_or("", String::as_str);
+            for status in STATUSES {
+                let labels = [("device", device), ("uuid", uuid), ("status", status.as_str())];
+                let g = ConstGauge::new(i64::from(state.status == status));
+                g.encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The `resource_slice_*` families, read from the publisher's progress channel once it is set.
@@ -207,9 +270,18 @@ impl DriverMetrics {
         }
         let publisher = Arc::new(std::sync::OnceLock::new());
         let mut process = Registry::default();
+        let health = Arc::new(std::sync::OnceLock::new());
         process.register_collector(Box::new(PublisherCollector(Arc::clone(&publisher))));
+        process.register_collector(Box::new(HealthCollector(Arc::clone(&health))));
         process.register_collector(Box::new(vgpu_serve::process_metrics::ProcessCollector));
-        Self { registry, process, prepared_claims, operations, duration, publisher }
+        Self { registry, process, prepared_claims, operations, duration, publisher, health }
+    }
+
+    /// Reads the `device_health*` families from `snapshot` from now on, with the `uuid` label of each
+    /// device name taken from `devices` (the first call wins).
+    pub fn set_health(&self, snapshot: watch::Receiver<HealthSnapshot>, devices: &AllocatableDevices) {
+        let uuids = devices.iter().map(|d| (d.name.clone(), d.gpu.uuid.clone())).collect();
+        let _ = self.health.set(HealthSource { snapshot, uuids });
     }
 
     /// Reads the `resource_slice_*` families from `status` from now on (the first call wins).
@@ -299,6 +371,18 @@ pub fn router(
     readiness: Readiness,
     metrics_path: &str,
 ) -> Result<Router, MetricsError> {
+    router_with_authz(metrics, readiness, metrics_path, None)
+}
+
+/// [`router`], with the metrics path guarded by `authorizer` when given (`--enable-rbac`: TokenReview +
+/// SubjectAccessReview for `get` on `metrics_path`; 401 without a valid token, 403 when not allowed).
+/// `/healthz` and `/readyz` are never guarded.
+pub fn router_with_authz(
+    metrics: Arc<DriverMetrics>,
+    readiness: Readiness,
+    metrics_path: &str,
+    authorizer: Option<Arc<Authorizer>>,
+) -> Result<Router, MetricsError> {
     let bad = |reason| MetricsError::Path { path: metrics_path.to_owned(), reason };
     if !metrics_path.starts_with('/') {
         return Err(bad("must start with '/'"));
@@ -326,7 +410,17 @@ pub fn router(
         .fallback(move |request: Request| {
             let metrics = Arc::clone(&metrics);
             let path = path.clone();
-            async move { metrics_page(&metrics, &path, &request) }
+            let authorizer = authorizer.clone();
+            async move {
+                if request.uri().path() == path
+                    && let Some(authz) = &authorizer
+                    && let Err(denied) =
+                        authz.authorize(request.headers(), &NonResourceRequest::get(&path)).await
+                {
+                    return denied.response().map(Body::new);
+                }
+                metrics_page(&metrics, &path, &request)
+            }
         });
     Ok(router)
 }
@@ -348,15 +442,17 @@ fn metrics_page(metrics: &DriverMetrics, path: &str, request: &Request) -> Respo
     }
 }
 
-/// Serves [`router`] on `listener` until `shutdown` (the upstream HTTP timeouts, no TLS).
+/// Serves [`router_with_authz`] on `listener` until `shutdown` (the upstream HTTP timeouts, no TLS);
+/// `authorizer` guards the metrics path (`--enable-rbac`).
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<DriverMetrics>,
     readiness: Readiness,
     metrics_path: &str,
+    authorizer: Option<Arc<Authorizer>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), MetricsError> {
-    let app = router(metrics, readiness, metrics_path)?;
+    let app = router_with_authz(metrics, readiness, metrics_path, authorizer)?;
     vgpu_serve::http::serve(listener, app, None, &HttpTimeouts::default(), shutdown).await;
     Ok(())
 }
@@ -435,6 +531,63 @@ mod tests {
         assert!(text.contains("vgpu_kubelet_plugin_resource_slice_publish_rounds_total 3\n"), "{text}");
         assert!(text.contains("vgpu_kubelet_plugin_resource_slice_pool_generation 2\n"), "{text}");
         assert!(text.contains("vgpu_kubelet_plugin_resource_slice_publish_failing 1\n"), "{text}");
+    }
+
+    #[test]
+    fn device_health_is_a_bounded_state_set_read_at_scrape_time() {
+        use vgpu_core::backend::{HealthEvent, HealthEventKind, mock::MockBackend};
+
+        use crate::{
+            devices::DeviceConfig,
+            health::{HealthConfig, HealthMonitor},
+        };
+        let backend = MockBackend::from_yaml_str(
+            "gpus:\n  - { uuid: GPU-A, name: A30, memoryMiB: 1024 }\n  - { uuid: GPU-B, name: A30, memoryMiB: 1024 }\n",
+        )
+        .unwrap();
+        let devices = AllocatableDevices::from_backend(&backend, &DeviceConfig::default()).unwrap();
+        let m = DriverMetrics::new();
+        assert!(!m.encode().unwrap().contains("device_health"), "absent until the snapshot is set");
+
+        // Gate off: the unmonitored default has no devices.
+        let off = DriverMetrics::new();
+        let (_tx, rx) = watch::channel(HealthSnapshot::unmonitored_default());
+        off.set_health(rx, &devices);
+        let text = off.encode().unwrap();
+        assert!(text.contains("vgpu_kubelet_plugin_device_health_monitored 0\n"), "{text}");
+        assert!(!text.contains("vgpu_kubelet_plugin_device_health{"), "{text}");
+
+        let monitor = HealthMonitor::new(HealthConfig::new("manager.nvidia.com", &[]), &devices);
+        m.set_health(monitor.subscribe(), &devices);
+        let text = m.encode().unwrap();
+        assert!(text.contains("# TYPE vgpu_kubelet_plugin_device_health gauge\n"), "{text}");
+        assert!(text.contains("vgpu_kubelet_plugin_device_health_monitored 1\n"), "{text}");
+        let series = text.lines().filter(|l| l.starts_with("vgpu_kubelet_plugin_device_health{")).count();
+        assert_eq!(series, devices.len() * 3, "three statuses per device: {text}");
+        let first = devices.iter().next().unwrap();
+        let line = |status: &str| {
+            format!(
+                "vgpu_kubelet_plugin_device_health{{device=\"{}\",uuid=\"{}\",status=\"{status}\"}}",
+                first.name, first.gpu.uuid
+            )
+        };
+        assert!(text.contains(&format!("{} 1\n", line("Healthy"))), "{text}");
+        assert!(text.contains(&format!("{} 0\n", line("Unhealthy"))), "{text}");
+        let xid = HealthEvent {
+            index: first.gpu.index,
+            uuid: first.gpu.uuid.clone(),
+            kind: HealthEventKind::Xid { code: 79 },
+            message: String::new(),
+        };
+        assert!(monitor.apply(&xid));
+        let text = m.encode().unwrap();
+        assert!(text.contains(&format!("{} 1\n", line("Unhealthy"))), "{text}");
+        assert!(text.contains(&format!("{} 0\n", line("Healthy"))), "{text}");
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("vgpu_kubelet_plugin_device_health{")).count(),
+            devices.len() * 3,
+            "no new series on a change"
+        );
     }
 
     #[test]

@@ -44,6 +44,8 @@ fn one_daemonset_per_vendor_with_its_driver_and_backend() {
         assert!(args.contains(&format!("--driver-name={driver}")), "{vendor}: {args:?}");
         assert!(args.contains(&format!("--backend={backend}")), "{vendor}: {args:?}");
         assert!(!args.iter().any(|a| a == "--physical-gpu-status=false"), "{vendor}: status writes on");
+        assert!(args.contains(&"--http-endpoint=:8080".to_owned()), "{vendor}: metrics served: {args:?}");
+        assert!(args.contains(&"--enable-rbac=true".to_owned()), "{vendor}: metrics authorized: {args:?}");
         assert_eq!(pod["serviceAccountName"], "vgpu-adapter");
         assert_eq!(ds["metadata"]["namespace"], "d8-gpu");
         // The selector matches the pod template.
@@ -113,4 +115,17 @@ fn rbac_is_least_privilege_and_covers_physical_gpu_status() {
     .map(str::to_owned)
     .collect();
     assert_eq!(granted, expected);
+}
+
+/// `--enable-rbac` needs TokenReview and SubjectAccessReview: the adapters' ServiceAccount is bound to
+/// `system:auth-delegator`.
+#[test]
+fn the_adapters_may_review_scrapers() {
+    let docs = documents();
+    let binding = of_kind(&docs, "ClusterRoleBinding")
+        .into_iter()
+        .find(|b| b["roleRef"]["name"] == "system:auth-delegator")
+        .expect("a binding to system:auth-delegator");
+    assert_eq!(binding["subjects"][0]["name"], "vgpu-adapter");
+    assert_eq!(binding["subjects"][0]["namespace"], "d8-gpu");
 }

@@ -1,7 +1,9 @@
 //! The kubelet plugin's HTTP endpoint over real HTTP/1.1 on loopback (listener bound to port 0 and kept):
 //! `/healthz`, `/readyz` (503 until the test kubelet registers the plugin over the real registration socket,
 //! 503 again when a socket file is gone), the metrics page after real Prepare/Unprepare calls over the DRA
-//! socket (prepared-claims gauge, per-result counters, duration histogram, `process_*`), unknown paths 404.
+//! socket (prepared-claims gauge, per-result counters, duration histogram, `process_*`), unknown paths 404;
+//! `--enable-rbac` (401 / 403 / 200 through the in-memory reviewer, probes open) and the per-device health
+//! state set following the health monitor.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -70,6 +72,7 @@ async fn health_readiness_and_metrics_over_http() {
         Arc::clone(&metrics),
         Readiness::of(&running),
         "/custom/metrics",
+        None,
         async {
             let _ = stopped.await;
         },
@@ -170,4 +173,92 @@ async fn a_failed_registration_is_not_ready() {
     );
     running.stop().await.unwrap();
     assert!(readiness.check().unwrap_err().ends_with("reg.sock is not served"));
+}
+
+/// One `GET` with an `Authorization: Bearer` header.
+async fn get_with_token(addr: SocketAddr, path: &str, token: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.split(' ').nth(1).unwrap().parse().unwrap(), body.to_owned())
+}
+
+/// `--enable-rbac` over real HTTP: the metrics path answers 401 without a token or with an unknown one, 403 to
+/// an authenticated caller without `get` on it, 200 to one with it; `/healthz` and `/readyz` stay open. The
+/// page carries the per-device health state set, which follows the health monitor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_rbac_guards_metrics_and_health_is_exported() {
+    use vgpu_core::backend::{HealthEvent, HealthEventKind};
+    use vgpu_serve::authz::{Authorizer, MemoryReviewer, UserInfo};
+
+    let node = TestNode::new();
+    let metrics = Arc::new(DriverMetrics::new());
+    metrics.set_health(node.health.subscribe(), &node.devices);
+    let running = node.serve().await;
+    let reviewer = Arc::new(MemoryReviewer::new());
+    reviewer.add_token("t-prom", UserInfo::new("system:serviceaccount:monitoring:prometheus"));
+    reviewer.add_token("t-other", UserInfo::new("system:serviceaccount:default:other"));
+    reviewer.allow("system:serviceaccount:monitoring:prometheus", "/metrics", "get");
+    let authorizer = Some(Arc::new(Authorizer::new(reviewer.clone())));
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(metrics::serve(
+        listener,
+        Arc::clone(&metrics),
+        Readiness::of(&running),
+        "/metrics",
+        authorizer,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    assert_eq!(get(addr, "/metrics").await.0, 401, "no token");
+    assert_eq!(get_with_token(addr, "/metrics", "t-unknown").await.0, 401);
+    let (status, body) = get_with_token(addr, "/metrics", "t-other").await;
+    assert_eq!(status, 403);
+    assert!(body.contains("system:serviceaccount:default:other"), "{body}");
+    let (status, page) = get_with_token(addr, "/metrics", "t-prom").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(get(addr, "/healthz").await.0, 200, "probes stay open");
+    assert_eq!(get(addr, "/readyz").await.0, 503, "open (not registered yet), not 401");
+    assert_eq!(get(addr, "/other").await.0, 404, "other paths are not reviewed");
+
+    // Every device: Healthy 1, the others 0, with its UUID.
+    assert_eq!(value(&page, "vgpu_kubelet_plugin_device_health_monitored"), 1.0);
+    let first = node.devices.iter().next().unwrap();
+    let series = |device: &str, uuid: &str, status: &str| {
+        format!(
+            "vgpu_kubelet_plugin_device_health{{device=\"{device}\",uuid=\"{uuid}\",status=\"{status}\"}}"
+        )
+    };
+    for device in node.devices.iter() {
+        assert_eq!(value(&page, &series(&device.name, &device.gpu.uuid, "Healthy")), 1.0);
+        assert_eq!(value(&page, &series(&device.name, &device.gpu.uuid, "Unhealthy")), 0.0);
+        assert_eq!(value(&page, &series(&device.name, &device.gpu.uuid, "Unknown")), 0.0);
+    }
+    // An Xid on the first GPU makes its devices Unhealthy at the next scrape.
+    let xid = HealthEvent {
+        index: first.gpu.index,
+        uuid: first.gpu.uuid.clone(),
+        kind: HealthEventKind::Xid { code: 79 },
+        message: String::new(),
+    };
+    assert!(node.health.apply(&xid));
+    let (status, page) = get_with_token(addr, "/metrics", "t-prom").await;
+    assert_eq!(status, 200);
+    assert_eq!(value(&page, &series(&first.name, &first.gpu.uuid, "Unhealthy")), 1.0);
+    assert_eq!(value(&page, &series(&first.name, &first.gpu.uuid, "Healthy")), 0.0);
+
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    running.stop().await.unwrap();
 }

@@ -3,7 +3,9 @@
 //! Thin wiring: parse flags → validate gates (conflicts and gates this build cannot honour exit 2) →
 //! validate the flags (exit 2 naming the flag) → open the backend and the Kubernetes client → build the
 //! allocatable devices and the Prepare state (checkpoint recovery) → serve the registration and DRA sockets
-//! until SIGTERM/SIGINT.
+//! until SIGTERM/SIGINT. With `--http-endpoint`, `/healthz`, `/readyz` and the metrics path
+//! ([`vgpu_dra::metrics`]: claims, prepare latency, device health, slice publishing); `--enable-rbac` guards
+//! the metrics path by TokenReview + SubjectAccessReview (`get` on it; 401/403), probes stay open.
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
@@ -73,6 +75,11 @@ struct Cli {
     /// Path of the metrics endpoint.
     #[arg(long, env = "METRICS_PATH", default_value = "/metrics")]
     metrics_path: String,
+    /// Authorize the metrics path by bearer token: the API server must authenticate the token
+    /// (TokenReview) and allow its user `get` on the non-resource URL <--metrics-path> (SubjectAccessReview);
+    /// 401/403 otherwise. /healthz and /readyz stay open. Decisions are cached 10s (allowed) / 2s (refused).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
+    enable_rbac: bool,
     /// Consumable shares of whole GPUs (needs gate ConsumableShares): disabled, memory, unlimited or a
     /// positive integer.
     #[arg(long, env = "CONSUMABLE_SHARES", default_value = "disabled")]
@@ -389,6 +396,10 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         tracing::info!(path = %cli.nvidia_cdi_hook_path, "--nvidia-cdi-hook-path: this build writes no CDI hooks");
     }
     let client = cli.kube.client(vgpu_bins::KUBELET_PLUGIN_RATE).await?;
+    let authorizer = cli.enable_rbac.then(|| Arc::new(vgpu_serve::authz::Authorizer::kube(client.clone())));
+    if cli.enable_rbac && http_endpoint.is_none() {
+        tracing::warn!("--enable-rbac has no effect without --http-endpoint");
+    }
     let claims = Arc::new(KubeClaims::new(client.clone()));
     let config = Arc::new(config);
     let metrics = Arc::new(vgpu_dra::metrics::DriverMetrics::new());
@@ -429,6 +440,7 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     } else {
         unmonitored_rx
     };
+    metrics.set_health(health.clone(), &devices);
 
     // ResourceSlices of this node's pool, owned by the Node when it can be read.
     let mut slice_config = SliceConfig::new(&config.node_name);
@@ -524,9 +536,9 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         let path = cli.metrics_path.clone();
         let shutdown = stopped();
         http_task = Some(tokio::spawn(async move {
-            vgpu_dra::metrics::serve(listener, metrics, readiness, &path, shutdown).await
+            vgpu_dra::metrics::serve(listener, metrics, readiness, &path, authorizer, shutdown).await
         }));
-        tracing::info!(%bound, path = %cli.metrics_path, "metrics, /healthz and /readyz serving");
+        tracing::info!(%bound, path = %cli.metrics_path, rbac = cli.enable_rbac, "metrics, /healthz and /readyz serving");
     }
     if let Some(addr) = healthcheck {
         let check = HealthCheck::new(running.registration_socket.clone(), running.dra_socket.clone());
@@ -692,6 +704,18 @@ mod tests {
         assert!(r.devices.vgpu_support);
         let alias = parse(&["--node-name=n1", "--host_driver-root=/x"]);
         assert_eq!(alias.nvidia_driver_root.as_deref(), Some(Path::new("/x")));
+    }
+
+    /// `--enable-rbac` takes Go's bool forms (as the charts render it), off by default.
+    #[test]
+    fn enable_rbac_flag_forms() {
+        assert!(!parse(&["--node-name=n"]).enable_rbac);
+        assert!(parse(&["--node-name=n", "--enable-rbac"]).enable_rbac);
+        assert!(parse(&["--node-name=n", "--enable-rbac=true"]).enable_rbac);
+        assert!(!parse(&["--node-name=n", "--enable-rbac=false"]).enable_rbac);
+        assert!(parse(&["--node-name=n", "--enable-rbac=1"]).enable_rbac);
+        let bad = Cli::try_parse_from([BIN, "--node-name=n", "--enable-rbac=maybe"]).unwrap_err().to_string();
+        assert!(bad.contains("--enable-rbac"), "{bad}");
     }
 
     #[test]
