@@ -102,9 +102,13 @@ fn scheduling_group_name(_spec: Option<&corev1::PodSpec>) -> Option<String> {
 
 /// The gang key of a pod (module docs), if it belongs to one.
 pub fn gang_of(pod: &corev1::Pod) -> Option<String> {
-    let meta = &pod.metadata;
+    gang_of_meta(&pod.metadata, scheduling_group_name(pod.spec.as_ref()).as_deref())
+}
+
+/// The gang key from a pod's metadata and its `spec.schedulingGroup.podGroupName` (module docs).
+pub(crate) fn gang_of_meta(meta: &ObjectMeta, scheduling_group: Option<&str>) -> Option<String> {
     let namespace = meta.namespace.as_deref().unwrap_or_default();
-    if let Some(g) = scheduling_group_name(pod.spec.as_ref()).and_then(|n| gang_key(namespace, &n)) {
+    if let Some(g) = scheduling_group.and_then(|n| gang_key(namespace, n)) {
         return Some(g);
     }
     let labels = meta.labels.as_ref();

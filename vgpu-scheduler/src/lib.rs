@@ -18,6 +18,7 @@
 //! | [`rank_table`] | every node's ranking inputs in one dense row, read without node locks |
 //! | [`extender`] | [`Extender`]: the verbs and their protocol-shaped results |
 //! | [`fixture`] | nodes and pods as the device plugin and users publish them (tests, simulator, benches) |
+//! | [`api_pod`] | [`api_pod::ApiPod`]: a Pod's JSON decoded into only the fields the extender reads (requests, watch events) |
 //! | [`convert`] | Kubernetes `Pod`/`Node` (k8s-openapi) → [`Pod`]/[`Node`], gang identity |
 //! | [`readiness`] | [`Readiness`]: caches synced + leader role, shared by the cache driver, elector and server |
 //! | [`clock`] | [`Clock`], [`SystemClock`], [`ManualClock`] |
@@ -122,6 +123,7 @@
 pub mod cache;
 /// The clock seam, lifted into `vgpu-core` (kept here for existing callers).
 pub use vgpu_core::clock;
+pub mod api_pod;
 pub mod cluster;
 pub mod convert;
 pub mod event_queue;

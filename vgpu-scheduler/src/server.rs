@@ -86,6 +86,7 @@ use vgpu_core::model::TopologyMode;
 
 use crate::clock::Clock;
 use crate::cluster::{Cluster, Pod};
+use crate::api_pod::ApiPod;
 use crate::convert::pod_from_k8s;
 use crate::extender::Extender;
 use crate::metrics::{
@@ -561,14 +562,14 @@ async fn filter_verb<C: Cluster, K: Clock + 'static>(
 impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
     /// Filter or dry-run filter from the body to the encoded answer (on a worker thread).
     async fn filter_work(&self, bytes: &[u8], verb: Verb) -> (Response, &'static str) {
-        let prepared = decode_json::<ExtenderArgs>(bytes, "ExtenderArgs").and_then(|mut args| {
+        let prepared = decode_json::<ExtenderArgs<ApiPod>>(bytes, "ExtenderArgs").and_then(|mut args| {
             let names = args.take_candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
             Ok((args, names))
         });
         let (out, label) = match prepared {
             Err(e) => (ExtenderFilterResult::error(e.to_string()), "error"),
-            Ok((args, names)) => {
-                let pod = args.pod.as_ref().map(pod_from_k8s);
+            Ok((mut args, names)) => {
+                let pod = args.pod.take().map(ApiPod::into_pod);
                 let result = if verb == Verb::Filter {
                     self.extender.filter(pod.as_ref(), names).await
                 } else {
@@ -600,12 +601,12 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
 
     /// Prioritize from the body to the encoded answer (on a worker thread).
     fn prioritize_work(&self, bytes: &[u8]) -> Result<Response, RequestError> {
-        let mut args: ExtenderArgs = decode_json(bytes, "ExtenderArgs")?;
+        let mut args: ExtenderArgs<ApiPod> = decode_json(bytes, "ExtenderArgs")?;
         let names = args.take_candidate_names().map_err(|e| RequestError::Invalid(e.to_string()))?;
         let pod = args
             .pod
-            .as_ref()
-            .map(pod_from_k8s)
+            .take()
+            .map(ApiPod::into_pod)
             .ok_or_else(|| RequestError::Invalid(crate::ExtenderError::NoPod.to_string()))?;
         let list = self
             .extender

@@ -70,7 +70,8 @@ use tokio_stream::StreamExt;
 
 use crate::cache::ClusterCache;
 use crate::clock::{Clock, SystemClock};
-use crate::convert::{node_from_k8s, pod_from_k8s};
+use crate::api_pod::ApiPod;
+use crate::convert::node_from_k8s;
 use crate::readiness::Readiness;
 
 /// Settings of the cache driver.
@@ -141,7 +142,9 @@ impl CacheDriver {
         let mut nodes = NodeSink { cache: self.cache.clone(), gate: gate.clone(), listed: false };
         let mut pods = PodSink { cache: self.cache.clone(), clock: self.clock.clone(), gate, listed: false };
         let node_api: Api<corev1::Node> = Api::all(self.client.clone());
-        let pod_api: Api<corev1::Pod> = Api::all(self.client.clone());
+        // Pods are decoded into only the fields the extender reads (`api_pod` module docs): every pod passes
+        // through several watch events, and most of each object (managed fields, env, volumes, status) is unused.
+        let pod_api: Api<ApiPod> = Api::all(self.client.clone());
         let sweeper = async {
             let mut tick = tokio::time::interval(self.config.sweep_interval.max(Duration::from_millis(1)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -245,12 +248,12 @@ struct PodSink {
     listed: bool,
 }
 
-impl Sink<corev1::Pod> for PodSink {
-    fn relisted(&mut self, items: Vec<corev1::Pod>, version: u64) {
+impl Sink<ApiPod> for PodSink {
+    fn relisted(&mut self, items: Vec<ApiPod>, version: u64) {
         let now = self.clock.now_ns();
         let mut seen = HashSet::with_capacity(items.len());
-        for p in &items {
-            let pod = pod_from_k8s(p);
+        for p in items {
+            let pod = p.into_pod();
             if pod.uid.is_empty() {
                 continue;
             }
@@ -276,14 +279,14 @@ impl Sink<corev1::Pod> for PodSink {
         }
     }
 
-    fn applied(&mut self, object: corev1::Pod) {
-        let pod = pod_from_k8s(&object);
+    fn applied(&mut self, object: ApiPod) {
+        let pod = object.into_pod();
         if !pod.uid.is_empty() {
             self.cache.upsert_pod(pod, self.clock.now_ns());
         }
     }
 
-    fn deleted(&mut self, object: corev1::Pod) {
+    fn deleted(&mut self, object: ApiPod) {
         if let Some(uid) = object.metadata.uid.as_deref() {
             self.cache.delete_pod(uid);
         }

@@ -46,6 +46,10 @@ pub enum WireError {
     },
 }
 
+fn none<T>() -> Option<T> {
+    None
+}
+
 fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
@@ -91,10 +95,11 @@ pub struct NodeList {
 
 /// `ExtenderArgs`: the body of filter, filter-dryrun and prioritize.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ExtenderArgs {
-    /// `Pod`: the pod being scheduled.
-    #[serde(rename = "Pod", alias = "pod", default)]
-    pub pod: Option<Pod>,
+pub struct ExtenderArgs<P = Pod> {
+    /// `Pod`: the pod being scheduled (k8s-openapi's `Pod` by default; the server decodes an
+    /// [`ApiPod`](crate::api_pod::ApiPod), only the fields it reads).
+    #[serde(rename = "Pod", alias = "pod", default = "none")]
+    pub pod: Option<P>,
     /// `Nodes`: candidate nodes (only when the extender is not `nodeCacheCapable`).
     #[serde(rename = "Nodes", alias = "nodes", default)]
     pub nodes: Option<NodeList>,
@@ -104,7 +109,7 @@ pub struct ExtenderArgs {
     pub node_names: Option<CandidateNames>,
 }
 
-impl ExtenderArgs {
+impl<P> ExtenderArgs<P> {
     /// [`candidate_names`](Self::candidate_names) without copying `NodeNames`: the list is moved out and an empty
     /// one left in its place, so the answer's form ([`ExtenderFilterResult::from_result`]) is unchanged.
     pub fn take_candidate_names(&mut self) -> Result<CandidateNames, WireError> {
@@ -385,7 +390,7 @@ impl ExtenderFilterResult {
     /// The answer to `args` from an extender result, in the request's form: `NodeNames` in → `NodeNames` out;
     /// `Nodes` in → the sent node objects that passed, in request order, each once (the first of repeated
     /// objects). An error result carries only `Error`.
-    pub fn from_result(args: &ExtenderArgs, result: FilterResult) -> Self {
+    pub fn from_result<P>(args: &ExtenderArgs<P>, result: FilterResult) -> Self {
         if !result.error.is_empty() {
             return Self::error(result.error);
         }
