@@ -114,10 +114,15 @@ fi
 
 # With OCI_ARCHIVE the archive is the result: the images go when the script ends (checked or not), unless
 # KEEP_IMAGE=1. (Each build would otherwise leave a few hundred MB in buildah's store.)
+# (Also the untagged images of the intermediate stages this build made: those not there before it.)
+dangling_before="$(buildah images -q --filter dangling=true 2>/dev/null | sort -u || true)"
 drop_images() {
   local image
   for image in "$tag" "${host_base:-}"; do
     [[ -n "$image" ]] && buildah rmi -f "$image" >/dev/null 2>&1 || true
+  done
+  for image in $(buildah images -q --filter dangling=true 2>/dev/null | sort -u); do
+    grep -qx "$image" <<<"$dangling_before" || buildah rmi -f "$image" >/dev/null 2>&1 || true
   done
 }
 if [[ -n "${OCI_ARCHIVE:-}" && "${KEEP_IMAGE:-0}" != 1 ]]; then
