@@ -446,7 +446,8 @@ fn chart_gate_strings_equal_vgpuctl_gates_render() {
 /// `helm template` of `chart` with `sets`: its error text when the render fails.
 fn render_error(helm: &Path, chart: &str, sets: &[&str]) -> Option<String> {
     let mut cmd = Command::new(helm);
-    cmd.args(["template", "t", "--kube-version", "1.37.2", "-n", "d8-gpu"]).arg(repo().join("charts").join(chart));
+    cmd.args(["template", "t", "--kube-version", "1.37.2", "-n", "d8-gpu"])
+        .arg(repo().join("charts").join(chart));
     for s in sets {
         cmd.args(["--set", s]);
     }
@@ -482,7 +483,8 @@ fn charts_take_the_mock_backend_and_the_node_paths_from_values() {
             "devicePlugin.kubeletRootDir=/srv/kubelet/",
         ],
     );
-    let ds = &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "t-vgpu-manager-device-plugin").unwrap().2;
+    let ds =
+        &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "t-vgpu-manager-device-plugin").unwrap().2;
     assert_eq!(ds.matches("--mock-config=/etc/vgpu-mock/config.yaml").count(), 2, "plugin and monitor: {ds}");
     for want in [
         "hostPath: {path: /srv/mock.yaml, type: File}",
@@ -549,7 +551,8 @@ fn generated_webhook_certificates_carry_their_ca_and_skip_the_release_namespace(
             .lines()
             .find_map(|l| l.trim().strip_prefix("ca.crt: "))
             .unwrap_or_else(|| panic!("{chart}: no ca.crt in {secret}"));
-        let hooks = &docs.iter().find(|(k, n, _)| k == "MutatingWebhookConfiguration" && n == hooks).unwrap().2;
+        let hooks =
+            &docs.iter().find(|(k, n, _)| k == "MutatingWebhookConfiguration" && n == hooks).unwrap().2;
         assert!(hooks.contains(&format!("caBundle: {ca}")), "{chart}: caBundle is not the Secret's ca.crt");
     }
     let docs = render(&helm, "vgpu-manager", &[]);

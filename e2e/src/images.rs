@@ -25,7 +25,8 @@ pub fn single_binary_image(reference: &str, binary: &Path, dir: &Path) -> Result
         .file_name()
         .and_then(|n| n.to_str())
         .with_context(|| format!("{} has no file name", binary.display()))?;
-    let Some((_, tag)) = reference.rsplit_once(':').filter(|(_, tag)| !tag.is_empty() && !tag.contains('/')) else {
+    let Some((_, tag)) = reference.rsplit_once(':').filter(|(_, tag)| !tag.is_empty() && !tag.contains('/'))
+    else {
         bail!("image reference {reference:?} has no tag");
     };
     let work = tempfile::Builder::new().prefix("image-").tempdir_in(dir)?;
@@ -155,13 +156,13 @@ mod tests {
         let manifest: serde_json::Value =
             serde_json::from_slice(&std::fs::read(out.join("blobs/sha256").join(digest)).unwrap()).unwrap();
         let layer = manifest["layers"][0]["digest"].as_str().unwrap().strip_prefix("sha256:").unwrap();
-        let listing = Command::new("tar")
-            .arg("-tvf")
-            .arg(out.join("blobs/sha256").join(layer))
-            .output()
-            .unwrap();
+        let listing =
+            Command::new("tar").arg("-tvf").arg(out.join("blobs/sha256").join(layer)).output().unwrap();
         let listing = String::from_utf8(listing.stdout).unwrap();
-        assert!(listing.lines().any(|l| l.starts_with("-rwxr-xr-x") && l.ends_with("usr/local/bin/tool")), "{listing}");
+        assert!(
+            listing.lines().any(|l| l.starts_with("-rwxr-xr-x") && l.ends_with("usr/local/bin/tool")),
+            "{listing}"
+        );
         assert!(single_binary_image("no-tag", &bin, dir.path()).is_err());
     }
 }

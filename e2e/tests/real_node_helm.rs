@@ -140,7 +140,8 @@ impl Cluster {
         let gpus = u32::try_from(mock.matches("uuid:").count()).unwrap();
         let host = probe::GpuHost::create(&work, gpus).unwrap();
         // The limiter is vgpu-manager's, not in our image: the test installs stand-ins for its files.
-        runtime_files::install(&host.manager_dir, "v1.0.0", b"not a real library: busybox is static").unwrap();
+        runtime_files::install(&host.manager_dir, "v1.0.0", b"not a real library: busybox is static")
+            .unwrap();
         let mock_path = work.join("mock.yaml");
         std::fs::write(&mock_path, mock).unwrap();
         Some(Self { node, env, client, helm: helm_bin, host, mock: mock_path, work })
@@ -282,8 +283,11 @@ fn all_ready(pod: &Pod) -> bool {
         && status.container_statuses.as_ref().is_some_and(|c| !c.is_empty() && c.iter().all(|c| c.ready))
 }
 
+/// Each container's restart count and container ID.
+type Restarts = Vec<(i32, Option<String>)>;
+
 /// Each container's restart count and container ID: unchanged when the pod was left alone.
-fn restarts(pod: &Pod) -> Vec<(i32, Option<String>)> {
+fn restarts(pod: &Pod) -> Restarts {
     pod.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
@@ -301,10 +305,9 @@ fn component(pod: &Pod) -> String {
 }
 
 /// Pods by component: (uid, restarts).
-fn by_component(pods: &BTreeMap<String, Pod>) -> BTreeMap<String, (String, Vec<(i32, Option<String>)>)> {
+fn by_component(pods: &BTreeMap<String, Pod>) -> BTreeMap<String, (String, Restarts)> {
     pods.values().map(|p| (component(p), (p.metadata.uid.clone().unwrap_or_default(), restarts(p)))).collect()
 }
-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the control plane, the real node, Helm and root: run e2e/run.sh"]
@@ -434,7 +437,7 @@ async fn real_node_helm_installs_the_dra_chart_and_runs_a_claim_pod() {
     claims.delete("share", &DeleteParams::default()).await.unwrap();
     assert!(!spec_file.exists(), "{} left after the pod", spec_file.display());
     helm::run(
-        &helm_bin,
+        helm_bin,
         env.kubeconfig_path(),
         "uninstall",
         &[
@@ -461,7 +464,6 @@ async fn real_node_helm_installs_the_dra_chart_and_runs_a_claim_pod() {
     assert!(left.iter().all(|f| !f.contains("claim_")), "claim CDI specs left: {left:?}");
     cluster.finish();
 }
-
 
 /// The value arguments that run the vgpu-manager chart on the real node: the device plugin on the mock GPU
 /// and the node's folders, the chart's kube-scheduler from [`KUBE_SCHEDULER_IMAGE`].
@@ -540,15 +542,19 @@ async fn real_node_helm_installs_vgpu_manager_and_runs_a_vgpu_pod_through_webhoo
     let created = create_through_webhook(&cluster, &pods, &vgpu_probe("vgpu", &cluster.node)).await;
     let scheduler_name = created.spec.as_ref().and_then(|s| s.scheduler_name.as_deref());
     assert_eq!(scheduler_name, Some(vgpu_e2e::SCHEDULER_NAME), "the webhook did not set our scheduler");
-    let (running, seen) = probe::running(&cluster.env, &cluster.node, &pods, "vgpu", "kube-scheduler", TIMEOUT)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.diagnostics(VGPU_MANAGER_NAMESPACE)));
+    let (running, seen) =
+        probe::running(&cluster.env, &cluster.node, &pods, "vgpu", "kube-scheduler", TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.diagnostics(VGPU_MANAGER_NAMESPACE)));
     for (key, want) in [("CUDA_MEM_LIMIT_0", "4096m"), ("CUDA_CORE_LIMIT_0", "50")] {
         assert_eq!(seen.env.get(key).map(String::as_str), Some(want), "{key} in {:?}", seen.env);
     }
     assert!(seen.device("nvidia0").is_some(), "{:?}", seen.dev);
     let annotations = running.metadata.annotations.clone().unwrap_or_default();
-    assert!(annotations.contains_key("nvidia.com/pre-allocated"), "not placed by the extender: {annotations:?}");
+    assert!(
+        annotations.contains_key("nvidia.com/pre-allocated"),
+        "not placed by the extender: {annotations:?}"
+    );
     let uid = running.metadata.uid.clone().unwrap();
     assert!(
         cluster.pod_folders().iter().any(|f| f.starts_with(&uid)),
@@ -623,7 +629,9 @@ async fn real_node_helm_installs_vgpu_manager_and_runs_a_vgpu_pod_through_webhoo
             (cluster.plugin_sockets().is_empty() && cluster.pod_folders().is_empty()).then_some(())
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}: sockets {:?}, pod folders {:?}", cluster.plugin_sockets(), cluster.pod_folders()));
+        .unwrap_or_else(|e| {
+            panic!("{e}: sockets {:?}, pod folders {:?}", cluster.plugin_sockets(), cluster.pod_folders())
+        });
     let left = hooks.list(&ListParams::default()).await.unwrap().items;
     assert!(left.is_empty(), "webhook configurations left: {left:?}");
     cluster.finish();
@@ -704,12 +712,17 @@ async fn real_node_helm_installs_gpu_module_in_device_plugin_mode() {
     for want in ["vgpu-node-agent", "vgpu-device-plugin", "vgpu-controller"] {
         assert!(components.contains_key(want), "{want} not among {:?}", components.keys());
     }
-    cluster.node.wait_allocatable(&cluster.env, "nvidia.com/gpu", 3, "kube-scheduler", TIMEOUT).await.unwrap();
+    cluster
+        .node
+        .wait_allocatable(&cluster.env, "nvidia.com/gpu", 3, "kube-scheduler", TIMEOUT)
+        .await
+        .unwrap();
 
     // A pod asking for a whole GPU, placed by kube-scheduler alone.
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), WORKLOADS);
     let limits = json!({"limits": {"nvidia.com/gpu": "1"}});
-    let pod = probe::pod(WORKLOADS, "whole", "main", cluster.node.busybox_image(), limits, json!({})).unwrap();
+    let pod =
+        probe::pod(WORKLOADS, "whole", "main", cluster.node.busybox_image(), limits, json!({})).unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let (_, seen) = probe::running(&cluster.env, &cluster.node, &pods, "whole", "kube-scheduler", TIMEOUT)
         .await
@@ -760,7 +773,9 @@ async fn real_node_helm_installs_gpu_module_in_device_plugin_mode() {
             (cluster.plugin_sockets().is_empty() && cluster.pod_folders().is_empty()).then_some(())
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}: sockets {:?}, pod folders {:?}", cluster.plugin_sockets(), cluster.pod_folders()));
+        .unwrap_or_else(|e| {
+            panic!("{e}: sockets {:?}, pod folders {:?}", cluster.plugin_sockets(), cluster.pod_folders())
+        });
     let crds = gpu_module_crds(&cluster.client).await;
     assert_eq!(crds.len(), 2, "the CRDs are kept: {crds:?}");
     cluster.finish();
@@ -847,7 +862,9 @@ async fn real_node_helm_installs_gpu_module_in_dra_mode() {
     let device_class = "a30-whole.gpu.deckhouse.io";
     cluster
         .env
-        .poll("the GPUClass's DeviceClass", TIMEOUT, || async { device_classes.get_opt(device_class).await.ok()? })
+        .poll("the GPUClass's DeviceClass", TIMEOUT, || async {
+            device_classes.get_opt(device_class).await.ok()?
+        })
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", cluster.diagnostics(GPU_MODULE_NAMESPACE)));
 
