@@ -15,7 +15,10 @@
 #                                                   folder's dynamically linked one: fine for containers with
 #                                                   glibc, such as the e2e tests' on the real node)
 #   OCI_ARCHIVE=/tmp/vgpu.oci.tar scripts/build-image.sh   (also writes the image as an OCI archive naming TAG,
-#                                                   for `ctr images import`: the real node's e2e tests)
+#                                                   for `ctr images import`: the real node's e2e tests; the
+#                                                   buildah images, TAG and the host runtime base, are then
+#                                                   removed once checked: the archive is the result.
+#                                                   KEEP_IMAGE=1 keeps them)
 #
 # Needs buildah and podman (Debian packages); CARGO_TARGET_DIR is honoured.
 set -euo pipefail
@@ -54,6 +57,7 @@ echo "build-image: $(wc -l <<<"$bins") binaries from $out: $(tr '\n' ' ' <<<"$bi
 
 if [[ -z "${RUNTIME_IMAGE:-}" ]]; then
   RUNTIME_IMAGE=localhost/vgpu-runtime-base:host
+  host_base="$RUNTIME_IMAGE"
   ctr="$(buildah from scratch)"
   trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
   root="$(buildah mount "$ctr")"
@@ -106,6 +110,23 @@ if [[ -z "${RUNTIME_IMAGE:-}" ]]; then
   buildah rm "$ctr" >/dev/null
   trap - EXIT
   echo "build-image: runtime base $RUNTIME_IMAGE from this host: ${tools[*]}; $(tr '\n' ' ' <<<"$libs")"
+fi
+
+# With OCI_ARCHIVE the archive is the result: the images go when the script ends (checked or not), unless
+# KEEP_IMAGE=1. (Each build would otherwise leave a few hundred MB in buildah's store.)
+# (Also the untagged images of the intermediate stages this build made: those not there before it.)
+dangling_before="$(buildah images -q --filter dangling=true 2>/dev/null | sort -u || true)"
+drop_images() {
+  local image
+  for image in "$tag" "${host_base:-}"; do
+    [[ -n "$image" ]] && buildah rmi -f "$image" >/dev/null 2>&1 || true
+  done
+  for image in $(buildah images -q --filter dangling=true 2>/dev/null | sort -u); do
+    grep -qx "$image" <<<"$dangling_before" || buildah rmi -f "$image" >/dev/null 2>&1 || true
+  done
+}
+if [[ -n "${OCI_ARCHIVE:-}" && "${KEEP_IMAGE:-0}" != 1 ]]; then
+  trap drop_images EXIT
 fi
 
 buildah bud -q --target runtime-prebuilt --build-arg RUNTIME_IMAGE="$RUNTIME_IMAGE" \

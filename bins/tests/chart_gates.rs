@@ -442,3 +442,122 @@ fn chart_gate_strings_equal_vgpuctl_gates_render() {
         assert_eq!(rendered, want, "{chart}/{container} ({component})");
     }
 }
+
+/// `helm template` of `chart` with `sets`: its error text when the render fails.
+fn render_error(helm: &Path, chart: &str, sets: &[&str]) -> Option<String> {
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", "t", "--kube-version", "1.37.2", "-n", "d8-gpu"])
+        .arg(repo().join("charts").join(chart));
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().unwrap();
+    (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The values that run the charts on a test node (issue #33, `e2e/tests/real_node_helm.rs`): the mock backend
+/// is refused at render time without its description file, and with it every container that opens the backend
+/// gets `--mock-config` and the file mounted; the kubelet's root, the host folders and the sysfs root are
+/// the values', not fixed paths.
+#[test]
+fn charts_take_the_mock_backend_and_the_node_paths_from_values() {
+    let Some(helm) = helm() else {
+        eprintln!("skipped: Helm is not built (run e2e/build-helm.sh or set VGPU_HELM)");
+        return;
+    };
+    for (chart, sets, needs) in [
+        ("vgpu-manager", vec!["devicePlugin.devicePlugin.commands.backend=mock"], "devicePlugin.mockConfig"),
+        ("gpu-module", vec!["devicePluginMode.backend=mock"], "devicePluginMode.mockConfig"),
+        ("gpu-module", vec!["dra.enabled=true", "adapters.nvidia.backend=mock"], "adapters.mockConfig"),
+    ] {
+        let error = render_error(&helm, chart, &sets).unwrap_or_else(|| panic!("{chart} {sets:?} rendered"));
+        assert!(error.contains(needs), "{chart} {sets:?}: {error}");
+    }
+
+    let docs = render(
+        &helm,
+        "vgpu-manager",
+        &[
+            "devicePlugin.devicePlugin.commands.backend=mock",
+            "devicePlugin.mockConfig=/srv/mock.yaml",
+            "devicePlugin.kubeletRootDir=/srv/kubelet/",
+        ],
+    );
+    let ds =
+        &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "t-vgpu-manager-device-plugin").unwrap().2;
+    assert_eq!(ds.matches("--mock-config=/etc/vgpu-mock/config.yaml").count(), 2, "plugin and monitor: {ds}");
+    for want in [
+        "hostPath: {path: /srv/mock.yaml, type: File}",
+        "hostPath: {path: /srv/kubelet/device-plugins}",
+        "hostPath: {path: /srv/kubelet/pod-resources}",
+    ] {
+        assert!(ds.contains(want), "{want} in {ds}");
+    }
+
+    let docs = render(
+        &helm,
+        "gpu-module",
+        &[
+            "devicePluginMode.backend=mock",
+            "devicePluginMode.mockConfig=/srv/mock.yaml",
+            "devicePluginMode.kubeletRootDir=/srv/kubelet",
+            "devicePluginMode.hostManagerDir=/srv/manager",
+            "devicePluginMode.driverRoot=/srv/driver",
+            "nodeAgent.sysfsRoot=/srv/sys",
+        ],
+    );
+    let plugin = &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin").unwrap().2;
+    for want in [
+        "--backend=mock",
+        "--mock-config=/etc/vgpu-mock/config.yaml",
+        "hostPath: {path: /srv/kubelet/device-plugins}",
+        "hostPath: {path: /srv/manager, type: DirectoryOrCreate}",
+        "hostPath: {path: /srv/driver}",
+        "{name: HOST_MANAGER_DIR, value: \"/srv/manager\"}",
+    ] {
+        assert!(plugin.contains(want), "{want} in {plugin}");
+    }
+    let mig = &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-mig-manager").unwrap().2;
+    assert!(mig.contains("--mock-config=/etc/vgpu-mock/config.yaml"), "{mig}");
+    let agent = &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-node-agent").unwrap().2;
+    assert!(agent.contains("--sysfs-root=/srv/sys") && agent.contains("mountPath: /srv/sys"), "{agent}");
+
+    let docs = render(
+        &helm,
+        "gpu-module",
+        &["dra.enabled=true", "adapters.nvidia.backend=mock", "adapters.mockConfig=/srv/mock.yaml"],
+    );
+    let nvidia = &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-adapter-nvidia").unwrap().2;
+    assert!(nvidia.contains("--mock-config=/etc/vgpu-mock/config.yaml") && nvidia.contains("/srv/mock.yaml"));
+    let metax = &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-adapter-metax").unwrap().2;
+    assert!(!metax.contains("mock"), "{metax}");
+}
+
+/// The generated webhook certificates: the caBundle is the Secret's `ca.crt` (what `helm upgrade` reads back with
+/// `lookup` to keep the pair), and vgpu-manager's webhook never sees the release namespace's own pods.
+#[test]
+fn generated_webhook_certificates_carry_their_ca_and_skip_the_release_namespace() {
+    let Some(helm) = helm() else {
+        eprintln!("skipped: Helm is not built (run e2e/build-helm.sh or set VGPU_HELM)");
+        return;
+    };
+    for (chart, secret, hooks) in [
+        ("vgpu-manager", "t-vgpu-manager-webhook-tls", "t-vgpu-manager-webhook-mutating"),
+        ("gpu-module", "vgpu-controller-cert", "vgpu-controller-mutate"),
+    ] {
+        let docs = render(&helm, chart, &[]);
+        let secret = &docs.iter().find(|(k, n, _)| k == "Secret" && n == secret).unwrap().2;
+        let ca = secret
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("ca.crt: "))
+            .unwrap_or_else(|| panic!("{chart}: no ca.crt in {secret}"));
+        let hooks =
+            &docs.iter().find(|(k, n, _)| k == "MutatingWebhookConfiguration" && n == hooks).unwrap().2;
+        assert!(hooks.contains(&format!("caBundle: {ca}")), "{chart}: caBundle is not the Secret's ca.crt");
+    }
+    let docs = render(&helm, "vgpu-manager", &[]);
+    let hooks = &docs.iter().find(|(k, _, _)| k == "MutatingWebhookConfiguration").unwrap().2;
+    let selector = hooks.split("namespaceSelector:").nth(1).unwrap();
+    let names = selector.split("objectSelector:").next().unwrap();
+    assert!(names.contains("- d8-gpu"), "the release namespace is not excluded: {names}");
+}

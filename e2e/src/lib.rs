@@ -36,6 +36,7 @@ mod certs;
 mod env;
 pub mod fixtures;
 pub mod helm;
+pub mod images;
 pub mod json_server;
 pub mod known_pid;
 pub mod kubelet;

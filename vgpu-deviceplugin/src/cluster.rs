@@ -226,6 +226,14 @@ impl InMemoryCluster {
         let pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
         pods.iter().find(|p| p.namespace == namespace && p.name == name).cloned()
     }
+
+    /// Removes a pod (as the API server does once it is deleted); whether it was there.
+    pub fn remove(&self, namespace: &str, name: &str) -> bool {
+        let mut pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = pods.len();
+        pods.retain(|p| !(p.namespace == namespace && p.name == name));
+        pods.len() != before
+    }
 }
 
 #[tonic::async_trait]

@@ -192,6 +192,15 @@ pub struct PluginConfig {
     /// Per-container directories under the manager dir whose pod no longer exists on the node are removed
     /// once they are older than this (upstream's monitor: 2 min).
     pub stale_dir_grace: Duration,
+    /// How often the per-container directories of pods that are gone from the node are swept: those last
+    /// modified at least [`Self::gone_pod_grace`] before a fresh (consistent) list of the node's pods that
+    /// does not hold their pod. The daemon also sweeps once at shutdown, then without the grace (no `Allocate`
+    /// can be in flight any more), while it can still list pods. Zero: no periodic sweep (default 15 s).
+    pub gone_pod_sweep_interval: Duration,
+    /// See [`Self::gone_pod_sweep_interval`] (default 5 s). A directory is written by `Allocate` for a pod the
+    /// kubelet admitted, so a list asked for after it was written holds its pod unless the pod is gone; the
+    /// grace only covers file-system timestamps that lag the clock.
+    pub gone_pod_grace: Duration,
     /// GPU index → minor number of `/dev/nvidia<minor>` (from the backend); a GPU missing here uses its
     /// index.
     pub device_minors: BTreeMap<u32, u32>,
@@ -250,6 +259,8 @@ impl PluginConfig {
             pod_resources_socket: PathBuf::from(crate::POD_RESOURCES_SOCKET),
             pod_resources_timeout: Duration::from_secs(5),
             stale_dir_grace: Duration::from_secs(120),
+            gone_pod_sweep_interval: Duration::from_secs(15),
+            gone_pod_grace: Duration::from_secs(5),
             device_minors: BTreeMap::new(),
             vendor: Arc::new(NvidiaAdapter),
             imex_channels: Vec::new(),

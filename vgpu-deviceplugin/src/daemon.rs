@@ -278,6 +278,21 @@ impl Daemon {
             let _ = rx.wait_for(|s| *s).await;
         };
         let publishing = tokio::spawn(publisher.run(stopped(stop_rx.clone())));
+        let sweeping = (!config.gone_pod_sweep_interval.is_zero()).then(|| {
+            let (cluster, config) = (Arc::clone(&self.cluster), config.clone());
+            let stop = stopped(stop_rx.clone());
+            tokio::spawn(async move {
+                let mut stop = std::pin::pin!(stop);
+                let mut ticks = tokio::time::interval(config.gone_pod_sweep_interval);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        () = &mut stop => break,
+                        _ = ticks.tick() => sweep_gone_pods(cluster.as_ref(), &config, config.gone_pod_grace).await,
+                    }
+                }
+            })
+        });
         let rescheduling = self.spawn_reschedule(stopped(stop_rx.clone()));
         // Gate SharedSMUtilizationWatcher: Allocate tells containers to read watcher/sm_util.config, so
         // the sampler must run; a file that cannot be set up stops the daemon.
@@ -350,7 +365,34 @@ impl Daemon {
         {
             tracing::warn!(%err, "shared SM watcher task failed");
         }
+        if let Some(task) = sweeping
+            && let Err(err) = task.await
+        {
+            tracing::warn!(%err, "gone-pod sweep task failed");
+        }
+        // No Allocate can come any more: the files of every pod gone from the node go now, whatever their
+        // age (only those older than the pod list: nothing written after it is touched).
+        sweep_gone_pods(self.cluster.as_ref(), config, std::time::Duration::ZERO).await;
         health.abort();
         result
+    }
+}
+
+/// Removes the per-container directories under the manager directory whose pod is not on the node any more
+/// and that were last modified at least `grace` before the pod list was asked for
+/// ([`crate::locate::remove_stale_dirs`]). Nothing is removed when the pods cannot be listed: never on a
+/// guess.
+pub async fn sweep_gone_pods(cluster: &dyn ClusterClient, config: &PluginConfig, grace: std::time::Duration) {
+    let asked = std::time::SystemTime::now();
+    let pods = match cluster.list_node_pods(&config.node_name).await {
+        Ok(pods) => pods,
+        Err(err) => {
+            tracing::warn!(%err, "cannot list the node's pods: no sweep of gone pods' files");
+            return;
+        }
+    };
+    let live: std::collections::HashSet<String> = pods.into_iter().map(|p| p.uid).collect();
+    for removed in crate::locate::remove_stale_dirs(&config.manager_dir, &live, grace, asked) {
+        tracing::info!(dir = %removed.display(), "removed the files of a pod that no longer exists");
     }
 }
