@@ -86,7 +86,7 @@ async fn real_node_vfio_switch_job_binds_a_gpu_to_vfio_pci() {
         return;
     }
     let Some(binaries) = real_node::locate_or_skip().unwrap() else { return };
-    let mut env = real_node::env_builder("real_node_vfio_switch_job_binds_a_gpu_to_vfio_pci")
+    let env = real_node::env_builder("real_node_vfio_switch_job_binds_a_gpu_to_vfio_pci")
         .cluster_services()
         .start()
         .await
