@@ -133,7 +133,7 @@ struct Cli {
     /// change).
     #[arg(long, default_value = "30s", value_parser = vgpu_bins::parse_go_duration)]
     physical_gpu_resync_interval: Duration,
-    /// Gate PassthroughSupport (GPU module): namespace of the vfio-switch-<node>-<pci> Jobs that move this
+    /// Gate PassthroughSupport (GPU module): namespace of the `vfio-switch-<node>-<pci>` Jobs that move this
     /// node's NVIDIA GPUs between nvidia and vfio-pci as their PhysicalGPU's spec.passthrough asks.
     #[arg(long, env = "VFIO_SWITCH_NAMESPACE", default_value = "")]
     vfio_switch_namespace: String,
