@@ -417,7 +417,7 @@ fn kubelet_plugin_exits_2_on_each_gate_rule() {
 /// the gate and why), an explicit `=false` is accepted silently.
 #[test]
 fn kubelet_plugin_imex_dns_names_default_is_inert_and_explicit_true_is_refused() {
-    let inert_line = "feature gate IMEXDaemonsWithDNSNames=true (the default) does nothing in this build";
+    let inert_line = "gate IMEXDaemonsWithDNSNames=true (the default) does nothing in this build";
     bin("vgpu-kubelet-plugin")
         .assert()
         .code(2)

@@ -662,7 +662,7 @@ fn main() -> ExitCode {
     for inert in vgpu_dra::gates::inert_defaults(&gates) {
         tracing::info!(
             gate = %inert.gate,
-            "feature gate {}=true (the default) does nothing in this build: {}",
+            "gate {}=true (the default) does nothing in this build: {}",
             inert.gate,
             inert.reason
         );
