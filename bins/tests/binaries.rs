@@ -411,3 +411,36 @@ fn kubelet_plugin_exits_2_on_each_gate_rule() {
             .stderr(predicate::str::contains(message));
     }
 }
+
+/// Gate `IMEXDaemonsWithDNSNames` (Beta, on by default; no IMEX daemons or ComputeDomain are built): the
+/// default is accepted as inert with one log line, an explicit `=true` is refused (exit 2, the message names
+/// the gate and why), an explicit `=false` is accepted silently.
+#[test]
+fn kubelet_plugin_imex_dns_names_default_is_inert_and_explicit_true_is_refused() {
+    let inert_line = "gate IMEXDaemonsWithDNSNames=true (the default) does nothing in this build";
+    bin("vgpu-kubelet-plugin")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(inert_line))
+        .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"));
+    for explicit in
+        ["IMEXDaemonsWithDNSNames=true", "IMEXDaemonsWithDNSNames=false,IMEXDaemonsWithDNSNames=true"]
+    {
+        bin("vgpu-kubelet-plugin")
+            .args(["--node-name=n1", "--feature-gates", explicit])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(
+                "vgpu-kubelet-plugin: feature gate IMEXDaemonsWithDNSNames=true is not supported: it chooses how IMEX \
+                 daemons of a ComputeDomain address each other, and this build has no IMEX daemons and no ComputeDomain",
+            ))
+            .stderr(predicate::str::contains("(remove it or set IMEXDaemonsWithDNSNames=false)"));
+    }
+    bin("vgpu-kubelet-plugin")
+        .env("FEATURE_GATES", "IMEXDaemonsWithDNSNames=false")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--node-name (or NODE_NAME) is required"))
+        .stderr(predicate::str::contains(inert_line).not())
+        .stderr(predicate::str::contains("is not supported").not());
+}

@@ -195,7 +195,10 @@ fn a_value_after_a_space_is_not_the_flags() {
             let out = run(case.exe, &args, &[]);
             let err = stderr(&out);
             assert_eq!(out.status.code(), Some(2), "{} {arg} false: {err}", case.bin);
-            assert!(err.contains("unexpected argument 'false'"), "{} {arg} false: {err}", case.bin);
+            // vgpu-node-agent has a subcommand (vfio-switch): clap reports the stray word as an unknown one.
+            let refused = err.contains("unexpected argument 'false'")
+                || err.contains("unrecognized subcommand 'false'");
+            assert!(refused, "{} {arg} false: {err}", case.bin);
         }
     }
 }

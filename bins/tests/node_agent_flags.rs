@@ -64,3 +64,118 @@ fn vgpuctl_crds_prints_the_committed_files() {
         .code(2)
         .stderr(predicate::str::contains("invalid --group"));
 }
+
+/// `vgpu-node-agent vfio-switch` against a fake sysfs in a temporary directory: the binary writes the plain
+/// files, a [`PollingKernel`] in this process acts on them as the kernel would.
+mod vfio_switch {
+    use std::time::Duration;
+
+    use assert_cmd::Command;
+    use predicates::prelude::*;
+    use vgpu_dra::vfio::{
+        SysfsRoots,
+        fake::{FakeSysfs, PollingKernel},
+    };
+
+    const BUS: &str = "0000:3b:00.0";
+
+    fn switch(roots: &SysfsRoots, to: &str) -> assert_cmd::assert::Assert {
+        Command::cargo_bin("vgpu-node-agent")
+            .unwrap()
+            .env_remove("NODE_NAME")
+            .env_remove("PCI_ADDRESS")
+            .args(["vfio-switch", "--pci", BUS, "--to", to, "--timeout", "10s", "--sysfs-root"])
+            .arg(&roots.sys)
+            .arg("--host-root")
+            .arg(&roots.host_root)
+            .assert()
+    }
+
+    fn tree(driver: &str) -> (tempfile::TempDir, FakeSysfs) {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = FakeSysfs::new(&SysfsRoots::under(dir.path()));
+        tree.add_gpu(BUS, 0x2330, "7", Some(driver)).unwrap();
+        tree.add_driver("nvidia").unwrap();
+        tree.add_driver("vfio-pci").unwrap();
+        (dir, tree)
+    }
+
+    #[test]
+    fn switches_there_and_back_and_is_idempotent() {
+        let (_dir, tree) = tree("nvidia");
+        let kernel = PollingKernel::start(tree.roots(), Duration::from_millis(10)).unwrap();
+        switch(tree.roots(), "vfio-pci")
+            .success()
+            .stdout(predicate::str::contains("0000:3b:00.0 switched from nvidia to vfio-pci"));
+        assert_eq!(tree.driver(BUS), "vfio-pci");
+        assert_eq!(tree.driver_override(BUS), "vfio-pci");
+        switch(tree.roots(), "vfio-pci")
+            .success()
+            .stdout(predicate::str::contains("already bound to vfio-pci"));
+        switch(tree.roots(), "nvidia")
+            .success()
+            .stdout(predicate::str::contains("switched from vfio-pci to nvidia"));
+        assert_eq!(tree.driver(BUS), "nvidia");
+        assert!(matches!(tree.driver_override(BUS).as_str(), "" | "(null)"), "{}", tree.driver_override(BUS));
+        assert!(kernel.errors().is_empty(), "{:?}", kernel.errors());
+        let acted: Vec<String> = kernel.writes().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(
+            acted,
+            [
+                "bus/pci/drivers/nvidia/unbind",
+                "bus/pci/drivers_probe",
+                "bus/pci/drivers/vfio-pci/unbind",
+                "bus/pci/drivers/nvidia/bind"
+            ]
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_expected_state() {
+        let (_dir, tree) = tree("nvidia");
+        // No kernel acts on the writes: the unbind never happens.
+        Command::cargo_bin("vgpu-node-agent")
+            .unwrap()
+            .args(["vfio-switch", "--pci", BUS, "--to", "vfio-pci", "--timeout", "200ms", "--sysfs-root"])
+            .arg(&tree.roots().sys)
+            .assert()
+            .code(1)
+            .stderr(predicate::str::contains(format!("{BUS}/driver: expected no driver (unbound) within")))
+            .stderr(predicate::str::contains("found a link to driver nvidia"));
+        Command::cargo_bin("vgpu-node-agent")
+            .unwrap()
+            .args(["vfio-switch", "--pci", "0000:86:00.0", "--to", "nvidia", "--sysfs-root"])
+            .arg(&tree.roots().sys)
+            .assert()
+            .code(1)
+            .stderr(predicate::str::contains("bus/pci/devices/0000:86:00.0: no such PCI device"));
+        let (_dir, nouveau) = self::tree("nouveau");
+        switch(nouveau.roots(), "vfio-pci")
+            .code(1)
+            .stderr(predicate::str::contains("bound to nouveau; expected nvidia, vfio-pci or no driver"));
+    }
+
+    #[test]
+    fn bad_flags_exit_2() {
+        let agent = || {
+            let mut cmd = Command::cargo_bin("vgpu-node-agent").unwrap();
+            cmd.env_remove("NODE_NAME").env_remove("PCI_ADDRESS");
+            cmd
+        };
+        agent()
+            .args(["vfio-switch", "--pci", BUS, "--to", "vfio"])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("\"vfio\" is not a switch target: expected vfio-pci or nvidia"));
+        agent()
+            .args(["vfio-switch", "--pci", "3b:00.0", "--to", "nvidia"])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("\"3b:00.0\" is not a PCI address dddd:bb:dd.f"));
+        agent()
+            .args(["vfio-switch", "--to", "nvidia"])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("--pci"));
+    }
+}

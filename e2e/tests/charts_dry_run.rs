@@ -168,7 +168,7 @@ const CASES: &[Case] = &[
         set: &["dra.enabled=true"],
         kinds: &["DaemonSet", "Deployment", "ValidatingWebhookConfiguration"],
         has: &[KUBELET_PLUGIN],
-        lacks: &[DEVICE_PLUGIN],
+        lacks: &[DEVICE_PLUGIN, PASSTHROUGH_MOUNT, r#""VFIO_SWITCH_IMAGE""#],
     },
     Case {
         chart: "gpu-module",
@@ -199,6 +199,19 @@ const CASES: &[Case] = &[
         kinds: &["PodMonitor", "ServiceMonitor", "PrometheusRule", "DaemonSet"],
         has: &[KUBELET_PLUGIN, r#""--enable-rbac=true""#, "nvcr.io/nvidia/k8s/dcgm-exporter"],
         lacks: &[DEVICE_PLUGIN],
+    },
+    Case {
+        chart: "gpu-module",
+        values: "NVIDIA passthrough (vfio-switch Jobs)",
+        set: &["dra.enabled=true", "adapters.nvidia.passthrough.enabled=true"],
+        kinds: &["DaemonSet", "Role", "RoleBinding"],
+        has: &[
+            KUBELET_PLUGIN,
+            PASSTHROUGH_MOUNT,
+            r#""PassthroughSupport=true,VGPUSupport=false,NVMLDeviceHealthCheck=false""#,
+            r#""VFIO_SWITCH_IMAGE""#,
+        ],
+        lacks: &[],
     },
     Case {
         chart: "gpu-module",

@@ -3,7 +3,7 @@
 //!
 //! | kind | plural | short name | spec written by | status written by |
 //! |---|---|---|---|---|
-//! | `PhysicalGPU` | `physicalgpus` | `pgpu` | node agent (server-side apply, manager `vgpu-node-agent`) | node agent (`driver`, `DriverBound`), adapters (`driverVersion`, `memoryMiB`, `computeCapability`, `DriverReady`, `HardwareHealthy`), controller (`state`, `occupancy`) |
+//! | `PhysicalGPU` | `physicalgpus` | `pgpu` | node agent (server-side apply, manager `vgpu-node-agent`), except `passthrough` (the administrator) | node agent (`driver`, `DriverBound`), adapters (`driverVersion`, `memoryMiB`, `computeCapability`, `DriverReady`, `HardwareHealthy`; NVIDIA: `VfioSwitch`, manager `vgpu-vfio-switch`), controller (`state`, `occupancy`) |
 //! | `GPUClass` | `gpuclasses` | `gpuc` | the user | controller (`valid`, `message`, `deviceClassName`, conditions) |
 //!
 //! Status conditions are a list keyed by `type` (`x-kubernetes-list-type: map`), so each writer owns its own
@@ -239,6 +239,12 @@ pub struct PhysicalGPUSpec {
     /// IOMMU group, when the IOMMU is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iommu_group: Option<u32>,
+    /// Whether the GPU is passed through whole (bound to `vfio-pci`, for a VM) instead of used through its
+    /// vendor driver (`false`: `nvidia`). Set by the cluster administrator; the node agent never writes it.
+    /// Absent: the driver is left as it is. The NVIDIA adapter (gate `PassthroughSupport`) switches the GPU
+    /// with a `vfio-switch-<node>-<pci>` Job and reports the result in condition `VfioSwitch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passthrough: Option<bool>,
 }
 
 /// The subsystem (board) of a GPU.

@@ -38,14 +38,14 @@ fn gpu_spec() -> impl Strategy<Value = PhysicalGPUSpec> {
         ("[a-z0-9-]{1,20}", any::<u32>(), "[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\\.[0-7]", "[a-z]{1,8}"),
         (hex4(), ".{0,20}", hex4(), ".{0,30}", "[a-z0-9-]{0,10}"),
         option::of((hex4(), hex4(), option::of(".{0,10}"))),
-        ("[0-9a-f]{6}", option::of(any::<u32>()), option::of(any::<u32>())),
+        ("[0-9a-f]{6}", option::of(any::<u32>()), option::of(any::<u32>()), option::of(any::<bool>())),
     )
         .prop_map(
             |(
                 (node_name, index, pci_address, vendor),
                 (vendor_id, vendor_name, device_id, device_name, model),
                 subsystem,
-                (class_code, numa_node, iommu_group),
+                (class_code, numa_node, iommu_group, passthrough),
             )| PhysicalGPUSpec {
                 node_name,
                 index,
@@ -64,6 +64,7 @@ fn gpu_spec() -> impl Strategy<Value = PhysicalGPUSpec> {
                 class_code,
                 numa_node,
                 iommu_group,
+                passthrough,
             },
         )
 }

@@ -32,6 +32,7 @@ pub fn gpu(node: &str, index: u32, vendor: &str, model: &str, memory_mib: Option
             class_code: "030200".into(),
             numa_node: None,
             iommu_group: None,
+            passthrough: None,
         },
     );
     gpu.status =

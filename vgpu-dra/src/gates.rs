@@ -1,11 +1,22 @@
 //! Which kubelet-plugin gates this build can honour, checked before anything starts.
 //!
 //! A gate whose behaviour is not built must never be accepted and ignored: the plugin refuses to start and
-//! names the gate. Today every kubelet-plugin gate is built, so the table is empty:
+//! names the gate. Today every kubelet-plugin gate is built except one whose default is on, so
+//! [`UNBUILT`] is empty and [`INERT_DEFAULTS`] holds that one:
 //!
 //! | gate | why it is refused |
 //! |---|---|
 //! | (none) | the last seven were refused until issue #18 built them (see below) |
+//!
+//! | gate | default (Beta, on) | explicit `=true` | explicit `=false` |
+//! |---|---|---|---|
+//! | `IMEXDaemonsWithDNSNames` | accepted as inert: one info line at start-up says so ([`inert_defaults`]) | refused: the plugin exits 2, `feature gate IMEXDaemonsWithDNSNames=true is not supported: …` ([`check_gates`]) | accepted (nothing to turn off) |
+//!
+//! The gate chooses how IMEX daemons of a ComputeDomain address each other (DNS names with a hosts file, or
+//! raw IPs). This build has no IMEX daemons and no ComputeDomain (CRD, controller, daemon DaemonSet): only
+//! the groundwork in [`crate::imex`]. So an operator who asks for the gate explicitly is told so instead of
+//! getting nothing, while the spec's default (on) — which every unconfigured deployment carries — does not
+//! stop the plugin.
 //!
 //! How each gate is honoured:
 //!
@@ -23,7 +34,7 @@
 //! | `DeviceMetadata` | KEP-5304 device metadata files mounted into the workload | [`crate::metadata`] |
 //! | `FabricManagerPartitioning` | `gpuModuleID`/`partition<N>` attributes; the claim's Fabric Manager partition activated on Prepare | [`crate::fabric`] |
 //! | `NRISupport` | the in-process NRI plugin injects per-container partitions at CreateContainer (with `DevicePluginClientMode` too, the binary refuses to start: per-container partitions have no register UUID for the registry) | [`crate::nri`] |
-//! | `IMEXDaemonsWithDNSNames` | the IMEX nodes-config format, DNS names with a hosts file or raw IPs; no compute domains are published yet, so nothing writes that file today | [`crate::imex`] |
+//! | `IMEXDaemonsWithDNSNames` | inert by default, refused when set `=true` (table above): the IMEX nodes-config formats exist, but no IMEX daemon or ComputeDomain is built to use them | [`crate::imex`] |
 //! | `ContextualLogging` (Beta, on) | each claim's Prepare / Unprepare runs in a `prepare` / `unprepare` span naming the claim (UID, namespace, name), so every line logged on its way carries it; off: no span, lines carry only their own fields (klog's global-logger fallback) | [`crate::config::DriverConfig::claim_span`] |
 //! | `LoggingBetaOptions` (Beta, on) | permits the beta logging options: `--logging-format=json`; off, the binary refuses that format before logging starts (exit 2) | [`check_logging`] |
 //! | `LoggingAlphaOptions` (Alpha, off) | permits the alpha logging options (upstream's `--log-{text,json}-split-stream`, `--log-{text,json}-info-buffer-size`); this build has none of them, so on or off it permits and refuses nothing | [`check_logging`] |
@@ -38,6 +49,14 @@
 //! let mig = feature_gates().configure(["DynamicMIG=true,NVMLDeviceHealthCheck=false"]).expect("valid combination");
 //! assert!(check_gates(&mig).is_ok(), "DynamicMIG is built");
 //! assert!(vgpu_dra::gates::UNBUILT.is_empty(), "every kubelet-plugin gate is built");
+//!
+//! // IMEXDaemonsWithDNSNames: the default passes (inert, logged), explicit true is refused, false passes.
+//! let defaults = feature_gates().defaults();
+//! assert_eq!(vgpu_dra::gates::inert_defaults(&defaults).len(), 1);
+//! let on = feature_gates().configure(["IMEXDaemonsWithDNSNames=true"]).expect("valid");
+//! assert!(check_gates(&on).unwrap_err().starts_with("feature gate IMEXDaemonsWithDNSNames=true is not supported"));
+//! let off = feature_gates().configure(["IMEXDaemonsWithDNSNames=false"]).expect("valid");
+//! assert!(check_gates(&off).is_ok() && vgpu_dra::gates::inert_defaults(&off).is_empty());
 //! ```
 
 use vgpu_gates::{DraGate, FeatureGates};
@@ -54,11 +73,28 @@ pub struct UnbuiltGate {
 /// The refused gates and their reasons (the table above). Empty: every kubelet-plugin gate is built.
 pub const UNBUILT: &[(DraGate, &str)] = &[];
 
-/// Every gate that is on but not built (empty when all enabled gates are honoured).
+/// Gates on by default whose behaviour is not built: the default is accepted as inert (and logged), an
+/// explicit `=true` is refused like an [`UNBUILT`] gate, an explicit `=false` is accepted.
+pub const INERT_DEFAULTS: &[(DraGate, &str)] = &[(
+    DraGate::IMEXDaemonsWithDNSNames,
+    "it chooses how IMEX daemons of a ComputeDomain address each other, and this build has no IMEX daemons \
+     and no ComputeDomain (CRD, controller, daemons), so there is nothing for it to configure",
+)];
+
+/// Every gate that is on but not built (empty when all enabled gates are honoured): an [`UNBUILT`] gate that
+/// is on, or an [`INERT_DEFAULTS`] gate set `=true` explicitly.
 pub fn unbuilt_gates(gates: &FeatureGates<'_, DraGate>) -> Vec<UnbuiltGate> {
-    UNBUILT
+    let unbuilt = UNBUILT.iter().filter(|(g, _)| gates.enabled(*g));
+    let explicit = INERT_DEFAULTS.iter().filter(|(g, _)| gates.enabled(*g) && gates.is_explicit(*g));
+    unbuilt.chain(explicit).map(|&(gate, reason)| UnbuiltGate { gate, reason }).collect()
+}
+
+/// The [`INERT_DEFAULTS`] gates that are on by default only (not set explicitly): accepted, and the plugin
+/// logs each at start-up as doing nothing.
+pub fn inert_defaults(gates: &FeatureGates<'_, DraGate>) -> Vec<UnbuiltGate> {
+    INERT_DEFAULTS
         .iter()
-        .filter(|(g, _)| gates.enabled(*g))
+        .filter(|(g, _)| gates.enabled(*g) && !gates.is_explicit(*g))
         .map(|&(gate, reason)| UnbuiltGate { gate, reason })
         .collect()
 }
@@ -72,7 +108,10 @@ pub fn check_gates(gates: &FeatureGates<'_, DraGate>) -> Result<(), String> {
     Err(unbuilt
         .iter()
         .map(|u| {
-            format!("feature gate {}=true is not supported: {} (set {}=false)", u.gate, u.reason, u.gate)
+            format!(
+                "feature gate {}=true is not supported: {} (remove it or set {}=false)",
+                u.gate, u.reason, u.gate
+            )
         })
         .collect::<Vec<_>>()
         .join("; "))
@@ -138,6 +177,28 @@ mod tests {
             assert!(unbuilt_gates(&gates).is_empty(), "{combination}");
             assert!(check_gates(&gates).is_ok(), "{combination}");
         }
+    }
+
+    #[test]
+    fn imex_dns_names_default_is_inert_explicit_true_is_refused() {
+        let registry = crate::feature_gates();
+        let defaults = registry.defaults();
+        assert!(defaults.enabled(DraGate::IMEXDaemonsWithDNSNames), "the spec's default is on");
+        assert!(check_gates(&defaults).is_ok());
+        let inert = inert_defaults(&defaults);
+        assert_eq!(inert.iter().map(|u| u.gate).collect::<Vec<_>>(), [DraGate::IMEXDaemonsWithDNSNames]);
+        let on = registry.configure(["IMEXDaemonsWithDNSNames=true"]).unwrap();
+        let err = check_gates(&on).unwrap_err();
+        assert!(err.starts_with("feature gate IMEXDaemonsWithDNSNames=true is not supported: "), "{err}");
+        assert!(err.contains("no IMEX daemons and no ComputeDomain"), "{err}");
+        assert!(err.ends_with("(remove it or set IMEXDaemonsWithDNSNames=false)"), "{err}");
+        assert!(inert_defaults(&on).is_empty());
+        // Later entries win, as component-base's Set: the last value decides.
+        let off_again =
+            registry.configure(["IMEXDaemonsWithDNSNames=true", "IMEXDaemonsWithDNSNames=false"]).unwrap();
+        assert!(check_gates(&off_again).is_ok());
+        let off = registry.configure(["IMEXDaemonsWithDNSNames=false"]).unwrap();
+        assert!(check_gates(&off).is_ok() && inert_defaults(&off).is_empty());
     }
 
     #[test]

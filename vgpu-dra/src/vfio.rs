@@ -496,7 +496,8 @@ pub struct KernelSysfs;
 
 impl SysfsWriter for KernelSysfs {
     fn write(&self, path: &Path, value: &str) -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+        // O_TRUNC as a shell's `>` (sysfs ignores it; a plain file standing in for one keeps no old bytes).
+        let mut file = std::fs::OpenOptions::new().write(true).truncate(true).open(path)?;
         file.write_all(value.as_bytes())
     }
 }

@@ -71,6 +71,7 @@ pub fn gpu_object(node: &str, domain: &str, gpu: &DiscoveredGpu) -> Option<GpuOb
         class_code: format!("{:06x}", gpu.class_code),
         numa_node: gpu.numa_node,
         iommu_group: gpu.iommu_group,
+        passthrough: None,
     };
     let condition = match &gpu.driver {
         Some(driver) => Condition {

@@ -133,6 +133,17 @@ struct Cli {
     /// change).
     #[arg(long, default_value = "30s", value_parser = vgpu_bins::parse_go_duration)]
     physical_gpu_resync_interval: Duration,
+    /// Gate PassthroughSupport (GPU module): namespace of the `vfio-switch-<node>-<pci>` Jobs that move this
+    /// node's NVIDIA GPUs between nvidia and vfio-pci as their PhysicalGPU's spec.passthrough asks.
+    #[arg(long, env = "VFIO_SWITCH_NAMESPACE", default_value = "")]
+    vfio_switch_namespace: String,
+    /// Gate PassthroughSupport: the image of those Jobs (it holds /usr/bin/vgpu-node-agent); empty: no Jobs,
+    /// spec.passthrough is not acted on.
+    #[arg(long, env = "VFIO_SWITCH_IMAGE", default_value = "")]
+    vfio_switch_image: String,
+    /// The host's sysfs, mounted into the vfio-switch Jobs.
+    #[arg(long, default_value = "/sys")]
+    vfio_switch_host_sysfs: PathBuf,
     #[command(flatten)]
     kube: vgpu_bins::KubeClientArgs,
     #[command(flatten)]
@@ -193,6 +204,8 @@ struct Resolved {
     healthcheck: Option<std::net::SocketAddr>,
     /// `--http-endpoint` unless empty.
     http_endpoint: Option<std::net::SocketAddr>,
+    /// The vfio-switch Jobs (gate PassthroughSupport with `--vfio-switch-image`).
+    vfio_switch: Option<vgpu_dra::vfio_switch::controller::SwitchConfig>,
 }
 
 fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved, String> {
@@ -239,6 +252,7 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
             ));
         }
     }
+    let vfio_switch = vfio_switch_config(cli, &node, &gates)?;
     let http_endpoint = vgpu_dra::metrics::parse_http_endpoint(&cli.http_endpoint)?;
     if !cli.metrics_path.starts_with('/') {
         return Err(format!("invalid --metrics-path {:?}: must start with '/'", cli.metrics_path));
@@ -289,11 +303,36 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
         consumable_shares: shares,
     };
     config.gates = gates;
-    Ok(Resolved { config, devices, xids, healthcheck, http_endpoint })
+    Ok(Resolved { config, devices, xids, healthcheck, http_endpoint, vfio_switch })
+}
+
+/// `--vfio-switch-*`: the switch controller's configuration, `None` when it does not run (no image).
+fn vfio_switch_config(
+    cli: &Cli,
+    node: &str,
+    gates: &FeatureGates<'static, DraGate>,
+) -> Result<Option<vgpu_dra::vfio_switch::controller::SwitchConfig>, String> {
+    let image = cli.vfio_switch_image.trim();
+    if image.is_empty() {
+        return Ok(None);
+    }
+    if !gates.enabled(DraGate::PassthroughSupport) {
+        return Err("--vfio-switch-image requires feature gate PassthroughSupport to be enabled".to_owned());
+    }
+    let namespace = cli.vfio_switch_namespace.trim();
+    if namespace.is_empty() {
+        return Err(
+            "--vfio-switch-namespace (or VFIO_SWITCH_NAMESPACE) is required with --vfio-switch-image"
+                .to_owned(),
+        );
+    }
+    let mut config = vgpu_dra::vfio_switch::controller::SwitchConfig::new(node, namespace, image);
+    config.host_sys.clone_from(&cli.vfio_switch_host_sysfs);
+    Ok(Some(config))
 }
 
 async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
-    let Resolved { config, devices: device_config, xids, healthcheck, http_endpoint } = resolved;
+    let Resolved { config, devices: device_config, xids, healthcheck, http_endpoint, vfio_switch } = resolved;
     let mut options = SelectOptions::default();
     options.mock_config.clone_from(&cli.mock_config);
     // TimeSlicingSettings sets the time slice through nvidia-smi: the driver root's, when it is mounted.
@@ -386,12 +425,6 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         modes.push(Arc::new(vgpu_dra::metadata::MetadataMode::new(metadata)));
     }
     tracing::info!(devices = devices.len(), node = %config.node_name, driver = %config.driver_name, ?xids, "devices");
-    // IMEXDaemonsWithDNSNames says how IMEX daemons address each other; this driver starts none (see
-    // vgpu_dra::gates), so either value is honoured with nothing to address.
-    tracing::info!(
-        imex_daemons_with_dns_names = config.gates.enabled(DraGate::IMEXDaemonsWithDNSNames),
-        "IMEX daemons: none are started by this driver"
-    );
     if !cli.nvidia_cdi_hook_path.is_empty() {
         tracing::info!(path = %cli.nvidia_cdi_hook_path, "--nvidia-cdi-hook-path: this build writes no CDI hooks");
     }
@@ -470,6 +503,18 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         .with_driver_probe(Arc::clone(&backend))
         .with_resync(cli.physical_gpu_resync_interval)
         .spawn(stopped());
+    }
+    // Gate PassthroughSupport (GPU module): vfio-switch Jobs for this node's PhysicalGPUs' spec.passthrough.
+    match vfio_switch {
+        Some(switch) => {
+            tracing::info!(namespace = %switch.namespace, image = %switch.image, "vfio-switch controller started (PassthroughSupport)");
+            let cluster = Arc::new(vgpu_dra::vfio_switch::controller::KubeSwitchCluster::new(client.clone()));
+            vgpu_dra::vfio_switch::controller::SwitchController::new(cluster, switch).spawn(stopped());
+        }
+        None if config.gates.enabled(DraGate::PassthroughSupport) => {
+            tracing::info!("no --vfio-switch-image: PhysicalGPU spec.passthrough is not acted on");
+        }
+        None => {}
     }
     let store = KubeSliceStore::new(client, &config.node_name, &config.driver_name);
     let publisher = SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone());
@@ -613,6 +658,15 @@ fn main() -> ExitCode {
     if let Err(e) = vgpu_dra::gates::check_gates(&gates) {
         return bad(e);
     }
+    // IMEXDaemonsWithDNSNames on by default only (an explicit true was refused just above): inert, said once.
+    for inert in vgpu_dra::gates::inert_defaults(&gates) {
+        tracing::info!(
+            gate = %inert.gate,
+            "gate {}=true (the default) does nothing in this build: {}",
+            inert.gate,
+            inert.reason
+        );
+    }
     let resolved = match resolve(&cli, gates) {
         Ok(r) => r,
         Err(e) => return bad(e),
@@ -716,6 +770,37 @@ mod tests {
         assert!(parse(&["--node-name=n", "--enable-rbac=1"]).enable_rbac);
         let bad = Cli::try_parse_from([BIN, "--node-name=n", "--enable-rbac=maybe"]).unwrap_err().to_string();
         assert!(bad.contains("--enable-rbac"), "{bad}");
+    }
+
+    #[test]
+    fn vfio_switch_flags() {
+        let passthrough = || {
+            vgpu_gates::kubelet_plugin()
+                .configure(["PassthroughSupport=true,VGPUSupport=false,NVMLDeviceHealthCheck=false"])
+                .unwrap()
+        };
+        let cli = parse(&["--node-name=n", "--host-root=/", "--vfio-switch-image=img:1"]);
+        assert_eq!(
+            resolve(&cli, defaults()).unwrap_err(),
+            "--vfio-switch-image requires feature gate PassthroughSupport to be enabled"
+        );
+        assert!(resolve(&cli, passthrough()).unwrap_err().starts_with("--vfio-switch-namespace"));
+        let cli = parse(&[
+            "--node-name=n",
+            "--host-root=/",
+            "--vfio-switch-image=img:1",
+            "--vfio-switch-namespace=d8-gpu",
+            "--vfio-switch-host-sysfs=/host/sys",
+        ]);
+        let switch = resolve(&cli, passthrough()).unwrap().vfio_switch.unwrap();
+        assert_eq!(
+            (switch.node_name.as_str(), switch.namespace.as_str(), switch.image.as_str()),
+            ("n", "d8-gpu", "img:1")
+        );
+        assert_eq!(switch.host_sys, Path::new("/host/sys"));
+        assert!(switch.poll <= Duration::from_secs(5));
+        let off = parse(&["--node-name=n", "--host-root=/", "--vfio-switch-namespace=d8-gpu"]);
+        assert!(resolve(&off, passthrough()).unwrap().vfio_switch.is_none(), "no image: no controller");
     }
 
     #[test]

@@ -8,10 +8,19 @@
 //! | `<dev>/driver/unbind`, `drivers/<d>/unbind` | removes `<dev>/driver` (fails when unbound or bound elsewhere) |
 //! | `drivers/<d>/bind` | links `<dev>/driver` → `drivers/<d>` (fails when bound, or when `driver_override` names another driver) |
 //! | `drivers_probe` | binds to `driver_override`, else to the device's native driver, when that driver is registered |
+//!
+//! [`PollingKernel`] is the same kernel for writes made by another process (the `vfio-switch` Job's
+//! container, with the tree mounted in): the bind files are plain files there, so a thread looks at them
+//! every period, and a non-empty one is emptied and acted on as [`SimulatedKernel`] does. `driver_override`
+//! needs no reaction (the kernel only stores it; the bind steps read it).
 
 use std::{
     path::{Path, PathBuf},
-    sync::{Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
 };
 
 use super::{ModuleLoader, SysfsRoots, SysfsWriter, VFIO_DRIVER, VFIO_MODULE};
@@ -91,6 +100,9 @@ impl FakeSysfs {
             std::fs::write(real.join(file), value)?;
         }
         std::fs::create_dir_all(self.roots.pci_devices())?;
+        if !self.roots.drivers_probe().exists() {
+            std::fs::write(self.roots.drivers_probe(), "")?;
+        }
         std::os::unix::fs::symlink(&real, self.roots.pci_device(bus))?;
         let group_dir = self.roots.iommu_groups().join(group);
         std::fs::create_dir_all(group_dir.join("devices"))?;
@@ -270,4 +282,87 @@ impl ModuleLoader for FakeModules {
         }
         Ok(())
     }
+}
+
+/// A [`SimulatedKernel`] driven by a thread that polls the bind files (module docs), for writers in another
+/// process. Stops when dropped.
+#[derive(Debug)]
+pub struct PollingKernel {
+    kernel: Arc<SimulatedKernel>,
+    errors: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PollingKernel {
+    /// Starts polling the tree of `roots` every `period` (creates `drivers_probe` when absent).
+    pub fn start(roots: &SysfsRoots, period: Duration) -> std::io::Result<Self> {
+        let probe = roots.drivers_probe();
+        if !probe.exists() {
+            std::fs::write(&probe, "")?;
+        }
+        let kernel = Arc::new(SimulatedKernel::new(roots));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (roots, kernel, errors, stop) = (roots.clone(), kernel.clone(), errors.clone(), stop.clone());
+            std::thread::Builder::new().name("polling-kernel".into()).spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for (path, value) in take_writes(&roots) {
+                        if let Err(e) = kernel.write(&path, &value) {
+                            let line = format!("{}: write {value:?}: {e}", path.display());
+                            errors.lock().unwrap_or_else(PoisonError::into_inner).push(line);
+                        }
+                    }
+                    std::thread::sleep(period);
+                }
+            })?
+        };
+        Ok(Self { kernel, errors, stop, thread: Some(thread) })
+    }
+
+    /// Every write acted on so far (path relative to the sysfs root, value), in order.
+    pub fn writes(&self) -> Vec<Write> {
+        self.kernel.writes()
+    }
+
+    /// The writes the kernel refused (`<path>: write "<value>": <error>`), in order.
+    pub fn errors(&self) -> Vec<String> {
+        self.errors.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+impl Drop for PollingKernel {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The non-empty bind files of the tree (`drivers/*/{bind,unbind}`, `drivers_probe`), each emptied, with
+/// the value it held (trimmed).
+fn take_writes(roots: &SysfsRoots) -> Vec<(PathBuf, String)> {
+    let mut files = vec![roots.drivers_probe()];
+    let drivers = roots.sys.join("bus/pci/drivers");
+    let mut dirs: Vec<PathBuf> =
+        std::fs::read_dir(&drivers).into_iter().flatten().flatten().map(|e| e.path()).collect();
+    dirs.sort();
+    for dir in dirs {
+        files.push(dir.join("unbind"));
+        files.push(dir.join("bind"));
+    }
+    let mut taken = Vec::new();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        let value = text.trim();
+        if value.is_empty() {
+            continue;
+        }
+        if std::fs::write(&file, "").is_ok() {
+            taken.push((file, value.to_owned()));
+        }
+    }
+    taken
 }

@@ -1,0 +1,902 @@
+//! The NVIDIA adapter's switch controller (gate `PassthroughSupport`; `vgpu-kubelet-plugin
+//! --vfio-switch-namespace/--vfio-switch-image`): for each NVIDIA PhysicalGPU of this node whose
+//! `spec.passthrough` asks for another driver than the one it is on, a `vfio-switch-<node>-<pci>` Job runs
+//! `vgpu-node-agent vfio-switch` ([`super::Switcher`]) privileged on this node, and the outcome becomes the
+//! PhysicalGPU's condition `VfioSwitch`.
+//!
+//! # Watches → reconcile → writes
+//!
+//! Every [`SwitchConfig::poll`] (5 s) the controller lists this node's PhysicalGPUs
+//! (`fieldSelector=spec.nodeName=<node>`) and, for each with `spec.vendor: nvidia` and a `spec.passthrough`,
+//! looks at its Job:
+//!
+//! | Job | GPU | action | `VfioSwitch` (status, reason) |
+//! |---|---|---|---|
+//! | none | on the target (`status.driver`), or switched there for this `metadata.generation` | nothing (the condition is written once when absent) | `True`, `SwitchedToVfioPci` / `SwitchedToNvidia` |
+//! | none | elsewhere | create the Job | `Unknown`, `Switching` |
+//! | running, same target | | wait | `Unknown`, `Switching` |
+//! | succeeded, same target | | delete the Job | `True`, `SwitchedToVfioPci` / `SwitchedToNvidia` |
+//! | failed, same target | | keep the Job (delete it to try again) | `False`, `SwitchFailed` (the container's termination message) |
+//! | another target (`spec.passthrough` flipped) | | running: wait; finished: delete it (the next pass creates the new one) | |
+//!
+//! Conditions carry `observedGeneration`; `spec.passthrough` changes bump the generation, so a switch done
+//! for an older spec never counts for a newer one. `status.driver` is the node agent's (it may lag a switch
+//! until its next scan), so a `SwitchedTo…` condition of the current generation counts as done too.
+//!
+//! Writes: the Job (`batch/v1`, in [`SwitchConfig::namespace`], owned by the PhysicalGPU so it goes with
+//! it), and the condition by server-side apply of `status.conditions` on `/status` with field manager
+//! [`FIELD_MANAGER`] (its own manager: the adapter's [`crate::physical_gpu`] status sync applies its two
+//! conditions under another one, so neither removes the other's).
+//!
+//! The Job's pod: `nodeName` this node, `restartPolicy: Never`, `backoffLimit: 0`, no service-account
+//! token, tolerating every taint; one container `switch` running
+//! `<binary> vfio-switch --pci <addr> --to <driver> --sysfs-root <container sys> [--host-root /host-root]`
+//! privileged, with the host's sysfs ([`SwitchConfig::host_sys`]) mounted at
+//! [`SwitchConfig::container_sys`] and the host's `/` read-only at `/host-root` (for `modprobe vfio-pci`).
+
+use std::{collections::BTreeMap, future::Future, path::PathBuf, sync::Arc, time::Duration};
+
+use k8s_openapi::api::{batch::v1::Job, core::v1::Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use serde_json::json;
+use vgpu_api::{Condition, ConditionStatus, PhysicalGPU};
+use vgpu_core::discovery::PciAddress;
+
+use super::{SwitchTarget, job_name};
+
+/// The PhysicalGPU condition this controller owns.
+pub const CONDITION: &str = "VfioSwitch";
+/// The field manager of the condition.
+pub const FIELD_MANAGER: &str = "vgpu-vfio-switch";
+/// Reason: a Job is switching the GPU.
+pub const REASON_SWITCHING: &str = "Switching";
+/// Reason: the GPU is on `vfio-pci`.
+pub const REASON_SWITCHED_TO_VFIO_PCI: &str = "SwitchedToVfioPci";
+/// Reason: the GPU is on `nvidia`.
+pub const REASON_SWITCHED_TO_NVIDIA: &str = "SwitchedToNvidia";
+/// Reason: the Job failed.
+pub const REASON_SWITCH_FAILED: &str = "SwitchFailed";
+/// Annotation of the Job naming the driver it switches to.
+pub const TARGET_ANNOTATION: &str = "gpu.deckhouse.io/vfio-switch-target";
+/// The vendor whose GPUs are switched.
+pub const VENDOR: &str = "nvidia";
+/// The default period of the controller's passes.
+pub const DEFAULT_POLL: Duration = Duration::from_secs(5);
+/// Where the binary is in the module's image.
+pub const DEFAULT_BINARY: &str = "/usr/bin/vgpu-node-agent";
+
+/// The reason of a finished switch to `target`.
+pub fn switched_reason(target: SwitchTarget) -> &'static str {
+    match target {
+        SwitchTarget::VfioPci => REASON_SWITCHED_TO_VFIO_PCI,
+        SwitchTarget::Nvidia => REASON_SWITCHED_TO_NVIDIA,
+    }
+}
+
+/// What the Jobs look like and where they go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwitchConfig {
+    /// This node (`NODE_NAME`): its GPUs only, and the Jobs' `nodeName`.
+    pub node_name: String,
+    /// `--vfio-switch-namespace`: where the Jobs are created.
+    pub namespace: String,
+    /// `--vfio-switch-image`: the image holding [`SwitchConfig::binary`].
+    pub image: String,
+    /// The image pull policy of the Jobs.
+    pub image_pull_policy: String,
+    /// The node agent binary in the image.
+    pub binary: String,
+    /// The host's sysfs (hostPath).
+    pub host_sys: PathBuf,
+    /// Where the Job's container sees it (`--sysfs-root`).
+    pub container_sys: PathBuf,
+    /// Mount the host's `/` read-only at `/host-root` (`modprobe vfio-pci` chroot'ed there).
+    pub mount_host_root: bool,
+    /// More host paths mounted read-only at the same path in the container (tests: a binary and its
+    /// libraries in an image that lacks them).
+    pub extra_host_paths: Vec<PathBuf>,
+    /// The period of the passes (and so of looking at a running Job): at most 5 s.
+    pub poll: Duration,
+}
+
+impl SwitchConfig {
+    /// The defaults for `node`, `namespace` and `image`.
+    pub fn new(node: impl Into<String>, namespace: impl Into<String>, image: impl Into<String>) -> Self {
+        Self {
+            node_name: node.into(),
+            namespace: namespace.into(),
+            image: image.into(),
+            image_pull_policy: "IfNotPresent".into(),
+            binary: DEFAULT_BINARY.into(),
+            host_sys: PathBuf::from("/sys"),
+            container_sys: PathBuf::from("/host-sys"),
+            mount_host_root: true,
+            extra_host_paths: Vec::new(),
+            poll: DEFAULT_POLL,
+        }
+    }
+}
+
+/// A call to the API server failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControllerError {
+    /// Listing this node's PhysicalGPUs failed.
+    #[error("list the PhysicalGPUs of node {node}: {message}")]
+    List {
+        /// The node.
+        node: String,
+        /// Why.
+        message: String,
+    },
+    /// A Job call failed.
+    #[error("{action} Job {namespace}/{name}: {message}")]
+    Job {
+        /// `get`, `create`, `delete`.
+        action: &'static str,
+        /// The namespace.
+        namespace: String,
+        /// The Job.
+        name: String,
+        /// Why.
+        message: String,
+    },
+    /// Applying the condition failed.
+    #[error("apply condition VfioSwitch of PhysicalGPU {name}: {message}")]
+    Condition {
+        /// The PhysicalGPU.
+        name: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// Where a Job is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobPhase {
+    /// Not finished.
+    Active,
+    /// Its pod exited 0.
+    Succeeded,
+    /// It failed, with the best message found (the container's termination message, else the Job's).
+    Failed(String),
+}
+
+/// A switch Job as the controller sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    /// The driver it switches to ([`TARGET_ANNOTATION`]); `None` when unreadable.
+    pub target: Option<SwitchTarget>,
+    /// Where it is.
+    pub phase: JobPhase,
+}
+
+/// The API calls of the controller.
+#[tonic::async_trait]
+pub trait SwitchCluster: Send + Sync + std::fmt::Debug + 'static {
+    /// The PhysicalGPUs of `node`; `None` when the API has no PhysicalGPU resource.
+    async fn list_gpus(&self, node: &str) -> Result<Option<Vec<PhysicalGPU>>, ControllerError>;
+    /// Job `name` in `namespace`, if any.
+    async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobInfo>, ControllerError>;
+    /// Creates a Job (one that exists already counts as created).
+    async fn create_job(&self, job: &Job) -> Result<(), ControllerError>;
+    /// Deletes a Job and its pods (one that is gone counts as deleted).
+    async fn delete_job(&self, namespace: &str, name: &str) -> Result<(), ControllerError>;
+    /// Applies condition [`CONDITION`] of PhysicalGPU `gpu`.
+    async fn apply_condition(&self, gpu: &str, condition: &Condition) -> Result<(), ControllerError>;
+}
+
+/// The driver a PhysicalGPU should be on, when this controller switches it (NVIDIA, `spec.passthrough` set).
+pub fn desired_target(gpu: &PhysicalGPU) -> Option<SwitchTarget> {
+    (gpu.spec.vendor == VENDOR).then_some(())?;
+    gpu.spec.passthrough.map(SwitchTarget::for_passthrough)
+}
+
+/// The PhysicalGPU's [`CONDITION`].
+pub fn condition_of(gpu: &PhysicalGPU) -> Option<&Condition> {
+    gpu.status.as_ref()?.conditions.iter().find(|c| c.type_ == CONDITION)
+}
+
+/// Whether `gpu` is on `target` (its `status.driver`, or a `SwitchedTo…` condition of its generation).
+pub fn is_done(gpu: &PhysicalGPU, target: SwitchTarget) -> bool {
+    let driver = gpu.status.as_ref().and_then(|s| s.driver.as_deref());
+    driver == Some(target.driver())
+        || condition_of(gpu).is_some_and(|c| {
+            c.status == ConditionStatus::True
+                && c.reason.as_deref() == Some(switched_reason(target))
+                && c.observed_generation == gpu.metadata.generation
+        })
+}
+
+/// The Job that switches `gpu` (at `pci`) to `target` (module docs).
+pub fn job(config: &SwitchConfig, gpu: &PhysicalGPU, pci: &PciAddress, target: SwitchTarget) -> Job {
+    let name = job_name(&config.node_name, pci);
+    let labels = json!({
+        "app.kubernetes.io/name": "vfio-switch",
+        "app.kubernetes.io/component": "vfio-switch",
+        "gpu.deckhouse.io/node": config.node_name,
+    });
+    let mut args = vec![
+        config.binary.clone(),
+        "vfio-switch".to_owned(),
+        "--pci".to_owned(),
+        pci.to_string(),
+        "--to".to_owned(),
+        target.to_string(),
+        "--sysfs-root".to_owned(),
+        config.container_sys.display().to_string(),
+    ];
+    let mut mounts = vec![json!({"name": "host-sys", "mountPath": config.container_sys})];
+    let mut volumes =
+        vec![json!({"name": "host-sys", "hostPath": {"path": config.host_sys, "type": "Directory"}})];
+    if config.mount_host_root {
+        args.extend(["--host-root".to_owned(), "/host-root".to_owned()]);
+        mounts.push(json!({"name": "host-root", "mountPath": "/host-root", "readOnly": true}));
+        volumes.push(json!({"name": "host-root", "hostPath": {"path": "/"}}));
+    }
+    for (i, path) in config.extra_host_paths.iter().enumerate() {
+        mounts.push(json!({"name": format!("extra-{i}"), "mountPath": path, "readOnly": true}));
+        volumes.push(json!({"name": format!("extra-{i}"), "hostPath": {"path": path}}));
+    }
+    let mut metadata = json!({
+        "name": name,
+        "namespace": config.namespace,
+        "labels": labels,
+        "annotations": {
+            TARGET_ANNOTATION: target.to_string(),
+            "gpu.deckhouse.io/physicalgpu": gpu.metadata.name,
+            "gpu.deckhouse.io/pci-address": pci.to_string(),
+        },
+    });
+    if let Some(uid) = &gpu.metadata.uid {
+        metadata["ownerReferences"] = json!([{
+            "apiVersion": format!("{}/{}", vgpu_api::DEFAULT_GROUP, vgpu_api::VERSION),
+            "kind": "PhysicalGPU",
+            "name": gpu.metadata.name,
+            "uid": uid,
+        }]);
+    }
+    let value = json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeName": config.node_name,
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": false,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{
+                        "name": "switch",
+                        "image": config.image,
+                        "imagePullPolicy": config.image_pull_policy,
+                        "command": args,
+                        "securityContext": {"privileged": true},
+                        "terminationMessagePolicy": "FallbackToLogsOnError",
+                        "volumeMounts": mounts,
+                    }],
+                    "volumes": volumes,
+                },
+            },
+        },
+    });
+    // The value is built from typed parts above; a failure here is a bug in this function.
+    serde_json::from_value(value).unwrap_or_default()
+}
+
+fn condition(status: ConditionStatus, reason: &str, message: String, generation: Option<i64>) -> Condition {
+    Condition {
+        type_: CONDITION.into(),
+        status,
+        reason: Some(reason.into()),
+        message: Some(message),
+        last_transition_time: None,
+        observed_generation: generation,
+    }
+}
+
+/// What one pass did for one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to do (no passthrough wish, not NVIDIA, or already there).
+    Idle,
+    /// A Job was created.
+    Created(String),
+    /// A Job is running.
+    Waiting(String),
+    /// The Job succeeded (and was deleted).
+    Succeeded(String),
+    /// The Job failed (kept).
+    Failed(String),
+    /// A Job for another target was deleted.
+    Replaced(String),
+}
+
+/// Creates and watches the switch Jobs of one node (module docs).
+#[derive(Debug)]
+pub struct SwitchController {
+    cluster: Arc<dyn SwitchCluster>,
+    config: SwitchConfig,
+}
+
+impl SwitchController {
+    /// A controller over `cluster`.
+    pub fn new(cluster: Arc<dyn SwitchCluster>, config: SwitchConfig) -> Self {
+        Self { cluster, config }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SwitchConfig {
+        &self.config
+    }
+
+    /// One pass over this node's PhysicalGPUs: the step of each that has a passthrough wish, by name.
+    pub async fn reconcile_once(&self) -> Result<BTreeMap<String, Step>, ControllerError> {
+        let Some(gpus) = self.cluster.list_gpus(&self.config.node_name).await? else {
+            return Ok(BTreeMap::new());
+        };
+        let mut steps = BTreeMap::new();
+        let mut first_error = None;
+        for gpu in gpus.iter().filter(|g| g.spec.node_name == self.config.node_name) {
+            let name = gpu.metadata.name.clone().unwrap_or_default();
+            match self.reconcile(gpu).await {
+                Ok(Step::Idle) => {}
+                Ok(step) => {
+                    steps.insert(name, step);
+                }
+                Err(error) => {
+                    tracing::warn!(gpu = %name, %error, "vfio-switch");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        match first_error {
+            Some(error) if steps.is_empty() => Err(error),
+            _ => Ok(steps),
+        }
+    }
+
+    async fn set_condition(&self, gpu: &PhysicalGPU, wanted: Condition) -> Result<(), ControllerError> {
+        let current = condition_of(gpu);
+        if current == Some(&wanted) {
+            return Ok(());
+        }
+        let name = gpu.metadata.name.clone().unwrap_or_default();
+        self.cluster.apply_condition(&name, &wanted).await
+    }
+
+    async fn reconcile(&self, gpu: &PhysicalGPU) -> Result<Step, ControllerError> {
+        let Some(target) = desired_target(gpu) else { return Ok(Step::Idle) };
+        let Ok(pci) = gpu.spec.pci_address.parse::<PciAddress>() else {
+            tracing::warn!(gpu = ?gpu.metadata.name, address = %gpu.spec.pci_address, "not a PCI address; not switched");
+            return Ok(Step::Idle);
+        };
+        let generation = gpu.metadata.generation;
+        let name = job_name(&self.config.node_name, &pci);
+        let namespace = &self.config.namespace;
+        let existing = self.cluster.get_job(namespace, &name).await?;
+        match existing {
+            Some(info) if info.target != Some(target) => {
+                if info.phase == JobPhase::Active {
+                    return Ok(Step::Waiting(name));
+                }
+                self.cluster.delete_job(namespace, &name).await?;
+                Ok(Step::Replaced(name))
+            }
+            Some(info) => match info.phase {
+                JobPhase::Active => {
+                    let message = format!("Job {namespace}/{name} is switching {pci} to {target}");
+                    self.set_condition(
+                        gpu,
+                        condition(ConditionStatus::Unknown, REASON_SWITCHING, message, generation),
+                    )
+                    .await?;
+                    Ok(Step::Waiting(name))
+                }
+                JobPhase::Succeeded => {
+                    let message = format!("{pci} is on {target} (Job {namespace}/{name})");
+                    let done = condition(ConditionStatus::True, switched_reason(target), message, generation);
+                    self.set_condition(gpu, done).await?;
+                    self.cluster.delete_job(namespace, &name).await?;
+                    tracing::info!(gpu = ?gpu.metadata.name, %pci, %target, "vfio-switch Job succeeded");
+                    Ok(Step::Succeeded(name))
+                }
+                JobPhase::Failed(why) => {
+                    let message = format!(
+                        "Job {namespace}/{name} failed to switch {pci} to {target}: {why} (delete the Job to try again)"
+                    );
+                    self.set_condition(
+                        gpu,
+                        condition(ConditionStatus::False, REASON_SWITCH_FAILED, message, generation),
+                    )
+                    .await?;
+                    Ok(Step::Failed(name))
+                }
+            },
+            None if is_done(gpu, target) => {
+                let switched = condition_of(gpu).is_some_and(|c| {
+                    c.status == ConditionStatus::True && c.reason.as_deref() == Some(switched_reason(target))
+                });
+                if !switched {
+                    let message = format!("{pci} is on {target}");
+                    self.set_condition(
+                        gpu,
+                        condition(ConditionStatus::True, switched_reason(target), message, generation),
+                    )
+                    .await?;
+                }
+                Ok(Step::Idle)
+            }
+            None => {
+                let from =
+                    gpu.status.as_ref().and_then(|s| s.driver.clone()).unwrap_or_else(|| "no driver".into());
+                self.cluster.create_job(&job(&self.config, gpu, &pci, target)).await?;
+                let message = format!("Job {namespace}/{name} is switching {pci} from {from} to {target}");
+                self.set_condition(
+                    gpu,
+                    condition(ConditionStatus::Unknown, REASON_SWITCHING, message, generation),
+                )
+                .await?;
+                tracing::info!(gpu = ?gpu.metadata.name, %pci, %from, %target, job = %name, "vfio-switch Job created");
+                Ok(Step::Created(name))
+            }
+        }
+    }
+
+    /// Runs a pass every [`SwitchConfig::poll`] until `stop` resolves.
+    pub fn spawn<F>(self, stop: F) -> tokio::task::JoinHandle<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        tokio::spawn(async move {
+            tokio::pin!(stop);
+            loop {
+                if let Err(error) = self.reconcile_once().await {
+                    tracing::warn!(%error, "vfio-switch controller pass");
+                }
+                tokio::select! {
+                    () = &mut stop => return,
+                    () = tokio::time::sleep(self.config.poll) => {}
+                }
+            }
+        })
+    }
+}
+
+// === the API server ===
+
+/// [`SwitchCluster`] over the API server.
+#[derive(Clone)]
+pub struct KubeSwitchCluster {
+    client: kube::Client,
+}
+
+impl std::fmt::Debug for KubeSwitchCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeSwitchCluster").finish_non_exhaustive()
+    }
+}
+
+impl KubeSwitchCluster {
+    /// Wraps a client.
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+
+    fn jobs(&self, namespace: &str) -> kube::Api<Job> {
+        kube::Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// The termination message (else the exit reason) of a failed pod of Job `name`.
+    async fn pod_message(&self, namespace: &str, name: &str) -> Option<String> {
+        let pods: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
+        let list =
+            pods.list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={name}"))).await;
+        list.ok()?.items.iter().find_map(|pod| {
+            let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+            statuses.iter().find_map(|s| {
+                let terminated = s.state.as_ref()?.terminated.as_ref()?;
+                let text = terminated
+                    .message
+                    .clone()
+                    .or_else(|| terminated.reason.clone())
+                    .map(|m| m.trim().to_owned())
+                    .filter(|m| !m.is_empty())?;
+                Some(format!("exit code {}: {text}", terminated.exit_code))
+            })
+        })
+    }
+}
+
+/// Where a Job is, from its status.
+pub fn job_phase(job: &Job) -> JobPhase {
+    let Some(status) = &job.status else { return JobPhase::Active };
+    let conditions = status.conditions.as_deref().unwrap_or_default();
+    let holds = |t: &str| conditions.iter().find(|c| c.type_ == t && c.status == "True");
+    if holds("Complete").is_some() || status.succeeded.unwrap_or(0) > 0 {
+        return JobPhase::Succeeded;
+    }
+    if let Some(failed) = holds("Failed") {
+        let reason = failed.reason.clone().unwrap_or_default();
+        let message = failed.message.clone().unwrap_or_default();
+        return JobPhase::Failed(format!("{reason}: {message}").trim_matches([' ', ':']).to_owned());
+    }
+    if status.failed.unwrap_or(0) > 0 {
+        return JobPhase::Failed("its pod failed".into());
+    }
+    JobPhase::Active
+}
+
+#[tonic::async_trait]
+impl SwitchCluster for KubeSwitchCluster {
+    async fn list_gpus(&self, node: &str) -> Result<Option<Vec<PhysicalGPU>>, ControllerError> {
+        let api: kube::Api<PhysicalGPU> = kube::Api::all(self.client.clone());
+        match api.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await {
+            Ok(list) => Ok(Some(list.items)),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+            Err(e) => Err(ControllerError::List { node: node.to_owned(), message: e.to_string() }),
+        }
+    }
+
+    async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobInfo>, ControllerError> {
+        let err = |e: kube::Error| ControllerError::Job {
+            action: "get",
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            message: e.to_string(),
+        };
+        let Some(job) = self.jobs(namespace).get_opt(name).await.map_err(err)? else { return Ok(None) };
+        let target = job
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TARGET_ANNOTATION))
+            .and_then(|t| t.parse().ok());
+        let phase = match job_phase(&job) {
+            JobPhase::Failed(why) => match self.pod_message(namespace, name).await {
+                Some(message) => JobPhase::Failed(message),
+                None => JobPhase::Failed(why),
+            },
+            phase => phase,
+        };
+        Ok(Some(JobInfo { target, phase }))
+    }
+
+    async fn create_job(&self, job: &Job) -> Result<(), ControllerError> {
+        let namespace = job.metadata.namespace.clone().unwrap_or_default();
+        let name = job.metadata.name.clone().unwrap_or_default();
+        match self.jobs(&namespace).create(&PostParams::default(), job).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(e) => Err(ControllerError::Job { action: "create", namespace, name, message: e.to_string() }),
+        }
+    }
+
+    async fn delete_job(&self, namespace: &str, name: &str) -> Result<(), ControllerError> {
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..DeleteParams::default()
+        };
+        match self.jobs(namespace).delete(name, &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(ControllerError::Job {
+                action: "delete",
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    async fn apply_condition(&self, gpu: &str, condition: &Condition) -> Result<(), ControllerError> {
+        let api: kube::Api<PhysicalGPU> = kube::Api::all(self.client.clone());
+        let body = json!({
+            "apiVersion": format!("{}/{}", vgpu_api::DEFAULT_GROUP, vgpu_api::VERSION),
+            "kind": "PhysicalGPU",
+            "metadata": {"name": gpu},
+            "status": {"conditions": [condition]},
+        });
+        api.patch_status(gpu, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+            .await
+            .map(drop)
+            .map_err(|e| ControllerError::Condition { name: gpu.to_owned(), message: e.to_string() })
+    }
+}
+
+// === in memory ===
+
+/// An in-memory [`SwitchCluster`]: PhysicalGPUs, Jobs whose phase the test sets, applied conditions.
+#[derive(Debug, Default)]
+pub struct MemorySwitchCluster {
+    inner: std::sync::Mutex<MemoryInner>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryInner {
+    gpus: BTreeMap<String, PhysicalGPU>,
+    jobs: BTreeMap<(String, String), (Job, JobPhase)>,
+    deleted: Vec<String>,
+}
+
+impl MemorySwitchCluster {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryInner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds or replaces a PhysicalGPU.
+    pub fn put_gpu(&self, gpu: PhysicalGPU) {
+        let name = gpu.metadata.name.clone().unwrap_or_default();
+        self.lock().gpus.insert(name, gpu);
+    }
+
+    /// PhysicalGPU `name`.
+    pub fn gpu(&self, name: &str) -> Option<PhysicalGPU> {
+        self.lock().gpus.get(name).cloned()
+    }
+
+    /// The Jobs, by namespace and name.
+    pub fn jobs(&self) -> Vec<Job> {
+        self.lock().jobs.values().map(|(j, _)| j.clone()).collect()
+    }
+
+    /// Sets the phase of Job `name` (as the Job controller would).
+    pub fn set_job_phase(&self, namespace: &str, name: &str, phase: JobPhase) {
+        if let Some(entry) = self.lock().jobs.get_mut(&(namespace.to_owned(), name.to_owned())) {
+            entry.1 = phase;
+        }
+    }
+
+    /// The Jobs deleted so far, by name.
+    pub fn deleted(&self) -> Vec<String> {
+        self.lock().deleted.clone()
+    }
+}
+
+#[tonic::async_trait]
+impl SwitchCluster for MemorySwitchCluster {
+    async fn list_gpus(&self, node: &str) -> Result<Option<Vec<PhysicalGPU>>, ControllerError> {
+        Ok(Some(self.lock().gpus.values().filter(|g| g.spec.node_name == node).cloned().collect()))
+    }
+
+    async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobInfo>, ControllerError> {
+        Ok(self.lock().jobs.get(&(namespace.to_owned(), name.to_owned())).map(|(job, phase)| JobInfo {
+            target: job
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(TARGET_ANNOTATION))
+                .and_then(|t| t.parse().ok()),
+            phase: phase.clone(),
+        }))
+    }
+
+    async fn create_job(&self, job: &Job) -> Result<(), ControllerError> {
+        let key = (
+            job.metadata.namespace.clone().unwrap_or_default(),
+            job.metadata.name.clone().unwrap_or_default(),
+        );
+        self.lock().jobs.entry(key).or_insert_with(|| (job.clone(), JobPhase::Active));
+        Ok(())
+    }
+
+    async fn delete_job(&self, namespace: &str, name: &str) -> Result<(), ControllerError> {
+        let mut inner = self.lock();
+        if inner.jobs.remove(&(namespace.to_owned(), name.to_owned())).is_some() {
+            inner.deleted.push(name.to_owned());
+        }
+        Ok(())
+    }
+
+    async fn apply_condition(&self, gpu: &str, condition: &Condition) -> Result<(), ControllerError> {
+        let mut inner = self.lock();
+        let Some(object) = inner.gpus.get_mut(gpu) else {
+            return Err(ControllerError::Condition { name: gpu.to_owned(), message: "not found".into() });
+        };
+        let status = object.status.get_or_insert_with(Default::default);
+        status.conditions.retain(|c| c.type_ != condition.type_);
+        status.conditions.push(condition.clone());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use vgpu_api::{PhysicalGPUSpec, PhysicalGPUStatus};
+
+    use super::*;
+
+    const NODE: &str = "w1";
+    const NS: &str = "d8-gpu";
+    const JOB: &str = "vfio-switch-w1-0000-3b-00-0";
+
+    fn gpu(passthrough: Option<bool>, driver: &str) -> PhysicalGPU {
+        let mut gpu = PhysicalGPU::new(
+            "w1-nvidia-2330-0000-3b-00-0",
+            PhysicalGPUSpec {
+                node_name: NODE.into(),
+                index: 0,
+                pci_address: "0000:3b:00.0".into(),
+                vendor: "nvidia".into(),
+                vendor_id: "10de".into(),
+                vendor_name: "NVIDIA".into(),
+                device_id: "2330".into(),
+                device_name: "H100".into(),
+                model: "h100".into(),
+                subsystem: None,
+                class_code: "030200".into(),
+                numa_node: None,
+                iommu_group: Some(7),
+                passthrough,
+            },
+        );
+        gpu.metadata.generation = Some(2);
+        gpu.metadata.uid = Some("uid-1".into());
+        gpu.status = Some(PhysicalGPUStatus { driver: Some(driver.into()), ..Default::default() });
+        gpu
+    }
+
+    fn setup(g: PhysicalGPU) -> (Arc<MemorySwitchCluster>, SwitchController) {
+        let cluster = Arc::new(MemorySwitchCluster::default());
+        cluster.put_gpu(g);
+        let controller =
+            SwitchController::new(cluster.clone(), SwitchConfig::new(NODE, NS, "registry.local/vgpu:1"));
+        (cluster, controller)
+    }
+
+    fn reason(cluster: &MemorySwitchCluster) -> Option<(ConditionStatus, String)> {
+        let g = cluster.gpu("w1-nvidia-2330-0000-3b-00-0").unwrap();
+        condition_of(&g).map(|c| (c.status, c.reason.clone().unwrap()))
+    }
+
+    #[tokio::test]
+    async fn a_passthrough_wish_creates_a_job_and_success_becomes_the_condition() {
+        let (cluster, controller) = setup(gpu(Some(true), "nvidia"));
+        let steps = controller.reconcile_once().await.unwrap();
+        assert_eq!(steps.values().collect::<Vec<_>>(), [&Step::Created(JOB.into())]);
+        assert_eq!(reason(&cluster), Some((ConditionStatus::Unknown, "Switching".into())));
+        let job = &cluster.jobs()[0];
+        let spec = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some(NODE));
+        let container = &spec.containers[0];
+        assert_eq!(container.name, "switch");
+        assert_eq!(
+            container.command.as_deref().unwrap(),
+            [
+                "/usr/bin/vgpu-node-agent",
+                "vfio-switch",
+                "--pci",
+                "0000:3b:00.0",
+                "--to",
+                "vfio-pci",
+                "--sysfs-root",
+                "/host-sys",
+                "--host-root",
+                "/host-root"
+            ]
+        );
+        assert_eq!(container.security_context.as_ref().unwrap().privileged, Some(true));
+        assert_eq!(job.metadata.owner_references.as_ref().unwrap()[0].uid, "uid-1");
+
+        // Running: still switching, no second Job.
+        assert_eq!(
+            controller.reconcile_once().await.unwrap()[&"w1-nvidia-2330-0000-3b-00-0".to_owned()],
+            Step::Waiting(JOB.into())
+        );
+        assert_eq!(cluster.jobs().len(), 1);
+        cluster.set_job_phase(NS, JOB, JobPhase::Succeeded);
+        let steps = controller.reconcile_once().await.unwrap();
+        assert_eq!(steps.values().collect::<Vec<_>>(), [&Step::Succeeded(JOB.into())]);
+        assert_eq!(reason(&cluster), Some((ConditionStatus::True, "SwitchedToVfioPci".into())));
+        assert_eq!(cluster.deleted(), [JOB]);
+        // status.driver still says nvidia (the node agent has not scanned yet): the condition counts.
+        assert!(controller.reconcile_once().await.unwrap().is_empty());
+        assert!(cluster.jobs().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_job_is_reported_and_kept_until_deleted() {
+        let (cluster, controller) = setup(gpu(Some(true), "nvidia"));
+        controller.reconcile_once().await.unwrap();
+        cluster.set_job_phase(NS, JOB, JobPhase::Failed("exit code 1: no such PCI device".into()));
+        let steps = controller.reconcile_once().await.unwrap();
+        assert_eq!(steps.values().collect::<Vec<_>>(), [&Step::Failed(JOB.into())]);
+        let g = cluster.gpu("w1-nvidia-2330-0000-3b-00-0").unwrap();
+        let c = condition_of(&g).unwrap();
+        assert_eq!((c.status, c.reason.as_deref()), (ConditionStatus::False, Some("SwitchFailed")));
+        assert!(c.message.as_deref().unwrap().contains("no such PCI device"), "{c:?}");
+        controller.reconcile_once().await.unwrap();
+        assert_eq!(cluster.jobs().len(), 1, "kept, not retried");
+        assert!(cluster.deleted().is_empty());
+    }
+
+    #[tokio::test]
+    async fn nothing_happens_without_a_wish_for_other_vendors_or_when_already_there() {
+        for g in [gpu(None, "nvidia"), gpu(Some(false), "nvidia"), gpu(Some(true), "vfio-pci")] {
+            let (cluster, controller) = setup(g);
+            assert!(controller.reconcile_once().await.unwrap().is_empty());
+            assert!(cluster.jobs().is_empty());
+        }
+        let mut metax = gpu(Some(true), "metax");
+        metax.spec.vendor = "metax".into();
+        let (cluster, controller) = setup(metax);
+        controller.reconcile_once().await.unwrap();
+        assert!(cluster.jobs().is_empty());
+        // Already on the target: the condition says so once.
+        let (cluster, controller) = setup(gpu(Some(false), "nvidia"));
+        controller.reconcile_once().await.unwrap();
+        assert_eq!(reason(&cluster), Some((ConditionStatus::True, "SwitchedToNvidia".into())));
+    }
+
+    #[tokio::test]
+    async fn a_flipped_wish_replaces_a_finished_job_and_waits_for_a_running_one() {
+        let (cluster, controller) = setup(gpu(Some(true), "nvidia"));
+        controller.reconcile_once().await.unwrap();
+        let mut back = gpu(Some(false), "nvidia");
+        back.metadata.generation = Some(3);
+        back.status = cluster.gpu("w1-nvidia-2330-0000-3b-00-0").unwrap().status;
+        back.status.as_mut().unwrap().driver = Some("vfio-pci".into());
+        cluster.put_gpu(back);
+        assert_eq!(
+            controller.reconcile_once().await.unwrap().values().next(),
+            Some(&Step::Waiting(JOB.into()))
+        );
+        cluster.set_job_phase(NS, JOB, JobPhase::Succeeded);
+        assert_eq!(
+            controller.reconcile_once().await.unwrap().values().next(),
+            Some(&Step::Replaced(JOB.into()))
+        );
+        assert_eq!(
+            controller.reconcile_once().await.unwrap().values().next(),
+            Some(&Step::Created(JOB.into()))
+        );
+        let job = &cluster.jobs()[0];
+        assert_eq!(job.metadata.annotations.as_ref().unwrap()[TARGET_ANNOTATION], "nvidia");
+    }
+
+    #[test]
+    fn job_phases_follow_the_job_status() {
+        let job = |status: serde_json::Value| -> Job {
+            serde_json::from_value(json!({"metadata": {"name": "j"}, "status": status})).unwrap()
+        };
+        assert_eq!(job_phase(&job(json!({"active": 1}))), JobPhase::Active);
+        assert_eq!(
+            job_phase(&job(json!({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}))),
+            JobPhase::Succeeded
+        );
+        assert_eq!(
+            job_phase(&job(
+                json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]})
+            )),
+            JobPhase::Failed("BackoffLimitExceeded: Job has reached the specified backoff limit".into())
+        );
+        assert_eq!(job_phase(&job(json!({"failed": 1}))), JobPhase::Failed("its pod failed".into()));
+    }
+
+    #[test]
+    fn extra_paths_and_no_host_root() {
+        let mut config = SwitchConfig::new(NODE, NS, "busybox");
+        config.mount_host_root = false;
+        config.extra_host_paths = vec![PathBuf::from("/lib64")];
+        config.host_sys = PathBuf::from("/tmp/fake/sys");
+        config.container_sys = PathBuf::from("/tmp/fake/sys");
+        let g = gpu(Some(true), "nvidia");
+        let j = job(&config, &g, &"0000:3b:00.0".parse().unwrap(), SwitchTarget::VfioPci);
+        let value = serde_json::to_value(&j).unwrap();
+        let pod = &value["spec"]["template"]["spec"];
+        assert_eq!(pod["volumes"][0]["hostPath"]["path"], "/tmp/fake/sys");
+        assert_eq!(pod["volumes"][1]["hostPath"]["path"], "/lib64");
+        assert_eq!(
+            pod["containers"][0]["volumeMounts"][1],
+            json!({"name": "extra-0", "mountPath": "/lib64", "readOnly": true})
+        );
+        let command = pod["containers"][0]["command"].as_array().unwrap();
+        assert!(!command.iter().any(|a| a == "--host-root"), "{command:?}");
+        assert_eq!(value["metadata"]["name"], JOB);
+    }
+}

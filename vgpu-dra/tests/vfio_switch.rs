@@ -1,0 +1,167 @@
+//! The vfio-switch pieces together, over real files in a temporary directory: [`Switcher`] writing the
+//! sysfs files as the Job's container does ([`KernelSysfs`]: plain `open(O_WRONLY|O_TRUNC)` + `write`), a
+//! [`PollingKernel`] acting on them from another thread, and the [`SwitchController`] whose Job command is
+//! run here in place of the kubelet, its outcome fed back as the Job controller would.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{sync::Arc, time::Duration};
+
+use vgpu_api::{ConditionStatus, PhysicalGPU, PhysicalGPUSpec, PhysicalGPUStatus};
+use vgpu_core::discovery::PciAddress;
+use vgpu_dra::{
+    vfio::{
+        KernelSysfs, SysfsRoots,
+        fake::{FakeSysfs, PollingKernel},
+    },
+    vfio_switch::{
+        Outcome, SwitchTarget, Switcher,
+        controller::{
+            CONDITION, JobPhase, MemorySwitchCluster, Step, SwitchConfig, SwitchController, TARGET_ANNOTATION,
+        },
+    },
+};
+
+const GPUS: [&str; 2] = ["0000:3b:00.0", "0000:86:00.0"];
+
+fn node() -> (tempfile::TempDir, FakeSysfs, PollingKernel) {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = SysfsRoots::under(dir.path());
+    let tree = FakeSysfs::new(&roots);
+    for (i, bus) in GPUS.iter().enumerate() {
+        tree.add_gpu(bus, 0x2330, &i.to_string(), Some("nvidia")).unwrap();
+    }
+    tree.add_driver("vfio-pci").unwrap();
+    let kernel = PollingKernel::start(&roots, Duration::from_millis(5)).unwrap();
+    (dir, tree, kernel)
+}
+
+fn switcher(tree: &FakeSysfs) -> Switcher {
+    Switcher::new(tree.roots().clone(), Arc::new(KernelSysfs))
+        .with_timing(Duration::from_secs(5), Duration::from_millis(5))
+}
+
+#[test]
+fn a_writer_in_another_thread_is_acted_on_by_the_polling_kernel() {
+    let (_dir, tree, kernel) = node();
+    let s = switcher(&tree);
+    let a: PciAddress = GPUS[0].parse().unwrap();
+    assert_eq!(
+        s.switch(&a, SwitchTarget::VfioPci).unwrap(),
+        Outcome::Switched { from: "nvidia".into(), to: SwitchTarget::VfioPci }
+    );
+    assert_eq!((tree.driver(GPUS[0]).as_str(), tree.driver(GPUS[1]).as_str()), ("vfio-pci", "nvidia"));
+    assert_eq!(s.switch(&a, SwitchTarget::VfioPci).unwrap(), Outcome::AlreadyBound(SwitchTarget::VfioPci));
+    assert_eq!(
+        s.switch(&a, SwitchTarget::Nvidia).unwrap(),
+        Outcome::Switched { from: "vfio-pci".into(), to: SwitchTarget::Nvidia }
+    );
+    assert_eq!(tree.driver(GPUS[0]), "nvidia");
+    assert!(kernel.errors().is_empty(), "{:?}", kernel.errors());
+    // Each bind file was emptied once acted on, as a write-only sysfs attribute reads back nothing.
+    let probe = std::fs::read_to_string(tree.roots().drivers_probe()).unwrap();
+    assert!(probe.is_empty(), "{probe:?}");
+}
+
+#[test]
+fn a_driver_that_never_binds_times_out_naming_the_link_and_what_it_shows() {
+    let (_dir, tree, kernel) = node();
+    let a: PciAddress = GPUS[0].parse().unwrap();
+    switcher(&tree).switch(&a, SwitchTarget::VfioPci).unwrap();
+    // The nvidia module goes away: the switch back falls back to drivers_probe, which binds nothing.
+    std::fs::remove_dir_all(tree.roots().pci_driver("nvidia")).unwrap();
+    let err = switcher(&tree)
+        .with_timing(Duration::from_millis(300), Duration::from_millis(5))
+        .switch(&a, SwitchTarget::Nvidia)
+        .unwrap_err()
+        .to_string();
+    let link = tree.roots().pci_device(GPUS[0]).join("driver");
+    assert!(
+        err.starts_with(&format!(
+            "{}: expected a link to driver nvidia within 300ms, found no driver",
+            link.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(kernel.writes().last().map(|w| w.0.as_str()), Some("bus/pci/drivers_probe"));
+}
+
+fn gpu(node: &str, name: &str, pci: &str, passthrough: bool) -> PhysicalGPU {
+    let mut gpu = PhysicalGPU::new(
+        name,
+        PhysicalGPUSpec {
+            node_name: node.into(),
+            index: 0,
+            pci_address: pci.into(),
+            vendor: "nvidia".into(),
+            vendor_id: "10de".into(),
+            vendor_name: "NVIDIA".into(),
+            device_id: "2330".into(),
+            device_name: "H100".into(),
+            model: "h100".into(),
+            subsystem: None,
+            class_code: "030200".into(),
+            numa_node: None,
+            iommu_group: None,
+            passthrough: Some(passthrough),
+        },
+    );
+    gpu.metadata.generation = Some(1);
+    gpu.status = Some(PhysicalGPUStatus { driver: Some("nvidia".into()), ..Default::default() });
+    gpu
+}
+
+/// The value after `flag` in a Job's command.
+fn arg<'a>(command: &'a [String], flag: &str) -> &'a str {
+    let i = command.iter().position(|a| a == flag).unwrap_or_else(|| panic!("{flag} in {command:?}"));
+    &command[i + 1]
+}
+
+#[tokio::test]
+async fn the_controllers_job_command_switches_the_gpu_and_the_condition_follows() {
+    let (_dir, tree, _kernel) = node();
+    let cluster = Arc::new(MemorySwitchCluster::default());
+    cluster.put_gpu(gpu("w1", "w1-a", GPUS[0], true));
+    cluster.put_gpu(gpu("w1", "w1-b", GPUS[1], false));
+    cluster.put_gpu(gpu("w2", "w2-a", GPUS[0], true));
+    let mut config = SwitchConfig::new("w1", "d8-gpu", "vgpu:1");
+    config.container_sys.clone_from(&tree.roots().sys);
+    let controller = SwitchController::new(cluster.clone(), config);
+
+    let steps = controller.reconcile_once().await.unwrap();
+    assert_eq!(
+        steps.len(),
+        1,
+        "only w1-a wants a switch (w1-b is on nvidia already, w2 is another node): {steps:?}"
+    );
+    let jobs = cluster.jobs();
+    let job = &jobs[0];
+    assert_eq!(job.metadata.annotations.as_ref().unwrap()[TARGET_ANNOTATION], "vfio-pci");
+    // Play the kubelet: run what the container would run.
+    let container = &job.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
+    let command = container.command.clone().unwrap();
+    assert_eq!(&command[1], "vfio-switch");
+    let pci: PciAddress = arg(&command, "--pci").parse().unwrap();
+    let to: SwitchTarget = arg(&command, "--to").parse().unwrap();
+    let roots = SysfsRoots { sys: arg(&command, "--sysfs-root").into(), host_root: "/nonexistent".into() };
+    let outcome = Switcher::new(roots, Arc::new(KernelSysfs))
+        .with_timing(Duration::from_secs(5), Duration::from_millis(5))
+        .switch(&pci, to)
+        .unwrap();
+    assert_eq!(outcome, Outcome::Switched { from: "nvidia".into(), to: SwitchTarget::VfioPci });
+    assert_eq!(tree.driver(GPUS[0]), "vfio-pci");
+    // Play the Job controller.
+    let name = job.metadata.name.clone().unwrap();
+    cluster.set_job_phase("d8-gpu", &name, JobPhase::Succeeded);
+    let steps = controller.reconcile_once().await.unwrap();
+    assert_eq!(steps.get("w1-a"), Some(&Step::Succeeded(name.clone())));
+    let a = cluster.gpu("w1-a").unwrap();
+    let condition = a.status.unwrap().conditions.into_iter().find(|c| c.type_ == CONDITION).unwrap();
+    assert_eq!(condition.status, ConditionStatus::True);
+    assert_eq!(condition.reason.as_deref(), Some("SwitchedToVfioPci"));
+    assert_eq!(condition.observed_generation, Some(1));
+    assert_eq!(cluster.deleted(), [name]);
+    let b = cluster.gpu("w1-b").unwrap();
+    let condition = b.status.unwrap().conditions.into_iter().find(|c| c.type_ == CONDITION).unwrap();
+    assert_eq!(condition.reason.as_deref(), Some("SwitchedToNvidia"), "already there, said once");
+    assert!(cluster.gpu("w2-a").unwrap().status.unwrap().conditions.is_empty(), "another node's GPU");
+}
