@@ -94,9 +94,16 @@ async fn nfd_puts_the_gfd_feature_file_labels_on_the_node() {
     let crds = helm::read_crds(std::slice::from_ref(&nfd_bin.crds)).unwrap();
     helm::install_crds(&client, &crds, Duration::from_secs(30)).await.unwrap();
     let nodes: Api<Node> = Api::all(client.clone());
-    let node: Node = serde_json::from_value(
-        serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-    )
+    // A node as the kubelet registers it, with labels and annotations: nfd-master's JSON patches add keys
+    // under /metadata/labels and /metadata/annotations, which fail on a node that has neither map.
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": NODE,
+            "labels": {"kubernetes.io/hostname": NODE},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
+    }))
     .unwrap();
     nodes.create(&PostParams::default(), &node).await.unwrap();
     let ns: Namespace = serde_json::from_value(
