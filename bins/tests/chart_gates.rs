@@ -472,7 +472,7 @@ fn gpu_module_nfd_switch_writes_the_feature_file_and_ships_the_rule() {
         ],
     );
     let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_saphyr::from_str(&plugin(&on)).unwrap();
-    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let pod = ds.spec.template.spec.unwrap();
     let args = pod.containers[0].args.clone().unwrap();
     for want in [
         "--gfd-output=nfd-feature-file",
