@@ -11,7 +11,7 @@
 //! | `# anything else` | a comment |
 //!
 //! Lines are trimmed; a key ends at the first `=`. Files whose name starts with `.` are ignored by the
-//! worker, and files over [`MAX_FEATURE_FILE_SIZE`] bytes are refused. [`write`] replaces the file
+//! worker, and files over [`MAX_FEATURE_FILE_SIZE`] bytes are refused. [`write()`] replaces the file
 //! atomically through a hidden temporary sibling ([`crate::abi::atomic::write_atomic`]: temporary file,
 //! `fsync`, `rename`), so the worker never reads a half-written file. An expiry makes the labels vanish
 //! when the writer dies without removing its file.
