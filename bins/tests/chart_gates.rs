@@ -561,3 +561,75 @@ fn generated_webhook_certificates_carry_their_ca_and_skip_the_release_namespace(
     let names = selector.split("objectSelector:").next().unwrap();
     assert!(names.contains("- d8-gpu"), "the release namespace is not excluded: {names}");
 }
+
+/// `nfd.enabled` sends the device plugin's GPU feature labels to node-feature-discovery's feature file (the
+/// host's `features.d` mounted at the same path, `--gfd-output=nfd-feature-file`, no `--gfd-labels`) and ships
+/// the NodeFeatureRule `gpu-module-nvidia` with the `nfd.rules` labels and taints; off (the default): neither.
+/// The rule is run by the real nfd-master in e2e/tests/nfd.rs.
+#[test]
+fn gpu_module_nfd_switch_writes_the_feature_file_and_ships_the_rule() {
+    let Some(helm) = helm() else {
+        eprintln!("skipped: Helm is not built (run e2e/build-helm.sh or set VGPU_HELM)");
+        return;
+    };
+    let plugin = |docs: &[(String, String, String)]| -> String {
+        docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin").unwrap().2.clone()
+    };
+    let off = render(&helm, "gpu-module", &[]);
+    assert!(!off.iter().any(|(k, _, _)| k == "NodeFeatureRule"));
+    let text = plugin(&off);
+    assert!(text.contains("--gfd-labels") && !text.contains("--gfd-output") && !text.contains("features.d"));
+
+    let on = render(
+        &helm,
+        "gpu-module",
+        &[
+            "nfd.enabled=true",
+            "nfd.interval=30s",
+            "nfd.rules.taints[0].key=gpu.deckhouse.io/nvidia",
+            "nfd.rules.taints[0].effect=NoSchedule",
+        ],
+    );
+    let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_saphyr::from_str(&plugin(&on)).unwrap();
+    let pod = ds.spec.template.spec.unwrap();
+    let args = pod.containers[0].args.clone().unwrap();
+    for want in [
+        "--gfd-output=nfd-feature-file",
+        "--nfd-feature-file=/etc/kubernetes/node-feature-discovery/features.d/gfd",
+        "--nfd-feature-interval=30s",
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
+    }
+    assert!(!args.iter().any(|a| a == "--gfd-labels"), "{args:?}");
+    let mount =
+        pod.containers[0].volume_mounts.as_ref().unwrap().iter().find(|m| m.name == "nfd-features").unwrap();
+    assert_eq!(mount.mount_path, "/etc/kubernetes/node-feature-discovery/features.d");
+    assert!(mount.read_only != Some(true));
+    let volume =
+        pod.volumes.unwrap().into_iter().find(|v| v.name == "nfd-features").unwrap().host_path.unwrap();
+    assert_eq!(volume.path, "/etc/kubernetes/node-feature-discovery/features.d");
+    assert_eq!(volume.type_.as_deref(), Some("DirectoryOrCreate"));
+
+    let (_, _, rule) =
+        on.iter().find(|(k, n, _)| k == "NodeFeatureRule" && n == "gpu-module-nvidia").unwrap();
+    let rule: Value = serde_saphyr::from_str(rule).unwrap();
+    assert_eq!(rule["apiVersion"], "nfd.k8s-sigs.io/v1alpha1");
+    let r = &rule["spec"]["rules"][0];
+    assert_eq!(r["labels"], json!({"gpu.deckhouse.io/nvidia.present": "true"}));
+    assert_eq!(r["taints"], json!([{"key": "gpu.deckhouse.io/nvidia", "effect": "NoSchedule"}]));
+    let features: Vec<&str> = r["matchAny"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["matchFeatures"][0]["feature"].as_str().unwrap())
+        .collect();
+    assert_eq!(features, ["pci.device", "local.label"]);
+    assert_eq!(
+        r["matchAny"][1]["matchFeatures"][0]["matchExpressions"]["nvidia.com/gpu.count"],
+        json!({"op": "Gt", "value": ["0"]})
+    );
+
+    let no_rule = render(&helm, "gpu-module", &["nfd.enabled=true", "nfd.rules.enabled=false"]);
+    assert!(!no_rule.iter().any(|(k, _, _)| k == "NodeFeatureRule"));
+    assert!(plugin(&no_rule).contains("--gfd-output=nfd-feature-file"));
+}

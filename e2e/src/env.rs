@@ -255,6 +255,24 @@ impl TestEnv {
         Ok(())
     }
 
+    /// [`TestEnv::start_process`] in the working directory `cwd` (e.g. `nfd-worker`, which reads
+    /// `features.d/` relative to it: [`crate::nfd`]).
+    pub fn start_process_in(
+        &mut self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        cwd: &Path,
+    ) -> Result<()> {
+        if self.processes.iter().any(|p| p.name() == name) {
+            bail!("a process named {name} is already running");
+        }
+        let process = ManagedProcess::spawn_in(name, program, args, env, Some(cwd), &self.log_path(name))?;
+        self.processes.push(process);
+        Ok(())
+    }
+
     /// Fails (with the end of its log) if the named process is not running.
     pub fn check_process(&mut self, name: &str) -> Result<()> {
         match self.processes.iter_mut().find(|p| p.name() == name) {

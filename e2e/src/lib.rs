@@ -41,6 +41,7 @@ pub mod json_server;
 pub mod known_pid;
 pub mod kubelet;
 mod net;
+pub mod nfd;
 pub mod plugin_node;
 pub mod probe;
 mod process;

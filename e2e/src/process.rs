@@ -33,13 +33,29 @@ impl ManagedProcess {
         env: &[(String, String)],
         log: &Path,
     ) -> Result<Self> {
+        Self::spawn_in(name, program, args, env, None, log)
+    }
+
+    /// [`ManagedProcess::spawn_with_env`] in the working directory `cwd` (`None`: this process's).
+    pub(crate) fn spawn_in(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        cwd: Option<&Path>,
+        log: &Path,
+    ) -> Result<Self> {
         let out = File::options()
             .create(true)
             .append(true)
             .open(log)
             .with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        if let Some(dir) = cwd {
+            command.current_dir(dir);
+        }
+        let child = command
             .args(args)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())

@@ -16,6 +16,7 @@
 //! | [`discovery`] | vendor-neutral GPU scan of sysfs, `pci.ids` naming, vendor table, bare-metal detection |
 //! | [`alloc`] | vGPU allocation: pod request model, per-node placement (filters, policies, NUMA/link topology), reason codes, node ordering and scores |
 //! | [`dra`] | the DRA wire names (driver, CDI kind, capacity and attribute names) the plugin, the webhook and the monitor share |
+//! | [`nfd`] | node-feature-discovery local feature files (`features.d/`): encoder, parser, atomic writer |
 //! | [`clock`] | the time seam: [`Clock`](clock::Clock) (Unix nanoseconds), the wall clock and a manual clock for tests |
 //! | [`topology`] | P2P link types, the `node-device-topology` codec, pair/set scores and the exact best-effort GPU-set optimizer |
 //!
@@ -62,5 +63,6 @@ pub mod domain;
 pub mod dra;
 pub mod gfd;
 pub mod model;
+pub mod nfd;
 pub mod node_config;
 pub mod topology;

@@ -19,6 +19,7 @@ use crate::{
     cluster::{ClusterClient, NodeClient, RescheduleClient},
     config::PluginConfig,
     error::ServerError,
+    feature_file::{FeatureFileWriter, GfdOutput},
     inventory::{DeviceState, node_devices},
     manager::PluginManager,
     publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
@@ -74,6 +75,9 @@ pub struct Daemon {
     pub driver: DriverLabels,
     /// GPU feature labels as gpu-feature-discovery writes them ([`Daemon::with_gfd_labels`]; empty: none).
     pub gfd: std::collections::BTreeMap<String, String>,
+    /// Where [`Daemon::gfd`] goes: onto the Node with the publisher (default), or into node-feature-discovery's
+    /// feature file ([`crate::feature_file`]).
+    pub gfd_output: GfdOutput,
     /// Pod access of the AllocationFailureReschedule controller ([`Daemon::with_reschedule_client`]); with
     /// the gate on and no client, no controller runs.
     pub reschedule: Option<Arc<dyn RescheduleClient>>,
@@ -158,6 +162,7 @@ impl Daemon {
             publisher: PublisherConfig::default(),
             driver,
             gfd: std::collections::BTreeMap::new(),
+            gfd_output: GfdOutput::NodeLabels,
             reschedule: None,
             sm_watcher_period: crate::sm_watcher::DEFAULT_PERIOD,
         })
@@ -258,7 +263,10 @@ impl Daemon {
         )
         .with_config(self.publisher.clone())
         .with_driver_labels(self.driver.clone())
-        .with_gfd_labels(self.gfd.clone())
+        .with_gfd_labels(match self.gfd_output {
+            GfdOutput::NodeLabels => self.gfd.clone(),
+            GfdOutput::NfdFeatureFile(_) => std::collections::BTreeMap::new(),
+        })
         .with_stale_resources(self.stale_resources());
         if config.gates.enabled(CoreGate::TopologyAwareGPUAllocation) {
             match self
@@ -294,6 +302,14 @@ impl Daemon {
             })
         });
         let rescheduling = self.spawn_reschedule(stopped(stop_rx.clone()));
+        let feature_file = match &self.gfd_output {
+            GfdOutput::NfdFeatureFile(file) if !self.gfd.is_empty() => {
+                tracing::info!(file = %file.path.display(), interval = ?file.interval, labels = self.gfd.len(), "GPU feature labels go to the NFD feature file");
+                let writer = FeatureFileWriter::new(file.clone(), self.gfd.clone());
+                Some(tokio::spawn(writer.run(stopped(stop_rx.clone()))))
+            }
+            _ => None,
+        };
         // Gate SharedSMUtilizationWatcher: Allocate tells containers to read watcher/sm_util.config, so
         // the sampler must run; a file that cannot be set up stops the daemon.
         let sm_watching = if config.gates.enabled(CoreGate::SharedSMUtilizationWatcher) {
@@ -359,6 +375,11 @@ impl Daemon {
             && let Err(err) = task.await
         {
             tracing::warn!(%err, "reschedule controller task failed");
+        }
+        if let Some(task) = feature_file
+            && let Err(err) = task.await
+        {
+            tracing::warn!(%err, "NFD feature file task failed");
         }
         if let Some(task) = sm_watching
             && let Err(err) = task.await

@@ -22,6 +22,7 @@
 //! | [`cluster`] | [`ClusterClient`](cluster::ClusterClient) (pods), [`NodeClient`](cluster::NodeClient) (node publishing), [`RescheduleClient`](cluster::RescheduleClient) (evict, delete, recreate); [`InMemoryCluster`](cluster::InMemoryCluster), [`InMemoryPods`](cluster::InMemoryPods) |
 //! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): the three traits over a `kube::Client` |
 //! | [`publisher`] | [`NodePublisher`](publisher::NodePublisher): node annotations, driver labels, stale resource removal |
+//! | [`feature_file`] | [`GfdOutput`](feature_file::GfdOutput): GPU feature labels on the Node or in node-feature-discovery's feature file ([`FeatureFileWriter`](feature_file::FeatureFileWriter)) |
 //! | [`reschedule`] | [`RescheduleController`](reschedule::RescheduleController) (gate `AllocationFailureReschedule`): evict or delete-and-recreate pods whose allocation failed, through a recovery checkpoint |
 //! | [`sm_watcher`] | [`SmWatcher`](sm_watcher::SmWatcher) (gate `SharedSMUtilizationWatcher`): samples every GPU once per period and rewrites `watcher/sm_util.config` in place |
 //! | [`daemon`] | [`Daemon`](daemon::Daemon): backend + clients + plugins + publisher, run until shutdown (the binary's body) |
@@ -78,6 +79,7 @@ pub mod config;
 pub mod daemon;
 pub mod device_client;
 pub mod error;
+pub mod feature_file;
 pub mod gates;
 pub mod ids;
 pub mod inventory;

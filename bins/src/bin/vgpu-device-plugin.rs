@@ -20,6 +20,7 @@ use vgpu_deviceplugin::{
         CgroupMode, DEFAULT_CDI_ANNOTATION_PREFIX, DEFAULT_MANAGER_DIR, PluginConfig, resolve_cgroup_driver,
     },
     daemon::Daemon,
+    feature_file::{FeatureFileConfig, GfdOutput},
     kube_cluster::KubeCluster,
 };
 use vgpu_nvml::select::{BackendChoice, SelectOptions, open_backend};
@@ -147,12 +148,52 @@ struct Cli {
     /// mode, in place of GFD).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     gfd_labels: bool,
+    /// Where the GPU feature labels go: `node-labels` (patched onto the Node) or `nfd-feature-file` (written
+    /// to node-feature-discovery's local feature file `--nfd-feature-file`, from which NFD labels the Node;
+    /// implies `--gfd-labels`).
+    #[arg(long, value_enum, default_value_t = GfdOutputFlag::NodeLabels)]
+    gfd_output: GfdOutputFlag,
+    /// The NFD local feature file written with `--gfd-output=nfd-feature-file` (its directory must exist).
+    #[arg(long, default_value = vgpu_core::nfd::DEFAULT_FEATURE_FILE)]
+    nfd_feature_file: PathBuf,
+    /// How often the NFD feature file is rewritten (a Go duration; each write expires after 3 periods).
+    #[arg(long, default_value = "60s", value_parser = parse_interval)]
+    nfd_feature_interval: Duration,
     /// Serve whole GPUs as `<domain>/gpu`, placed by kube-scheduler alone, instead of `<domain>/vgpu-number`
     /// (which needs the scheduler extender): the GPU module's device-plugin mode.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     whole_gpus: bool,
     #[command(flatten)]
     gates: CoreGateArgs,
+}
+
+/// `--gfd-output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum GfdOutputFlag {
+    /// Patched onto the Node with the other node labels.
+    NodeLabels,
+    /// Written to node-feature-discovery's local feature file.
+    NfdFeatureFile,
+}
+
+/// `--nfd-feature-interval`: a Go duration of at least one second.
+fn parse_interval(value: &str) -> Result<Duration, String> {
+    let d = vgpu_bins::parse_go_duration(value)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("{value:?} is shorter than 1s"));
+    }
+    Ok(d)
+}
+
+/// Where the GPU feature labels go, from `--gfd-output`, `--nfd-feature-file` and `--nfd-feature-interval`.
+fn gfd_output(cli: &Cli) -> GfdOutput {
+    match cli.gfd_output {
+        GfdOutputFlag::NodeLabels => GfdOutput::NodeLabels,
+        GfdOutputFlag::NfdFeatureFile => GfdOutput::NfdFeatureFile(FeatureFileConfig {
+            path: cli.nfd_feature_file.clone(),
+            interval: cli.nfd_feature_interval,
+        }),
+    }
 }
 
 /// `--registry-socket-group`: a gid, or a name from `/etc/group`.
@@ -293,7 +334,8 @@ async fn run(
     let mut daemon =
         Daemon::new(config, backend, cluster.clone(), cluster)?.with_reschedule_client(reschedule);
     daemon.publisher.interval = Duration::from_secs(cli.node_publish_interval);
-    if cli.gfd_labels {
+    daemon.gfd_output = gfd_output(&cli);
+    if cli.gfd_labels || daemon.gfd_output != GfdOutput::NodeLabels {
         let machine =
             std::fs::read_to_string("/sys/class/dmi/id/product_name").ok().map(|m| m.trim().to_owned());
         daemon = daemon.with_gfd_labels(machine.filter(|m| !m.is_empty()))?;
@@ -429,6 +471,42 @@ mod tests {
         assert!(Cli::try_parse_from(["vgpu-device-plugin", "--gds-enabled", "false"]).is_err());
         assert!(Cli::try_parse_from(["vgpu-device-plugin", "--gfd-labels=yes"]).is_err());
         assert!(parse(&["--whole-gpus"]).whole_gpus && !parse(&[]).whole_gpus);
+    }
+
+    #[test]
+    fn gfd_output_flags() {
+        assert_eq!(gfd_output(&parse(&[])), GfdOutput::NodeLabels);
+        assert_eq!(gfd_output(&parse(&["--gfd-output=node-labels"])), GfdOutput::NodeLabels);
+        let cli = parse(&["--gfd-output=nfd-feature-file"]);
+        assert_eq!(
+            gfd_output(&cli),
+            GfdOutput::NfdFeatureFile(FeatureFileConfig {
+                path: "/etc/kubernetes/node-feature-discovery/features.d/gfd".into(),
+                interval: Duration::from_secs(60),
+            })
+        );
+        let cli = parse(&[
+            "--gfd-output",
+            "nfd-feature-file",
+            "--nfd-feature-file=/host/gfd",
+            "--nfd-feature-interval=1m30s",
+        ]);
+        assert_eq!(
+            gfd_output(&cli),
+            GfdOutput::NfdFeatureFile(FeatureFileConfig {
+                path: "/host/gfd".into(),
+                interval: Duration::from_secs(90),
+            })
+        );
+        for bad in
+            [&["--gfd-output=nfd"][..], &["--nfd-feature-interval=500ms"], &["--nfd-feature-interval=60"]]
+        {
+            assert!(
+                Cli::try_parse_from(std::iter::once("vgpu-device-plugin").chain(bad.iter().copied()))
+                    .is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
