@@ -61,8 +61,13 @@ pub const NODE_NAMES: [&str; 2] = ["n0", "n1"];
 
 /// `ExtenderArgs`: the body of filter-dryrun (answer 200 with `Error`) and prioritize (200, or 400 with the
 /// reason).
+///
+/// The wire type round-trips with k8s-openapi's whole `Pod`; the server decodes the pod as
+/// [`ApiPod`](vgpu_scheduler::api_pod::ApiPod) (only the fields it reads), so its refusals are checked against
+/// that decoding.
 pub fn extender_args(data: &[u8]) {
-    let typed = round_trip::<ExtenderArgs>(data);
+    let _ = round_trip::<ExtenderArgs>(data);
+    let typed = serde_json::from_slice::<ExtenderArgs<vgpu_scheduler::api_pod::ApiPod>>(data);
     let (status, body) = post(FILTER_DRYRUN_PATH, data);
     assert_eq!(status, StatusCode::OK, "filter-dryrun answered {status}: {body}");
     check_refusal("ExtenderArgs", data, &typed, &error_field(&body));

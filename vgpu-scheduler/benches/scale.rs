@@ -183,7 +183,8 @@ fn bench(c: &mut Criterion) {
         let first = rt.block_on(ext.filter(Some(&probe), candidates));
         assert_eq!(first.node_names().len(), 1, "{label}: {:?}", first.error);
         assert_eq!(first.failed_nodes().len(), candidates.len() - 1, "{label}");
-        let answer = ExtenderFilterResult::from_result(&serde_json::from_slice::<ExtenderArgs>(&body).unwrap(), first);
+        let answer =
+            ExtenderFilterResult::from_result(&serde_json::from_slice::<ExtenderArgs>(&body).unwrap(), first);
         assert_eq!(answer.to_json().unwrap(), serde_json::to_vec(&answer).unwrap(), "{label}");
         group.bench_function(label, |b| {
             b.iter_batched(

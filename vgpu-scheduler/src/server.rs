@@ -84,9 +84,9 @@ use tokio::net::TcpListener;
 use vgpu_core::alloc::PodRequest;
 use vgpu_core::model::TopologyMode;
 
+use crate::api_pod::ApiPod;
 use crate::clock::Clock;
 use crate::cluster::{Cluster, Pod};
-use crate::api_pod::ApiPod;
 use crate::convert::pod_from_k8s;
 use crate::extender::Extender;
 use crate::metrics::{

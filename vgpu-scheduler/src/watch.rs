@@ -68,9 +68,9 @@ use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Api, Client, Resource};
 use tokio_stream::StreamExt;
 
+use crate::api_pod::ApiPod;
 use crate::cache::ClusterCache;
 use crate::clock::{Clock, SystemClock};
-use crate::api_pod::ApiPod;
 use crate::convert::node_from_k8s;
 use crate::readiness::Readiness;
 

@@ -707,7 +707,7 @@ mod tests {
 
     #[test]
     fn filter_error_carries_only_error() {
-        let args = ExtenderArgs { node_names: Some(["n1"].into()), ..ExtenderArgs::default() };
+        let args: ExtenderArgs = ExtenderArgs { node_names: Some(["n1"].into()), ..ExtenderArgs::default() };
         let r = FilterResult::failed_call("No schedulable nodes");
         assert_eq!(
             serde_json::to_value(ExtenderFilterResult::from_result(&args, r)).unwrap(),
@@ -746,7 +746,7 @@ mod tests {
                 r.push_failed(n, ReasonCode::NodeCacheMiss, reason.clone());
                 r.push_passed(&format!("passed-{i}"));
             }
-            let args = ExtenderArgs { node_names: Some(CandidateNames::new()), ..ExtenderArgs::default() };
+            let args: ExtenderArgs = ExtenderArgs { node_names: Some(CandidateNames::new()), ..ExtenderArgs::default() };
             let out = ExtenderFilterResult::from_result(&args, r);
             proptest::prop_assert_eq!(&out.failed_nodes, &reasons);
             let passed: Vec<String> = (0..v.len()).map(|i| format!("passed-{i}")).collect();
@@ -819,7 +819,8 @@ mod tests {
 
     #[test]
     fn to_json_of_a_live_answer() {
-        let args = ExtenderArgs { node_names: Some(CandidateNames::new()), ..ExtenderArgs::default() };
+        let args: ExtenderArgs =
+            ExtenderArgs { node_names: Some(CandidateNames::new()), ..ExtenderArgs::default() };
         let mut r = FilterResult::default();
         r.push_short("n0", ReasonCode::AlreadyScheduledElsewhere);
         r.push_passed("n1");
