@@ -126,7 +126,8 @@ async fn real_node_vfio_switch_job_binds_a_gpu_to_vfio_pci() {
     }
 
     // The adapter's controller, its Jobs in the node's busybox with our binary mounted in.
-    let binary = vgpu_binary("vgpu-node-agent").unwrap();
+    // A hostPath must be absolute and free of `..` (the API server refuses it): the path cargo gives may hold `e2e/../target`.
+    let binary = vgpu_binary("vgpu-node-agent").unwrap().canonicalize().unwrap();
     let mut config = SwitchConfig::new(&node_name, NAMESPACE, node.busybox_image());
     config.image_pull_policy = "Never".into();
     config.binary = binary.display().to_string();
