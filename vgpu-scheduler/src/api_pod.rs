@@ -49,6 +49,7 @@ use vgpu_core::alloc::{PodContainer, PodSpec};
 
 use crate::cluster::Pod;
 use crate::convert::{gang_of_meta, pod_phase, resource_version, time_ns};
+use crate::wire::null_default;
 
 /// A Kubernetes Pod decoded into the fields the extender reads (module docs).
 ///
@@ -275,14 +276,6 @@ impl Serialize for ApiPod {
         st.serialize_field("metadata", &self.metadata)?;
         st.end()
     }
-}
-
-fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
 }
 
 /// `metadata` without the fields the extender never reads.

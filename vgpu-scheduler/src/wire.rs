@@ -50,7 +50,8 @@ fn none<T>() -> Option<T> {
     None
 }
 
-fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+/// A JSON `null` (or an absent field, with `#[serde(default)]`) reads as `T::default()`, as Go's decoder leaves it.
+pub(crate) fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: Default + Deserialize<'de>,
