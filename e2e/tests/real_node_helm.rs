@@ -607,18 +607,22 @@ async fn real_node_helm_installs_vgpu_manager_and_runs_a_vgpu_pod_through_webhoo
             .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.diagnostics(VGPU_MANAGER_NAMESPACE)));
     assert_eq!(seen.env.get("CUDA_CORE_LIMIT_0").map(String::as_str), Some("50"), "{:?}", seen.env);
 
-    // The workloads go: the device plugin sweeps their files (every 15 s, once they are 5 s older than a
-    // pod list without them). Then the chart: no pod, socket, webhook or pod file is left.
-    for name in ["vgpu", "vgpu-after-upgrade"] {
-        cluster.delete_pod(&pods, name).await;
-    }
+    // The first workload goes: the device plugin's periodic sweep removes its files (every 15 s, once they
+    // are 5 s older than a pod list without them).
+    let first_uid = vgpu_after.metadata.uid.clone().unwrap();
+    cluster.delete_pod(&pods, "vgpu").await;
     cluster
         .env
-        .poll("the deleted pods' files swept by the device plugin", TIMEOUT, || async {
-            cluster.pod_folders().is_empty().then_some(())
+        .poll("the deleted pod's files swept by the device plugin", TIMEOUT, || async {
+            (!cluster.pod_folders().iter().any(|f| f.starts_with(&first_uid))).then_some(())
         })
         .await
         .unwrap_or_else(|e| panic!("{e}: {:?}", cluster.pod_folders()));
+    // The second goes right before the uninstall, before any periodic sweep: the plugin's shutdown sweep
+    // removes its files although Helm deletes the plugin's RBAC while its pod stops (the API server then
+    // refuses the pod list; the kubelet's pod-resources API answers). Then the chart: no pod, socket,
+    // webhook or pod file is left.
+    cluster.delete_pod(&pods, "vgpu-after-upgrade").await;
     let mut uninstall = vec!["vm".to_owned()];
     uninstall.extend(strings(&["--namespace", VGPU_MANAGER_NAMESPACE, "--wait", "--timeout", "2m"]));
     cluster.helm("uninstall", &uninstall);

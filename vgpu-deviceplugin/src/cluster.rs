@@ -176,6 +176,7 @@ pub struct InMemoryCluster {
     nodes: Mutex<BTreeMap<String, NodeInfo>>,
     node_failures: Mutex<usize>,
     node_calls: Mutex<usize>,
+    refuse_pod_lists: Mutex<bool>,
 }
 
 impl InMemoryCluster {
@@ -214,6 +215,12 @@ impl InMemoryCluster {
         Ok(())
     }
 
+    /// From now on pod lists fail (`true`) with a 403, as for a plugin whose RBAC was deleted, or answer
+    /// again (`false`).
+    pub fn refuse_pod_lists(&self, refuse: bool) {
+        *self.refuse_pod_lists.lock().unwrap_or_else(PoisonError::into_inner) = refuse;
+    }
+
     /// Adds or replaces (by namespace/name) a pod.
     pub fn upsert(&self, pod: PodInfo) {
         let mut pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
@@ -239,6 +246,12 @@ impl InMemoryCluster {
 #[tonic::async_trait]
 impl ClusterClient for InMemoryCluster {
     async fn list_node_pods(&self, node: &str) -> Result<Vec<PodInfo>, ClusterError> {
+        if *self.refuse_pod_lists.lock().unwrap_or_else(PoisonError::into_inner) {
+            return Err(ClusterError {
+                operation: format!("list pods of node {node}"),
+                message: "injected failure (403 Forbidden)".to_owned(),
+            });
+        }
         let pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(pods.iter().filter(|p| p.node_name == node).cloned().collect())
     }

@@ -21,6 +21,7 @@ use crate::{
     error::ServerError,
     feature_file::{FeatureFileWriter, GfdOutput},
     inventory::{DeviceState, node_devices},
+    locate::LivePods,
     manager::PluginManager,
     publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
     reschedule::RescheduleController,
@@ -400,19 +401,32 @@ impl Daemon {
 }
 
 /// Removes the per-container directories under the manager directory whose pod is not on the node any more
-/// and that were last modified at least `grace` before the pod list was asked for
-/// ([`crate::locate::remove_stale_dirs`]). Nothing is removed when the pods cannot be listed: never on a
-/// guess.
+/// and that were last modified at least `grace` before the pods were listed
+/// ([`crate::locate::remove_stale_dirs`]). The pods come from the API server; when it cannot be asked
+/// (at an uninstall the plugin's ServiceAccount and RBAC go while its pod stops), from the kubelet's
+/// pod-resources API ([`LivePods::Names`]). Nothing is removed when neither answers: never on a guess.
 pub async fn sweep_gone_pods(cluster: &dyn ClusterClient, config: &PluginConfig, grace: std::time::Duration) {
     let asked = std::time::SystemTime::now();
-    let pods = match cluster.list_node_pods(&config.node_name).await {
-        Ok(pods) => pods,
+    let live = match cluster.list_node_pods(&config.node_name).await {
+        Ok(pods) => LivePods::Uids(pods.into_iter().map(|p| p.uid).collect()),
         Err(err) => {
-            tracing::warn!(%err, "cannot list the node's pods: no sweep of gone pods' files");
-            return;
+            match crate::locate::list_pod_resources(
+                &config.pod_resources_socket,
+                config.pod_resources_timeout,
+            )
+            .await
+            {
+                Ok(pods) => {
+                    tracing::info!(%err, "cannot list the node's pods: gone pods are judged by the kubelet's pod-resources API");
+                    LivePods::from_pod_resources(&pods)
+                }
+                Err(kubelet) => {
+                    tracing::warn!(%err, %kubelet, "cannot list the node's pods: no sweep of gone pods' files");
+                    return;
+                }
+            }
         }
     };
-    let live: std::collections::HashSet<String> = pods.into_iter().map(|p| p.uid).collect();
     for removed in crate::locate::remove_stale_dirs(&config.manager_dir, &live, grace, asked) {
         tracing::info!(dir = %removed.display(), "removed the files of a pod that no longer exists");
     }

@@ -1,5 +1,5 @@
 //! Which container a `PreStartContainer` call is for (contract §5.2), and the cleanup of per-container
-//! directories whose pod is gone.
+//! directories whose pod is gone ([`remove_stale_dirs`], judged against [`LivePods`]).
 //!
 //! The kubelet passes only the device IDs. They are matched, as a set, against:
 //!
@@ -20,6 +20,7 @@ use std::{
 };
 
 use serde::Deserialize;
+use vgpu_core::abi::vgpu_config;
 
 use crate::{
     api::podresources::{
@@ -257,12 +258,61 @@ pub fn pod_uid_of_dir(name: &str) -> Option<&str> {
     (!uid.is_empty() && !ctr.is_empty()).then_some(uid)
 }
 
-/// Removes the per-container directories under `manager_dir` whose pod UID is not in `live` and whose
+/// The pods still on the node, against which per-container directories are judged stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LivePods {
+    /// The UIDs of the node's pods, from the API server's pod list: a directory is live when the pod UID
+    /// of its name is one of them.
+    Uids(HashSet<String>),
+    /// `(namespace, name)` of the kubelet's active pods, from the pod-resources API: the fallback when the
+    /// API server cannot be asked (e.g. the plugin's RBAC is deleted before its pod stops at an uninstall).
+    /// A directory is live when the pod its `config/vgpu.config` names (namespace and name, cut to
+    /// [`vgpu_config::NAME_BUFFER_SIZE`] − 1 bytes there) is one of them; a directory without a readable
+    /// `vgpu.config` is kept.
+    Names(HashSet<(String, String)>),
+}
+
+impl LivePods {
+    /// The active pods of a pod-resources `List` answer, by namespace and name.
+    pub fn from_pod_resources(pods: &[PodResources]) -> Self {
+        Self::Names(pods.iter().map(|p| (p.namespace.clone(), p.name.clone())).collect())
+    }
+
+    /// Whether the per-container directory `dir` (named `<uid>_<container>`) belongs to a live pod.
+    fn holds(&self, uid: &str, dir: &Path) -> bool {
+        match self {
+            Self::Uids(uids) => uids.contains(uid),
+            Self::Names(names) => {
+                let path = dir.join("config").join(vgpu_config::FILE_NAME);
+                match vgpu_config::read(&path) {
+                    Ok(config) => names.iter().any(|(namespace, name)| {
+                        recorded_as(namespace, &config.pod_namespace) && recorded_as(name, &config.pod_name)
+                    }),
+                    Err(err) => {
+                        tracing::debug!(%err, "no pod name to match: the directory is kept");
+                        true
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether `full` is the name `vgpu.config` recorded as `recorded`: equal, or a prefix when the record
+/// filled its buffer (at most `NAME_BUFFER_SIZE - 1` bytes, cut back to a character boundary).
+fn recorded_as(full: &str, recorded: &str) -> bool {
+    full == recorded
+        || (recorded.len() + 4 >= vgpu_config::NAME_BUFFER_SIZE
+            && full.len() > recorded.len()
+            && full.starts_with(recorded))
+}
+
+/// Removes the per-container directories under `manager_dir` whose pod is not in `live` and whose
 /// modification time is at least `grace` before `now`. Returns the removed directories; a directory that
 /// cannot be removed is logged and skipped.
 pub fn remove_stale_dirs(
     manager_dir: &Path,
-    live: &HashSet<String>,
+    live: &LivePods,
     grace: Duration,
     now: SystemTime,
 ) -> Vec<PathBuf> {
@@ -271,11 +321,12 @@ pub fn remove_stale_dirs(
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(uid) = name.to_str().and_then(pod_uid_of_dir) else { continue };
-        if live.contains(uid) {
-            continue;
-        }
         let Ok(meta) = entry.metadata() else { continue };
         if !meta.is_dir() {
+            continue;
+        }
+        let path = entry.path();
+        if live.holds(uid, &path) {
             continue;
         }
         let old_enough =
@@ -283,7 +334,6 @@ pub fn remove_stale_dirs(
         if !old_enough {
             continue;
         }
-        let path = entry.path();
         match std::fs::remove_dir_all(&path) {
             Ok(()) => removed.push(path),
             Err(err) => {
@@ -365,6 +415,75 @@ mod tests {
             ["watcher", "registry", "checkpoints", "claims", "tools", "nounderscore", "_x", "x_", ".tmp_x"]
         {
             assert_eq!(pod_uid_of_dir(name), None, "{name}");
+        }
+    }
+
+    fn config_dir(manager: &Path, dir: &str, namespace: &str, name: &str) {
+        let config = vgpu_config::VgpuConfig {
+            pod_namespace: namespace.to_owned(),
+            pod_name: name.to_owned(),
+            ..vgpu_config::VgpuConfig::default()
+        };
+        let path = manager.join(dir).join("config").join(vgpu_config::FILE_NAME);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        vgpu_config::write(&path, &config).unwrap();
+    }
+
+    #[test]
+    fn stale_dirs_by_uid_and_by_recorded_pod_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = tmp.path();
+        let long = "p".repeat(100);
+        config_dir(m, "u1_a", "ns", "live");
+        config_dir(m, "u2_a", "ns", "gone");
+        config_dir(m, "u3_a", "other", "live");
+        config_dir(m, "u4_a", "ns", &long);
+        std::fs::create_dir_all(m.join("u5_a")).unwrap(); // no vgpu.config
+        std::fs::create_dir_all(m.join("registry")).unwrap();
+        let now = SystemTime::now() + Duration::from_secs(60);
+
+        let names = LivePods::Names(
+            [("ns", "live"), ("ns", long.as_str())]
+                .iter()
+                .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+                .collect(),
+        );
+        let mut removed = remove_stale_dirs(m, &names, Duration::from_secs(10), now);
+        removed.sort();
+        assert_eq!(removed, vec![m.join("u2_a"), m.join("u3_a")]);
+        for kept in ["u1_a", "u4_a", "u5_a", "registry"] {
+            assert!(m.join(kept).is_dir(), "{kept}");
+        }
+        // Too young for the grace: kept whatever the pods.
+        assert!(
+            remove_stale_dirs(m, &LivePods::Uids(HashSet::new()), Duration::from_secs(600), now).is_empty()
+        );
+        let uids = LivePods::Uids(["u1".to_owned()].into_iter().collect());
+        let mut removed = remove_stale_dirs(m, &uids, Duration::ZERO, now);
+        removed.sort();
+        assert_eq!(removed, vec![m.join("u4_a"), m.join("u5_a")]);
+        assert!(m.join("u1_a").is_dir() && m.join("registry").is_dir());
+    }
+
+    #[test]
+    fn cut_names_match_by_prefix_only_when_cut() {
+        let cut = "x".repeat(vgpu_config::NAME_BUFFER_SIZE - 1);
+        assert!(recorded_as(&"x".repeat(200), &cut));
+        assert!(recorded_as(&cut, &cut));
+        assert!(!recorded_as("xyz", "xy"), "a short record is the whole name");
+        assert!(!recorded_as("ab", "abc"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_name_matches_what_vgpu_config_records_of_it(name in "[a-z0-9.-]{1,253}", ns in "[a-z0-9-]{1,63}") {
+            let tmp = tempfile::tempdir().unwrap();
+            config_dir(tmp.path(), "u_c", &ns, &name);
+            let live = LivePods::Names([(ns.clone(), name.clone())].into_iter().collect());
+            proptest::prop_assert!(live.holds("u", &tmp.path().join("u_c")));
+            let other = LivePods::Names([(ns, format!("{name}-other"))].into_iter().collect());
+            // Only a cut record (≥ 60 bytes) is a prefix of a longer name.
+            proptest::prop_assert_eq!(other.holds("u", &tmp.path().join("u_c")), name.len() >= 60);
         }
     }
 }

@@ -542,9 +542,12 @@ impl VgpuNumberPlugin {
                 let Ok(pods) = cluster.list_node_pods(&node).await else { return };
                 let mut live: HashSet<String> = pods.into_iter().map(|p| p.uid).collect();
                 live.insert(uid);
-                for removed in
-                    locate::remove_stale_dirs(&manager_dir, &live, grace, std::time::SystemTime::now())
-                {
+                for removed in locate::remove_stale_dirs(
+                    &manager_dir,
+                    &locate::LivePods::Uids(live),
+                    grace,
+                    std::time::SystemTime::now(),
+                ) {
                     tracing::info!(dir = %removed.display(), "removed the files of a pod that no longer exists");
                 }
             });

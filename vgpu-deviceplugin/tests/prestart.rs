@@ -6,28 +6,24 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
-use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Request, Response, Status};
+use support::FakePodResources;
+use tonic::Status;
 use vgpu_core::{
     abi::{devices_json, vgpu_config},
     backend::{DeviceBackend, mock::MockBackend},
 };
 use vgpu_deviceplugin::{
     api::{
-        podresources::{
-            AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices, ContainerResources,
-            GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
-            ListPodResourcesResponse, PodResources,
-            pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
-        },
+        podresources::{ContainerDevices, ContainerResources, PodResources},
         v1beta1::{
             AllocateRequest, ContainerAllocateRequest, PreStartContainerRequest,
             device_plugin_client::DevicePluginClient,
@@ -49,54 +45,6 @@ gpus:
   - { uuid: GPU-a, name: NVIDIA L4, memoryMiB: 8192 }
   - { uuid: GPU-b, name: NVIDIA L4, memoryMiB: 8192 }
 ";
-
-// === fake kubelet pod-resources server ===
-
-#[derive(Default)]
-struct FakePodResources {
-    pods: Mutex<Vec<PodResources>>,
-    down: Mutex<bool>,
-}
-
-struct FakeServer(Arc<FakePodResources>);
-
-#[tonic::async_trait]
-impl PodResourcesLister for FakeServer {
-    async fn list(
-        &self,
-        _request: Request<ListPodResourcesRequest>,
-    ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        if *self.0.down.lock().unwrap() {
-            return Err(Status::unavailable("kubelet is restarting"));
-        }
-        Ok(Response::new(ListPodResourcesResponse { pod_resources: self.0.pods.lock().unwrap().clone() }))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _request: Request<AllocatableResourcesRequest>,
-    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-
-    async fn get(
-        &self,
-        _request: Request<GetPodResourcesRequest>,
-    ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-}
-
-fn start_pod_resources(socket: &Path, fake: Arc<FakePodResources>) {
-    let listener = UnixListener::bind(socket).unwrap();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(PodResourcesListerServer::new(FakeServer(fake)))
-            .serve_with_incoming(UnixListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
-}
 
 fn container(name: &str, ids: &[&str]) -> ContainerResources {
     ContainerResources {
@@ -163,7 +111,7 @@ async fn fixture() -> Fixture {
         DeviceState::new(node_devices(&backend.devices().unwrap(), &config.settings), &config.settings);
     let cluster = Arc::new(InMemoryCluster::new(vec![pod()]));
     let fake = Arc::new(FakePodResources::default());
-    start_pod_resources(&config.pod_resources_socket, Arc::clone(&fake));
+    fake.serve(&config.pod_resources_socket);
     let plugin: Arc<dyn PluginHandler> =
         Arc::new(VgpuNumberPlugin::new(Arc::new(config), state.clone(), Some(cluster.clone())));
     let socket = dir.path().join("nvidia-vgpu.sock");

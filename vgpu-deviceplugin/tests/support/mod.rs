@@ -1,12 +1,24 @@
 //! Shared fixture of the `Allocate` tests (here and in `bins/tests/metax_allocate.rs`): a pod in the
-//! allocating phase, and the vnumber plugin of a [`Daemon`] served on a real unix socket with a client.
+//! allocating phase, and the vnumber plugin of a [`Daemon`] served on a real unix socket with a client;
+//! and a fake kubelet pod-resources server ([`FakePodResources`]) on a real unix socket.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
-use tonic::transport::Channel;
+use tokio::net::UnixListener;
+use tonic::{Request, Response, Status, transport::Channel};
 use vgpu_deviceplugin::{
+    api::podresources::{
+        AllocatableResourcesRequest, AllocatableResourcesResponse, GetPodResourcesRequest,
+        GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
+        pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
+    },
     api::v1beta1::{
         AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
         device_plugin_client::DevicePluginClient,
@@ -111,4 +123,58 @@ pub async fn allocate_once(
     assert_eq!(served.cluster.pod("ns", pod).unwrap().labels["nvidia.com/assigned-phase"], "succeed");
     served.stop().await;
     resp
+}
+
+/// A fake kubelet pod-resources server: `List` answers [`Self::pods`], or `UNAVAILABLE` while
+/// [`Self::down`]; the other calls are unimplemented.
+#[derive(Default)]
+pub struct FakePodResources {
+    /// The pods `List` answers.
+    pub pods: Mutex<Vec<PodResources>>,
+    /// `true`: `List` fails as a restarting kubelet's does.
+    pub down: Mutex<bool>,
+}
+
+impl FakePodResources {
+    /// Serves this fake on a new unix socket at `socket` until the runtime ends.
+    pub fn serve(self: &Arc<Self>, socket: &Path) {
+        let listener = UnixListener::bind(socket).unwrap();
+        let fake = FakeServer(Arc::clone(self));
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(PodResourcesListerServer::new(fake))
+                .serve_with_incoming(vgpu_deviceplugin::authority::incoming(listener))
+                .await
+                .unwrap();
+        });
+    }
+}
+
+struct FakeServer(Arc<FakePodResources>);
+
+#[tonic::async_trait]
+impl PodResourcesLister for FakeServer {
+    async fn list(
+        &self,
+        _request: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        if *self.0.down.lock().unwrap() {
+            return Err(Status::unavailable("kubelet is restarting"));
+        }
+        Ok(Response::new(ListPodResourcesResponse { pod_resources: self.0.pods.lock().unwrap().clone() }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _request: Request<AllocatableResourcesRequest>,
+    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+
+    async fn get(
+        &self,
+        _request: Request<GetPodResourcesRequest>,
+    ) -> Result<Response<GetPodResourcesResponse>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
 }
