@@ -288,8 +288,8 @@ fn gpu_module_dra_switch_selects_the_mode() {
     assert!(dra.iter().any(|(k, n, _)| k == "Deployment" && n == "vgpu-controller"));
 
     let dp = render(&helm, "gpu-module", &[]);
-    assert_eq!(daemonsets(&dp), ["vgpu-device-plugin", "vgpu-mig-manager", "vgpu-node-agent"]);
-    let plugin = dp.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin").unwrap();
+    assert_eq!(daemonsets(&dp), ["vgpu-device-plugin-default", "vgpu-mig-manager", "vgpu-node-agent"]);
+    let plugin = dp.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin-default").unwrap();
     assert!(plugin.2.contains("--gfd-labels") && plugin.2.contains("--whole-gpus"));
     assert!(dp.iter().any(|(k, n, _)| k == "Deployment" && n == "vgpu-controller"));
 }
@@ -506,7 +506,8 @@ fn charts_take_the_mock_backend_and_the_node_paths_from_values() {
             "nodeAgent.sysfsRoot=/srv/sys",
         ],
     );
-    let plugin = &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin").unwrap().2;
+    let plugin =
+        &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin-default").unwrap().2;
     for want in [
         "--backend=mock",
         "--mock-config=/etc/vgpu-mock/config.yaml",
@@ -573,7 +574,7 @@ fn gpu_module_nfd_switch_writes_the_feature_file_and_ships_the_rule() {
         return;
     };
     let plugin = |docs: &[(String, String, String)]| -> String {
-        docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin").unwrap().2.clone()
+        docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin-default").unwrap().2.clone()
     };
     let off = render(&helm, "gpu-module", &[]);
     assert!(!off.iter().any(|(k, _, _)| k == "NodeFeatureRule"));
@@ -632,4 +633,142 @@ fn gpu_module_nfd_switch_writes_the_feature_file_and_ships_the_rule() {
     let no_rule = render(&helm, "gpu-module", &["nfd.enabled=true", "nfd.rules.enabled=false"]);
     assert!(!no_rule.iter().any(|(k, _, _)| k == "NodeFeatureRule"));
     assert!(plugin(&no_rule).contains("--gfd-output=nfd-feature-file"));
+}
+
+/// `helm template gpu-module -f <values>`: the documents, or Helm's error.
+fn render_values(helm: &Path, values: &str) -> Result<Vec<(String, String, String)>, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, values).unwrap();
+    let out = Command::new(helm)
+        .args(["template", "t", "--kube-version", "1.37.2", "-n", "d8-gpu"])
+        .arg(repo().join("charts/gpu-module"))
+        .arg("-f")
+        .arg(&file)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8(out.stdout).unwrap();
+    Ok(text
+        .split("\n---\n")
+        .filter_map(|doc| {
+            let field =
+                |key: &str| doc.lines().find_map(|l| l.strip_prefix(key)).map(|v| v.trim().to_owned());
+            Some((field("kind: ")?, field("  name: ")?, doc.to_owned()))
+        })
+        .collect())
+}
+
+/// `devicePluginMode.nodeGroups`: each group renders the DaemonSet `vgpu-device-plugin-<name>` (pods labelled for
+/// the MIG manager and by group, on the NVIDIA nodes of its selector, start-time settings as arguments) and the
+/// ConfigMap of the same name, mounted as a folder (never a subPath, which would not be updated) and named by
+/// `--node-config-path`; its file is read back by the plugin's own parser (`NodeConfigFile`) and resolves to the
+/// group's live settings. No checksum of the ConfigMap in the pod template: a change there is applied by the
+/// running plugin, not by a rollout. Bad groups are refused at render.
+#[test]
+fn gpu_module_node_groups_render_one_plugin_and_config_per_group() {
+    use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::ConfigMap};
+    use vgpu_core::node_config::{MigStrategy, NodeConfigFile, NodeSettings};
+    let Some(helm) = helm() else {
+        eprintln!("skipped: Helm is not built (run e2e/build-helm.sh or set VGPU_HELM)");
+        return;
+    };
+    let values = "\
+devicePluginMode:
+  nodeGroups:
+    - name: shared
+      nodeSelector: {gpu.deckhouse.io/pool: shared}
+      config: {wholeGpus: false, deviceSplitCount: 4, deviceMemoryScaling: 1.5, excludeDevices: '1', migStrategy: none}
+    - name: whole
+      nodeSelector: {gpu.deckhouse.io/pool: whole}
+";
+    let docs = render_values(&helm, values).unwrap();
+    let find = |kind: &str, name: &str| -> String {
+        docs.iter()
+            .find(|(k, n, _)| k == kind && n == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .2
+            .clone()
+    };
+    let mut plugins: Vec<&str> = docs
+        .iter()
+        .filter(|(k, n, _)| k == "DaemonSet" && n.starts_with("vgpu-device-plugin"))
+        .map(|(_, n, _)| n.as_str())
+        .collect();
+    plugins.sort_unstable();
+    assert_eq!(plugins, ["vgpu-device-plugin-shared", "vgpu-device-plugin-whole"]);
+
+    for (group, whole, split, mig) in [("shared", false, 4, "none"), ("whole", true, 10, "mixed")] {
+        let name = format!("vgpu-device-plugin-{group}");
+        let ds: DaemonSet = serde_saphyr::from_str(&find("DaemonSet", &name)).unwrap();
+        let spec = ds.spec;
+        let labels = spec.template.metadata.unwrap().labels.unwrap();
+        assert_eq!(labels["app.kubernetes.io/name"], "vgpu-device-plugin", "the MIG manager's selector");
+        assert_eq!(labels["gpu.deckhouse.io/device-plugin-group"], group);
+        assert_eq!(spec.selector.match_labels.unwrap(), labels, "each DaemonSet selects its own pods");
+        let pod = spec.template.spec.unwrap();
+        let selector = pod.node_selector.unwrap();
+        assert_eq!(selector["gpu.deckhouse.io/vendor"], "nvidia");
+        assert_eq!(selector["gpu.deckhouse.io/pool"], group);
+        let args = pod.containers[0].args.clone().unwrap();
+        assert!(args.contains(&"--node-config-path=/etc/vgpu-node-config/node-config.yaml".to_owned()));
+        assert!(args.contains(&format!("--mig-strategy={mig}")), "{args:?}");
+        assert_eq!(args.contains(&"--whole-gpus".to_owned()), whole, "{args:?}");
+        let mount = pod.containers[0]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == "node-config")
+            .unwrap()
+            .clone();
+        assert_eq!((mount.mount_path.as_str(), mount.sub_path.as_deref()), ("/etc/vgpu-node-config", None));
+        let volume = pod.volumes.unwrap().into_iter().find(|v| v.name == "node-config").unwrap();
+        assert_eq!(volume.config_map.unwrap().name, name);
+        let annotations = find("DaemonSet", &name);
+        assert!(!annotations.contains("checksum/"), "no rollout on a config change");
+
+        let cm: ConfigMap = serde_saphyr::from_str(&find("ConfigMap", &name)).unwrap();
+        let text = &cm.data.unwrap()["node-config.yaml"];
+        let file = NodeConfigFile::parse_yaml("chart", text).unwrap();
+        let settings = file.resolve("any-node", NodeSettings::default()).unwrap();
+        assert_eq!(settings.device_split_count, split, "{text}");
+        assert_eq!(settings.mig_strategy, MigStrategy::Mixed, "not in the file: an argument");
+        if group == "shared" {
+            assert_eq!(settings.device_memory_scaling, 1.5);
+            assert!(
+                settings.exclude_devices.contains(1, "GPU-x") && !settings.exclude_devices.contains(0, "")
+            );
+        }
+    }
+
+    // The default: one group, on every NVIDIA node, today's settings.
+    let docs = render_values(&helm, "{}").unwrap();
+    let ds = &docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == "vgpu-device-plugin-default").unwrap().2;
+    assert!(ds.contains("--whole-gpus") && ds.contains("--mig-strategy=mixed"), "{ds}");
+
+    let group = |name: &str, selector: &str, config: &str| {
+        format!("    - name: {name}\n      nodeSelector: {selector}\n      config: {config}\n")
+    };
+    let refused = |groups: String, want: &str| {
+        let err = render_values(&helm, &format!("devicePluginMode:\n  nodeGroups:\n{groups}")).unwrap_err();
+        assert!(err.contains(want), "{want} not in {err}");
+    };
+    refused(group("Bad_Name", "{}", "{}"), "a DNS label is needed");
+    refused(group(&"a".repeat(41), "{}", "{}"), "at most 40 characters");
+    refused(group("a", "{x: '1'}", "{}") + &group("a", "{x: '2'}", "{}"), "the name \"a\" is used twice");
+    refused(group("a", "{x: '1'}", "{}") + &group("b", "{}", "{}"), "an empty nodeSelector selects every");
+    refused(
+        group("a", "{x: '1'}", "{}") + &group("b", "{x: '1'}", "{}"),
+        "a and b have the same nodeSelector",
+    );
+    refused(group("a", "{}", "{deviceSplitCount: 0}"), "deviceSplitCount 0: an integer of at least 1");
+    refused(group("a", "{}", "{deviceSplitCount: 2.5}"), "an integer of at least 1");
+    refused(group("a", "{}", "{deviceSplitCount: many}"), "deviceSplitCount: a number is needed");
+    refused(group("a", "{}", "{migStrategy: all}"), "none, single or mixed");
+    refused(group("a", "{}", "{deviceCoresScaling: -1}"), "deviceCoresScaling: a number of at least 0");
+    refused(group("a", "{}", "{deviceMemoryFactor: 0}"), "deviceMemoryFactor 0");
+    refused(String::new(), "at least one group is needed");
 }

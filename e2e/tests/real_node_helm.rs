@@ -22,6 +22,9 @@
 //!   advertises `nvidia.com/gpu` (3 mock GPUs), a pod asking for one runs with it; `helm upgrade` changing
 //!   `nodeAgent.scanInterval` replaces the node agent's pod only; uninstall leaves no pod or socket (the
 //!   CRDs stay, as Helm keeps them).
+//! - `gpu-module`, device-plugin mode, a NodeGroup with vGPU shares: `helm upgrade` changing the group's
+//!   split count changes the node's `nvidia.com/vgpu-number` capacity while the plugin's pod stays the same
+//!   (its ConfigMap re-read live; the kubelet's `syncFrequency` shortened to 5 s).
 //! - `gpu-module`, DRA mode: the controller, the node agent and the NVIDIA adapter Ready; a GPUClass
 //!   becomes a DeviceClass, and a claim pod of it runs with the GPU; uninstall leaves no pod, socket or
 //!   claim CDI spec (the CRDs stay).
@@ -123,10 +126,20 @@ struct Cluster {
 
 impl Cluster {
     async fn start(name: &str, profiles: &[&str], mock: &str) -> Option<Self> {
+        Self::start_with(name, profiles, mock, |node| node).await
+    }
+
+    /// [`Cluster::start`] with the real node's builder adjusted by `node` (e.g. its kubelet configuration).
+    async fn start_with(
+        name: &str,
+        profiles: &[&str],
+        mock: &str,
+        node: impl FnOnce(real_node::RealNodeBuilder) -> real_node::RealNodeBuilder,
+    ) -> Option<Self> {
         let binaries = real_node::locate_or_skip().unwrap()?;
         let helm_bin = helm::locate_helm().unwrap()?;
         let mut env = real_node::env_builder(name).cluster_services().start().await.unwrap();
-        let node = RealNode::builder().binaries(binaries).kube_proxy().start(&env).await.unwrap();
+        let node = node(RealNode::builder().binaries(binaries).kube_proxy()).start(&env).await.unwrap();
         let client = env.client().await.unwrap();
         let mut scheduler = scheduler_configuration(env.kubeconfig_path(), &[]);
         scheduler["profiles"] = profiles.iter().map(|p| json!({"schedulerName": p})).collect();
@@ -782,6 +795,85 @@ async fn real_node_helm_installs_gpu_module_in_device_plugin_mode() {
         });
     let crds = gpu_module_crds(&cluster.client).await;
     assert_eq!(crds.len(), 2, "the CRDs are kept: {crds:?}");
+    cluster.finish();
+}
+
+/// `devicePluginMode.nodeGroups=[{name: shared, config: {wholeGpus: false, deviceSplitCount: N}}]`.
+fn shared_group(split: u32) -> String {
+    json!([{"name": "shared", "nodeSelector": {}, "config": {"wholeGpus": false, "deviceSplitCount": split}}])
+        .to_string()
+}
+
+/// NodeGroups, live configuration: a group's device plugin (`vgpu-device-plugin-shared`, vGPU shares) makes
+/// the node advertise `nvidia.com/vgpu-number` = 3 GPUs × the group's split count; `helm upgrade` changing
+/// that split count changes the group's ConfigMap only, and the node's capacity follows while the plugin's pod
+/// stays the same pod (same UID, same container, no restart): the kubelet refreshes the ConfigMap volume
+/// (its `syncFrequency` set to 5 s here, the default being a minute) and the plugin re-reads the file and
+/// re-advertises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the control plane, the real node, Helm and root: run e2e/run.sh"]
+async fn real_node_helm_gpu_module_node_group_split_count_changes_live() {
+    let Some(cluster) = Cluster::start_with(
+        "real_node_helm_gpu_module_node_group_split_count_changes_live",
+        &[vgpu_e2e::SCHEDULER_NAME, "default-scheduler"],
+        MOCK_3,
+        |node| node.kubelet_config("syncFrequency", json!("5s")),
+    )
+    .await
+    else {
+        return;
+    };
+    let path = |p: &Path| p.display().to_string();
+    let mut values = gpu_module_values(&cluster, false);
+    values.extend([
+        ("devicePluginMode.backend", "mock".to_owned()),
+        ("devicePluginMode.mockConfig", path(&cluster.mock)),
+        ("devicePluginMode.kubeletRootDir", path(&cluster.node.root_dir())),
+        ("devicePluginMode.hostManagerDir", path(&cluster.host.manager_dir)),
+        ("devicePluginMode.driverRoot", path(&cluster.host.driver_root)),
+        ("devicePluginMode.migManager.enabled", "false".to_owned()),
+    ]);
+    let mut install = vec!["gm".to_owned(), chart("gpu-module")];
+    install.extend(strings(&["--namespace", GPU_MODULE_NAMESPACE, "--create-namespace"]));
+    install.extend(set_args(&values));
+    install.extend(["--set-json".to_owned(), format!("devicePluginMode.nodeGroups={}", shared_group(2))]);
+    cluster.helm("install", &install);
+    let installed = cluster.all_ready(GPU_MODULE_NAMESPACE, 3).await;
+    let plugin_pod = |pods: &BTreeMap<String, Pod>| -> (String, String, Restarts) {
+        let pod = pods
+            .values()
+            .find(|p| component(p) == "vgpu-device-plugin")
+            .unwrap_or_else(|| panic!("no device plugin among {:?}", pods.keys()));
+        let name = pod.metadata.name.clone().unwrap();
+        assert!(name.starts_with("vgpu-device-plugin-shared-"), "{name}");
+        (name, pod.metadata.uid.clone().unwrap(), restarts(pod))
+    };
+    let before = plugin_pod(&installed);
+    cluster
+        .node
+        .wait_allocatable(&cluster.env, VGPU_NUMBER, 6, "kube-scheduler", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.diagnostics(GPU_MODULE_NAMESPACE)));
+
+    // Split 2 → 5: only the ConfigMap changes; the same pod re-advertises 3 × 5.
+    let started = std::time::Instant::now();
+    let mut upgrade = vec!["gm".to_owned(), chart("gpu-module")];
+    upgrade.extend(strings(&["--namespace", GPU_MODULE_NAMESPACE, "--reuse-values"]));
+    upgrade.extend(["--set-json".to_owned(), format!("devicePluginMode.nodeGroups={}", shared_group(5))]);
+    cluster.helm("upgrade", &upgrade);
+    cluster
+        .node
+        .wait_allocatable(&cluster.env, VGPU_NUMBER, 15, "kube-scheduler", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.diagnostics(GPU_MODULE_NAMESPACE)));
+    eprintln!("capacity 6 → 15 {:.1} s after helm upgrade", started.elapsed().as_secs_f64());
+    let after = cluster.all_ready(GPU_MODULE_NAMESPACE, 3).await;
+    assert_eq!(plugin_pod(&after), before, "the device plugin's pod was replaced or restarted");
+
+    let mut uninstall = vec!["gm".to_owned()];
+    uninstall.extend(strings(&["--namespace", GPU_MODULE_NAMESPACE, "--wait", "--timeout", "2m"]));
+    cluster.helm("uninstall", &uninstall);
+    cluster.no_pods(GPU_MODULE_NAMESPACE).await;
     cluster.finish();
 }
 

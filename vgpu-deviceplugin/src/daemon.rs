@@ -1,6 +1,8 @@
 //! [`Daemon`]: everything the `vgpu-device-plugin` binary runs, wired from a backend and cluster clients:
 //! device state + health watch, the plugins ([`PluginManager`]) and the [`NodePublisher`]. Restarting the
-//! plugins (SIGHUP in the binary) is a message on a channel; shutdown removes the node annotations.
+//! plugins (SIGHUP in the binary) is a message on a channel; shutdown removes the node annotations. With
+//! [`Daemon::with_node_config`] a changed node configuration file is applied while running
+//! ([`crate::node_config_watch`]).
 
 use std::{future::Future, sync::Arc};
 
@@ -9,7 +11,7 @@ use vgpu_core::{
     abi::vgpu_config::CudaVersion,
     backend::{DeviceBackend, DriverVersions},
     model::GpuDevice,
-    node_config::DeviceListStrategy,
+    node_config::{DeviceListStrategy, NodeSettings},
 };
 use vgpu_gates::CoreGate;
 
@@ -23,6 +25,7 @@ use crate::{
     inventory::{DeviceState, node_devices},
     locate::LivePods,
     manager::PluginManager,
+    node_config_watch::{NodeConfigSource, plan_reload},
     publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
     reschedule::RescheduleController,
     sm_watcher::SmWatcher,
@@ -85,6 +88,9 @@ pub struct Daemon {
     /// Sampling period of the shared SM watcher (gate `SharedSMUtilizationWatcher`; default
     /// [`crate::sm_watcher::DEFAULT_PERIOD`]).
     pub sm_watcher_period: std::time::Duration,
+    /// The node configuration file watched for changes while the plugin runs, with the settings it
+    /// resolved to at start ([`Daemon::with_node_config`]; none: no reload).
+    pub node_config: Option<(NodeConfigSource, NodeSettings)>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -166,7 +172,65 @@ impl Daemon {
             gfd_output: GfdOutput::NodeLabels,
             reschedule: None,
             sm_watcher_period: crate::sm_watcher::DEFAULT_PERIOD,
+            node_config: None,
         })
+    }
+
+    /// Watches the node configuration file while running ([`crate::node_config_watch`]): a valid new
+    /// version is applied without the process exiting (device lists rebuilt and re-sent on every
+    /// `ListAndWatch` stream, node annotations republished, the plugins re-registered when a setting
+    /// `Allocate` reads changed); an invalid one is logged and the running settings kept. `loaded` is what
+    /// the file resolved to when the configuration was built (before the cgroup driver was detected).
+    pub fn with_node_config(mut self, source: NodeConfigSource, loaded: NodeSettings) -> Self {
+        self.node_config = Some((source, loaded));
+        self
+    }
+
+    /// Applies a new version of the node configuration (`next`, resolved; `previous`: the version before)
+    /// to the running `current` configuration and `state`, publishing the settings on `settings`. Returns
+    /// whether the plugins must be served again with the new configuration.
+    fn apply_node_config(
+        &self,
+        current: &mut PluginConfig,
+        state: &DeviceState,
+        settings: &watch::Sender<NodeSettings>,
+        previous: &NodeSettings,
+        next: &NodeSettings,
+    ) -> bool {
+        let plan = plan_reload(&current.settings, previous, next);
+        for name in &plan.deferred {
+            tracing::warn!(
+                setting = name,
+                "node configuration: {name} changed; it is read only at start and takes effect when the \
+                 device plugin restarts (its pod is replaced); keeping the running value"
+            );
+        }
+        if !plan.changes(&current.settings) {
+            tracing::info!("node configuration: nothing to apply");
+            return false;
+        }
+        let gpus = match self.backend.devices() {
+            Ok(gpus) => gpus,
+            Err(err) => {
+                tracing::error!(%err, "node configuration: cannot read the GPUs; keeping the running configuration");
+                return false;
+            }
+        };
+        let before = current.settings.vgpu_config();
+        current.settings = plan.settings;
+        let after = current.settings.vgpu_config();
+        tracing::info!(
+            split = after.device_split,
+            cores_scaling = after.cores_scaling,
+            memory_scaling = after.memory_scaling,
+            memory_factor = after.memory_factor,
+            ?before,
+            restart_plugins = plan.restart_plugins,
+            "node configuration applied"
+        );
+        settings.send_replace(current.settings.clone());
+        state.reconfigure(node_devices(&gpus, &current.settings), &current.settings);
+        plan.restart_plugins
     }
 
     /// Gives the AllocationFailureReschedule controller its cluster access (it runs only with the gate on).
@@ -269,6 +333,8 @@ impl Daemon {
             GfdOutput::NfdFeatureFile(_) => std::collections::BTreeMap::new(),
         })
         .with_stale_resources(self.stale_resources());
+        let (settings_tx, settings_rx) = watch::channel(config.settings.clone());
+        publisher = publisher.with_live_settings(settings_rx);
         if config.gates.enabled(CoreGate::TopologyAwareGPUAllocation) {
             match self
                 .backend
@@ -343,16 +409,32 @@ impl Daemon {
         } else {
             None
         };
-        let shared = Arc::new(config.clone());
+        let (reload_tx, mut reloads) = mpsc::channel::<NodeSettings>(1);
+        let mut previous = None;
+        let watching = self.node_config.clone().map(|(source, loaded)| {
+            tracing::info!(file = %source.path.display(), interval = ?source.interval, "watching the node configuration file");
+            previous = Some(loaded.clone());
+            tokio::spawn(source.watch(loaded, reload_tx, stopped(stop_rx.clone())))
+        });
+        let mut current = config.clone();
         let mut shutdown = std::pin::pin!(shutdown);
         let result = loop {
+            let shared = Arc::new(current.clone());
             let handlers = build_handlers(&shared, &state, Some(Arc::clone(&self.cluster)));
-            let manager = PluginManager::new(config.clone(), state.clone(), handlers);
+            let manager = PluginManager::new(current.clone(), state.clone(), handlers);
             let (again_tx, again_rx) = tokio::sync::oneshot::channel::<bool>();
             let signal = async {
-                let again = tokio::select! {
-                    () = &mut shutdown => false,
-                    got = restart.recv() => got.is_some(),
+                let again = loop {
+                    tokio::select! {
+                        () = &mut shutdown => break false,
+                        got = restart.recv() => break got.is_some(),
+                        Some(next) = reloads.recv() => {
+                            let before = previous.replace(next.clone()).unwrap_or_else(|| next.clone());
+                            if self.apply_node_config(&mut current, &state, &settings_tx, &before, &next) {
+                                break true;
+                            }
+                        }
+                    }
                 };
                 let _ = again_tx.send(again);
             };
@@ -391,6 +473,11 @@ impl Daemon {
             && let Err(err) = task.await
         {
             tracing::warn!(%err, "gone-pod sweep task failed");
+        }
+        if let Some(task) = watching
+            && let Err(err) = task.await
+        {
+            tracing::warn!(%err, "node configuration watch task failed");
         }
         // No Allocate can come any more: the files of every pod gone from the node go now, whatever their
         // age (only those older than the pod list: nothing written after it is touched).

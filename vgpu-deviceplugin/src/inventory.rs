@@ -3,8 +3,10 @@
 //! [`node_devices`] applies the node settings to the backend's devices (split count, core and memory scaling,
 //! exclusions). [`DeviceState`] holds the current list in a `tokio::sync::watch` channel; [`apply_health_event`]
 //! folds backend [`HealthEvent`]s into it and [`DeviceState::watch_backend`] does so for a backend's stream.
+//! [`DeviceState::reconfigure`] replaces the list when the node configuration changes while the plugin runs
+//! ([`crate::node_config_watch`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
@@ -33,6 +35,11 @@ pub fn node_devices(devices: &[GpuDevice], settings: &NodeSettings) -> Vec<GpuDe
         .collect()
 }
 
+/// The indices of the GPUs `settings` excludes.
+fn pinned(devices: &[GpuDevice], settings: &NodeSettings) -> Vec<u32> {
+    devices.iter().filter(|d| settings.exclude_devices.contains(d.index, &d.uuid)).map(|d| d.index).collect()
+}
+
 /// Applies one event: critical events make the device unhealthy, `Recovered` healthy again unless the GPU
 /// is `pinned` (excluded by configuration). Returns whether anything changed.
 pub fn apply_health_event(devices: &mut [GpuDevice], event: &HealthEvent, pinned: &[u32]) -> bool {
@@ -55,18 +62,37 @@ pub fn apply_health_event(devices: &mut [GpuDevice], event: &HealthEvent, pinned
 #[derive(Debug, Clone)]
 pub struct DeviceState {
     tx: Arc<watch::Sender<Vec<GpuDevice>>>,
-    pinned: Arc<Vec<u32>>,
+    /// GPUs excluded by the settings: unhealthy whatever the backend reports.
+    pinned: Arc<RwLock<Vec<u32>>>,
 }
 
 impl DeviceState {
     /// Starts from `devices`; those unhealthy now because of the settings' exclusions stay unhealthy.
     pub fn new(devices: Vec<GpuDevice>, settings: &NodeSettings) -> Self {
-        let pinned = devices
-            .iter()
-            .filter(|d| settings.exclude_devices.contains(d.index, &d.uuid))
-            .map(|d| d.index)
-            .collect();
-        Self { tx: Arc::new(watch::Sender::new(devices)), pinned: Arc::new(pinned) }
+        let pinned = pinned(&devices, settings);
+        Self { tx: Arc::new(watch::Sender::new(devices)), pinned: Arc::new(RwLock::new(pinned)) }
+    }
+
+    /// Replaces the list with `devices` (built by [`node_devices`] with the new `settings`) and notifies
+    /// every subscriber, even when nothing changed: each `ListAndWatch` stream sends the list again and the
+    /// publisher republishes. A GPU the backend's health stream made unhealthy stays unhealthy; one that
+    /// was unhealthy only because the old settings excluded it comes back with the new ones.
+    pub fn reconfigure(&self, devices: Vec<GpuDevice>, settings: &NodeSettings) {
+        let mut pins = self.pinned.write().unwrap_or_else(PoisonError::into_inner);
+        let next_pins = pinned(&devices, settings);
+        self.tx.send_modify(|current| {
+            let mut next = devices;
+            for d in &mut next {
+                let failed = current.iter().any(|old| {
+                    old.index == d.index && !old.health.is_healthy() && !pins.contains(&old.index)
+                });
+                if failed {
+                    d.health = DeviceHealth::Unhealthy;
+                }
+            }
+            *current = next;
+        });
+        *pins = next_pins;
     }
 
     /// A receiver that sees the current list and every change.
@@ -81,7 +107,8 @@ impl DeviceState {
 
     /// Applies one event; subscribers are notified only when a device's health changed.
     pub fn apply(&self, event: &HealthEvent) -> bool {
-        self.tx.send_if_modified(|devices| apply_health_event(devices, event, &self.pinned))
+        let pinned = self.pinned.read().unwrap_or_else(PoisonError::into_inner);
+        self.tx.send_if_modified(|devices| apply_health_event(devices, event, &pinned))
     }
 
     /// Folds a backend's health stream into the state until the stream ends.
@@ -120,5 +147,35 @@ mod tests {
         assert!(!state.devices()[0].health.is_healthy());
         assert!(state.apply(&ev(0, HealthEventKind::Recovered)));
         assert!(!state.apply(&ev(7, HealthEventKind::DeviceLost)), "unknown GPU");
+    }
+
+    #[test]
+    fn reconfigure_notifies_and_keeps_failed_gpus_unhealthy() {
+        let mut settings = NodeSettings { device_split_count: 2, ..NodeSettings::default() };
+        settings.exclude_devices.push_entry("GPU-b").unwrap();
+        let gpus = [gpu(0, "GPU-a"), gpu(1, "GPU-b"), gpu(2, "GPU-c")];
+        let state = DeviceState::new(node_devices(&gpus, &settings), &settings);
+        let ev = |index, kind| HealthEvent { index, uuid: String::new(), kind, message: String::new() };
+        assert!(state.apply(&ev(2, HealthEventKind::DeviceLost)));
+        let mut rx = state.subscribe();
+        rx.borrow_and_update();
+
+        // Split 2 → 5, GPU-b no longer excluded, GPU-a excluded now.
+        let mut next = NodeSettings { device_split_count: 5, ..NodeSettings::default() };
+        next.exclude_devices.push_entry("0").unwrap();
+        state.reconfigure(node_devices(&gpus, &next), &next);
+        assert!(rx.has_changed().unwrap(), "subscribers are told");
+        let devices = state.devices();
+        assert!(devices.iter().all(|d| d.split_count == 5));
+        let healthy: Vec<bool> = devices.iter().map(|d| d.health.is_healthy()).collect();
+        assert_eq!(healthy, [false, true, false], "excluded now, released, failed by the backend");
+        // The new exclusion is pinned, the old one is not any more.
+        assert!(!state.apply(&ev(0, HealthEventKind::Recovered)));
+        assert!(!state.apply(&ev(1, HealthEventKind::Recovered)), "already healthy");
+        assert!(state.apply(&ev(2, HealthEventKind::Recovered)));
+        // The same settings again still notify (the plugins resend, the publisher republishes).
+        rx.borrow_and_update();
+        state.reconfigure(node_devices(&gpus, &next), &next);
+        assert!(rx.has_changed().unwrap());
     }
 }

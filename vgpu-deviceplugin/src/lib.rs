@@ -25,6 +25,7 @@
 //! | [`feature_file`] | [`GfdOutput`](feature_file::GfdOutput): GPU feature labels on the Node or in node-feature-discovery's feature file ([`FeatureFileWriter`](feature_file::FeatureFileWriter)) |
 //! | [`reschedule`] | [`RescheduleController`](reschedule::RescheduleController) (gate `AllocationFailureReschedule`): evict or delete-and-recreate pods whose allocation failed, through a recovery checkpoint |
 //! | [`sm_watcher`] | [`SmWatcher`](sm_watcher::SmWatcher) (gate `SharedSMUtilizationWatcher`): samples every GPU once per period and rewrites `watcher/sm_util.config` in place |
+//! | [`node_config_watch`] | [`NodeConfigSource`](node_config_watch::NodeConfigSource): the node configuration file polled while the plugin runs; [`plan_reload`](node_config_watch::plan_reload): what a new version changes live (device lists, re-registration) and what waits for a restart |
 //! | [`daemon`] | [`Daemon`](daemon::Daemon): backend + clients + plugins + publisher, run until shutdown (the binary's body) |
 //! | [`gates`] | which enabled gates this build cannot honour: the daemon refuses to start on them |
 //! | [`config`] | [`PluginConfig`](config::PluginConfig), the resolved configuration |
@@ -87,6 +88,7 @@ pub mod kube_cluster;
 pub mod locate;
 pub mod manager;
 pub mod mig;
+pub mod node_config_watch;
 pub mod plugin;
 pub mod publisher;
 pub mod registration;

@@ -115,6 +115,7 @@ pub struct NodePublisher {
     driver: DriverLabels,
     gfd: BTreeMap<String, String>,
     stale_resources: Vec<String>,
+    live_settings: Option<tokio::sync::watch::Receiver<NodeSettings>>,
 }
 
 impl std::fmt::Debug for NodePublisher {
@@ -147,6 +148,7 @@ impl NodePublisher {
             driver: DriverLabels::default(),
             gfd: BTreeMap::new(),
             stale_resources: Vec::new(),
+            live_settings: None,
         }
     }
 
@@ -181,6 +183,22 @@ impl NodePublisher {
         self
     }
 
+    /// Publishes the settings `settings` holds (`node-config-info`) instead of those given to
+    /// [`NodePublisher::new`], as they change (the node configuration reloaded while the plugin runs,
+    /// [`crate::node_config_watch`]); a change publishes at once.
+    pub fn with_live_settings(mut self, settings: tokio::sync::watch::Receiver<NodeSettings>) -> Self {
+        self.live_settings = Some(settings);
+        self
+    }
+
+    /// The settings published now.
+    fn settings(&self) -> NodeSettings {
+        match &self.live_settings {
+            Some(rx) => rx.borrow().clone(),
+            None => self.settings.clone(),
+        }
+    }
+
     /// The patch publishing `devices`.
     pub fn publish_patch(&self, devices: &[GpuDevice]) -> Result<NodePatch, PublishError> {
         let d = &self.domain;
@@ -189,7 +207,7 @@ impl NodePublisher {
         sorted.sort_by_key(|g| g.index);
         let register = node_devices::encode(&NodeDeviceInventory::new(sorted))
             .map_err(|source| PublishError::Encode { annotation: d.node_device_register(), source })?;
-        let config_info = node_config_info::encode(&self.settings.vgpu_config())
+        let config_info = node_config_info::encode(&self.settings().vgpu_config())
             .map_err(|source| PublishError::Encode { annotation: d.node_config_info(), source })?;
         patch.annotations.insert(d.node_device_register(), Some(register));
         patch.annotations.insert(d.node_config_info(), Some(config_info));
@@ -230,10 +248,14 @@ impl NodePublisher {
 
     async fn publish_loop(&self) {
         let mut rx = self.state.subscribe();
+        let mut settings = self.live_settings.clone();
         let mut watching = true;
         let mut backoff = self.config.retry_min;
         loop {
             rx.borrow_and_update();
+            if let Some(s) = &mut settings {
+                s.borrow_and_update();
+            }
             let wait = match self.publish_once().await {
                 Ok(()) => {
                     tracing::debug!(node = %self.node, "published node device annotations");
@@ -257,6 +279,12 @@ impl NodePublisher {
                             tokio::time::sleep(wait).await;
                         }
                     },
+                    Ok(()) = async {
+                        match &mut settings {
+                            Some(s) => s.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    } => tracing::info!(node = %self.node, "node configuration changed; publishing now"),
                 }
             } else {
                 tokio::time::sleep(wait).await;

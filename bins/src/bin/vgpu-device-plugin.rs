@@ -22,6 +22,7 @@ use vgpu_deviceplugin::{
     daemon::Daemon,
     feature_file::{FeatureFileConfig, GfdOutput},
     kube_cluster::KubeCluster,
+    node_config_watch::NodeConfigSource,
 };
 use vgpu_nvml::select::{BackendChoice, SelectOptions, open_backend};
 
@@ -44,9 +45,14 @@ struct Cli {
     /// MiB per `vgpu-memory` unit.
     #[arg(long, default_value_t = 1)]
     device_memory_factor: u32,
-    /// The node configuration file (JSON or YAML); empty for none.
+    /// The node configuration file (JSON or YAML); empty for none. Watched while running: a valid change is
+    /// applied without a restart (split count, scaling, exclusions, Allocate's settings); `migStrategy`,
+    /// `deviceListStrategy`, `cgroupDriver` and `imex` take effect at the next start.
     #[arg(long, default_value = "")]
     node_config_path: String,
+    /// Seconds between two reads of `--node-config-path` (changes are applied within one period).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    node_config_poll_interval: u64,
     /// GPUs to advertise as unhealthy: indices, `a..b` / `a-b` ranges or UUIDs, comma separated.
     #[arg(long, default_value = "")]
     exclude_devices: String,
@@ -311,6 +317,7 @@ async fn run(
     gates: vgpu_gates::FeatureGates<'static, vgpu_gates::CoreGate>,
     node: String,
     settings: NodeSettings,
+    flags: Option<NodeSettings>,
 ) -> anyhow::Result<()> {
     let domain = ResourceDomain::new(&cli.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
     let mut options = SelectOptions::default();
@@ -324,7 +331,7 @@ async fn run(
     let cluster = Arc::new(KubeCluster::new(client).with_instance(instance.clone()));
     let reschedule = Arc::new(KubeCluster::new(evicting).with_instance(instance));
 
-    let mut config = plugin_config(&cli, node, settings, domain);
+    let mut config = plugin_config(&cli, node, settings.clone(), domain);
     config.gates = gates;
     tracing::info!(cgroup_driver = ?config.settings.cgroup_driver, cgroup = ?config.cgroup_mode, "cgroup setup");
     // Driver and CUDA versions (vgpu.config, node labels) come from the backend in Daemon::new.
@@ -334,6 +341,12 @@ async fn run(
     let mut daemon =
         Daemon::new(config, backend, cluster.clone(), cluster)?.with_reschedule_client(reschedule);
     daemon.publisher.interval = Duration::from_secs(cli.node_publish_interval);
+    if let Some(flags) = flags {
+        // The file is watched and reapplied without a restart (a ConfigMap volume's `..data` swap included).
+        let source = NodeConfigSource::new(&cli.node_config_path, daemon.config.node_name.clone(), flags)
+            .with_interval(Duration::from_secs(cli.node_config_poll_interval));
+        daemon = daemon.with_node_config(source, settings);
+    }
     daemon.gfd_output = gfd_output(&cli);
     if cli.gfd_labels || daemon.gfd_output != GfdOutput::NodeLabels {
         let machine =
@@ -378,14 +391,16 @@ fn main() -> ExitCode {
         eprintln!("vgpu-device-plugin: --node-name (or NODE_NAME) is required");
         return ExitCode::from(2);
     };
+    let mut flags = None;
     if !cli.node_config_path.is_empty() {
+        flags = Some(settings.clone());
         let resolved = NodeConfigFile::load(&cli.node_config_path).and_then(|f| f.resolve(&node, settings));
         settings = match resolved {
             Ok(s) => s,
             Err(e) => return bad_flag("node-config-path", e),
         };
     }
-    vgpu_bins::run_async("vgpu-device-plugin", &cli.pprof.clone(), run(cli, gates, node, settings))
+    vgpu_bins::run_async("vgpu-device-plugin", &cli.pprof.clone(), run(cli, gates, node, settings, flags))
 }
 
 #[cfg(test)]
