@@ -151,7 +151,10 @@ impl Cluster {
         scheduler["profiles"] = json!([{"schedulerName": "default-scheduler"}]);
         env.start_scheduler_with_config(&scheduler).await.unwrap();
 
-        let work = env.workdir().join("upstream");
+        // Under the node folder, a shared mount: the charts mount the manager directory (and the kubelet's
+        // folders) with `mountPropagation: Bidirectional`, which containerd refuses for a host path on a
+        // private mount (a real node's `/` is shared, the test host's may not be).
+        let work = node.dir().join("upstream");
         std::fs::create_dir_all(&work).unwrap();
         let imported = node.import_image_archive(&image_archive()).unwrap();
         assert!(imported.iter().any(|i| i == IMAGE), "{IMAGE} not among the imported images {imported:?}");
