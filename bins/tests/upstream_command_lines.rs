@@ -381,3 +381,35 @@ fn each_chart_container_gets_past_start_up_validation() {
     }
     println!("{}", report.join("\n"));
 }
+
+/// The mock backend under a chart whose command line is fixed: vgpu-manager's charts take no extra
+/// arguments, only extra env (`devicePlugin.devicePlugin.env`, `devicePlugin.deviceMonitor.env`,
+/// `kubeletPlugin.containers.plugin.env`), so `VGPU_BACKEND=mock` + `VGPU_MOCK_CONFIG` select it (the e2e test
+/// `real_node_upstream_charts` runs vgpu-manager's charts on the real node that way). Each node component,
+/// started with its chart's command line plus those two variables, opens the mock GPU and then stops only
+/// for want of the cluster — never at the backend (with `auto` on a host without GPUs it stops there).
+#[test]
+fn node_components_take_the_mock_backend_from_the_chart_env() {
+    let sandbox = Sandbox::new();
+    let mock = sandbox.path("driver-root/mock.yaml");
+    std::fs::write(
+        &mock,
+        "gpus:\n  - { uuid: GPU-ENV-0, name: NVIDIA A30, memoryMiB: 24576, computeCapability: '8.0', minor: 0 }\n",
+    )
+    .unwrap();
+    let mock: &'static str = mock.display().to_string().leak();
+    for c in
+        containers().into_iter().filter(|c| c.upstream.contains("plugin") || c.upstream == "device-monitor")
+    {
+        let mut env = c.env.to_vec();
+        env.extend([("VGPU_BACKEND", "mock"), ("VGPU_MOCK_CONFIG", mock)]);
+        let with_mock = Container { env: env.leak(), ..c };
+        let (status, out) = run(&sandbox, &with_mock, Duration::from_secs(4));
+        let who = format!("{} {}", with_mock.chart, with_mock.name);
+        assert_ne!(status, Some(2), "{who} refused VGPU_BACKEND/VGPU_MOCK_CONFIG:\n{out}");
+        assert!(!NO_GPU.iter().any(|w| out.contains(w)), "{who} did not open the mock backend:\n{out}");
+        if status.is_some() {
+            assert!(NO_CLUSTER.iter().any(|w| out.contains(w)), "{who} stopped for another reason:\n{out}");
+        }
+    }
+}

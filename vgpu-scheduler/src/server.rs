@@ -16,7 +16,10 @@
 //! # Who may call
 //!
 //! By default the server listens on loopback only (`127.0.0.1:3456`): kube-scheduler runs beside it in the
-//! same pod or on the same host, and nothing else can reach the verbs. For a listener other callers can
+//! same pod or on the same host, and nothing else can reach the verbs. With
+//! [`ServerConfig::probes_only_beyond_loopback`] it listens on all addresses but answers callers beyond
+//! loopback only on `/healthz` and `/readyz` (403 elsewhere): the kubelet's probes on the pod IP work, the
+//! verbs stay loopback-only. For a listener other callers can
 //! reach, the server authenticates them ([`AccessPolicy`]):
 //!
 //! | route | plain | client certificates ([`ServerConfig::tls`] with a client CA) | `/metrics` authorization ([`AppState::with_metrics_authz`]) |
@@ -71,8 +74,8 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Extension;
 use axum::extract::State;
+use axum::extract::{ConnectInfo, Extension};
 use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -127,6 +130,10 @@ pub struct ServerConfig {
     pub shutdown_timeout: Duration,
     /// Verb calls admitted and running at once ([`crate::work`]).
     pub work: WorkLimits,
+    /// Callers beyond loopback reach only `/healthz` and `/readyz` (403 elsewhere): a listener on all
+    /// addresses whose verbs stay loopback-only, so that the kubelet's HTTP probes on the pod IP (what
+    /// vgpu-manager's chart declares for its `device-scheduler` container) are answered.
+    pub probes_only_beyond_loopback: bool,
 }
 
 impl Default for ServerConfig {
@@ -139,6 +146,7 @@ impl Default for ServerConfig {
             max_body_bytes: MAX_BODY_BYTES,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             work: WorkLimits::default(),
+            probes_only_beyond_loopback: false,
         }
     }
 }
@@ -167,6 +175,9 @@ pub struct AccessPolicy {
     pub client_cert_required: bool,
     /// `/metrics` needs a bearer token the API server allows `get` on `/metrics`.
     pub metrics_authz: Option<Arc<Authorizer>>,
+    /// A caller whose address is not loopback (the request's [`ConnectInfo`], set by [`serve`]) reaches only
+    /// `/healthz` and `/readyz`; a request without a peer address is treated as beyond loopback.
+    pub probes_only_beyond_loopback: bool,
 }
 
 /// Why the server could not start or run.
@@ -242,6 +253,12 @@ impl<C, K> AppState<C, K> {
     /// when [`ServerConfig::tls`] has a client CA bundle.
     pub fn with_client_cert_required(mut self, required: bool) -> Self {
         self.access.client_cert_required = required;
+        self
+    }
+
+    /// Callers beyond loopback reach only `/healthz` and `/readyz` ([`AccessPolicy::probes_only_beyond_loopback`]).
+    pub fn with_probes_only_beyond_loopback(mut self, probes_only: bool) -> Self {
+        self.access.probes_only_beyond_loopback = probes_only;
         self
     }
 
@@ -496,6 +513,17 @@ async fn access<C: Cluster, K: Clock + 'static>(
     let path = request.uri().path();
     if path == HEALTHZ_PATH || path == READYZ_PATH {
         return next.run(request).await;
+    }
+    if s.access.probes_only_beyond_loopback {
+        let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+        if !peer.is_some_and(|p| p.ip().is_loopback()) {
+            tracing::debug!(%path, ?peer, "refused: only the probes answer beyond loopback");
+            return (
+                StatusCode::FORBIDDEN,
+                "Forbidden: beyond loopback this server answers only /healthz and /readyz\n",
+            )
+                .into_response();
+        }
     }
     if path == METRICS_PATH
         && let Some(authz) = &s.access.metrics_authz
@@ -759,7 +787,7 @@ pub async fn serve<F>(
 /// Logs a warning for a listener beyond loopback that does not authenticate its callers (module docs).
 fn warn_if_exposed(config: &ServerConfig, metrics_authz: bool) {
     let address = config.bind_address;
-    if address.ip().is_loopback() {
+    if address.ip().is_loopback() || config.probes_only_beyond_loopback {
         return;
     }
     if config.tls.is_none() {
@@ -792,7 +820,10 @@ where
         .await
         .map_err(|source| ServerError::Bind { addr: config.bind_address, source })?;
     warn_if_exposed(&config, state.access.metrics_authz.is_some());
-    let state = state.with_limits(&config).with_client_cert_required(config.client_auth());
+    let state = state
+        .with_limits(&config)
+        .with_client_cert_required(config.client_auth())
+        .with_probes_only_beyond_loopback(config.probes_only_beyond_loopback);
     let app = router(state);
     serve(listener, app, tls.as_ref().map(|t| t.acceptor().clone()), &config, shutdown).await;
     // Dropping `tls` stops its refreshers.

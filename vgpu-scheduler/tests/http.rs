@@ -88,7 +88,9 @@ async fn start(opts: Opts) -> TestServer {
         Arc::new(Extender::new(cluster.clone(), clock.clone(), opts.extender).with_observer(metrics.clone()));
     ext.attach();
     ext.sync().await.unwrap();
-    let state = AppState::new(ext.clone(), opts.readiness.clone(), metrics).with_limits(&opts.server);
+    let state = AppState::new(ext.clone(), opts.readiness.clone(), metrics)
+        .with_limits(&opts.server)
+        .with_probes_only_beyond_loopback(opts.server.probes_only_beyond_loopback);
     let pool = state.pool().clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -1128,5 +1130,60 @@ async fn a_busy_server_refuses_verbs_with_retry_after_and_still_answers_probes()
     assert_eq!(r.as_array().unwrap().len(), 3);
     let (_, m) = s.get("/metrics").await;
     assert!(m.contains(r#"vgpu_scheduler_verb_total{verb="filter",result="error"} 1"#), "{m}");
+    s.stop().await;
+}
+
+/// The extender's default listener (`0.0.0.0`, issue #32: vgpu-manager's chart probes the `device-scheduler`
+/// container's port on the pod IP): callers beyond loopback get the probes only, loopback callers (kube-scheduler
+/// beside it) everything. Over real TCP from loopback, then through the router with the peer address a
+/// connection from the pod network would carry (and without any).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_loopback_only_the_probes_answer() {
+    let server = ServerConfig { probes_only_beyond_loopback: true, ..ServerConfig::default() };
+    let s = start(Opts { server, ..Opts::default() }).await;
+    // Loopback (what `serve` records for this connection): every route.
+    assert_eq!(s.get("/version").await.0, StatusCode::OK);
+    let pod = s.pod("l1", 1, 20, 1024, &[]);
+    let (status, r) = s.post(vgpu_scheduler::FILTER_PATH, &filter_args(&pod, &s.names)).await;
+    assert_eq!((status, r["Error"].as_str()), (StatusCode::OK, Some("")), "{r}");
+
+    let app = router(
+        AppState::new(s.ext.clone(), s.readiness.clone(), Arc::new(Metrics::new()))
+            .with_probes_only_beyond_loopback(true),
+    );
+    let call = |path: &'static str, peer: Option<SocketAddr>| {
+        let app = app.clone();
+        async move {
+            use hyper::service::Service as _;
+            let mut req = Request::builder()
+                .method(if path.starts_with("/scheduler") { Method::POST } else { Method::GET })
+                .uri(path)
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            if let Some(peer) = peer {
+                req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+            }
+            let resp = hyper_util::service::TowerToHyperService::new(app).call(req).await.unwrap();
+            let status = resp.status();
+            (
+                status,
+                String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap(),
+            )
+        }
+    };
+    let pod_network: SocketAddr = "10.217.0.1:40000".parse().unwrap();
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(call(path, Some(pod_network)).await.0, StatusCode::OK, "{path}");
+        assert_eq!(call(path, None).await.0, StatusCode::OK, "{path}");
+    }
+    for path in ["/version", "/metrics", vgpu_scheduler::FILTER_PATH, vgpu_scheduler::BIND_PATH] {
+        let (status, text) = call(path, Some(pod_network)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {text}");
+        assert!(text.contains("only /healthz and /readyz"), "{path}: {text}");
+        assert_eq!(call(path, None).await.0, StatusCode::FORBIDDEN, "{path} without a peer address");
+    }
+    for loopback in ["127.0.0.1:40000", "[::1]:40000"] {
+        assert_eq!(call("/version", Some(loopback.parse().unwrap())).await.0, StatusCode::OK, "{loopback}");
+    }
     s.stop().await;
 }

@@ -15,6 +15,7 @@
 //! does not count.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http::{HeaderMap, Request, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -288,6 +290,7 @@ impl Builders {
 /// request), under the builder's header timeout.
 async fn serve_connection<S>(
     stream: S,
+    peer: SocketAddr,
     client_cert: Option<VerifiedClientCert>,
     app: Router,
     builder: hyper::server::conn::http1::Builder,
@@ -301,6 +304,7 @@ where
     let inner = TowerToHyperService::new(app);
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(RequestStart(clock.request_start()));
+        req.extensions_mut().insert(ConnectInfo(peer));
         if let Some(cert) = &client_cert {
             req.extensions_mut().insert(cert.clone());
         }
@@ -319,6 +323,7 @@ where
 /// headers arrived (a stream's header frames come whole).
 async fn serve_h2_connection<S>(
     stream: S,
+    peer: SocketAddr,
     client_cert: Option<VerifiedClientCert>,
     app: Router,
     builder: hyper::server::conn::http2::Builder<TokioExecutor>,
@@ -330,6 +335,7 @@ where
     let inner = TowerToHyperService::new(app);
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(RequestStart(Instant::now()));
+        req.extensions_mut().insert(ConnectInfo(peer));
         if let Some(cert) = &client_cert {
             req.extensions_mut().insert(cert.clone());
         }
@@ -349,7 +355,8 @@ where
 /// which [`read_body`] counts [`HttpTimeouts::read_timeout`]. With `tls`, connections are TLS (see
 /// [`crate::tls::TlsFiles::start`]),
 /// and the requests of a connection whose client presented a verified certificate carry it as a
-/// [`VerifiedClientCert`] extension. Accept errors and failed handshakes are logged and never stop the server.
+/// [`VerifiedClientCert`] extension. Every request carries its connection's peer address as an
+/// [`axum::extract::ConnectInfo`]`<SocketAddr>` extension (so handlers and middleware may extract it). Accept errors and failed handshakes are logged and never stop the server.
 pub async fn serve<F>(
     listener: TcpListener,
     app: Router,
@@ -383,16 +390,17 @@ pub async fn serve<F>(
         let tls = tls.clone();
         tokio::spawn(async move {
             let served = match tls {
-                None => serve_connection(stream, None, app, builders.http1, watcher).await,
+                None => serve_connection(stream, peer, None, app, builders.http1, watcher).await,
                 Some(acceptor) => {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(tls_stream)) => {
                             let session = tls_stream.get_ref().1;
                             let cert = VerifiedClientCert::from_connection(session);
                             if session.alpn_protocol() == Some(b"h2".as_slice()) {
-                                serve_h2_connection(tls_stream, cert, app, builders.http2, watcher).await
+                                serve_h2_connection(tls_stream, peer, cert, app, builders.http2, watcher)
+                                    .await
                             } else {
-                                serve_connection(tls_stream, cert, app, builders.http1, watcher).await
+                                serve_connection(tls_stream, peer, cert, app, builders.http1, watcher).await
                             }
                         }
                         Ok(Err(e)) => {

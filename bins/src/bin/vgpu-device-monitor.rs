@@ -109,11 +109,12 @@ struct Cli {
     log: vgpu_bins::LogArgs,
     #[command(flatten)]
     pprof: vgpu_bins::PprofArgs,
-    /// Device backend: auto, nvml, metax or mock.
-    #[arg(long, default_value = "auto")]
+    /// Device backend: auto, nvml, metax or mock. Also env `VGPU_BACKEND`: a chart whose command line is
+    /// fixed (vgpu-manager's own) selects the backend through its containers' extra env.
+    #[arg(long, env = "VGPU_BACKEND", default_value = "auto")]
     backend: BackendChoice,
-    /// The mock backend's description file (`--backend mock`).
-    #[arg(long, value_name = "FILE")]
+    /// The mock backend's description file (`--backend mock`); also env `VGPU_MOCK_CONFIG`.
+    #[arg(long, env = "VGPU_MOCK_CONFIG", value_name = "FILE")]
     mock_config: Option<PathBuf>,
     #[command(flatten)]
     gates: CoreGateArgs,

@@ -140,11 +140,12 @@ struct Cli {
     /// `vgpu-device-client` need this group (e.g. in the pod's `supplementalGroups`) to connect.
     #[arg(long, value_name = "NAME|GID", value_parser = parse_socket_group)]
     registry_socket_group: Option<u32>,
-    /// Device backend: auto, nvml, metax or mock.
-    #[arg(long, default_value = "auto")]
+    /// Device backend: auto, nvml, metax or mock. Also env `VGPU_BACKEND`: a chart whose command line is
+    /// fixed (vgpu-manager's own) selects the backend through its containers' extra env.
+    #[arg(long, env = "VGPU_BACKEND", default_value = "auto")]
     backend: BackendChoice,
-    /// The mock backend's description file (`--backend mock`).
-    #[arg(long, value_name = "FILE")]
+    /// The mock backend's description file (`--backend mock`); also env `VGPU_MOCK_CONFIG`.
+    #[arg(long, env = "VGPU_MOCK_CONFIG", value_name = "FILE")]
     mock_config: Option<PathBuf>,
     /// Seconds between two publications of the node annotations.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]

@@ -7,7 +7,12 @@
 //! ([`vgpu_dra::metrics`]: claims, prepare latency, device health, slice publishing); `--enable-rbac` guards
 //! the metrics path by TokenReview + SubjectAccessReview (`get` on it; 401/403), probes stay open.
 
-use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::Context;
 use clap::Parser;
@@ -91,8 +96,10 @@ struct Cli {
     /// `<manager-dir>/libvgpu-control.so.<version>`.
     #[arg(long, env = "LIBRARY_VERSION", default_value = vgpu_core::abi::runtime_files::DEFAULT_LIBRARY_VERSION, value_parser = vgpu_core::abi::runtime_files::parse_library_version)]
     library_version: String,
-    /// Where this process sees the manager directory (claim directories are created there); default: the
-    /// host manager directory.
+    /// Where this process sees the manager directory (claim directories are created there, the runtime files
+    /// checked there). Default: the host manager directory when this process sees a directory at that path
+    /// (run on the host, or our charts, which mount it at its host path), else `/etc/vgpu-manager` (where
+    /// vgpu-manager's chart mounts it, whatever its `managerRoot`).
     #[arg(long)]
     manager_dir: Option<PathBuf>,
     /// The node's cgroup driver (cgroupfs or systemd; empty detects it).
@@ -150,11 +157,12 @@ struct Cli {
     log: vgpu_bins::LogArgs,
     #[command(flatten)]
     pprof: vgpu_bins::PprofArgs,
-    /// Device backend: auto, nvml, metax or mock.
-    #[arg(long, default_value = "auto")]
+    /// Device backend: auto, nvml, metax or mock. Also env `VGPU_BACKEND`: a chart whose command line is
+    /// fixed (vgpu-manager's own) selects the backend through its containers' extra env.
+    #[arg(long, env = "VGPU_BACKEND", default_value = "auto")]
     backend: BackendChoice,
-    /// The mock backend's description file (`--backend mock`).
-    #[arg(long, value_name = "FILE")]
+    /// The mock backend's description file (`--backend mock`); also env `VGPU_MOCK_CONFIG`.
+    #[arg(long, env = "VGPU_MOCK_CONFIG", value_name = "FILE")]
     mock_config: Option<PathBuf>,
     #[command(flatten)]
     gates: DraGateArgs,
@@ -206,6 +214,12 @@ struct Resolved {
     http_endpoint: Option<std::net::SocketAddr>,
     /// The vfio-switch Jobs (gate PassthroughSupport with `--vfio-switch-image`).
     vfio_switch: Option<vgpu_dra::vfio_switch::controller::SwitchConfig>,
+}
+
+/// `--manager-dir`'s default (its doc): `host` when this process sees a directory there, else
+/// [`DEFAULT_MANAGER_DIR`], the container path vgpu-manager's chart mounts the host manager directory on.
+fn default_manager_dir(host: &Path) -> PathBuf {
+    if host.is_dir() { host.to_owned() } else { PathBuf::from(DEFAULT_MANAGER_DIR) }
 }
 
 fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved, String> {
@@ -289,7 +303,8 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
     config.cdi_root.clone_from(&cli.cdi_root);
     config.host_manager_dir.clone_from(&cli.host_manager_dir);
     config.library_version.clone_from(&cli.library_version);
-    config.manager_dir = cli.manager_dir.clone().unwrap_or_else(|| cli.host_manager_dir.clone());
+    config.manager_dir =
+        cli.manager_dir.clone().unwrap_or_else(|| default_manager_dir(&cli.host_manager_dir));
     config.host_driver_root = host_driver_root;
     config.container_driver_root.clone_from(&cli.container_driver_root);
     config.cores_ratio = cores_ratio;
@@ -731,6 +746,20 @@ mod tests {
         assert!(!r.devices.vgpu_support);
     }
 
+    /// Without `--manager-dir`: the host path where this process sees it, else vgpu-manager's container path.
+    #[test]
+    fn manager_dir_defaults_to_the_host_path_when_visible_else_the_charts_mount_point() {
+        let host = tempfile::tempdir().unwrap();
+        let visible = host.path().display().to_string();
+        let cli = parse(&["--node-name=n1", &format!("--host-manager-dir={visible}")]);
+        assert_eq!(resolve(&cli, defaults()).unwrap().config.manager_dir, host.path());
+        let hidden = host.path().join("not-mounted-here").display().to_string();
+        let cli = parse(&["--node-name=n1", &format!("--host-manager-dir={hidden}")]);
+        assert_eq!(resolve(&cli, defaults()).unwrap().config.manager_dir, Path::new(DEFAULT_MANAGER_DIR));
+        let cli = parse(&["--node-name=n1", &format!("--host-manager-dir={hidden}"), "--manager-dir=/m"]);
+        assert_eq!(resolve(&cli, defaults()).unwrap().config.manager_dir, Path::new("/m"));
+    }
+
     #[test]
     fn flags_reach_the_configuration() {
         let cli = parse(&[
@@ -752,7 +781,9 @@ mod tests {
         assert_eq!(c.container_driver_root, Path::new("/drv"));
         assert_eq!(c.registration_socket(), Path::new("/r/manager.nvidia.com-reg.sock"));
         assert_eq!(c.dra_socket(), Path::new("/p/manager.nvidia.com/dra.sock"));
-        assert_eq!(c.manager_dir, Path::new("/var/lib/vgpu"), "defaults to the host manager dir");
+        assert_eq!(c.host_manager_dir, Path::new("/var/lib/vgpu"));
+        // Not a directory on this host: vgpu-manager's chart's mount point.
+        assert_eq!(c.manager_dir, Path::new(DEFAULT_MANAGER_DIR));
         assert_eq!(r.xids, [48, 79]);
         assert_eq!(c.stale_sweep_interval, Duration::from_secs(30));
         assert!(r.devices.vgpu_support);

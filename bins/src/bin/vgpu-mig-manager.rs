@@ -62,11 +62,12 @@ struct Cli {
     /// Reset a GPU whose MIG mode change is pending; false: request a node reboot at once.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     gpu_reset: bool,
-    /// Device backend: auto, nvml, metax or mock.
-    #[arg(long, default_value = "auto")]
+    /// Device backend: auto, nvml, metax or mock. Also env `VGPU_BACKEND`: a chart whose command line is
+    /// fixed (vgpu-manager's own) selects the backend through its containers' extra env.
+    #[arg(long, env = "VGPU_BACKEND", default_value = "auto")]
     backend: BackendChoice,
-    /// The mock backend's description file (`--backend mock`).
-    #[arg(long, value_name = "FILE")]
+    /// The mock backend's description file (`--backend mock`); also env `VGPU_MOCK_CONFIG`.
+    #[arg(long, env = "VGPU_MOCK_CONFIG", value_name = "FILE")]
     mock_config: Option<PathBuf>,
     #[command(flatten)]
     kube: vgpu_bins::KubeClientArgs,

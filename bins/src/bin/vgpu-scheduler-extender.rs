@@ -3,9 +3,13 @@
 //! Thin wiring: parse flags → validate gates → Kubernetes client → watch-driven cache, optional leader
 //! election, HTTP(S) server until SIGTERM/SIGINT.
 //!
-//! Callers: the server listens on `127.0.0.1` unless `--enable-tls` with `--client-ca-file` is given (then
-//! `0.0.0.0`, every route but `/healthz` and `/readyz` needing a client certificate of that CA), or
-//! `--server-bind-address` says otherwise (a plain-HTTP listener beyond loopback is logged as a warning).
+//! Callers: by default the server listens on `0.0.0.0` but answers callers beyond loopback only on `/healthz`
+//! and `/readyz` (the kubelet's probes on the pod IP, which vgpu-manager's chart declares for this container;
+//! the verbs, `/metrics` and `/version` stay loopback-only, as kube-scheduler calls them from the same pod).
+//! `--enable-tls` with `--client-ca-file` serves every caller on `0.0.0.0`, every route but `/healthz` and
+//! `/readyz` needing a client certificate of that CA; `--server-bind-address` binds exactly that address
+//! (`127.0.0.1`: loopback only; another one: every route open to whoever reaches it, logged as a warning
+//! over plain HTTP).
 //! `--enable-rbac` authorizes `/metrics` by bearer token (TokenReview + SubjectAccessReview, `get` on the
 //! non-resource URL `/metrics`), as vgpu-manager's device monitor does; the extender's identity then needs
 //! `create` on `tokenreviews` and `subjectaccessreviews` (ClusterRole `system:auth-delegator`).
@@ -42,8 +46,10 @@ struct Cli {
     /// Port of the HTTP(S) server.
     #[arg(long, default_value_t = vgpu_scheduler::DEFAULT_PORT)]
     server_bind_port: u16,
-    /// Address of the HTTP(S) server (default: 127.0.0.1; 0.0.0.0 with --enable-tls and --client-ca-file).
-    /// Beyond loopback without client certificates, anyone who reaches the port can call the verbs.
+    /// Address of the HTTP(S) server, every route served there. Default: 0.0.0.0 with only `/healthz` and
+    /// `/readyz` answered beyond loopback (with --enable-tls and --client-ca-file: every route, behind client
+    /// certificates). An explicit non-loopback address without client certificates lets anyone who reaches
+    /// the port call the verbs.
     #[arg(long, value_name = "IP")]
     server_bind_address: Option<IpAddr>,
     /// Serve HTTPS with --tls-cert-file and --tls-key-file (reloaded when they change).
@@ -179,11 +185,9 @@ fn server_config(cli: &Cli) -> Result<ServerConfig, ExitCode> {
         None
     };
     let client_auth = tls.as_ref().is_some_and(|t| t.client_ca.is_some());
-    let bind_ip = cli.server_bind_address.unwrap_or(if client_auth {
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-    } else {
-        IpAddr::V4(Ipv4Addr::LOCALHOST)
-    });
+    // Without an explicit address: all of them, the verbs behind loopback (or client certificates).
+    let bind_ip = cli.server_bind_address.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let probes_only_beyond_loopback = cli.server_bind_address.is_none() && !client_auth;
     let mut work = match cli.max_running_verbs {
         Some(0) => return Err(bad_flag("max-running-verbs", "0 (expected at least 1)")),
         Some(n) => WorkLimits::with_workers(n),
@@ -204,6 +208,7 @@ fn server_config(cli: &Cli) -> Result<ServerConfig, ExitCode> {
         bind_address: SocketAddr::new(bind_ip, cli.server_bind_port),
         tls,
         work,
+        probes_only_beyond_loopback,
         ..ServerConfig::default()
     })
 }
@@ -266,6 +271,7 @@ async fn run(
     };
     tracing::info!(
         address = %server.bind_address,
+        probes_only_beyond_loopback = server.probes_only_beyond_loopback,
         tls = server.tls.is_some(),
         client_ca = server.client_auth(),
         metrics_rbac = metrics_authz.is_some(),
