@@ -18,7 +18,8 @@
 //!   replaces the scheduler's pod and nothing else, keeps the webhook's certificate (caBundle) and a second
 //!   vGPU pod starts through it; `helm uninstall` leaves no pod, no plugin socket, no webhook configuration
 //!   and no pod's files in the manager directory.
-//! - `gpu-module`, device-plugin mode: the node agent and the device plugin (whole GPUs) Ready, the node
+//! - `gpu-module`, device-plugin mode with default values: the node agent, the device plugin (whole GPUs),
+//!   the controller and the MIG manager (with the chart's own mig-parted ConfigMap) Ready, the node
 //!   advertises `nvidia.com/gpu` (3 mock GPUs), a pod asking for one runs with it; `helm upgrade` changing
 //!   `nodeAgent.scanInterval` replaces the node agent's pod only; uninstall leaves no pod or socket (the
 //!   CRDs stay, as Helm keeps them).
@@ -716,17 +717,16 @@ async fn real_node_helm_installs_gpu_module_in_device_plugin_mode() {
         ("devicePluginMode.kubeletRootDir", path(&cluster.node.root_dir())),
         ("devicePluginMode.hostManagerDir", path(&cluster.host.manager_dir)),
         ("devicePluginMode.driverRoot", path(&cluster.host.driver_root)),
-        // The MIG manager needs a mig-parted ConfigMap and MIG-capable GPUs: not this test's.
-        ("devicePluginMode.migManager.enabled", "false".to_owned()),
     ]);
     let mut install = vec!["gm".to_owned(), chart("gpu-module")];
     install.extend(strings(&["--namespace", GPU_MODULE_NAMESPACE, "--create-namespace"]));
     install.extend(set_args(&values));
     cluster.helm("install", &install);
-    // Node agent, device plugin (on the node the agent labelled), controller.
-    let installed = cluster.all_ready(GPU_MODULE_NAMESPACE, 3).await;
+    // Node agent, device plugin (on the node the agent labelled), controller, and the MIG manager with the
+    // chart's own mig-parted ConfigMap (the node asks for no layout: it waits).
+    let installed = cluster.all_ready(GPU_MODULE_NAMESPACE, 4).await;
     let components = by_component(&installed);
-    for want in ["vgpu-node-agent", "vgpu-device-plugin", "vgpu-controller"] {
+    for want in ["vgpu-node-agent", "vgpu-device-plugin", "vgpu-controller", "vgpu-mig-manager"] {
         assert!(components.contains_key(want), "{want} not among {:?}", components.keys());
     }
     cluster
@@ -764,12 +764,12 @@ async fn real_node_helm_installs_gpu_module_in_device_plugin_mode() {
             let now: BTreeMap<String, Pod> =
                 list.into_iter().map(|p| (p.metadata.name.clone().unwrap_or_default(), p)).collect();
             let replaced = by_component(&now).get("vgpu-node-agent")?.0 != components["vgpu-node-agent"].0;
-            (now.len() == 3 && now.values().all(all_ready) && replaced).then_some(now)
+            (now.len() == 4 && now.values().all(all_ready) && replaced).then_some(now)
         })
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", cluster.diagnostics(GPU_MODULE_NAMESPACE)));
     let after = by_component(&upgraded);
-    for untouched in ["vgpu-device-plugin", "vgpu-controller"] {
+    for untouched in ["vgpu-device-plugin", "vgpu-controller", "vgpu-mig-manager"] {
         assert_eq!(after[untouched], components[untouched], "{untouched} was restarted by the upgrade");
     }
     let agent = upgraded.values().find(|p| component(p) == "vgpu-node-agent").unwrap();

@@ -1,5 +1,7 @@
 //! The manifests under `deploy/mig-manager/` at the file layer: the sample mig-parted ConfigMap parses and
-//! every layout in it fits an A100 80GB and an H100 80GB (mock backends, the real planner); the DaemonSet
+//! every layout in it fits an A100 80GB and an H100 80GB (mock backends, the real planner), and the
+//! gpu-module chart's own ConfigMap (`charts/gpu-module/files/mig-parted-config.yaml`) holds the same
+//! layouts; the DaemonSet
 //! tolerates the manager's own maintenance taint and names the ConfigMap the RBAC lets it read; the RBAC
 //! grants every call of `KubeCluster` (its module docs' table).
 
@@ -39,6 +41,17 @@ fn every_sample_layout_fits_80gb_gpus() {
             assert_eq!(plans[0].instances.len() as u32, wanted, "{config}");
         }
     }
+}
+
+#[test]
+fn the_charts_layouts_are_the_samples() {
+    let cm: ConfigMap = serde_saphyr::from_str(&deploy("config.yaml")).unwrap();
+    let sample = cm.data.unwrap().remove("config.yaml").unwrap();
+    let sample = MigConfigFile::parse(&sample, "deploy/mig-manager/config.yaml").unwrap();
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/gpu-module/files/mig-parted-config.yaml");
+    let chart = MigConfigFile::parse(&std::fs::read_to_string(&path).unwrap(), "chart").unwrap();
+    assert_eq!(chart, sample, "{} differs from deploy/mig-manager/config.yaml", path.display());
 }
 
 #[test]
