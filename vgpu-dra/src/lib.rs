@@ -25,7 +25,7 @@
 //! | [`healthcheck`] | `grpc.health.v1.Health/Check` on `--healthcheck-port`: both sockets answer → `SERVING` |
 //! | [`partition`] | partition keys: which consumer containers share a vGPU partition directory (graph walk, `pod-…` / `cg-…` keys) |
 //! | [`modes`] | claim modes (time-slicing, MPS, dynamic MIG, VFIO, Fabric Manager, device metadata): host actions planned, recorded in the checkpoint, applied on Prepare and reverted on Unprepare |
-//! | [`vfio_switch`] | the GPU module's `vfio-switch-<node>-<pci>` Job: a GPU moved between `nvidia` and `vfio-pci` through sysfs ([`Switcher`](vfio_switch::Switcher)), and the adapter's [`SwitchController`](vfio_switch::controller::SwitchController) that creates those Jobs from `PhysicalGPU.spec.passthrough` |
+//! | [`vfio_switch`] | the GPU module's `vfio-switch-<node>-<pci>` Job: a GPU moved between `nvidia` and `vfio-pci` through sysfs ([`Switcher`](vfio_switch::Switcher)), and the adapter's [`SwitchController`](vfio_switch::controller::SwitchController) that creates those Jobs from `PhysicalGPU.spec.passthrough`, once no claim or process holds the GPU ([`usage`](vfio_switch::usage)) |
 //! | [`metrics`] | `--http-endpoint`: `/healthz`, `/readyz` (sockets + kubelet registration), `--metrics-path` (prepared claims, Prepare/Unprepare counters and durations, `process_*`) |
 //!
 //! # Sockets and files

@@ -48,6 +48,7 @@
 //! ```
 
 pub mod controller;
+pub mod usage;
 
 use std::{
     fmt,

@@ -524,7 +524,14 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         Some(switch) => {
             tracing::info!(namespace = %switch.namespace, image = %switch.image, "vfio-switch controller started (PassthroughSupport)");
             let cluster = Arc::new(vgpu_dra::vfio_switch::controller::KubeSwitchCluster::new(client.clone()));
-            vgpu_dra::vfio_switch::controller::SwitchController::new(cluster, switch).spawn(stopped());
+            // A GPU goes to vfio-pci only once no prepared claim and no process holds it.
+            let usage = Arc::new(vgpu_dra::vfio_switch::usage::ClaimsAndProcesses::new(
+                Arc::clone(&state),
+                Arc::clone(&backend),
+            ));
+            vgpu_dra::vfio_switch::controller::SwitchController::new(cluster, switch)
+                .with_usage(usage)
+                .spawn(stopped());
         }
         None if config.gates.enabled(DraGate::PassthroughSupport) => {
             tracing::info!("no --vfio-switch-image: PhysicalGPU spec.passthrough is not acted on");

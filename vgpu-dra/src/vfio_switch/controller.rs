@@ -13,6 +13,7 @@
 //! | Job | GPU | action | `VfioSwitch` (status, reason) |
 //! |---|---|---|---|
 //! | none | on the target (`status.driver`), or switched there for this `metadata.generation` | nothing (the condition is written once when absent) | `True`, `SwitchedToVfioPci` / `SwitchedToNvidia` |
+//! | none | elsewhere, to `vfio-pci`, held by a claim or process ([`GpuUsage`], when given) | wait | `False`, `InUse` (the holders) |
 //! | none | elsewhere | create the Job | `Unknown`, `Switching` |
 //! | running, same target | | wait | `Unknown`, `Switching` |
 //! | succeeded, same target | | delete the Job | `True`, `SwitchedToVfioPci` / `SwitchedToNvidia` |
@@ -42,7 +43,7 @@ use serde_json::json;
 use vgpu_api::{Condition, ConditionStatus, PhysicalGPU};
 use vgpu_core::discovery::PciAddress;
 
-use super::{SwitchTarget, job_name};
+use super::{SwitchTarget, job_name, usage::GpuUsage};
 
 /// The PhysicalGPU condition this controller owns.
 pub const CONDITION: &str = "VfioSwitch";
@@ -56,6 +57,8 @@ pub const REASON_SWITCHED_TO_VFIO_PCI: &str = "SwitchedToVfioPci";
 pub const REASON_SWITCHED_TO_NVIDIA: &str = "SwitchedToNvidia";
 /// Reason: the Job failed.
 pub const REASON_SWITCH_FAILED: &str = "SwitchFailed";
+/// Reason: a claim or a process holds the GPU; the switch to `vfio-pci` waits for it to go.
+pub const REASON_IN_USE: &str = "InUse";
 /// Annotation of the Job naming the driver it switches to.
 pub const TARGET_ANNOTATION: &str = "gpu.deckhouse.io/vfio-switch-target";
 /// The vendor whose GPUs are switched.
@@ -313,6 +316,8 @@ pub enum Step {
     Failed(String),
     /// A Job for another target was deleted.
     Replaced(String),
+    /// The switch waits: these hold the GPU (or the usage could not be told).
+    Held(Vec<String>),
 }
 
 /// Creates and watches the switch Jobs of one node (module docs).
@@ -320,12 +325,20 @@ pub enum Step {
 pub struct SwitchController {
     cluster: Arc<dyn SwitchCluster>,
     config: SwitchConfig,
+    usage: Option<Arc<dyn GpuUsage>>,
 }
 
 impl SwitchController {
-    /// A controller over `cluster`.
+    /// A controller over `cluster`, switching without asking who holds a GPU (see [`Self::with_usage`]).
     pub fn new(cluster: Arc<dyn SwitchCluster>, config: SwitchConfig) -> Self {
-        Self { cluster, config }
+        Self { cluster, config, usage: None }
+    }
+
+    /// Asks `usage` before each switch to `vfio-pci` and waits while anything holds the GPU.
+    #[must_use]
+    pub fn with_usage(mut self, usage: Arc<dyn GpuUsage>) -> Self {
+        self.usage = Some(usage);
+        self
     }
 
     /// The configuration.
@@ -431,6 +444,24 @@ impl SwitchController {
                 Ok(Step::Idle)
             }
             None => {
+                if target == SwitchTarget::VfioPci
+                    && let Some(usage) = &self.usage
+                {
+                    let holders = match usage.holders(&pci).await {
+                        Ok(holders) => holders,
+                        Err(why) => vec![format!("usage unknown ({why})")],
+                    };
+                    if !holders.is_empty() {
+                        let message =
+                            format!("{pci} waits to be switched to {target}: held by {}", holders.join(", "));
+                        self.set_condition(
+                            gpu,
+                            condition(ConditionStatus::False, REASON_IN_USE, message, generation),
+                        )
+                        .await?;
+                        return Ok(Step::Held(holders));
+                    }
+                }
                 let from =
                     gpu.status.as_ref().and_then(|s| s.driver.clone()).unwrap_or_else(|| "no driver".into());
                 self.cluster.create_job(&job(&self.config, gpu, &pci, target)).await?;
@@ -797,6 +828,53 @@ mod tests {
         // status.driver still says nvidia (the node agent has not scanned yet): the condition counts.
         assert!(controller.reconcile_once().await.unwrap().is_empty());
         assert!(cluster.jobs().is_empty());
+    }
+
+    #[derive(Debug)]
+    struct FakeUsage(std::sync::Mutex<Result<Vec<String>, String>>);
+
+    #[tonic::async_trait]
+    impl GpuUsage for FakeUsage {
+        async fn holders(&self, pci: &PciAddress) -> Result<Vec<String>, String> {
+            assert_eq!(pci.to_string(), "0000:3b:00.0");
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_held_gpu_waits_for_its_holders_before_going_to_vfio_pci() {
+        let (cluster, controller) = setup(gpu(Some(true), "nvidia"));
+        let usage =
+            Arc::new(FakeUsage(std::sync::Mutex::new(Ok(vec!["claim ns/c".into(), "process 7".into()]))));
+        let controller = controller.with_usage(usage.clone());
+        let name = "w1-nvidia-2330-0000-3b-00-0".to_owned();
+        let held = vec!["claim ns/c".to_owned(), "process 7".to_owned()];
+        assert_eq!(controller.reconcile_once().await.unwrap()[&name], Step::Held(held));
+        assert!(cluster.jobs().is_empty(), "a Job for a GPU in use");
+        let g = cluster.gpu(&name).unwrap();
+        let c = condition_of(&g).unwrap();
+        assert_eq!((c.status, c.reason.as_deref()), (ConditionStatus::False, Some(REASON_IN_USE)));
+        assert_eq!(
+            c.message.as_deref(),
+            Some("0000:3b:00.0 waits to be switched to vfio-pci: held by claim ns/c, process 7")
+        );
+
+        // Usage that cannot be told: still waiting.
+        *usage.0.lock().unwrap() = Err("checkpoint unreadable".into());
+        assert!(matches!(controller.reconcile_once().await.unwrap()[&name], Step::Held(_)));
+        assert!(cluster.jobs().is_empty());
+
+        // Released: the Job goes ahead.
+        *usage.0.lock().unwrap() = Ok(Vec::new());
+        assert_eq!(controller.reconcile_once().await.unwrap()[&name], Step::Created(JOB.into()));
+        assert_eq!(reason(&cluster), Some((ConditionStatus::Unknown, "Switching".into())));
+
+        // Back to nvidia is not held: a vfio-pci GPU has no claims or CUDA processes of ours.
+        let (cluster, controller) = setup(gpu(Some(false), "vfio-pci"));
+        *usage.0.lock().unwrap() = Ok(vec!["process 9".into()]);
+        let controller = controller.with_usage(usage);
+        assert_eq!(controller.reconcile_once().await.unwrap()[&name], Step::Created(JOB.into()));
+        assert_eq!(cluster.jobs().len(), 1);
     }
 
     #[tokio::test]
