@@ -444,3 +444,24 @@ fn kubelet_plugin_imex_dns_names_default_is_inert_and_explicit_true_is_refused()
         .stderr(predicate::str::contains(inert_line).not())
         .stderr(predicate::str::contains("is not supported").not());
 }
+
+/// The vfio-switch settings the API server would refuse in every Job are refused at start (exit 2), naming
+/// the setting: here a relative `--vfio-switch-host-sysfs`.
+#[test]
+fn kubelet_plugin_refuses_a_vfio_switch_path_the_api_server_would_refuse() {
+    let host_root = tempfile::tempdir().expect("temp dir");
+    bin("vgpu-kubelet-plugin")
+        .arg(format!("--host-root={}", host_root.path().display()))
+        .args([
+            "--node-name=n1",
+            "--feature-gates=PassthroughSupport=true,VGPUSupport=false,NVMLDeviceHealthCheck=false",
+            "--vfio-switch-image=registry.local/vgpu:1",
+            "--vfio-switch-namespace=d8-gpu",
+            "--vfio-switch-host-sysfs=host/../sys",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "--vfio-switch-*: vfio-switch host sysfs \"host/../sys\": expected an absolute path without '.' or '..' components",
+        ));
+}

@@ -69,17 +69,25 @@ pub enum GroupError {
     Invalid(String),
 }
 
+/// Whether `name` is an RFC 1123 DNS label, as Kubernetes wants namespaces and label-like names: 1–63
+/// lower-case letters, digits and `-`, starting and ending with a letter or digit.
+///
+/// ```
+/// assert!(vgpu_api::is_dns_label("d8-gpu"));
+/// assert!(!vgpu_api::is_dns_label("D8_gpu") && !vgpu_api::is_dns_label("-x") && !vgpu_api::is_dns_label(""));
+/// ```
+pub fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
 /// Checks an API group name: lower-case DNS labels, at least two of them, at most 253 characters.
 pub fn validate_group(group: &str) -> Result<(), GroupError> {
     let labels: Vec<&str> = group.split('.').collect();
-    let label_ok = |l: &&str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if group.len() > 253 || labels.len() < 2 || !labels.iter().all(label_ok) {
+    if group.len() > 253 || labels.len() < 2 || !labels.iter().all(|l| is_dns_label(l)) {
         return Err(GroupError::Invalid(group.to_owned()));
     }
     Ok(())

@@ -548,14 +548,6 @@ mod tests {
         assert_eq!(job_name("Node_A.example", &pci()), "vfio-switch-node-a-example-0000-3b-00-0");
     }
 
-    fn is_dns_label(s: &str) -> bool {
-        !s.is_empty()
-            && s.len() <= 63
-            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !s.starts_with('-')
-            && !s.ends_with('-')
-    }
-
     proptest! {
         #[test]
         fn job_names_are_dns_labels_and_keep_the_address(
@@ -564,7 +556,7 @@ mod tests {
         ) {
             let pci = PciAddress { domain, bus, device, function };
             let name = job_name(&node, &pci);
-            prop_assert!(is_dns_label(&name), "{}", name);
+            prop_assert!(vgpu_api::is_dns_label(&name), "{}", name);
             prop_assert_eq!(&name, &job_name(&node, &pci));
             prop_assert!(name.starts_with(JOB_PREFIX));
             let full = format!("{JOB_PREFIX}{}-{}", node.replace('.', "-"), dns_safe_pci(&pci));

@@ -343,6 +343,7 @@ fn vfio_switch_config(
     }
     let mut config = vgpu_dra::vfio_switch::controller::SwitchConfig::new(node, namespace, image);
     config.host_sys.clone_from(&cli.vfio_switch_host_sysfs);
+    config.validate().map_err(|e| format!("--vfio-switch-*: {e}"))?;
     Ok(Some(config))
 }
 

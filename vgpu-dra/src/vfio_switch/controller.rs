@@ -118,6 +118,57 @@ impl SwitchConfig {
             poll: DEFAULT_POLL,
         }
     }
+
+    /// Checks what the API server would refuse in the Jobs, so that a bad setting stops the plugin at start
+    /// instead of failing every Job creation later: the namespace is a DNS label, the image is set, and
+    /// every path ([`Self::binary`], [`Self::host_sys`], [`Self::container_sys`], [`Self::extra_host_paths`])
+    /// is absolute with no `.` or `..` component (hostPath and mountPath rules).
+    pub fn validate(&self) -> Result<(), SwitchConfigError> {
+        let bad = |field: &'static str, value: String, expected: &'static str| {
+            Err(SwitchConfigError { field, value, expected })
+        };
+        if !vgpu_api::is_dns_label(&self.namespace) {
+            return bad(
+                "namespace",
+                self.namespace.clone(),
+                "a DNS label (lowercase letters, digits, '-', at most 63)",
+            );
+        }
+        if self.image.trim().is_empty() {
+            return bad("image", self.image.clone(), "an image reference");
+        }
+        let paths = [
+            ("binary", PathBuf::from(&self.binary)),
+            ("host sysfs", self.host_sys.clone()),
+            ("container sysfs", self.container_sys.clone()),
+        ];
+        let extra = self.extra_host_paths.iter().map(|p| ("extra host path", p.clone()));
+        for (field, path) in paths.into_iter().chain(extra) {
+            // Textually: `Path::components` drops interior `.` components the API server still sees.
+            let text = path.to_string_lossy();
+            let clean = path.is_absolute() && !text.split('/').any(|c| c == "." || c == "..");
+            if !clean {
+                return bad(
+                    field,
+                    path.display().to_string(),
+                    "an absolute path without '.' or '..' components",
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A [`SwitchConfig`] setting the API server would refuse in a Job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("vfio-switch {field} {value:?}: expected {expected}")]
+pub struct SwitchConfigError {
+    /// The setting.
+    pub field: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What it should be.
+    pub expected: &'static str,
 }
 
 /// A call to the API server failed.
@@ -875,6 +926,29 @@ mod tests {
         let controller = controller.with_usage(usage);
         assert_eq!(controller.reconcile_once().await.unwrap()[&name], Step::Created(JOB.into()));
         assert_eq!(cluster.jobs().len(), 1);
+    }
+
+    #[test]
+    fn settings_the_api_server_would_refuse_are_refused_at_start() {
+        let good = SwitchConfig::new(NODE, NS, "registry.local/vgpu:1");
+        assert_eq!(good.validate(), Ok(()));
+        let mut c = good.clone();
+        c.binary = "/work/e2e/../target/debug/vgpu-node-agent".into();
+        let err = c.validate().unwrap_err();
+        assert_eq!(err.field, "binary");
+        assert!(err.to_string().contains("without '.' or '..'"), "{err}");
+        let mut c = good.clone();
+        c.host_sys = PathBuf::from("sys");
+        assert_eq!(c.validate().unwrap_err().field, "host sysfs");
+        let mut c = good.clone();
+        c.extra_host_paths = vec![PathBuf::from("/lib64"), PathBuf::from("/a/./b")];
+        assert_eq!(c.validate().unwrap_err().field, "extra host path");
+        let mut c = good.clone();
+        c.namespace = "Bad_NS".into();
+        assert_eq!(c.validate().unwrap_err().field, "namespace");
+        let mut c = good;
+        c.image = " ".into();
+        assert_eq!(c.validate().unwrap_err().field, "image");
     }
 
     #[tokio::test]
