@@ -188,6 +188,26 @@ const CASES: &[Case] = &[
     },
     Case {
         chart: "gpu-module",
+        values: "two NodeGroups (whole GPUs, vGPU shares)",
+        set: &[
+            "devicePluginMode.nodeGroups[0].name=whole",
+            "devicePluginMode.nodeGroups[0].nodeSelector.gpu\\.deckhouse\\.io/pool=whole",
+            "devicePluginMode.nodeGroups[1].name=shared",
+            "devicePluginMode.nodeGroups[1].nodeSelector.gpu\\.deckhouse\\.io/pool=shared",
+            "devicePluginMode.nodeGroups[1].config.wholeGpus=false",
+            "devicePluginMode.nodeGroups[1].config.deviceSplitCount=4",
+        ],
+        kinds: &["DaemonSet", "ConfigMap"],
+        has: &[
+            DEVICE_PLUGIN,
+            r#""name":"vgpu-device-plugin-whole""#,
+            r#""name":"vgpu-device-plugin-shared""#,
+            r#""--node-config-path=/etc/vgpu-node-config/node-config.yaml""#,
+        ],
+        lacks: &[KUBELET_PLUGIN],
+    },
+    Case {
+        chart: "gpu-module",
         values: "adapters' metrics monitored, DCGM exporter (chart-only)",
         set: &[
             "dra.enabled=true",

@@ -490,6 +490,13 @@ mod tests {
     }
 
     #[test]
+    fn node_config_poll_interval_is_at_least_a_second() {
+        assert_eq!(parse(&[]).node_config_poll_interval, 2);
+        assert_eq!(parse(&["--node-config-poll-interval=5"]).node_config_poll_interval, 5);
+        assert!(Cli::try_parse_from(["vgpu-device-plugin", "--node-config-poll-interval=0"]).is_err());
+    }
+
+    #[test]
     fn gfd_output_flags() {
         assert_eq!(gfd_output(&parse(&[])), GfdOutput::NodeLabels);
         assert_eq!(gfd_output(&parse(&["--gfd-output=node-labels"])), GfdOutput::NodeLabels);
