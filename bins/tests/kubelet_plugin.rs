@@ -177,6 +177,8 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 async fn serves_metrics_and_runs_the_sm_watcher() {
     use std::io::BufRead;
     let node = Node::new();
+    // The host manager directory exists, as a chart's hostPath (DirectoryOrCreate) makes it.
+    std::fs::create_dir_all(node.path("manager")).unwrap();
     let arg = |flag: &str, rel: &str| format!("--{flag}={}", node.path(rel).display());
     let mut child = Command::new(assert_cmd::cargo::cargo_bin("vgpu-kubelet-plugin"))
         .env_remove("FEATURE_GATES")

@@ -403,7 +403,15 @@ fn node_components_take_the_mock_backend_from_the_chart_env() {
     {
         let mut env = c.env.to_vec();
         env.extend([("VGPU_BACKEND", "mock"), ("VGPU_MOCK_CONFIG", mock)]);
-        let with_mock = Container { env: env.leak(), ..c };
+        // Past the backend they would write their node files: into the sandbox's manager directory (the
+        // chart's mount point, /etc/vgpu-manager, which the chart command lines leave to the default), never
+        // this host's.
+        let mut argv = c.argv.to_vec();
+        if c.upstream == "device-plugin" {
+            argv.push("--manager-dir=/etc/vgpu-manager");
+        }
+        env.push(("MANAGER_DIR", "/etc/vgpu-manager"));
+        let with_mock = Container { env: env.leak(), argv: argv.leak(), ..c };
         let (status, out) = run(&sandbox, &with_mock, Duration::from_secs(4));
         let who = format!("{} {}", with_mock.chart, with_mock.name);
         assert_ne!(status, Some(2), "{who} refused VGPU_BACKEND/VGPU_MOCK_CONFIG:\n{out}");

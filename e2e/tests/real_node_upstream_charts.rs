@@ -23,10 +23,11 @@
 //!   converted by the webhook into a claim of the chart's `vgpu-manager` DeviceClass and starts with its
 //!   limits.
 //!
-//! The CUDA limiter (`libvgpu-control.so`) is vgpu-manager's, not in our image: as in `real_node_helm.rs`,
-//! stand-ins for its runtime files are installed on the host, and the probe container (static busybox)
-//! does not load it. The limits checked are what the plugins hand the container (env, `vgpu.config`), not
-//! their enforcement.
+//! The CUDA limiter (`libvgpu-control.so`) is vgpu-manager's, not in our image: each test first shows that,
+//! without it, the plugin refuses the README pod naming the missing library (the device plugin's Allocate,
+//! the kubelet plugin's NodePrepareResources); then, as in `real_node_helm.rs`, stand-ins for its runtime
+//! files are installed on the host, which the probe container (static busybox) never loads. The limits
+//! checked are what the plugins hand the container (env, `vgpu.config`), not their enforcement.
 //!
 //! Needs the control plane, the real node, Helm and root: `scripts/upstream-charts.sh`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -160,10 +161,43 @@ impl Cluster {
         assert!(imported.iter().any(|i| i == IMAGE), "{IMAGE} not among the imported images {imported:?}");
         let host = probe::GpuHost::create(&work, 1).unwrap();
         std::fs::write(host.driver_root.join("mock.yaml"), MOCK).unwrap();
-        // The limiter is vgpu-manager's, not in our image: stand-ins for its runtime files.
-        runtime_files::install(&host.manager_dir, "v1.0.0", b"not a real library: busybox is static")
-            .unwrap();
         Some(Self { node, env, client, helm: helm_bin, host, work, charts })
+    }
+
+    /// The limiter is vgpu-manager's, not in our image (so `install_files.sh` installs none): stand-ins for its
+    /// runtime files, which the static busybox of the probe pods never loads.
+    fn install_limiter_stand_ins(&self) {
+        runtime_files::install(&self.host.manager_dir, "v1.0.0", b"not a real library: busybox is static")
+            .unwrap();
+    }
+
+    /// Waits until pod `name`'s status message or one of its events names the missing control library, and
+    /// returns that text: how the plugins refuse a vGPU container while `libvgpu-control.so` is not installed.
+    async fn refused_for_the_limiter(&self, pods: &Api<Pod>, name: &str) -> String {
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(self.client.clone(), WORKLOADS);
+        let found = self
+            .env
+            .poll(&format!("pod {name} refused for want of libvgpu-control.so"), TIMEOUT, || async {
+                let pod = pods.get(name).await.ok()?;
+                let status = pod.status.unwrap_or_default();
+                let mut texts: Vec<String> = status.message.into_iter().collect();
+                let params = ListParams::default().fields(&format!("involvedObject.name={name}"));
+                texts.extend(events.list(&params).await.ok()?.items.into_iter().filter_map(|e| e.message));
+                texts.into_iter().find(|t| t.contains("libvgpu-control.so"))
+            })
+            .await;
+        found.unwrap_or_else(|e| panic!("{e}\n{}", self.diagnostics()))
+    }
+
+    /// Deletes workload pod `name` and waits until it is gone.
+    async fn delete_pod(&self, pods: &Api<Pod>, name: &str) {
+        pods.delete(name, &Default::default()).await.unwrap();
+        self.env
+            .poll(&format!("{name} gone"), TIMEOUT, || async {
+                pods.get_opt(name).await.ok()?.is_none().then_some(())
+            })
+            .await
+            .unwrap();
     }
 
     /// Labels the node with `vgpu-manager=<value>` (what the charts' DaemonSets select).
@@ -365,8 +399,17 @@ async fn upstream_vgpu_manager_chart_runs_our_image_and_a_vgpu_pod() {
     assert!(installed_client.is_file(), "install_files.sh did not install {}", installed_client.display());
     cluster.node.wait_allocatable(&cluster.env, VGPU_NUMBER, 10, "kube-scheduler", TIMEOUT).await.unwrap();
 
-    // The README's pod, with the README's scheduler name.
+    // Without the limiter (our image has none): the device plugin refuses the vGPU container, saying what
+    // is missing.
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), WORKLOADS);
+    create_through_webhook(&cluster, &pods, &readme_pod("no-limiter", &cluster.node, Some("vgpu-scheduler")))
+        .await;
+    let refusal = cluster.refused_for_the_limiter(&pods, "no-limiter").await;
+    println!("no-limiter refused without libvgpu-control.so: {refusal}");
+    cluster.delete_pod(&pods, "no-limiter").await;
+    cluster.install_limiter_stand_ins();
+
+    // The README's pod, with the README's scheduler name.
     let created = create_through_webhook(
         &cluster,
         &pods,
@@ -400,14 +443,7 @@ async fn upstream_vgpu_manager_chart_runs_our_image_and_a_vgpu_pod() {
         "not placed by the extender: {annotations:?}"
     );
 
-    pods.delete("gpu-pod", &Default::default()).await.unwrap();
-    cluster
-        .env
-        .poll("gpu-pod gone", TIMEOUT, || async {
-            pods.get_opt("gpu-pod").await.ok()?.is_none().then_some(())
-        })
-        .await
-        .unwrap();
+    cluster.delete_pod(&pods, "gpu-pod").await;
     cluster.uninstall("vm");
     cluster.no_pods().await;
     cluster.finish();
@@ -475,6 +511,7 @@ async fn upstream_dra_driver_chart_runs_our_image_and_a_vgpu_pod() {
 
     // The README's pod without a scheduler name: the webhook turns its vGPU limits into a claim.
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), WORKLOADS);
+    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client.clone(), WORKLOADS);
     let created = create_through_webhook(&cluster, &pods, &readme_pod("gpu-pod", &cluster.node, None)).await;
     let claims_of_pod = created.spec.as_ref().and_then(|s| s.resource_claims.clone()).unwrap_or_default();
     println!(
@@ -486,6 +523,12 @@ async fn upstream_dra_driver_chart_runs_our_image_and_a_vgpu_pod() {
         "the webhook did not convert the vGPU limits into a claim: {:?}",
         created.spec
     );
+    // Without the limiter (our image has none): the kubelet plugin refuses to prepare the claim, saying what
+    // is missing; once the runtime files are there, the kubelet's next try (its back-off: about a minute)
+    // prepares it and the pod starts.
+    let refusal = cluster.refused_for_the_limiter(&pods, "gpu-pod").await;
+    println!("gpu-pod refused without libvgpu-control.so: {refusal}");
+    cluster.install_limiter_stand_ins();
     let (_, seen) = probe::running(&cluster.env, &cluster.node, &pods, "gpu-pod", "kube-scheduler", TIMEOUT)
         .await
         .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.diagnostics()));
@@ -506,21 +549,25 @@ async fn upstream_dra_driver_chart_runs_our_image_and_a_vgpu_pod() {
     }
     assert!(seen.device("nvidia0").is_some(), "{:?}", seen.dev);
 
-    pods.delete("gpu-pod", &Default::default()).await.unwrap();
-    cluster
-        .env
-        .poll("gpu-pod gone", TIMEOUT, || async {
-            pods.get_opt("gpu-pod").await.ok()?.is_none().then_some(())
-        })
-        .await
-        .unwrap();
-    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client.clone(), WORKLOADS);
-    for claim in claims.list(&ListParams::default()).await.unwrap().items {
-        let _ = claims.delete(claim.metadata.name.as_deref().unwrap_or_default(), &Default::default()).await;
-    }
+    cluster.delete_pod(&pods, "gpu-pod").await;
+    delete_claims(&cluster, &claims).await;
     cluster.uninstall("dra");
     cluster.no_pods().await;
     cluster.finish();
+}
+
+/// Deletes the workloads' claims (the webhook's, one per converted pod) and waits until none is left.
+async fn delete_claims(cluster: &Cluster, claims: &Api<ResourceClaim>) {
+    for claim in claims.list(&ListParams::default()).await.unwrap().items {
+        let _ = claims.delete(claim.metadata.name.as_deref().unwrap_or_default(), &Default::default()).await;
+    }
+    cluster
+        .env
+        .poll("the workloads' claims gone", TIMEOUT, || async {
+            claims.list(&ListParams::default()).await.ok()?.items.is_empty().then_some(())
+        })
+        .await
+        .unwrap();
 }
 
 /// Runs a future to completion from synchronous code on the test's multi-threaded runtime.

@@ -98,8 +98,9 @@ struct Cli {
     library_version: String,
     /// Where this process sees the manager directory (claim directories are created there, the runtime files
     /// checked there). Default: the host manager directory when this process sees a directory at that path
-    /// (run on the host, or our charts, which mount it at its host path), else `/etc/vgpu-manager` (where
-    /// vgpu-manager's chart mounts it, whatever its `managerRoot`).
+    /// (run on the host, or our charts, which mount it at its host path), else `/etc/vgpu-manager` when that is
+    /// a directory (where vgpu-manager's chart mounts it, whatever its `managerRoot`), else the host manager
+    /// directory (created as needed).
     #[arg(long)]
     manager_dir: Option<PathBuf>,
     /// The node's cgroup driver (cgroupfs or systemd; empty detects it).
@@ -217,9 +218,14 @@ struct Resolved {
 }
 
 /// `--manager-dir`'s default (its doc): `host` when this process sees a directory there, else
-/// [`DEFAULT_MANAGER_DIR`], the container path vgpu-manager's chart mounts the host manager directory on.
+/// [`DEFAULT_MANAGER_DIR`] when that is a directory (the container path vgpu-manager's chart mounts the host
+/// manager directory on), else `host` (created as needed).
 fn default_manager_dir(host: &Path) -> PathBuf {
-    if host.is_dir() { host.to_owned() } else { PathBuf::from(DEFAULT_MANAGER_DIR) }
+    default_manager_dir_in(host, Path::new(DEFAULT_MANAGER_DIR))
+}
+
+fn default_manager_dir_in(host: &Path, chart_mount: &Path) -> PathBuf {
+    if !host.is_dir() && chart_mount.is_dir() { chart_mount.to_owned() } else { host.to_owned() }
 }
 
 fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved, String> {
@@ -754,18 +760,27 @@ mod tests {
         assert!(!r.devices.vgpu_support);
     }
 
-    /// Without `--manager-dir`: the host path where this process sees it, else vgpu-manager's container path.
+    /// Without `--manager-dir`: the host path where this process sees it, else vgpu-manager's container path
+    /// where that is mounted, else the host path.
     #[test]
     fn manager_dir_defaults_to_the_host_path_when_visible_else_the_charts_mount_point() {
-        let host = tempfile::tempdir().unwrap();
-        let visible = host.path().display().to_string();
-        let cli = parse(&["--node-name=n1", &format!("--host-manager-dir={visible}")]);
-        assert_eq!(resolve(&cli, defaults()).unwrap().config.manager_dir, host.path());
-        let hidden = host.path().join("not-mounted-here").display().to_string();
-        let cli = parse(&["--node-name=n1", &format!("--host-manager-dir={hidden}")]);
-        assert_eq!(resolve(&cli, defaults()).unwrap().config.manager_dir, Path::new(DEFAULT_MANAGER_DIR));
-        let cli = parse(&["--node-name=n1", &format!("--host-manager-dir={hidden}"), "--manager-dir=/m"]);
-        assert_eq!(resolve(&cli, defaults()).unwrap().config.manager_dir, Path::new("/m"));
+        let dir = tempfile::tempdir().unwrap();
+        let (host, mount) = (dir.path().join("host"), dir.path().join("etc-vgpu-manager"));
+        // Neither there: the host path, to be created.
+        assert_eq!(default_manager_dir_in(&host, &mount), host);
+        // vgpu-manager's chart: the host path is not seen in the container, its mount point is.
+        std::fs::create_dir(&mount).unwrap();
+        assert_eq!(default_manager_dir_in(&host, &mount), mount);
+        // Ours (mounted at the host path), or on the host: the host path.
+        std::fs::create_dir(&host).unwrap();
+        assert_eq!(default_manager_dir_in(&host, &mount), host);
+        let visible = format!("--host-manager-dir={}", host.display());
+        assert_eq!(
+            resolve(&parse(&["--node-name=n1", &visible]), defaults()).unwrap().config.manager_dir,
+            host
+        );
+        let given = parse(&["--node-name=n1", &visible, "--manager-dir=/m"]);
+        assert_eq!(resolve(&given, defaults()).unwrap().config.manager_dir, Path::new("/m"));
     }
 
     #[test]
@@ -790,8 +805,7 @@ mod tests {
         assert_eq!(c.registration_socket(), Path::new("/r/manager.nvidia.com-reg.sock"));
         assert_eq!(c.dra_socket(), Path::new("/p/manager.nvidia.com/dra.sock"));
         assert_eq!(c.host_manager_dir, Path::new("/var/lib/vgpu"));
-        // Not a directory on this host: vgpu-manager's chart's mount point.
-        assert_eq!(c.manager_dir, Path::new(DEFAULT_MANAGER_DIR));
+        assert_eq!(c.manager_dir, default_manager_dir(Path::new("/var/lib/vgpu")));
         assert_eq!(r.xids, [48, 79]);
         assert_eq!(c.stale_sweep_interval, Duration::from_secs(30));
         assert!(r.devices.vgpu_support);
