@@ -2,8 +2,9 @@
 # Builds the real node of the e2e tests (vgpu_e2e::real_node): the upstream kubelet and kube-proxy at the
 # version pinned in e2e/controlplane/go.mod, containerd, its runc shim and ctr at the version pinned in
 # e2e/node/go.mod, and the two test images as OCI archives, into a cache folder outside the clone;
-# skips the build when they are already there. runc, the CNI plugins, iptables, conntrack and the
-# static busybox come from Debian packages, installed here with apt-get when missing.
+# skips the build when they are already there. runc, the CNI plugins, iptables, conntrack, the static
+# busybox, and buildah, podman and pci.ids (scripts/build-image.sh: the image the chart tests install) come
+# from Debian packages, installed here with apt-get when missing.
 #
 #   VGPU_E2E_CACHE   cache root (default: ${XDG_CACHE_HOME:-~/.cache}/vgpu-e2e);
 #                    the node goes to $VGPU_E2E_CACHE/node-k8s-<ver>_containerd-<ver>/
@@ -42,6 +43,10 @@ declare -A package_of=(
   [conntrack]=conntrack
   [ip]=iproute2
   [busybox-static]=busybox-static
+  # scripts/build-image.sh: our image for the chart tests (real_node_helm, real_node_upstream_charts)
+  [buildah]=buildah
+  [podman]=podman
+  [/usr/share/misc/pci.ids]=pci.ids
 )
 missing=()
 for probe in "${!package_of[@]}"; do
