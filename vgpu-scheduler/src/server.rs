@@ -88,7 +88,6 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
-use vgpu_core::alloc::PodRequest;
 use vgpu_core::model::TopologyMode;
 
 use crate::api_pod::ApiPod;
@@ -412,7 +411,7 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
     }
 
     fn is_vgpu(&self, pod: &Pod) -> bool {
-        PodRequest::from_pod(&pod.request_spec(), &self.extender.config().domain).is_ok_and(|r| !r.is_empty())
+        pod.vgpu_request(&self.extender.config().domain).is_ok_and(|r| !r.is_empty())
     }
 
     /// `topology_placement_total` for a pod just placed on `node`, from the claim its filter chose.
