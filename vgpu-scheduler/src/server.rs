@@ -48,8 +48,9 @@
 //! `/readyz`, `/metrics` and `/version` are never busy with it for long; on the connection's own task for
 //! bodies up to [`INLINE_BODY_BYTES`](crate::work::INLINE_BODY_BYTES) (every filter, prioritize and preempt
 //! of a few hundred candidates: tens of microseconds, less than the hand-off to another thread and back).
-//! A call of kube-scheduler's thus takes no task hop between the connection and the verb (`tests/hops.rs`
-//! counts the runtime's parks per call). At most [`WorkLimits::max_admitted`] verb calls are in the server at
+//! Over HTTP/1.1 a call of kube-scheduler's thus takes no task hop between the connection and the verb
+//! (`tests/hops.rs` counts the runtime's parks per call); over HTTP/2 hyper runs each stream on a task of its
+//! own, one hop from the connection's. At most [`WorkLimits::max_admitted`] verb calls are in the server at
 //! once (reading their body, queued, running); beyond it a call is refused before its body is read. At most
 //! [`WorkLimits::max_running`] heavy calls (filter, filter-dryrun, prioritize, preempt) run at once; the
 //! others wait up to [`WorkLimits::queue_timeout`] and are then refused. A refused call gets `Retry-After: 1`
