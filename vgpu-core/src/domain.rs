@@ -97,7 +97,13 @@ impl ResourceDomain {
 
     /// `<domain>/<name>`.
     pub fn key(&self, name: &str) -> String {
-        format!("{}/{}", self.0, name)
+        // One allocation of the exact size (`format!` grows its buffer two or three times): the scheduler
+        // builds a dozen keys per filter call.
+        let mut key = String::with_capacity(self.0.len() + 1 + name.len());
+        key.push_str(&self.0);
+        key.push('/');
+        key.push_str(name);
+        key
     }
 
     /// MIG extended resource for a profile (`+` becomes `.`): `<domain>/mig-<profile>`.

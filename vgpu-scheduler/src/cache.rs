@@ -244,6 +244,15 @@ enum Group {
 }
 
 /// The groups a pod is indexed under (its gang and its controller, when set).
+/// A pod upsert worked out before the pod index is locked ([`ClusterCache::upsert_pods`]).
+struct PodUpdate {
+    pod: Pod,
+    counted: Option<(String, PodFootprint)>,
+    until: Option<i64>,
+    groups: Vec<Group>,
+    uuids: Vec<String>,
+}
+
 fn groups_of(pod: &Pod) -> Vec<Group> {
     let mut g = Vec::new();
     if let Some(gang) = &pod.gang {
@@ -619,6 +628,23 @@ impl ClusterCache {
     /// Adds or updates a pod (events older than the held resource version are ignored; version 0 means unknown
     /// and always applies).
     pub fn upsert_pod(&self, pod: Pod, now_ns: i64) {
+        let update = self.pod_update(pod, now_ns);
+        self.apply_pod_update(&mut lock(&self.index), update);
+    }
+
+    /// [`upsert_pod`](Self::upsert_pod) of several pods in order, under one lock of the pod index (a watch
+    /// event batch: the events one read of the watch stream brought). What each pod's annotations mean is
+    /// worked out before the lock is taken, as for one pod.
+    pub fn upsert_pods(&self, pods: impl IntoIterator<Item = Pod>, now_ns: i64) {
+        let updates: Vec<PodUpdate> = pods.into_iter().map(|p| self.pod_update(p, now_ns)).collect();
+        let mut idx = lock(&self.index);
+        for update in updates {
+            self.apply_pod_update(&mut idx, update);
+        }
+    }
+
+    /// The part of a pod upsert that needs no lock: where it counts, until when, its groups and reserved GPUs.
+    fn pod_update(&self, pod: Pod, now_ns: i64) -> PodUpdate {
         let (counted, until) = self.counting_of(&pod, now_ns);
         let groups = groups_of(&pod);
         let uuids = match (&counted, groups.is_empty()) {
@@ -627,7 +653,11 @@ impl ClusterCache {
             }
             _ => Vec::new(),
         };
-        let mut idx = lock(&self.index);
+        PodUpdate { pod, counted, until, groups, uuids }
+    }
+
+    fn apply_pod_update(&self, idx: &mut Index, update: PodUpdate) {
+        let PodUpdate { pod, counted, until, groups, uuids } = update;
         let old = idx.pods.get(&pod.uid);
         if let Some(old) = old
             && pod.resource_version != 0
@@ -648,14 +678,14 @@ impl ClusterCache {
         if let Some((old_node, _)) = &old_counted
             && counted.as_ref().is_none_or(|(n, _)| n != old_node)
         {
-            self.uncount(&mut idx, old_node, &uid);
+            self.uncount(idx, old_node, &uid);
         }
         if let Some((node, fp)) = &counted {
             // A reservation elsewhere is superseded by the pod's own metadata.
             if let Some((rnode, _)) = idx.reservations.get(&uid).cloned()
                 && &rnode != node
             {
-                self.drop_reservation(&mut idx, &uid, None);
+                self.drop_reservation(idx, &uid, None);
             }
             idx.forget_reservation(&uid);
             match self.node(node) {

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use vgpu_core::alloc::PodSpec;
+use vgpu_core::alloc::{PodRequest, PodSpec, RequestBuildError};
+use vgpu_core::domain::ResourceDomain;
 
 use crate::pdb::PodDisruptionBudget;
 
@@ -96,6 +97,12 @@ impl Pod {
     /// The pod description the request model reads: containers plus the pod's annotations.
     pub fn request_spec(&self) -> PodSpec {
         PodSpec { containers: self.spec.containers.clone(), annotations: self.annotations.clone() }
+    }
+
+    /// The pod's vGPU request ([`PodRequest::from_pod`] of [`request_spec`](Self::request_spec), read in place:
+    /// no copy of the containers and annotations).
+    pub fn vgpu_request(&self, domain: &ResourceDomain) -> Result<PodRequest, RequestBuildError> {
+        PodRequest::from_parts(&self.spec.containers, &self.annotations, domain)
     }
 }
 

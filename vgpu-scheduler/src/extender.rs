@@ -894,7 +894,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     }
 
     fn request(&self, pod: &Pod) -> Result<PodRequest, RequestBuildError> {
-        PodRequest::from_pod(&pod.request_spec(), &self.config.domain)
+        pod.vgpu_request(&self.config.domain)
     }
 
     /// The live filter (`/scheduler/filter`): picks one node and reserves its GPUs in the cache.
@@ -984,7 +984,10 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         .then(|| target.to_owned())
     }
 
-    async fn checked_request(&self, pod: Option<&Pod>) -> Result<(Pod, PodRequest), ExtenderError> {
+    async fn checked_request<'p>(
+        &self,
+        pod: Option<&'p Pod>,
+    ) -> Result<(&'p Pod, PodRequest), ExtenderError> {
         let pod = pod.ok_or(ExtenderError::NoPod)?;
         if let Some(n) = pod.node_name.as_deref().filter(|n| !n.is_empty()) {
             return Err(ExtenderError::AlreadyBound(n.to_owned()));
@@ -999,7 +1002,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         for p in &request.invalid_policies {
             self.event(pod, EventType::Warning, "PolicyInvalid", p.to_string()).await;
         }
-        Ok((pod.clone(), request))
+        Ok((pod, request))
     }
 
     async fn filter_inner(
@@ -1035,7 +1038,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             held => held,
         };
         let held = pending.or_else(|| {
-            [cached.as_deref(), Some(&pod)].into_iter().flatten().find_map(|p| self.held_node(p, now))
+            [cached.as_deref(), Some(pod)].into_iter().flatten().find_map(|p| self.held_node(p, now))
         });
         if let Some(target) = held {
             let Some(at) = nodes.position(&target) else {
@@ -1072,7 +1075,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         let t_stage = Instant::now();
         let mut chosen: Option<(usize, PodAllocation)> = None;
         let expires = now.saturating_add(self.config.reservation_ttl_ns);
-        let gang = self.gang_of(&pod, &request);
+        let gang = self.gang_of(pod, &request);
         let table = self.cache.rank_rows();
         for (pos, name, _) in ranking.by_ref() {
             let own_node = own.iter().any(|n| n == name);
@@ -1096,7 +1099,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             self.notify(|o| searches.into_iter().for_each(|search| o.link_subset_search(search)));
             match placed {
                 Ok(alloc) => {
-                    let fp = prealloc::footprint(&pod, &alloc.claim);
+                    let fp = prealloc::footprint(pod, &alloc.claim);
                     self.cache.reserve_locked(&mut s, &pod.uid, fp, expires);
                     chosen = Some((pos, alloc));
                     break;
@@ -1114,7 +1117,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
                 nodes.len(),
                 nodes.iter().zip(&outcome).filter_map(|(n, c)| c.map(|c| (n, c))),
             );
-            self.event(&pod, EventType::Warning, "FilteringFailed", text).await;
+            self.event(pod, EventType::Warning, "FilteringFailed", text).await;
             return Ok(FilterResult::from_outcome(nodes, &outcome));
         };
         let node = nodes[pos].to_owned();
@@ -1139,10 +1142,10 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             o.crosspod_window(w);
         }
         for n in &alloc.notices {
-            self.event(&pod, EventType::Warning, "TopologyFallback", n.message.clone()).await;
+            self.event(pod, EventType::Warning, "TopologyFallback", n.message.clone()).await;
         }
         self.event(
-            &pod,
+            pod,
             EventType::Normal,
             "FilteringSucceed",
             format!("Successfully matched node \"{node}\""),

@@ -43,9 +43,14 @@
 //!
 //! # Bounded work
 //!
-//! The verbs' CPU work (decoding the body, the verb, encoding the answer) runs on blocking threads under a
-//! [`WorkPool`] ([`crate::work`]), so the async workers that answer `/healthz`, `/readyz`, `/metrics` and
-//! `/version` are never busy with it. At most [`WorkLimits::max_admitted`] verb calls are in the server at
+//! The verbs' CPU work (decoding the body, the verb, encoding the answer) runs under a [`WorkPool`]
+//! ([`crate::work`]): on blocking threads for large bodies, so the async workers that answer `/healthz`,
+//! `/readyz`, `/metrics` and `/version` are never busy with it for long; on the connection's own task for
+//! bodies up to [`INLINE_BODY_BYTES`](crate::work::INLINE_BODY_BYTES) (every filter, prioritize and preempt
+//! of a few hundred candidates: tens of microseconds, less than the hand-off to another thread and back).
+//! Over HTTP/1.1 a call of kube-scheduler's thus takes no task hop between the connection and the verb
+//! (`tests/hops.rs` counts the runtime's parks per call); over HTTP/2 hyper runs each stream on a task of its
+//! own, one hop from the connection's. At most [`WorkLimits::max_admitted`] verb calls are in the server at
 //! once (reading their body, queued, running); beyond it a call is refused before its body is read. At most
 //! [`WorkLimits::max_running`] heavy calls (filter, filter-dryrun, prioritize, preempt) run at once; the
 //! others wait up to [`WorkLimits::queue_timeout`] and are then refused. A refused call gets `Retry-After: 1`
@@ -84,7 +89,6 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
-use vgpu_core::alloc::PodRequest;
 use vgpu_core::model::TopologyMode;
 
 use crate::api_pod::ApiPod;
@@ -408,7 +412,7 @@ impl<C: Cluster, K: Clock + 'static> AppState<C, K> {
     }
 
     fn is_vgpu(&self, pod: &Pod) -> bool {
-        PodRequest::from_pod(&pod.request_spec(), &self.extender.config().domain).is_ok_and(|r| !r.is_empty())
+        pod.vgpu_request(&self.extender.config().domain).is_ok_and(|r| !r.is_empty())
     }
 
     /// `topology_placement_total` for a pod just placed on `node`, from the claim its filter chose.
@@ -680,8 +684,8 @@ async fn prioritize<C: Cluster, K: Clock + 'static>(
     let start = Instant::now();
     let run = async {
         let (admission, bytes) = s.admit(&headers, body, req_start.map(|e| e.0)).await?;
-        let state = s.clone();
-        s.pool.run(admission, move || state.prioritize_work(&bytes)).await?
+        let (state, len) = (s.clone(), bytes.len());
+        s.pool.run_small(admission, len, move || state.prioritize_work(&bytes)).await?
     };
     let (response, label) = match run.await {
         Ok(response) => (response, "success"),
@@ -723,8 +727,8 @@ async fn preempt<C: Cluster, K: Clock + 'static>(
     let start = Instant::now();
     let run = async {
         let (admission, bytes) = s.admit(&headers, body, req_start.map(|e| e.0)).await?;
-        let state = s.clone();
-        s.pool.run_async(admission, async move { state.preempt_work(&bytes).await }).await?
+        let (state, len) = (s.clone(), bytes.len());
+        s.pool.run_small_async(admission, len, async move { state.preempt_work(&bytes).await }).await?
     };
     let (response, label) = match run.await {
         Ok(done) => done,

@@ -5,7 +5,10 @@
 //! 1. **List** (paged, `limit=<page_size>` and continue tokens, from the most recent state) and apply every
 //!    object; objects the cache holds but the list does not are deleted (see below).
 //! 2. **Watch** from the list's `resourceVersion` with bookmarks; `ADDED`/`MODIFIED` upsert, `DELETED`
-//!    deletes, `BOOKMARK` only advances the resource version.
+//!    deletes, `BOOKMARK` only advances the resource version. The events one read of the stream brings (the
+//!    API server writes every event queued for a watch before it flushes) are applied together, in order:
+//!    pods added or changed in a row under one lock of the cache (at most 64 at a time,
+//!    [`ClusterCache::upsert_pods`]), not one lock round each.
 //! 3. When a watch ends (server timeout, idle connection, stream error) it is re-opened from the last
 //!    resource version seen; when the API server answers `410 Gone` (the version is too old) the loop goes
 //!    back to 1 — a **re-list**.
@@ -201,6 +204,12 @@ trait Sink<K> {
     fn relisted(&mut self, items: Vec<K>, version: u64);
     /// An object was added or changed.
     fn applied(&mut self, object: K);
+    /// Objects were added or changed, in this order (taken out of `objects`).
+    fn applied_all(&mut self, objects: &mut Vec<K>) {
+        for o in objects.drain(..) {
+            self.applied(o);
+        }
+    }
     /// An object was deleted.
     fn deleted(&mut self, object: K);
 }
@@ -284,6 +293,11 @@ impl Sink<ApiPod> for PodSink {
         if !pod.uid.is_empty() {
             self.cache.upsert_pod(pod, self.clock.now_ns());
         }
+    }
+
+    fn applied_all(&mut self, objects: &mut Vec<ApiPod>) {
+        let pods = objects.drain(..).map(ApiPod::into_pod).filter(|p| !p.uid.is_empty());
+        self.cache.upsert_pods(pods, self.clock.now_ns());
     }
 
     fn deleted(&mut self, object: ApiPod) {
@@ -409,6 +423,8 @@ where
     };
     let mut stream = std::pin::pin!(stream);
     let idle = Duration::from_secs(u64::from(config.watch_timeout_s) + 5);
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut applied = Vec::with_capacity(MAX_BATCH);
     loop {
         let item = match tokio::time::timeout(idle, stream.next()).await {
             Ok(Some(item)) => item,
@@ -418,33 +434,72 @@ where
                 return WatchEnd::Closed;
             }
         };
-        match item {
-            Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
-                if let Some(v) = version_of(&o) {
-                    *version = v;
+        batch.push(item);
+        let ended = take_ready(stream.as_mut(), &mut batch);
+        // Added and modified objects in a row go to the sink together (the cache takes its lock once for them);
+        // anything else first flushes them, so the order of events is kept.
+        for item in batch.drain(..) {
+            if !matches!(item, Ok(WatchEvent::Added(_) | WatchEvent::Modified(_))) && !applied.is_empty() {
+                sink.applied_all(&mut applied);
+            }
+            match item {
+                Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
+                    if let Some(v) = version_of(&o) {
+                        *version = v;
+                    }
+                    applied.push(o);
                 }
-                sink.applied(o);
-            }
-            Ok(WatchEvent::Deleted(o)) => {
-                if let Some(v) = version_of(&o) {
-                    *version = v;
+                Ok(WatchEvent::Deleted(o)) => {
+                    if let Some(v) = version_of(&o) {
+                        *version = v;
+                    }
+                    sink.deleted(o);
                 }
-                sink.deleted(o);
-            }
-            Ok(WatchEvent::Bookmark(b)) => {
-                if !b.metadata.resource_version.is_empty() {
-                    *version = b.metadata.resource_version;
+                Ok(WatchEvent::Bookmark(b)) => {
+                    if !b.metadata.resource_version.is_empty() {
+                        *version = b.metadata.resource_version;
+                    }
                 }
-            }
-            Ok(WatchEvent::Error(status)) if status.code == 410 => return WatchEnd::Gone,
-            Ok(WatchEvent::Error(status)) => {
-                tracing::warn!(kind = what, code = status.code, message = %status.message, "watch error");
-                return WatchEnd::Failed;
-            }
-            Err(e) => {
-                tracing::warn!(kind = what, error = %e, "watch stream failed; re-opening");
-                return WatchEnd::Failed;
+                Ok(WatchEvent::Error(status)) if status.code == 410 => return WatchEnd::Gone,
+                Ok(WatchEvent::Error(status)) => {
+                    tracing::warn!(kind = what, code = status.code, message = %status.message, "watch error");
+                    return WatchEnd::Failed;
+                }
+                Err(e) => {
+                    tracing::warn!(kind = what, error = %e, "watch stream failed; re-opening");
+                    return WatchEnd::Failed;
+                }
             }
         }
+        if !applied.is_empty() {
+            sink.applied_all(&mut applied);
+        }
+        if ended {
+            return WatchEnd::Closed;
+        }
     }
+}
+
+/// Most watch events applied as one batch: a burst of pod events (kube-apiserver writes the events queued for a
+/// watch before it flushes, so one read brings many) is applied under one cache lock in rounds of this many, so
+/// that a filter waiting for the lock waits no longer than 64 single updates take.
+const MAX_BATCH: usize = 64;
+
+/// Moves the items `stream` has ready without waiting into `batch` (up to [`MAX_BATCH`]): the rest of what the
+/// read that produced the first one brought. True when the stream ended.
+fn take_ready<S: tokio_stream::Stream + ?Sized>(
+    mut stream: std::pin::Pin<&mut S>,
+    batch: &mut Vec<S::Item>,
+) -> bool {
+    // A no-op waker: when nothing is ready, the next `stream.next().await` polls again with the task's own
+    // waker (what a stream was last polled with is what it wakes).
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    while batch.len() < MAX_BATCH {
+        match stream.as_mut().poll_next(&mut cx) {
+            std::task::Poll::Ready(Some(item)) => batch.push(item),
+            std::task::Poll::Ready(None) => return true,
+            std::task::Poll::Pending => break,
+        }
+    }
+    false
 }

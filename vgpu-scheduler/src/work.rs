@@ -1,6 +1,8 @@
 //! Bounded verb work: the CPU-heavy part of filter, filter-dryrun, prioritize and preempt runs on blocking
-//! threads, never on the async workers that answer `/healthz`, `/readyz`, `/metrics` and `/version`, and only
-//! a bounded number of verb calls are in the server at once.
+//! threads when its request body is large, so the async workers that answer `/healthz`, `/readyz`, `/metrics`
+//! and `/version` are never busy with it for long, and on the calling task when the body is small
+//! ([`INLINE_BODY_BYTES`]: no hand-off to another thread and back); only a bounded number of verb calls are
+//! in the server at once.
 //!
 //! Two limits ([`WorkLimits`]):
 //!
@@ -39,7 +41,8 @@ pub const DEFAULT_ADMITTED_BINDS: usize = 1024;
 pub const BIND_BODY_BYTES: usize = 64 * 1024;
 /// `Retry-After` (seconds) sent with a refused call.
 pub const RETRY_AFTER_SECS: u64 = 1;
-/// Verb bodies up to this size run on the async runtime's own thread ([`WorkPool::run_small_async`]): a filter
+/// Verb bodies up to this size run on the async runtime's own thread ([`WorkPool::run_small`],
+/// [`WorkPool::run_small_async`]): a filter
 /// over some hundreds of candidates takes tens of microseconds, less than handing it to a blocking thread and
 /// back (two cross-thread wake-ups). 32 KiB holds a pod and about 2,000 node names.
 pub const INLINE_BODY_BYTES: usize = 32 * 1024;
@@ -186,6 +189,24 @@ impl WorkPool {
         done.await.map_err(|e| Busy::Stopped(e.to_string()))
     }
 
+    /// Runs `work` once a worker is free, like [`run`](Self::run), but on the calling task when the request
+    /// body is small (`body_len` ≤ [`INLINE_BODY_BYTES`]): the same limits without the hand-off to a blocking
+    /// thread and back (prioritize).
+    pub async fn run_small<R, W>(&self, admission: Admission, body_len: usize, work: W) -> Result<R, Busy>
+    where
+        R: Send + 'static,
+        W: FnOnce() -> R + Send + 'static,
+    {
+        if body_len > INLINE_BODY_BYTES {
+            return self.run(admission, work).await;
+        }
+        let worker = self.worker().await?;
+        let out = work();
+        drop(worker);
+        drop(admission);
+        Ok(out)
+    }
+
     /// Runs async `work` once a worker is free, like [`run_async`](Self::run_async), but on the calling task
     /// when the request body is small (`body_len` ≤ [`INLINE_BODY_BYTES`]): the same limits (a worker
     /// permit, the queue timeout, the admission held until done) without the hand-off to a blocking thread.
@@ -307,6 +328,12 @@ mod tests {
         let a = pool.admit().unwrap();
         let on = pool.run_small_async(a, INLINE_BODY_BYTES + 1, async { std::thread::current().id() }).await;
         assert_ne!(on.unwrap(), caller, "a large body runs on a blocking thread");
+        let a = pool.admit().unwrap();
+        let on = pool.run_small(a, 10, || std::thread::current().id()).await.unwrap();
+        assert_eq!(on, caller, "small sync work (prioritize) runs inline too");
+        let a = pool.admit().unwrap();
+        let on = pool.run_small(a, INLINE_BODY_BYTES + 1, || std::thread::current().id()).await;
+        assert_ne!(on.unwrap(), caller, "large sync work runs on a blocking thread");
         // The worker permit is held while inline work runs: a second call queues and times out.
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let (p, a) = (pool.clone(), pool.admit().unwrap());

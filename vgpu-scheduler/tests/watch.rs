@@ -283,3 +283,76 @@ async fn failed_lists_are_retried_and_reservations_expire() {
     tokio::time::timeout(Duration::from_secs(5), driver).await.unwrap().unwrap();
     drop(held);
 }
+
+/// A clock that counts its reads: the pod sink reads it once per round of cache updates.
+#[derive(Default)]
+struct CountingClock(std::sync::atomic::AtomicUsize);
+
+impl Clock for CountingClock {
+    fn now_ns(&self) -> i64 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        1_000_000_000_000
+    }
+}
+
+/// Issue #35 item 4: the pod events one read of the watch stream brings (kube-apiserver writes every queued
+/// event before it flushes) are applied in rounds of up to 64 under one cache lock, not one round each; the
+/// order is kept across a deletion in the middle of the burst.
+#[tokio::test]
+async fn a_burst_of_pod_events_is_applied_in_few_rounds() {
+    const BURST: usize = 200;
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let cache = Arc::new(ClusterCache::new(ResourceDomain::default(), 30_000_000_000));
+    let clock = Arc::new(CountingClock::default());
+    let readiness = Readiness::new(Role::Standalone);
+    // No sweep during the test (the sweeper reads the clock too).
+    let config = WatchConfig { sweep_interval: Duration::from_secs(3600), ..WatchConfig::default() };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let driver = CacheDriver::new(client, cache.clone(), readiness.clone())
+        .with_clock(clock.clone())
+        .with_config(config)
+        .spawn(async move {
+            let _ = stopped.await;
+        });
+    let mut held = Vec::new();
+    let mut reads_before_burst = None;
+    while reads_before_burst.is_none() || held.len() < 2 {
+        let (uri, send) = next(&mut handle).await;
+        if uri == "/api/v1/nodes?&limit=500" {
+            reply_json(send, &list("NodeList", "10", vec![node("n1", "8")], None));
+        } else if uri == "/api/v1/pods?&limit=500" {
+            reply_json(send, &list("PodList", "20", vec![pod("old", "15")], None));
+        } else if uri == format!("{NODE_WATCH}10") {
+            held.push(send);
+        } else if uri == format!("{POD_WATCH}20") {
+            reads_before_burst = Some(clock.0.load(std::sync::atomic::Ordering::SeqCst));
+            // BURST additions, one modification, the old pod's deletion half-way, and a re-addition of a pod
+            // deleted in the same burst: the order decides what the cache holds.
+            let mut events: Vec<Value> =
+                (0..BURST).map(|i| event("ADDED", pod(&format!("p{i:03}"), &(21 + i).to_string()))).collect();
+            events.insert(BURST / 2, event("DELETED", pod("old", "500")));
+            events.push(event("DELETED", pod("p000", "501")));
+            let mut again = pod("p000", "502");
+            again["metadata"]["labels"] = json!({"again": "yes"});
+            events.push(event("ADDED", again));
+            reply_events(send, &events);
+        } else if uri == format!("{POD_WATCH}502") {
+            held.push(send);
+        } else {
+            panic!("unexpected {uri}");
+        }
+    }
+    let rounds = clock.0.load(std::sync::atomic::Ordering::SeqCst) - reads_before_burst.unwrap();
+    let held_uids = uids(&cache);
+    assert_eq!(held_uids.len(), BURST, "{held_uids:?}");
+    assert!(!held_uids.contains(&"u-old".to_owned()));
+    assert_eq!(cache.pod("u-p000").unwrap().labels["again"], "yes");
+    assert_eq!(cache.pod("u-p199").unwrap().resource_version, 220);
+    println!("{} pod events applied in {rounds} rounds of cache updates", BURST + 3);
+    // Before issue #35 item 4: one round per added or modified object (202 here, measured with batches of one).
+    assert!(rounds <= 12, "{rounds} rounds for {} events in one read", BURST + 3);
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), driver).await.unwrap().unwrap();
+    drop(held);
+}

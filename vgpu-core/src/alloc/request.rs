@@ -1,5 +1,7 @@
 //! The pod's vGPU request (contract §4.1): per-container needs, policies, and per-node totals and maxima.
 
+use std::collections::BTreeMap;
+
 use crate::codec::device_filter::DeviceFilter;
 use crate::domain::ResourceDomain;
 use crate::model::{
@@ -7,7 +9,7 @@ use crate::model::{
     ParsePolicyError, RequestError, SchedulingPolicy, TopologyMode, VgpuRequest,
 };
 
-use super::pod::{PodSpec, parse_quantity};
+use super::pod::{PodContainer, PodSpec, parse_quantity};
 
 /// Why a pod's request cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -183,10 +185,20 @@ impl PodRequest {
     /// Fails on a vGPU limit that is not an integer quantity, or a container over the hard limits
     /// (number > 16, cores > 100) — upstream fails the whole filter call for those.
     pub fn from_pod(pod: &PodSpec, domain: &ResourceDomain) -> Result<Self, RequestBuildError> {
+        Self::from_parts(&pod.containers, &pod.annotations, domain)
+    }
+
+    /// [`from_pod`](Self::from_pod) from a pod's containers and annotations where they are held apart (no
+    /// [`PodSpec`] copied together for the call).
+    pub fn from_parts(
+        containers: &[PodContainer],
+        annotations: &BTreeMap<String, String>,
+        domain: &ResourceDomain,
+    ) -> Result<Self, RequestBuildError> {
         let (k_num, k_core, k_mem) = (domain.vgpu_number(), domain.vgpu_cores(), domain.vgpu_memory());
         let mut inits = Vec::new();
         let mut apps = Vec::new();
-        for c in &pod.containers {
+        for c in containers {
             let get = |key: &str| -> Result<u64, RequestBuildError> {
                 match c.limits.get(key) {
                     None => Ok(0),
@@ -217,7 +229,7 @@ impl PodRequest {
         }
         inits.extend(apps);
 
-        let ann = |key: String| pod.annotations.get(&key).map(String::as_str);
+        let ann = |key: String| annotations.get(&key).map(String::as_str);
         let mut invalid = Vec::new();
         let parse = |key: String| -> Option<String> { ann(key).map(str::to_owned) };
         let node_policy = parse_or_default(parse(domain.node_scheduler_policy()), &mut invalid);
@@ -227,7 +239,7 @@ impl PodRequest {
         let compute_policy = parse_opt(parse(domain.vgpu_compute_policy()), &mut invalid);
         let cross_pod_topology =
             ann(domain.cross_pod_topology()).is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-        let filter = DeviceFilter::from_annotations(domain, |k| pod.annotations.get(k).map(String::as_str));
+        let filter = DeviceFilter::from_annotations(domain, |k| annotations.get(k).map(String::as_str));
 
         let build_total = total_of(inits.iter().map(|c| {
             let r = c.request;
