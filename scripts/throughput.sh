@@ -4,7 +4,7 @@
 # alone with the vGPU pods of (b) counted as plain extended resources (the cost of the pod shape itself),
 # (b) with our extender and vGPU pods, (c) kube-scheduler alone with DRA claims on our ResourceSlices, each
 # on a fresh control plane; prints pods/s per size and the ratios (b)/(a), (b)/(v) (the extender's own cost)
-# and (c)/(a).
+# and (c)/(a), and the extender's CPU milliseconds per pod in (b) (its utime + stime over the run).
 #
 #   scripts/throughput.sh                 # 200x1000, 1000x1000, 200x5000, 1000x5000 (nodes x pods)
 #   scripts/throughput.sh 50x200 200x1000 # chosen sizes
@@ -33,24 +33,31 @@ cargo test -p vgpu-e2e --test scheduler_throughput --no-run
 repeat="${VGPU_THROUGHPUT_REPEAT:-1}"
 read -r -a configs <<<"${VGPU_THROUGHPUT_CONFIGS:-a v b c}"
 median() { tr ' ' '\n' | { grep . || true; } | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-printf '%-12s %11s %11s %11s %11s %8s %8s %8s   (median of %s)\n' "nodes x pods" "(a) pods/s" "(v) pods/s" \
-  "(b) pods/s" "(c) pods/s" "(b)/(a)" "(b)/(v)" "(c)/(a)" "$repeat"
+printf '%-12s %11s %11s %11s %11s %8s %8s %8s %14s   (median of %s)\n' "nodes x pods" "(a) pods/s" "(v) pods/s" \
+  "(b) pods/s" "(c) pods/s" "(b)/(a)" "(b)/(v)" "(c)/(a)" "ext CPU ms/pod" "$repeat"
 for s in "${sizes[@]}"; do
   nodes="${s%x*}" pods="${s#*x}"
   declare -A runs=([a]="" [v]="" [b]="" [c]="")
+  ext_ms=""
   for ((r = 1; r <= repeat; r++)); do
     for config in "${configs[@]}"; do
-      line="$(VGPU_THROUGHPUT_NODES="$nodes" VGPU_THROUGHPUT_PODS="$pods" \
+      out="$(VGPU_THROUGHPUT_NODES="$nodes" VGPU_THROUGHPUT_PODS="$pods" \
         cargo test -q -p vgpu-e2e --test scheduler_throughput "throughput_${config}_" -- --ignored --nocapture \
-        --test-threads=1 2>/dev/null | grep '^throughput ' || true)"
+        --test-threads=1 2>/dev/null || true)"
+      line="$(grep '^throughput ' <<<"$out" || true)"
       [[ -n "$line" ]] || { echo "config $config at $s failed (rerun with e2e/run.sh throughput_${config}_)" >&2; exit 1; }
       runs[$config]+=" ${line##*pods_per_s=}"
-      echo "  $s run $r: $line" >&2
+      # The extender's CPU over the run (utime + stime from /proc/<pid>/stat, the test's "cpu seconds:" line).
+      if [[ "$config" == b ]]; then
+        ext_s="$(grep '^cpu seconds:' <<<"$out" | grep -o 'vgpu-scheduler-extender [0-9.]*' | awk '{ print $2 }' || true)"
+        [[ -n "$ext_s" ]] && ext_ms+=" $(awk -v c="$ext_s" -v n="$pods" 'BEGIN { printf "%.3f", c * 1000 / n }')"
+      fi
+      echo "  $s run $r: $line $(grep '^cpu seconds:' <<<"$out" || true)" >&2
     done
   done
   declare -A rate=()
   for config in a v b c; do rate[$config]="$(echo "${runs[$config]}" | median)"; done
   ratio() { awk -v d="${rate[$2]}" -v x="${rate[$1]}" 'BEGIN { if (d == "-" || x == "-") print "-"; else printf "%.2f", x / d }'; }
-  printf '%-12s %11s %11s %11s %11s %8s %8s %8s\n' "$s" "${rate[a]}" "${rate[v]}" "${rate[b]}" "${rate[c]}" \
-    "$(ratio b a)" "$(ratio b v)" "$(ratio c a)"
+  printf '%-12s %11s %11s %11s %11s %8s %8s %8s %14s\n' "$s" "${rate[a]}" "${rate[v]}" "${rate[b]}" "${rate[c]}" \
+    "$(ratio b a)" "$(ratio b v)" "$(ratio c a)" "$(echo "$ext_ms" | median)"
 done
