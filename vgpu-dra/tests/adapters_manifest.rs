@@ -109,6 +109,7 @@ fn rbac_is_least_privilege_and_covers_physical_gpu_status() {
         "/nodes:get",
         "gpu.deckhouse.io/physicalgpus:get",
         "gpu.deckhouse.io/physicalgpus:list",
+        "gpu.deckhouse.io/physicalgpus:watch",
         "gpu.deckhouse.io/physicalgpus/status:patch",
     ]
     .into_iter()

@@ -1,8 +1,12 @@
 //! The vfio-switch pieces together, over real files in a temporary directory: [`Switcher`] writing the
 //! sysfs files as the Job's container does ([`KernelSysfs`]: plain `open(O_WRONLY|O_TRUNC)` + `write`), a
 //! [`PollingKernel`] acting on them from another thread, and the [`SwitchController`] whose Job command is
-//! run here in place of the kubelet, its outcome fed back as the Job controller would.
+//! run here in place of the kubelet, its outcome fed back as the Job controller would. The running
+//! controller ([`SwitchController::spawn`]) acts on the changes its watch reports, not on a resync period.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../vgpu-serve/tests/support/mock_api_server.rs"]
+mod mock_api_server;
 
 use std::{sync::Arc, time::Duration};
 
@@ -16,7 +20,8 @@ use vgpu_dra::{
     vfio_switch::{
         Outcome, SwitchTarget, Switcher,
         controller::{
-            CONDITION, JobPhase, MemorySwitchCluster, Step, SwitchConfig, SwitchController, TARGET_ANNOTATION,
+            CONDITION, DEBOUNCE, JobPhase, KubeSwitchCluster, MAX_DEBOUNCE, MemorySwitchCluster, Step,
+            SwitchCluster as _, SwitchConfig, SwitchController, TARGET_ANNOTATION,
         },
     },
 };
@@ -164,4 +169,138 @@ async fn the_controllers_job_command_switches_the_gpu_and_the_condition_follows(
     let condition = b.status.unwrap().conditions.into_iter().find(|c| c.type_ == CONDITION).unwrap();
     assert_eq!(condition.reason.as_deref(), Some("SwitchedToNvidia"), "already there, said once");
     assert!(cluster.gpu("w2-a").unwrap().status.unwrap().conditions.is_empty(), "another node's GPU");
+}
+
+/// Polls `check` every 5 ms for up to `limit`; the time it took.
+async fn within<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if let Some(v) = check() {
+            return Some((v, start.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+fn reason_of(cluster: &MemorySwitchCluster, name: &str) -> Option<String> {
+    let gpu = cluster.gpu(name)?;
+    gpu.status?.conditions.into_iter().find(|c| c.type_ == CONDITION)?.reason
+}
+
+#[tokio::test]
+async fn the_running_controller_acts_on_watched_changes_without_waiting_for_a_resync() {
+    let (_dir, tree, _kernel) = node();
+    let cluster = Arc::new(MemorySwitchCluster::default());
+    let mut config = SwitchConfig::new("w1", "d8-gpu", "vgpu:1");
+    config.container_sys.clone_from(&tree.roots().sys);
+    // Neither period can drive this test: only the watched changes can.
+    config.resync = Duration::from_secs(3600);
+    config.recheck = Duration::from_secs(3600);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = SwitchController::new(cluster.clone(), config).spawn(async move {
+        let _ = stop_rx.await;
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await; // the first pass: no GPU yet
+
+    // A PhysicalGPU appears asking for passthrough: its Job follows.
+    cluster.put_gpu(gpu("w1", "w1-a", GPUS[0], true));
+    let limit = MAX_DEBOUNCE + Duration::from_secs(1);
+    let (job, created_in) = within(limit, || cluster.jobs().into_iter().next()).await.expect("a Job");
+    // Play the kubelet, then the Job controller.
+    let command = job.spec.unwrap().template.spec.unwrap().containers[0].command.clone().unwrap();
+    let pci: PciAddress = arg(&command, "--pci").parse().unwrap();
+    let roots = SysfsRoots { sys: arg(&command, "--sysfs-root").into(), host_root: "/nonexistent".into() };
+    Switcher::new(roots, Arc::new(KernelSysfs))
+        .with_timing(Duration::from_secs(5), Duration::from_millis(5))
+        .switch(&pci, SwitchTarget::VfioPci)
+        .unwrap();
+    let name = job.metadata.name.unwrap();
+    cluster.set_job_phase("d8-gpu", &name, JobPhase::Succeeded);
+    let (_, done_in) =
+        within(limit, || (reason_of(&cluster, "w1-a").as_deref() == Some("SwitchedToVfioPci")).then_some(()))
+            .await
+            .expect("the condition after the Job succeeded");
+    assert!(cluster.jobs().is_empty(), "the finished Job is deleted");
+    eprintln!("Job created {created_in:?} after the GPU, condition {done_in:?} after the Job finished");
+    assert!(done_in < MAX_DEBOUNCE + DEBOUNCE * 5, "{done_in:?}");
+
+    // A failure is reported as promptly.
+    cluster.put_gpu(gpu("w1", "w1-b", GPUS[1], true));
+    let (job, _) = within(limit, || cluster.jobs().into_iter().next()).await.expect("a second Job");
+    cluster.set_job_phase(
+        "d8-gpu",
+        &job.metadata.name.unwrap(),
+        JobPhase::Failed("exit code 1: boom".into()),
+    );
+    within(limit, || (reason_of(&cluster, "w1-b").as_deref() == Some("SwitchFailed")).then_some(()))
+        .await
+        .expect("SwitchFailed after the Job failed");
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_missed_change_is_repaired_by_the_resync() {
+    let cluster = Arc::new(MemorySwitchCluster::default());
+    cluster.put_gpu(gpu("w1", "w1-a", GPUS[0], true));
+    let mut config = SwitchConfig::new("w1", "d8-gpu", "vgpu:1");
+    config.resync = Duration::from_millis(300);
+    config.recheck = Duration::from_secs(3600);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = SwitchController::new(cluster.clone(), config).spawn(async move {
+        let _ = stop_rx.await;
+    });
+    let (job, _) = within(Duration::from_secs(2), || cluster.jobs().into_iter().next()).await.expect("a Job");
+    // The watch misses the Job's completion: the next resync still sees it.
+    cluster.silence(true);
+    cluster.set_job_phase("d8-gpu", &job.metadata.name.unwrap(), JobPhase::Succeeded);
+    within(Duration::from_secs(3), || {
+        (reason_of(&cluster, "w1-a").as_deref() == Some("SwitchedToVfioPci")).then_some(())
+    })
+    .await
+    .expect("the resync picked the completion up");
+    stop_tx.send(()).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn the_kube_watches_select_this_nodes_jobs_and_gpus() {
+    use tokio_stream::StreamExt as _;
+    let (client, mut handle) = mock_api_server::mock_client();
+    let mut changes = KubeSwitchCluster::new(client).changes("w1", "d8-gpu");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let pump = tokio::spawn(async move {
+        while changes.next().await.is_some() {
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut uris = Vec::new();
+    for _ in 0..2 {
+        let (seen, send) = mock_api_server::next(&mut handle).await;
+        assert_eq!(seen.method, "GET");
+        uris.push(seen.uri.clone());
+        let kind = if seen.uri.contains("/jobs") { "JobList" } else { "PhysicalGPUList" };
+        mock_api_server::reply(
+            send,
+            200,
+            &serde_json::json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": []}),
+        );
+    }
+    uris.sort();
+    assert!(
+        uris[0].starts_with("/apis/batch/v1/namespaces/d8-gpu/jobs?")
+            && uris[0].contains("labelSelector=gpu.deckhouse.io%2Fnode%3Dw1"),
+        "{uris:?}"
+    );
+    assert!(
+        uris[1].starts_with("/apis/gpu.deckhouse.io/v1alpha1/physicalgpus?")
+            && uris[1].contains("fieldSelector=spec.nodeName%3Dw1"),
+        "{uris:?}"
+    );
+    // The initial lists are changes (a pass reads the current state after a (re)list).
+    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+    pump.abort();
 }
