@@ -142,11 +142,12 @@ struct Cli {
     #[arg(long, default_value = "30s", value_parser = vgpu_bins::parse_go_duration)]
     physical_gpu_resync_interval: Duration,
     /// Gate PassthroughSupport (GPU module): namespace of the `vfio-switch-<node>-<pci>` Jobs that move this
-    /// node's NVIDIA GPUs between nvidia and vfio-pci as their PhysicalGPU's spec.passthrough asks.
+    /// node's NVIDIA GPUs between nvidia and vfio-pci as their PhysicalGPU asks (spec.passthrough, else the
+    /// GPUClass policy in status.classPassthrough).
     #[arg(long, env = "VFIO_SWITCH_NAMESPACE", default_value = "")]
     vfio_switch_namespace: String,
     /// Gate PassthroughSupport: the image of those Jobs (it holds /usr/bin/vgpu-node-agent); empty: no Jobs,
-    /// spec.passthrough is not acted on.
+    /// no passthrough wish is acted on.
     #[arg(long, env = "VFIO_SWITCH_IMAGE", default_value = "")]
     vfio_switch_image: String,
     /// The host's sysfs, mounted into the vfio-switch Jobs.
@@ -526,7 +527,8 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         .with_resync(cli.physical_gpu_resync_interval)
         .spawn(stopped());
     }
-    // Gate PassthroughSupport (GPU module): vfio-switch Jobs for this node's PhysicalGPUs' spec.passthrough.
+    // Gate PassthroughSupport (GPU module): vfio-switch Jobs for this node's PhysicalGPUs' passthrough wish
+    // (spec.passthrough, else status.classPassthrough).
     match vfio_switch {
         Some(switch) => {
             tracing::info!(namespace = %switch.namespace, image = %switch.image, "vfio-switch controller started (PassthroughSupport)");
@@ -541,7 +543,7 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
                 .spawn(stopped());
         }
         None if config.gates.enabled(DraGate::PassthroughSupport) => {
-            tracing::info!("no --vfio-switch-image: PhysicalGPU spec.passthrough is not acted on");
+            tracing::info!("no --vfio-switch-image: PhysicalGPU passthrough wishes are not acted on");
         }
         None => {}
     }

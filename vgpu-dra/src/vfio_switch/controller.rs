@@ -12,8 +12,10 @@
 //! pass also runs every [`SwitchConfig::resync`] (60 s) without one, and every [`SwitchConfig::recheck`]
 //! (5 s) while a GPU waits for its holders (claims and processes are not API objects this watch sees) or
 //! after a failed pass. A watch that fails is retried by the watcher with backoff; the resync covers the
-//! gap. A pass lists this node's PhysicalGPUs and, for each with `spec.vendor: nvidia` and a
-//! `spec.passthrough`, looks at its Job:
+//! gap. A pass lists this node's PhysicalGPUs and, for each with `spec.vendor: nvidia` and a passthrough
+//! wish ([`desired_target`]: `spec.passthrough`, else `status.classPassthrough`, which the GPU module's
+//! controller writes from the GPUClasses with `spec.passthrough` that match the GPU and leaves unset when
+//! they disagree; see `vgpu_api`, "Passthrough"), looks at its Job:
 //!
 //! | Job | GPU | action | `VfioSwitch` (status, reason) |
 //! |---|---|---|---|
@@ -26,7 +28,8 @@
 //! | another target (`spec.passthrough` flipped) | | running: wait; finished: delete it (the next pass creates the new one) | |
 //!
 //! Conditions carry `observedGeneration`; `spec.passthrough` changes bump the generation, so a switch done
-//! for an older spec never counts for a newer one. `status.driver` is the node agent's (it may lag a switch
+//! for an older spec never counts for a newer one (a class wish lives in `status` and bumps nothing: there
+//! the condition's reason, `SwitchedToVfioPci` or `SwitchedToNvidia`, tells the target apart). `status.driver` is the node agent's (it may lag a switch
 //! until its next scan), so a `SwitchedTo…` condition of the current generation counts as done too.
 //!
 //! Writes: the Job (`batch/v1`, in [`SwitchConfig::namespace`], owned by the PhysicalGPU so it goes with
@@ -270,10 +273,11 @@ pub trait SwitchCluster: Send + Sync + std::fmt::Debug + 'static {
     async fn apply_condition(&self, gpu: &str, condition: &Condition) -> Result<(), ControllerError>;
 }
 
-/// The driver a PhysicalGPU should be on, when this controller switches it (NVIDIA, `spec.passthrough` set).
+/// The driver a PhysicalGPU should be on, when this controller switches it: NVIDIA, with a passthrough wish
+/// ([`PhysicalGPU::passthrough_wish`]: `spec.passthrough`, else the controller's `status.classPassthrough`).
 pub fn desired_target(gpu: &PhysicalGPU) -> Option<SwitchTarget> {
     (gpu.spec.vendor == VENDOR).then_some(())?;
-    gpu.spec.passthrough.map(SwitchTarget::for_passthrough)
+    gpu.passthrough_wish().map(SwitchTarget::for_passthrough)
 }
 
 /// The [`NODE_LABEL`] value of `node`'s Jobs: the node name when it is a valid label value (at most 63
@@ -1119,6 +1123,22 @@ mod tests {
         controller.reconcile_once().await.unwrap();
         assert_eq!(cluster.jobs().len(), 1, "kept, not retried");
         assert!(cluster.deleted().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_class_wish_switches_unless_the_gpus_own_spec_says_otherwise() {
+        let mut g = gpu(None, "nvidia");
+        g.status.as_mut().unwrap().class_passthrough = Some(true);
+        let (cluster, controller) = setup(g.clone());
+        let steps = controller.reconcile_once().await.unwrap();
+        assert_eq!(steps.values().collect::<Vec<_>>(), [&Step::Created(JOB.into())]);
+        assert_eq!(cluster.jobs()[0].metadata.annotations.as_ref().unwrap()[TARGET_ANNOTATION], "vfio-pci");
+        // spec.passthrough: false wins over the class wish: the GPU stays on nvidia.
+        g.spec.passthrough = Some(false);
+        let (cluster, controller) = setup(g);
+        controller.reconcile_once().await.unwrap();
+        assert!(cluster.jobs().is_empty());
+        assert_eq!(reason(&cluster), Some((ConditionStatus::True, "SwitchedToNvidia".into())));
     }
 
     #[tokio::test]
