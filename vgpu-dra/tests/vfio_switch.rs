@@ -2,7 +2,9 @@
 //! sysfs files as the Job's container does ([`KernelSysfs`]: plain `open(O_WRONLY|O_TRUNC)` + `write`), a
 //! [`PollingKernel`] acting on them from another thread, and the [`SwitchController`] whose Job command is
 //! run here in place of the kubelet, its outcome fed back as the Job controller would. The running
-//! controller ([`SwitchController::spawn`]) acts on the changes its watch reports, not on a resync period.
+//! controller ([`SwitchController::spawn`]) acts on the changes its watch reports, not on a resync period,
+//! and its passthrough set reshapes the ResourceSlices a running [`SlicePublisher`] keeps: a GPU wished for
+//! passthrough (or on `vfio-pci`) is published only as its `gpu-vfio-<index>` device.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "../../vgpu-serve/tests/support/mock_api_server.rs"]
@@ -11,8 +13,11 @@ mod mock_api_server;
 use std::{sync::Arc, time::Duration};
 
 use vgpu_api::{ConditionStatus, PhysicalGPU, PhysicalGPUSpec, PhysicalGPUStatus};
-use vgpu_core::discovery::PciAddress;
+use vgpu_core::{discovery::PciAddress, model::GpuDevice};
 use vgpu_dra::{
+    devices::{AllocatableDevices, DeviceConfig},
+    health::HealthSnapshot,
+    slices::{MemorySliceStore, PassthroughGpus, SliceConfig, SlicePublisher},
     vfio::{
         KernelSysfs, SysfsRoots,
         fake::{FakeSysfs, PollingKernel},
@@ -303,4 +308,99 @@ async fn the_kube_watches_select_this_nodes_jobs_and_gpus() {
     // The initial lists are changes (a pass reads the current state after a (re)list).
     tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
     pump.abort();
+}
+
+/// Names of the devices the store's slices publish, sorted.
+fn published(store: &MemorySliceStore) -> Vec<String> {
+    let mut names: Vec<String> = store
+        .slices()
+        .values()
+        .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone()))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn passthrough_gpus_are_published_only_as_vfio_devices_and_come_back() {
+    let (_dir, tree, _kernel) = node();
+    // Two GPUs as NVML sees them (bus ids as NVML writes them), plus their VFIO devices from sysfs.
+    let gpus = GPUS
+        .iter()
+        .enumerate()
+        .map(|(i, bus)| {
+            let i = u32::try_from(i).unwrap();
+            let bus_id = format!("0000{}", bus.to_uppercase());
+            (
+                GpuDevice {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    memory_mib: 1024,
+                    bus_id,
+                    ..GpuDevice::default()
+                },
+                i,
+            )
+        })
+        .collect();
+    let mut devices = AllocatableDevices::new(&DeviceConfig::default(), gpus, None).unwrap();
+    for device in vgpu_dra::vfio::vfio_devices(tree.roots(), &devices).unwrap() {
+        devices.add(device).unwrap();
+    }
+    let store = MemorySliceStore::new();
+    let (passthrough_tx, passthrough_rx) = tokio::sync::watch::channel(PassthroughGpus::new());
+    let publisher = SlicePublisher::new(
+        store.clone(),
+        SliceConfig::new("w1"),
+        Arc::new(devices),
+        tokio::sync::watch::channel(HealthSnapshot::unmonitored_default()).1,
+    )
+    .with_passthrough(passthrough_rx)
+    .with_batch(Duration::from_millis(10))
+    .with_resync(Duration::from_secs(3600));
+    let mut status = publisher.status();
+    let cluster = Arc::new(MemorySwitchCluster::default());
+    let mut config = SwitchConfig::new("w1", "d8-gpu", "vgpu:1");
+    config.resync = Duration::from_secs(3600);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let publisher = publisher.spawn(stopped());
+    let controller =
+        SwitchController::new(cluster.clone(), config).with_passthrough_sink(passthrough_tx).spawn(stopped());
+    let all = ["gpu-vfio-0", "gpu-vfio-1", "vgpu-0", "vgpu-1"];
+    status.wait_for(|s| s.generation >= 1).await.unwrap();
+    assert_eq!(published(&store), all);
+
+    // GPU 0 is wished for passthrough: only its VFIO device stays, at once (not on the 1 h resync).
+    cluster.put_gpu(gpu("w1", "w1-a", GPUS[0], true));
+    let limit = MAX_DEBOUNCE + Duration::from_secs(2);
+    let (_, took) =
+        within(limit, || (published(&store) == ["gpu-vfio-0", "gpu-vfio-1", "vgpu-1"]).then_some(()))
+            .await
+            .unwrap_or_else(|| panic!("{:?}", published(&store)));
+    eprintln!("republished without vgpu-0 {took:?} after the wish");
+    let generation = status.borrow().generation;
+
+    // Switched back to nvidia (wish false, driver nvidia again): the regular device returns.
+    let mut back = gpu("w1", "w1-a", GPUS[0], false);
+    back.metadata.generation = Some(2);
+    cluster.put_gpu(back.clone());
+    within(limit, || (published(&store) == all).then_some(())).await.expect("vgpu-0 back");
+    assert!(status.borrow().generation > generation);
+
+    // Bound to vfio-pci with no wish at all (a VFIO claim did it): hidden again.
+    back.spec.passthrough = None;
+    back.status.as_mut().unwrap().driver = Some("vfio-pci".into());
+    cluster.put_gpu(back);
+    within(limit, || (published(&store) == ["gpu-vfio-0", "gpu-vfio-1", "vgpu-1"]).then_some(()))
+        .await
+        .expect("hidden while on vfio-pci");
+    stop_tx.send(true).unwrap();
+    controller.await.unwrap();
+    publisher.await.unwrap();
 }

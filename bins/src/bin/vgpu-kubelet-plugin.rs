@@ -528,7 +528,9 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         .spawn(stopped());
     }
     // Gate PassthroughSupport (GPU module): vfio-switch Jobs for this node's PhysicalGPUs' passthrough wish
-    // (spec.passthrough, else status.classPassthrough).
+    // (spec.passthrough, else status.classPassthrough); the GPUs wished for passthrough or on vfio-pci are
+    // then published only as gpu-vfio-<index>.
+    let mut passthrough_gpus = None;
     match vfio_switch {
         Some(switch) => {
             tracing::info!(namespace = %switch.namespace, image = %switch.image, "vfio-switch controller started (PassthroughSupport)");
@@ -538,8 +540,11 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
                 Arc::clone(&state),
                 Arc::clone(&backend),
             ));
+            let (sink, gpus) = tokio::sync::watch::channel(vgpu_dra::slices::PassthroughGpus::new());
+            passthrough_gpus = Some(gpus);
             vgpu_dra::vfio_switch::controller::SwitchController::new(cluster, switch)
                 .with_usage(usage)
+                .with_passthrough_sink(sink)
                 .spawn(stopped());
         }
         None if config.gates.enabled(DraGate::PassthroughSupport) => {
@@ -548,7 +553,10 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         None => {}
     }
     let store = KubeSliceStore::new(client, &config.node_name, &config.driver_name);
-    let publisher = SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone());
+    let mut publisher = SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone());
+    if let Some(gpus) = passthrough_gpus {
+        publisher = publisher.with_passthrough(gpus);
+    }
     metrics.set_publisher(publisher.status());
     let publisher = publisher.spawn(stopped());
 

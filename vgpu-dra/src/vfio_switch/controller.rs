@@ -32,6 +32,9 @@
 //! the condition's reason, `SwitchedToVfioPci` or `SwitchedToNvidia`, tells the target apart). `status.driver` is the node agent's (it may lag a switch
 //! until its next scan), so a `SwitchedTo…` condition of the current generation counts as done too.
 //!
+//! Each pass also sends [`passthrough_gpus`] to the slice publisher
+//! ([`SwitchController::with_passthrough_sink`]), which then publishes those GPUs only as VFIO devices.
+//!
 //! Writes: the Job (`batch/v1`, in [`SwitchConfig::namespace`], owned by the PhysicalGPU so it goes with
 //! it), and the condition by server-side apply of `status.conditions` on `/status` with field manager
 //! [`FIELD_MANAGER`] (its own manager: the adapter's [`crate::physical_gpu`] status sync applies its two
@@ -280,6 +283,21 @@ pub fn desired_target(gpu: &PhysicalGPU) -> Option<SwitchTarget> {
     gpu.passthrough_wish().map(SwitchTarget::for_passthrough)
 }
 
+/// The GPUs of `node` the slices must publish only as VFIO devices
+/// ([`crate::slices::SlicePublisher::with_passthrough`]): NVIDIA GPUs wished for passthrough
+/// ([`desired_target`] `vfio-pci`, switched or not yet) or bound to `vfio-pci` now (`status.driver`, e.g. by
+/// a VFIO claim, or still there on the way back to `nvidia`).
+pub fn passthrough_gpus(gpus: &[PhysicalGPU], node: &str) -> crate::slices::PassthroughGpus {
+    gpus.iter()
+        .filter(|g| g.spec.node_name == node && g.spec.vendor == VENDOR)
+        .filter(|g| {
+            desired_target(g) == Some(SwitchTarget::VfioPci)
+                || g.status.as_ref().and_then(|s| s.driver.as_deref()) == Some(SwitchTarget::VfioPci.driver())
+        })
+        .filter_map(|g| g.spec.pci_address.parse().ok())
+        .collect()
+}
+
 /// The [`NODE_LABEL`] value of `node`'s Jobs: the node name when it is a valid label value (at most 63
 /// characters), else its first 52 characters, `-` and 10 hex digits of its SHA-256 (a node name may have
 /// 253).
@@ -425,18 +443,30 @@ pub struct SwitchController {
     cluster: Arc<dyn SwitchCluster>,
     config: SwitchConfig,
     usage: Option<Arc<dyn GpuUsage>>,
+    passthrough: Option<tokio::sync::watch::Sender<crate::slices::PassthroughGpus>>,
 }
 
 impl SwitchController {
     /// A controller over `cluster`, switching without asking who holds a GPU (see [`Self::with_usage`]).
     pub fn new(cluster: Arc<dyn SwitchCluster>, config: SwitchConfig) -> Self {
-        Self { cluster, config, usage: None }
+        Self { cluster, config, usage: None, passthrough: None }
     }
 
     /// Asks `usage` before each switch to `vfio-pci` and waits while anything holds the GPU.
     #[must_use]
     pub fn with_usage(mut self, usage: Arc<dyn GpuUsage>) -> Self {
         self.usage = Some(usage);
+        self
+    }
+
+    /// Sends [`passthrough_gpus`] of every pass's GPU list on `sink` (when it changed), for the slice
+    /// publisher.
+    #[must_use]
+    pub fn with_passthrough_sink(
+        mut self,
+        sink: tokio::sync::watch::Sender<crate::slices::PassthroughGpus>,
+    ) -> Self {
+        self.passthrough = Some(sink);
         self
     }
 
@@ -447,9 +477,18 @@ impl SwitchController {
 
     /// One pass over this node's PhysicalGPUs: the step of each that has a passthrough wish, by name.
     pub async fn reconcile_once(&self) -> Result<BTreeMap<String, Step>, ControllerError> {
-        let Some(gpus) = self.cluster.list_gpus(&self.config.node_name).await? else {
-            return Ok(BTreeMap::new());
-        };
+        let gpus = self.cluster.list_gpus(&self.config.node_name).await?.unwrap_or_default();
+        if let Some(sink) = &self.passthrough {
+            let set = passthrough_gpus(&gpus, &self.config.node_name);
+            sink.send_if_modified(|current| {
+                let changed = *current != set;
+                if changed {
+                    tracing::info!(gpus = ?set.iter().map(ToString::to_string).collect::<Vec<_>>(), "passthrough GPUs (published as VFIO devices only)");
+                    *current = set;
+                }
+                changed
+            });
+        }
         let mut steps = BTreeMap::new();
         let mut first_error = None;
         for gpu in gpus.iter().filter(|g| g.spec.node_name == self.config.node_name) {
@@ -1084,6 +1123,30 @@ mod tests {
         let controller = controller.with_usage(usage);
         assert_eq!(controller.reconcile_once().await.unwrap()[&name], Step::Created(JOB.into()));
         assert_eq!(cluster.jobs().len(), 1);
+    }
+
+    #[test]
+    fn the_passthrough_set_has_this_nodes_nvidia_gpus_wished_for_or_on_vfio_pci() {
+        let named = |name: &str, pci: &str, passthrough: Option<bool>, driver: &str| {
+            let mut g = gpu(passthrough, driver);
+            g.metadata.name = Some(name.into());
+            g.spec.pci_address = pci.into();
+            g
+        };
+        let mut other_node = named("o", "0000:05:00.0", Some(true), "nvidia");
+        other_node.spec.node_name = "w2".into();
+        let mut metax = named("m", "0000:06:00.0", Some(true), "metax");
+        metax.spec.vendor = "metax".into();
+        let gpus = [
+            named("wished", "0000:01:00.0", Some(true), "nvidia"),
+            named("bound", "0000:02:00.0", None, "vfio-pci"),
+            named("back", "0000:03:00.0", Some(false), "vfio-pci"),
+            named("plain", "0000:04:00.0", Some(false), "nvidia"),
+            other_node,
+            metax,
+        ];
+        let set: Vec<String> = passthrough_gpus(&gpus, NODE).iter().map(ToString::to_string).collect();
+        assert_eq!(set, ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]);
     }
 
     #[test]
