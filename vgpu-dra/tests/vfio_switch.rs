@@ -404,3 +404,62 @@ async fn passthrough_gpus_are_published_only_as_vfio_devices_and_come_back() {
     controller.await.unwrap();
     publisher.await.unwrap();
 }
+
+#[tokio::test]
+async fn the_first_publication_already_leaves_out_a_passthrough_gpu() {
+    let (_dir, tree, _kernel) = node();
+    let gpus = GPUS
+        .iter()
+        .enumerate()
+        .map(|(i, bus)| {
+            let i = u32::try_from(i).unwrap();
+            (
+                GpuDevice {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    memory_mib: 1024,
+                    bus_id: (*bus).to_owned(),
+                    ..GpuDevice::default()
+                },
+                i,
+            )
+        })
+        .collect();
+    let mut devices = AllocatableDevices::new(&DeviceConfig::default(), gpus, None).unwrap();
+    for device in vgpu_dra::vfio::vfio_devices(tree.roots(), &devices).unwrap() {
+        devices.add(device).unwrap();
+    }
+    let store = MemorySliceStore::new();
+    let (sink, passthrough) = tokio::sync::watch::channel(PassthroughGpus::new());
+    let publisher = SlicePublisher::new(
+        store.clone(),
+        SliceConfig::new("w1"),
+        Arc::new(devices),
+        tokio::sync::watch::channel(HealthSnapshot::unmonitored_default()).1,
+    )
+    .with_passthrough(passthrough)
+    .with_batch(Duration::from_millis(10));
+    let mut status = publisher.status();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    // The publisher starts first; the switch controller's first pass comes later.
+    let publisher = publisher.spawn(stopped());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(status.borrow().rounds, 0, "no round before the first passthrough set");
+    let cluster = Arc::new(MemorySwitchCluster::default());
+    cluster.put_gpu(gpu("w1", "w1-a", GPUS[0], true));
+    let controller = SwitchController::new(cluster, SwitchConfig::new("w1", "d8-gpu", "vgpu:1"))
+        .with_passthrough_sink(sink)
+        .spawn(stopped());
+    status.wait_for(|s| s.generation >= 1).await.unwrap();
+    assert_eq!(status.borrow().generation, 1);
+    assert_eq!(published(&store), ["gpu-vfio-0", "gpu-vfio-1", "vgpu-1"], "generation 1 never had vgpu-0");
+    stop_tx.send(true).unwrap();
+    controller.await.unwrap();
+    publisher.await.unwrap();
+}

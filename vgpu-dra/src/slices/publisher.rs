@@ -21,7 +21,10 @@
 //! for passthrough, or bound to `vfio-pci`: [`crate::vfio_switch::controller::passthrough_gpus`]) are
 //! built without their regular devices (`gpu-<minor>`, `vgpu-<minor>`, MIG): each is published only as its
 //! `gpu-vfio-<index>` device ([`visible_devices`]), so the scheduler cannot hand the GPU to a container
-//! claim while it is (or is about to be) a VM's.
+//! claim while it is (or is about to be) a VM's. [`SlicePublisher::run`] waits for the channel's first
+//! value (the switch controller's first pass) before its first round, at most [`PASSTHROUGH_FIRST_WAIT`]
+//! (the PhysicalGPU API may be down): a start-up does not publish a passthrough GPU's regular devices for
+//! the moment before that pass.
 //!
 //! Rounds run ([`SlicePublisher::run`]) at start, after health or passthrough changes (batched: after a
 //! change the publisher waits [`SlicePublisher::with_batch`] (default 1 s) so a burst of events gives one
@@ -48,6 +51,9 @@ use crate::{
     devices::{AllocatableDevices, DeviceType},
     health::HealthSnapshot,
 };
+
+/// How long [`SlicePublisher::run`] waits for the first passthrough set before publishing without it.
+pub const PASSTHROUGH_FIRST_WAIT: Duration = Duration::from_secs(30);
 
 /// The GPUs of this node published only as their VFIO device (module docs), by PCI address.
 pub type PassthroughGpus = BTreeSet<PciAddress>;
@@ -272,6 +278,17 @@ impl<S: SliceStore> SlicePublisher<S> {
         let mut retry = RETRY_MIN;
         let mut health_open = true;
         let mut passthrough_open = self.passthrough.is_some();
+        if let Some(passthrough) = self.passthrough.as_mut()
+            && !passthrough.has_changed().unwrap_or(true)
+        {
+            tokio::select! {
+                () = &mut shutdown => return,
+                _ = passthrough.changed() => {}
+                () = tokio::time::sleep(PASSTHROUGH_FIRST_WAIT) => {
+                    tracing::warn!(waited = ?PASSTHROUGH_FIRST_WAIT, "no passthrough GPU set from the vfio-switch controller yet; publishing without it");
+                }
+            }
+        }
         loop {
             let wait = match self.sync().await {
                 Ok(outcome) => {

@@ -444,12 +444,20 @@ pub struct SwitchController {
     config: SwitchConfig,
     usage: Option<Arc<dyn GpuUsage>>,
     passthrough: Option<tokio::sync::watch::Sender<crate::slices::PassthroughGpus>>,
+    /// Whether a pass has sent the set yet (the first is sent even when empty: the publisher waits for it).
+    passthrough_sent: std::sync::atomic::AtomicBool,
 }
 
 impl SwitchController {
     /// A controller over `cluster`, switching without asking who holds a GPU (see [`Self::with_usage`]).
     pub fn new(cluster: Arc<dyn SwitchCluster>, config: SwitchConfig) -> Self {
-        Self { cluster, config, usage: None, passthrough: None }
+        Self {
+            cluster,
+            config,
+            usage: None,
+            passthrough: None,
+            passthrough_sent: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     /// Asks `usage` before each switch to `vfio-pci` and waits while anything holds the GPU.
@@ -459,8 +467,8 @@ impl SwitchController {
         self
     }
 
-    /// Sends [`passthrough_gpus`] of every pass's GPU list on `sink` (when it changed), for the slice
-    /// publisher.
+    /// Sends [`passthrough_gpus`] of every pass's GPU list on `sink` (the first pass's always, later ones
+    /// when the set changed), for the slice publisher.
     #[must_use]
     pub fn with_passthrough_sink(
         mut self,
@@ -480,13 +488,14 @@ impl SwitchController {
         let gpus = self.cluster.list_gpus(&self.config.node_name).await?.unwrap_or_default();
         if let Some(sink) = &self.passthrough {
             let set = passthrough_gpus(&gpus, &self.config.node_name);
+            let first = !self.passthrough_sent.swap(true, std::sync::atomic::Ordering::SeqCst);
             sink.send_if_modified(|current| {
                 let changed = *current != set;
                 if changed {
                     tracing::info!(gpus = ?set.iter().map(ToString::to_string).collect::<Vec<_>>(), "passthrough GPUs (published as VFIO devices only)");
                     *current = set;
                 }
-                changed
+                changed || first
             });
         }
         let mut steps = BTreeMap::new();
