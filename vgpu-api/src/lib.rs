@@ -31,7 +31,7 @@
 //! |---|---|
 //! | `PhysicalGPU.spec` | `nodeName` and `pciAddress` are immutable |
 //! | `PhysicalGPU.status.occupancy` | `usedShares <= totalShares` |
-//! | `GPUClass.spec` | `vendor` is immutable |
+//! | `GPUClass.spec` | `vendor` is immutable; `passthrough: true` needs `sharing.mode: Exclusive` |
 //! | `GPUClass.spec.sharing` | `Shared` needs `shares >= 2`; `Exclusive` has no `shares` |
 //!
 //! Field formats (`pciAddress` `0000:3b:00.0`, 4-digit lower-case hex ids, label-safe vendor keys) are schema
@@ -392,7 +392,10 @@ pub struct Occupancy {
     printcolumn(name = "DeviceClass", type_ = "string", json_path = ".status.deviceClassName"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
-#[x_kube(validation = Rule::new("self.vendor == oldSelf.vendor").message("vendor is immutable"))]
+#[x_kube(
+    validation = Rule::new("self.vendor == oldSelf.vendor").message("vendor is immutable"),
+    validation = Rule::new("!has(self.passthrough) || !self.passthrough || self.sharing.mode == 'Exclusive'").message("passthrough: true needs sharing.mode Exclusive (a passed-through GPU is one VM's)")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct GPUClassSpec {
     /// Vendor key (`nvidia`, `metax`), as in `PhysicalGPU.spec.vendor`.
