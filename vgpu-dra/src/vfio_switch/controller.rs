@@ -548,12 +548,19 @@ impl SwitchController {
             }
             Some(info) => match info.phase {
                 JobPhase::Active => {
-                    let message = format!("Job {namespace}/{name} is switching {pci} to {target}");
-                    self.set_condition(
-                        gpu,
-                        condition(ConditionStatus::Unknown, REASON_SWITCHING, message, generation),
-                    )
-                    .await?;
+                    // The condition written when the Job was created says more (the driver it comes from):
+                    // keep it; write one only when another is there (a restart, a condition lost).
+                    let switching = condition_of(gpu).is_some_and(|c| {
+                        c.reason.as_deref() == Some(REASON_SWITCHING) && c.observed_generation == generation
+                    });
+                    if !switching {
+                        let message = format!("Job {namespace}/{name} is switching {pci} to {target}");
+                        self.set_condition(
+                            gpu,
+                            condition(ConditionStatus::Unknown, REASON_SWITCHING, message, generation),
+                        )
+                        .await?;
+                    }
                     Ok(Step::Waiting(name))
                 }
                 JobPhase::Succeeded => {
@@ -1071,11 +1078,14 @@ mod tests {
         assert_eq!(container.security_context.as_ref().unwrap().privileged, Some(true));
         assert_eq!(job.metadata.owner_references.as_ref().unwrap()[0].uid, "uid-1");
 
-        // Running: still switching, no second Job.
+        let created = condition_of(&cluster.gpu("w1-nvidia-2330-0000-3b-00-0").unwrap()).cloned().unwrap();
+        assert!(created.message.as_deref().unwrap().ends_with("from nvidia to vfio-pci"), "{created:?}");
+        // Running: still switching, no second Job, the condition as written at creation.
         assert_eq!(
             controller.reconcile_once().await.unwrap()[&"w1-nvidia-2330-0000-3b-00-0".to_owned()],
             Step::Waiting(JOB.into())
         );
+        assert_eq!(condition_of(&cluster.gpu("w1-nvidia-2330-0000-3b-00-0").unwrap()), Some(&created));
         assert_eq!(cluster.jobs().len(), 1);
         cluster.set_job_phase(NS, JOB, JobPhase::Succeeded);
         let steps = controller.reconcile_once().await.unwrap();
