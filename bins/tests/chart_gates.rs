@@ -772,3 +772,76 @@ devicePluginMode:
     refused(group("a", "{}", "{deviceMemoryFactor: 0}"), "deviceMemoryFactor 0");
     refused(String::new(), "at least one group is needed");
 }
+
+/// gpu-module's `adapters.nvidia.passthrough.enabled` turns gate PassthroughSupport on for the NVIDIA adapter
+/// (and the two gates it excludes off, as `vgpu-gates` accepts), with the host mounts the gate spec requires
+/// (host root, `/lib/modules`, sysfs; procfs at `/proc-host` in every mode), the vfio-switch settings (Jobs in
+/// the release namespace, the chart's image) and a Role for the Jobs; off, none of them (the MetaX adapter
+/// never gets them).
+#[test]
+fn gpu_module_passthrough_value_brings_the_gate_its_mounts_flags_and_job_rbac() {
+    let Some(helm) = helm() else {
+        eprintln!("skipped: Helm is not built (run e2e/build-helm.sh or set VGPU_HELM)");
+        return;
+    };
+    let adapter = |docs: &[(String, String, String)], name: &str| -> k8s_openapi::api::apps::v1::DaemonSet {
+        let (_, _, text) = docs.iter().find(|(k, n, _)| k == "DaemonSet" && n == name).unwrap();
+        serde_saphyr::from_str(text).unwrap()
+    };
+    let host_paths = |ds: &k8s_openapi::api::apps::v1::DaemonSet| -> Vec<(String, String)> {
+        let pod = ds.spec.template.spec.as_ref().unwrap();
+        let volumes = pod.volumes.as_ref().unwrap();
+        let mut out: Vec<(String, String)> = pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter_map(|m| {
+                let v = volumes.iter().find(|v| v.name == m.name)?;
+                Some((v.host_path.as_ref()?.path.clone(), m.mount_path.clone()))
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let env = |ds: &k8s_openapi::api::apps::v1::DaemonSet, name: &str| -> Option<String> {
+        let pod = ds.spec.template.spec.as_ref().unwrap();
+        pod.containers[0].env.iter().flatten().find(|e| e.name == name).and_then(|e| e.value.clone())
+    };
+    let on = render(&helm, "gpu-module", &["dra.enabled=true", "adapters.nvidia.passthrough.enabled=true"]);
+    let off = render(&helm, "gpu-module", &["dra.enabled=true"]);
+    let nvidia = adapter(&on, "vgpu-adapter-nvidia");
+    let gates = env(&nvidia, "FEATURE_GATES").unwrap();
+    let configured = vgpu_gates::kubelet_plugin().configure([gates.as_str()]).unwrap();
+    assert!(configured.enabled(DraGate::PassthroughSupport), "{gates}");
+    assert_eq!(env(&nvidia, "HOST_ROOT").as_deref(), Some("/host-root"));
+    assert_eq!(env(&nvidia, "VFIO_SWITCH_NAMESPACE").as_deref(), Some("d8-gpu"));
+    let image = nvidia.spec.template.spec.as_ref().unwrap().containers[0].image.clone();
+    assert_eq!(env(&nvidia, "VFIO_SWITCH_IMAGE"), image, "the Jobs run the chart's image");
+    let paths = host_paths(&nvidia);
+    for want in
+        [("/", "/host-root"), ("/sys", "/sys"), ("/lib/modules", "/lib/modules"), ("/proc", "/proc-host")]
+    {
+        assert!(paths.contains(&(want.0.to_owned(), want.1.to_owned())), "{want:?} in {paths:?}");
+    }
+    let role = on.iter().find(|(k, n, _)| k == "Role" && n == "vgpu-adapter-vfio-switch").expect("a Role");
+    assert!(role.2.contains("verbs: [get, list, watch, create, delete]"), "{}", role.2);
+    assert!(on.iter().any(|(k, n, _)| k == "RoleBinding" && n == "vgpu-adapter-vfio-switch"));
+
+    for (docs, name) in
+        [(&off, "vgpu-adapter-nvidia"), (&on, "vgpu-adapter-metax"), (&off, "vgpu-adapter-metax")]
+    {
+        let ds = adapter(docs, name);
+        for var in ["FEATURE_GATES", "VFIO_SWITCH_NAMESPACE", "VFIO_SWITCH_IMAGE"] {
+            assert_eq!(env(&ds, var), None, "{name}: {var}");
+        }
+        let paths = host_paths(&ds);
+        assert!(
+            !paths.iter().any(|(h, c)| h == "/lib/modules" || c == "/host-root" || c == "/sys"),
+            "{name}: {paths:?}"
+        );
+    }
+    assert!(
+        !off.iter().any(|(k, n, _)| k == "Role" && n == "vgpu-adapter-vfio-switch"),
+        "no Job RBAC without passthrough"
+    );
+}

@@ -26,6 +26,10 @@
 //! * Occupancy: the allocation is written through the API (`resourceclaims/status`) as the scheduler would
 //!   (no kubelet publishes slices here, so the real allocator is not involved); PhysicalGPU `w1-1` becomes
 //!   `Allocated` with the claim, and is `Available` again when the claim is deleted.
+//! * Passthrough policy: GPUClass `t4-vm` (`passthrough: true`) puts `classPassthrough: true` and condition
+//!   `PassthroughPolicy` (`ClassesAgree`) on `w2-0` and its DeviceClass selects `vfio` devices; `t4-no`
+//!   (`passthrough: false`) makes it `ConflictingClasses` with no wish; both deleted, the field and condition
+//!   are released (the adapter's `driver` stays). The schema refuses `passthrough: true` with `Shared`.
 //! * Node `w2` is deleted: the controller deletes its PhysicalGPU `w2-0` (the manifest's RBAC allows exactly
 //!   that), and `w1`'s stay.
 //!
@@ -456,6 +460,69 @@ async fn gpu_controller_makes_device_classes_admits_and_tracks_occupancy() {
         async move {
             let s = gpus.get("w1-1").await.ok()?.data.get("status")?.clone();
             (s["state"] == "Available" && s["occupancy"]["usedShares"] == 0).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+
+    // Passthrough policy: a GPUClass asking for passthrough puts its wish in the matching GPU's status
+    // (status.classPassthrough, condition PassthroughPolicy), a disagreeing class withdraws it, and with the
+    // classes gone both are released (server-side apply). The schema refuses passthrough with Shared.
+    let class = |name: &str, passthrough: bool, sharing: serde_json::Value| {
+        object(
+            json!({"apiVersion": "gpu.deckhouse.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": name},
+            "spec": {"vendor": "nvidia", "deviceType": "t4", "sharing": sharing, "passthrough": passthrough}}),
+        )
+    };
+    let err = classes
+        .create(&PostParams::default(), &class("t4-shared-vm", true, json!({"mode": "Shared", "shares": 2})))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("passthrough: true needs sharing.mode Exclusive"), "{err}");
+    classes
+        .create(&PostParams::default(), &class("t4-vm", true, json!({"mode": "Exclusive"})))
+        .await
+        .unwrap();
+    let policy = |want_wish: serde_json::Value, want_reason: &'static str| {
+        let gpus = gpus.clone();
+        async move {
+            let s = gpus.get("w2-0").await.ok()?.data.get("status")?.clone();
+            let c = s["conditions"].as_array()?.iter().find(|c| c["type"] == "PassthroughPolicy")?.clone();
+            (s["classPassthrough"] == want_wish && c["reason"] == want_reason).then_some(c)
+        }
+    };
+    let agreed = env
+        .poll("PhysicalGPU w2-0 classPassthrough true", WAIT, || policy(json!(true), "ClassesAgree"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", env.log_tail(CONTROLLER, 30)));
+    assert_eq!(agreed["message"], "passthrough true from GPUClass t4-vm");
+    let vm_dc = device_classes.get("t4-vm.gpu.deckhouse.io").await.unwrap();
+    let expression =
+        &vm_dc.spec.as_ref().unwrap().selectors.as_ref().unwrap()[0].cel.as_ref().unwrap().expression;
+    assert!(expression.contains(r#".type == "vfio""#), "{expression}");
+    classes
+        .create(&PostParams::default(), &class("t4-no", false, json!({"mode": "Exclusive"})))
+        .await
+        .unwrap();
+    let conflict = env
+        .poll("PhysicalGPU w2-0 conflicting classes", WAIT, || {
+            policy(serde_json::Value::Null, "ConflictingClasses")
+        })
+        .await
+        .unwrap();
+    assert_eq!(conflict["status"], "False");
+    for name in ["t4-vm", "t4-no"] {
+        classes.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    env.poll("PhysicalGPU w2-0 passthrough policy released", WAIT, || {
+        let gpus = gpus.clone();
+        async move {
+            let s = gpus.get("w2-0").await.ok()?.data.get("status")?.clone();
+            let has_condition = s["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "PassthroughPolicy"));
+            (s.get("classPassthrough").is_none() && !has_condition && s["driver"] == "nvidia").then_some(())
         }
     })
     .await

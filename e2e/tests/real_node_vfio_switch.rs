@@ -7,7 +7,8 @@
 //! The PhysicalGPU's condition `VfioSwitch` goes `Switching` → `SwitchedToVfioPci`, the GPU is on
 //! `vfio-pci` in the tree (`driver_override` set, `drivers_probe` written) and the finished Job is deleted.
 //! A second PhysicalGPU whose address is not in the tree gets a failed Job and `SwitchFailed`, with the
-//! container's own message (`no such PCI device`).
+//! container's own message (`no such PCI device`). The controller's resync is longer than the test's
+//! timeout, so every step is driven by its watches of the Jobs and PhysicalGPUs.
 //!
 //! The image is the node's busybox: the Job mounts the workspace's `vgpu-node-agent` (a debug build, linked
 //! against glibc) and the host's glibc folders read-only at their own paths, and the fake tree at its own
@@ -136,7 +137,8 @@ async fn real_node_vfio_switch_job_binds_a_gpu_to_vfio_pci() {
     config.mount_host_root = false;
     config.extra_host_paths =
         std::iter::once(binary.clone()).chain(GLIBC.iter().map(PathBuf::from)).collect();
-    config.poll = Duration::from_millis(500);
+    // Only the watches of the Jobs and PhysicalGPUs can drive the controller within TIMEOUT.
+    config.resync = Duration::from_secs(600);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let controller =
         SwitchController::new(std::sync::Arc::new(KubeSwitchCluster::new(client.clone())), config).spawn(

@@ -3,11 +3,26 @@
 //!
 //! | kind | plural | short name | spec written by | status written by |
 //! |---|---|---|---|---|
-//! | `PhysicalGPU` | `physicalgpus` | `pgpu` | node agent (server-side apply, manager `vgpu-node-agent`), except `passthrough` (the administrator) | node agent (`driver`, `DriverBound`), adapters (`driverVersion`, `memoryMiB`, `computeCapability`, `DriverReady`, `HardwareHealthy`; NVIDIA: `VfioSwitch`, manager `vgpu-vfio-switch`), controller (`state`, `occupancy`) |
+//! | `PhysicalGPU` | `physicalgpus` | `pgpu` | node agent (server-side apply, manager `vgpu-node-agent`), except `passthrough` (the administrator) | node agent (`driver`, `DriverBound`), adapters (`driverVersion`, `memoryMiB`, `computeCapability`, `DriverReady`, `HardwareHealthy`; NVIDIA: `VfioSwitch`, manager `vgpu-vfio-switch`), controller (`state`, `occupancy`, `classPassthrough`, `PassthroughPolicy`) |
 //! | `GPUClass` | `gpuclasses` | `gpuc` | the user | controller (`valid`, `message`, `deviceClassName`, conditions) |
 //!
 //! Status conditions are a list keyed by `type` (`x-kubernetes-list-type: map`), so each writer owns its own
 //! conditions under server-side apply.
+//!
+//! # Passthrough: who decides, who acts
+//!
+//! Whether a GPU should be on `vfio-pci` (passed through whole, for a VM) has three inputs and one reader:
+//!
+//! | input | written by | meaning |
+//! |---|---|---|
+//! | `PhysicalGPU.spec.passthrough` | the administrator | `true`/`false` for this GPU; wins when set |
+//! | `GPUClass.spec.passthrough` | the user | `true`/`false` for every GPU the class matches; absent: no wish |
+//! | `PhysicalGPU.status.classPassthrough` | the controller | the matching classes' common wish; absent when none has one or they disagree (condition `PassthroughPolicy=False`, reason `ConflictingClasses`) |
+//!
+//! The NVIDIA adapter reads the wish as [`PhysicalGPU::passthrough_wish`] (`spec.passthrough`, else
+//! `status.classPassthrough`, else none: the driver is left as it is) and reports its switch in condition
+//! `VfioSwitch`. Each field keeps one writer: the controller, which already matches classes to GPUs, never
+//! writes `spec`, and the adapter never reads GPUClasses.
 //!
 //! Single-object rules are CEL (`x-kubernetes-validations`) in the schema, so the API server enforces them
 //! without a webhook:
@@ -16,7 +31,7 @@
 //! |---|---|
 //! | `PhysicalGPU.spec` | `nodeName` and `pciAddress` are immutable |
 //! | `PhysicalGPU.status.occupancy` | `usedShares <= totalShares` |
-//! | `GPUClass.spec` | `vendor` is immutable |
+//! | `GPUClass.spec` | `vendor` is immutable; `passthrough: true` needs `sharing.mode: Exclusive` |
 //! | `GPUClass.spec.sharing` | `Shared` needs `shares >= 2`; `Exclusive` has no `shares` |
 //!
 //! Field formats (`pciAddress` `0000:3b:00.0`, 4-digit lower-case hex ids, label-safe vendor keys) are schema
@@ -255,6 +270,30 @@ pub struct PhysicalGPUSpec {
     pub passthrough: Option<bool>,
 }
 
+impl PhysicalGPU {
+    /// Whether the GPU should be passed through (crate docs, "Passthrough"): `spec.passthrough` when set,
+    /// else `status.classPassthrough`, else `None` (leave the driver as it is).
+    ///
+    /// ```
+    /// use vgpu_api::{PhysicalGPU, PhysicalGPUStatus};
+    /// let mut gpu: PhysicalGPU = serde_json::from_value(serde_json::json!({
+    ///     "metadata": {"name": "g"},
+    ///     "spec": {"nodeName": "w1", "index": 0, "pciAddress": "0000:3b:00.0", "vendor": "nvidia",
+    ///              "vendorId": "10de", "vendorName": "NVIDIA", "deviceId": "2330", "deviceName": "H100",
+    ///              "classCode": "030200"},
+    /// }))?;
+    /// assert_eq!(gpu.passthrough_wish(), None);
+    /// gpu.status = Some(PhysicalGPUStatus { class_passthrough: Some(true), ..Default::default() });
+    /// assert_eq!(gpu.passthrough_wish(), Some(true));
+    /// gpu.spec.passthrough = Some(false);
+    /// assert_eq!(gpu.passthrough_wish(), Some(false), "the GPU's own spec wins");
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
+    pub fn passthrough_wish(&self) -> Option<bool> {
+        self.spec.passthrough.or_else(|| self.status.as_ref()?.class_passthrough)
+    }
+}
+
 /// The subsystem (board) of a GPU.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -293,6 +332,12 @@ pub struct PhysicalGPUStatus {
     /// Occupancy by allocated claims (controller).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub occupancy: Option<Occupancy>,
+    /// The passthrough wish of the GPUClasses that match this GPU (controller): `true`/`false` when every
+    /// matching class with a `spec.passthrough` says the same, absent when none has one or they disagree
+    /// (then condition `PassthroughPolicy` is `False`, reason `ConflictingClasses`). `spec.passthrough`, when
+    /// set, wins over it ([`PhysicalGPU::passthrough_wish`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_passthrough: Option<bool>,
     /// Conditions, keyed by `type`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -347,7 +392,10 @@ pub struct Occupancy {
     printcolumn(name = "DeviceClass", type_ = "string", json_path = ".status.deviceClassName"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
-#[x_kube(validation = Rule::new("self.vendor == oldSelf.vendor").message("vendor is immutable"))]
+#[x_kube(
+    validation = Rule::new("self.vendor == oldSelf.vendor").message("vendor is immutable"),
+    validation = Rule::new("!has(self.passthrough) || !self.passthrough || self.sharing.mode == 'Exclusive'").message("passthrough: true needs sharing.mode Exclusive (a passed-through GPU is one VM's)")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct GPUClassSpec {
     /// Vendor key (`nvidia`, `metax`), as in `PhysicalGPU.spec.vendor`.
@@ -364,6 +412,12 @@ pub struct GPUClassSpec {
     /// Nodes whose GPUs the class may use (label equality); absent means all nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
+    /// Whether the class's GPUs are passed through whole (bound to `vfio-pci`, for VMs): `true` asks for
+    /// every matching GPU to be switched to `vfio-pci` (and the DeviceClass selects the `vfio` devices),
+    /// `false` for them to stay on (or go back to) the vendor driver; absent: no wish. A GPU's own
+    /// `spec.passthrough` wins; matching classes that disagree switch nothing (crate docs, "Passthrough").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passthrough: Option<bool>,
 }
 
 /// What each device of a class must offer.

@@ -93,7 +93,13 @@ fn single_object_rules_are_cel_in_the_schema() {
         ["self.usedShares <= self.totalShares"]
     );
     let class = schema(&GPUClass::crd());
-    assert_eq!(rules(&class["properties"]["spec"]), ["self.vendor == oldSelf.vendor"]);
+    assert_eq!(
+        rules(&class["properties"]["spec"]),
+        [
+            "self.vendor == oldSelf.vendor",
+            "!has(self.passthrough) || !self.passthrough || self.sharing.mode == 'Exclusive'"
+        ]
+    );
     assert_eq!(
         rules(&class["properties"]["spec"]["properties"]["sharing"]),
         ["self.mode == 'Shared' ? (has(self.shares) && self.shares >= 2) : !has(self.shares)"]

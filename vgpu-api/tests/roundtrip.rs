@@ -84,9 +84,16 @@ fn gpu_status() -> impl Strategy<Value = PhysicalGPUStatus> {
         ]),
         option::of((any::<u32>(), any::<u32>(), prop::collection::vec("[a-z]{1,5}/[a-z]{1,5}", 0..3))),
         prop::collection::vec(condition(), 0..4),
+        option::of(any::<bool>()),
     )
         .prop_map(
-            |((driver, driver_version, memory_mib, compute_capability), state, occupancy, conditions)| {
+            |(
+                (driver, driver_version, memory_mib, compute_capability),
+                state,
+                occupancy,
+                conditions,
+                class_passthrough,
+            )| {
                 PhysicalGPUStatus {
                     driver,
                     driver_version,
@@ -98,6 +105,7 @@ fn gpu_status() -> impl Strategy<Value = PhysicalGPUStatus> {
                         used_shares,
                         claims,
                     }),
+                    class_passthrough,
                     conditions,
                 }
             },
@@ -116,15 +124,19 @@ fn class_spec() -> impl Strategy<Value = GPUClassSpec> {
         prop_oneof![Just(SharingMode::Exclusive), Just(SharingMode::Shared)],
         option::of(any::<u32>()),
         option::of(prop::collection::btree_map("[a-z./]{1,10}", "[a-z]{0,5}", 0..3)),
+        option::of(any::<bool>()),
     )
-        .prop_map(|(vendor, device_type, requirements, mode, shares, node_selector)| GPUClassSpec {
-            vendor,
-            device_type,
-            requirements: requirements.map(|(min_memory_mib, min_compute_capability, capabilities)| {
-                Requirements { min_memory_mib, min_compute_capability, capabilities }
-            }),
-            sharing: SharingPolicy { mode, shares },
-            node_selector: node_selector.map(|m: BTreeMap<String, String>| m),
+        .prop_map(|(vendor, device_type, requirements, mode, shares, node_selector, passthrough)| {
+            GPUClassSpec {
+                vendor,
+                device_type,
+                requirements: requirements.map(|(min_memory_mib, min_compute_capability, capabilities)| {
+                    Requirements { min_memory_mib, min_compute_capability, capabilities }
+                }),
+                sharing: SharingPolicy { mode, shares },
+                node_selector: node_selector.map(|m: BTreeMap<String, String>| m),
+                passthrough,
+            }
         })
 }
 

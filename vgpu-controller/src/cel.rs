@@ -7,6 +7,7 @@
 //! | `vendor` | `device.driver == "<driver of the vendor>"` |
 //! | `sharing.mode: Shared` | `has(A.type) && A.type == "vgpu"` |
 //! | `sharing.mode: Exclusive` | `has(A.type) && A.type in ["gpu", "vgpu"]` |
+//! | `passthrough: true` (instead of the `sharing` term) | `has(A.type) && A.type == "vfio"` (the `gpu-vfio-<index>` devices of gate `PassthroughSupport`; they carry no `memory` capacity, so `minMemoryMiB` matches none of them) |
 //! | `deviceType: a100-sxm4-40gb` | `has(A.productName) && (P == "a100-sxm4-40gb" \|\| P.endsWith("-a100-sxm4-40gb"))`, `P` = `A.productName.lowerAscii().replace(" ", "-").replace("_", "-")` (`NVIDIA A100-SXM4-40GB` → `nvidia-a100-sxm4-40gb`) |
 //! | `requirements.minMemoryMiB: 40960` | `has(C.memory) && C.memory.compareTo(quantity("40960Mi")) >= 0` |
 //! | `requirements.minComputeCapability: "8.0"` | `has(A.cudaComputeCapability) && A.cudaComputeCapability.compareTo(semver("8.0.0")) >= 0` |
@@ -69,9 +70,10 @@ pub fn class_selector(driver: &str, spec: &GPUClassSpec) -> String {
     let a = format!("device.attributes[{d}]");
     let c = format!("device.capacity[{d}]");
     let mut terms = vec![format!("device.driver == {d}")];
-    terms.push(match spec.sharing.mode {
-        SharingMode::Shared => format!("has({a}.type) && {a}.type == \"vgpu\""),
-        SharingMode::Exclusive => format!("has({a}.type) && {a}.type in [\"gpu\", \"vgpu\"]"),
+    terms.push(match (spec.passthrough, spec.sharing.mode) {
+        (Some(true), _) => format!("has({a}.type) && {a}.type == \"vfio\""),
+        (_, SharingMode::Shared) => format!("has({a}.type) && {a}.type == \"vgpu\""),
+        (_, SharingMode::Exclusive) => format!("has({a}.type) && {a}.type in [\"gpu\", \"vgpu\"]"),
     });
     if let Some(model) = spec.device_type.as_deref().filter(|m| !m.is_empty()) {
         let p = format!("{a}.productName.lowerAscii().replace(\" \", \"-\").replace(\"_\", \"-\")");
@@ -113,7 +115,23 @@ mod tests {
             requirements: None,
             sharing: SharingPolicy { mode: SharingMode::Shared, shares: Some(4) },
             node_selector: None,
+            passthrough: None,
         }
+    }
+
+    #[test]
+    fn a_passthrough_class_selects_the_vfio_devices() {
+        let mut s = spec(Some("h100"));
+        s.sharing = SharingPolicy { mode: SharingMode::Exclusive, shares: None };
+        s.passthrough = Some(true);
+        let sel = class_selector("manager.nvidia.com", &s);
+        assert!(
+            sel.contains(r#"device.attributes["manager.nvidia.com"].type == "vfio""#)
+                && !sel.contains("\"gpu\""),
+            "{sel}"
+        );
+        s.passthrough = Some(false);
+        assert!(class_selector("manager.nvidia.com", &s).contains(r#"type in ["gpu", "vgpu"]"#));
     }
 
     #[test]

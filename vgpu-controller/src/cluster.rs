@@ -275,6 +275,9 @@ impl ControllerCluster for InMemoryCluster {
                 let st = g.status.get_or_insert_with(PhysicalGPUStatus::default);
                 st.state = Some(status.state);
                 st.occupancy = Some(status.occupancy.clone());
+                st.class_passthrough = status.passthrough.wish;
+                st.conditions.retain(|c| c.type_ != crate::passthrough::CONDITION);
+                st.conditions.extend(status.passthrough.condition.clone());
             }
         })
     }

@@ -58,6 +58,7 @@ pub fn class(name: &str, vendor: &str, device_type: Option<&str>, shares: Option
                 None => SharingPolicy { mode: SharingMode::Exclusive, shares: None },
             },
             node_selector: None,
+            passthrough: None,
         },
     );
     class.metadata.uid = Some(format!("uid-{name}"));

@@ -298,11 +298,19 @@ impl ControllerCluster for KubeCluster {
 
     async fn apply_gpu_status(&self, gpu: &str, status: &GpuStatus) -> Result<(), ClusterError> {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &self.gpu_ar);
+        // Fields left out are released: server-side apply removes what this manager applied before.
+        let mut fields = json!({"state": status.state, "occupancy": status.occupancy});
+        if let Some(wish) = status.passthrough.wish {
+            fields["classPassthrough"] = json!(wish);
+        }
+        if let Some(condition) = &status.passthrough.condition {
+            fields["conditions"] = json!([condition]);
+        }
         let body = json!({
             "apiVersion": self.gpu_ar.api_version,
             "kind": "PhysicalGPU",
             "metadata": {"name": gpu},
-            "status": {"state": status.state, "occupancy": status.occupancy},
+            "status": fields,
         });
         api.patch_status(gpu, &Self::apply_params(), &Patch::Apply(&body))
             .await

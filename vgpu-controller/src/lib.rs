@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `GPUClass` | primary | `status` (`valid`, `message`, `deviceClassName`, condition `Valid`) |
 //! | `DeviceClass` (`resource.k8s.io/v1`) | owned (ownerReference to the GPUClass, label `<group>/gpuclass`) | applied from [`desired::desired_class`], deleted when its GPUClass is gone |
-//! | `PhysicalGPU` | mapped (matching, occupancy) | `status.state`, `status.occupancy` ([`occupancy`]) |
+//! | `PhysicalGPU` | mapped (matching, occupancy) | `status.state`, `status.occupancy` ([`occupancy`]); `status.classPassthrough` and condition `PassthroughPolicy` ([`passthrough`]) |
 //! | `Node` | mapped (labels for `nodeSelector`) | — |
 //! | `ResourceClaim`, `ResourceSlice` | mapped (allocations → GPUs) | — |
 //! | `ResourceClaim` made by the pod mutation | owned by its pod ([`claims`]) | `metadata.ownerReferences` (JSON patch), or deleted when its pod never came to be |
@@ -25,6 +25,7 @@
 //! | [`cel`] | the DeviceClass CEL selector of a GPUClass |
 //! | [`desired`] | pure: GPUClass + PhysicalGPUs → DeviceClass + status |
 //! | [`occupancy`] | pure: ResourceClaim allocations → PhysicalGPU state and occupancy |
+//! | [`passthrough`] | pure: the GPUClasses' `spec.passthrough` → each PhysicalGPU's class wish and `PassthroughPolicy` |
 //! | [`reconcile`] | the pass (plan + writes) and its run loop |
 //! | [`cluster`] | the seam: [`ControllerCluster`](cluster::ControllerCluster), [`InMemoryCluster`](cluster::InMemoryCluster) |
 //! | [`kube_cluster`] | [`KubeCluster`](kube_cluster::KubeCluster): watch-fed caches and server-side apply |
@@ -60,6 +61,7 @@ pub mod fixture;
 pub mod kube_cluster;
 pub mod metrics;
 pub mod occupancy;
+pub mod passthrough;
 pub mod pod_update;
 pub mod pod_validation;
 pub mod reconcile;

@@ -27,6 +27,7 @@ use vgpu_api::{ConditionStatus, GPUClass, GpuState, Occupancy, PhysicalGPU, Shar
 
 use crate::config::ControllerConfig;
 use crate::desired::DesiredClass;
+use crate::passthrough::PassthroughPolicy;
 
 /// The controller-owned status fields of one PhysicalGPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +36,9 @@ pub struct GpuStatus {
     pub state: GpuState,
     /// `status.occupancy`.
     pub occupancy: Occupancy,
+    /// `status.classPassthrough` and condition `PassthroughPolicy` ([`crate::passthrough`]; filled by the
+    /// plan, default here).
+    pub passthrough: PassthroughPolicy,
 }
 
 /// A PCI address with its domain as a number (`00000000:3B:00.0` and `0000:3b:00.0` are equal).
@@ -147,7 +151,7 @@ pub fn desired_occupancy(
                 used_shares: used[i],
                 claims: std::mem::take(&mut holders[i]).into_iter().collect(),
             };
-            (name, GpuStatus { state, occupancy })
+            (name, GpuStatus { state, occupancy, passthrough: PassthroughPolicy::default() })
         })
         .collect()
 }

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | read | [`ControllerCluster::snapshot`] (GPUClass primary; DeviceClass owned; PhysicalGPU, Node, ResourceClaim, ResourceSlice mapped: any change of any of them triggers a pass) |
 //! | plan | [`plan`]: [`desired_classes`] and [`desired_occupancy`], compared with what the snapshot holds; only differences become writes |
-//! | write | apply each DeviceClass that differs; delete managed DeviceClasses whose GPUClass is gone (the ownerReference also lets the garbage collector do it); apply GPUClass status; apply PhysicalGPU status (`state`, `occupancy`) — field manager `vgpu-controller` for all |
+//! | write | apply each DeviceClass that differs; delete managed DeviceClasses whose GPUClass is gone (the ownerReference also lets the garbage collector do it); apply GPUClass status; apply PhysicalGPU status (`state`, `occupancy`, `classPassthrough`, condition `PassthroughPolicy`) — field manager `vgpu-controller` for all |
 //! | claims | for the generated ResourceClaims without an owner ([`claims::batches`]: one pod list per namespace and up to [`claims::BATCH`] claims): list their pods by admission label, then for each claim set the pod as controller owner, delete the claim past the grace, or ask for a pass when the grace ends ([`PassReport::requeue_after`]) |
 //!
 //! The pass is level-triggered and idempotent: it works only from the current state (the trigger's reason is
@@ -20,7 +20,7 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use tokio::sync::Notify;
-use vgpu_api::{GPUClassStatus, GpuState, PhysicalGPU};
+use vgpu_api::{GPUClassStatus, GpuState, PhysicalGPU, PhysicalGPUStatus};
 
 use crate::claims::{self, ClaimAction};
 use crate::cluster::{ClusterError, ControllerCluster, Snapshot, key_of};
@@ -28,6 +28,7 @@ use crate::config::ControllerConfig;
 use crate::desired::{VALID_CONDITION, desired_classes};
 use crate::metrics::Metrics;
 use crate::occupancy::{GpuStatus, desired_occupancy};
+use crate::passthrough::{CONDITION as PASSTHROUGH_CONDITION, PassthroughPolicy, class_passthrough};
 
 /// Re-run a pass at least this often, even without a change.
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(300);
@@ -87,6 +88,14 @@ fn same_class_status(current: Option<&GPUClassStatus>, desired: &GPUClassStatus)
         }) == cond(desired)
 }
 
+fn same_passthrough(current: &PhysicalGPUStatus, desired: &PassthroughPolicy) -> bool {
+    let cond = current.conditions.iter().find(|c| c.type_ == PASSTHROUGH_CONDITION).cloned().map(|mut c| {
+        c.last_transition_time = None;
+        c
+    });
+    current.class_passthrough == desired.wish && cond == desired.condition
+}
+
 /// The pure plan of one pass over `snapshot`.
 pub fn plan(config: &ControllerConfig, snapshot: &Snapshot) -> Plan {
     let desired = desired_classes(config, &snapshot.classes, &snapshot.gpus, &snapshot.nodes);
@@ -127,12 +136,19 @@ pub fn plan(config: &ControllerConfig, snapshot: &Snapshot) -> Plan {
         &snapshot.claims,
         &snapshot.slices,
     );
+    let mut policies = class_passthrough(&snapshot.gpus, &snapshot.classes, &desired);
     for gpu in &snapshot.gpus {
         let name = gpu.name_any();
         let Some(want) = occupancy.get(&name) else { continue };
+        let mut want = want.clone();
+        want.passthrough = policies.remove(&name).unwrap_or_default();
+        let want = &want;
         let status = gpu.status.as_ref();
-        let same = status
-            .is_some_and(|s| s.state == Some(want.state) && s.occupancy.as_ref() == Some(&want.occupancy));
+        let same = status.is_some_and(|s| {
+            s.state == Some(want.state)
+                && s.occupancy.as_ref() == Some(&want.occupancy)
+                && same_passthrough(s, &want.passthrough)
+        });
         let orphaned = !snapshot.nodes.is_empty() && !snapshot.nodes.contains_key(&gpu.spec.node_name);
         if !same && !orphaned {
             out.gpu_statuses.push((name.clone(), want.clone()));
@@ -430,6 +446,42 @@ mod tests {
             cluster.state().gpus[0].status.as_ref().unwrap().occupancy.as_ref().unwrap().total_shares,
             1
         );
+    }
+
+    #[tokio::test]
+    async fn class_passthrough_is_written_conflicts_are_reported_and_both_released() {
+        let cluster = Arc::new(InMemoryCluster::new());
+        cluster.put_gpu(fixture::gpu("w1", 0, "nvidia", "h100", Some(81920)));
+        let mut vm = fixture::class("vm", "nvidia", Some("h100"), None);
+        vm.spec.passthrough = Some(true);
+        cluster.put_class(vm);
+        let r = Reconciler::new(ControllerConfig::default(), cluster.clone(), Metrics::default());
+        r.reconcile_once().await.unwrap();
+        let status = || cluster.state().gpus[0].status.clone().unwrap();
+        let policy = |s: &PhysicalGPUStatus| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == PASSTHROUGH_CONDITION)
+                .map(|c| (c.status, c.reason.clone().unwrap()))
+        };
+        assert_eq!(status().class_passthrough, Some(true));
+        assert_eq!(policy(&status()), Some((vgpu_api::ConditionStatus::True, "ClassesAgree".into())));
+        assert_eq!(r.reconcile_once().await.unwrap().writes, 0, "unchanged: nothing written");
+
+        // Another matching class says no: no wish, a False condition.
+        let mut shared = fixture::class("shared", "nvidia", None, Some(4));
+        shared.spec.passthrough = Some(false);
+        cluster.put_class(shared);
+        r.reconcile_once().await.unwrap();
+        assert_eq!(status().class_passthrough, None);
+        assert_eq!(policy(&status()), Some((vgpu_api::ConditionStatus::False, "ConflictingClasses".into())));
+        assert_eq!(r.reconcile_once().await.unwrap().writes, 0);
+
+        // No class with a wish: field and condition released; other conditions stay.
+        cluster.remove_class("vm");
+        cluster.remove_class("shared");
+        r.reconcile_once().await.unwrap();
+        assert_eq!((status().class_passthrough, policy(&status())), (None, None));
     }
 
     /// The loop under a paused clock: nothing while following, a pass once leading (re-checked every 2 s), a

@@ -12,13 +12,14 @@ mod mock_api_server;
 
 use mock_api_server::{next, reply};
 use serde_json::json;
-use vgpu_api::{GpuState, Occupancy};
+use vgpu_api::{Condition, ConditionStatus, GpuState, Occupancy};
 use vgpu_controller::cluster::ControllerCluster;
 use vgpu_controller::config::ControllerConfig;
 use vgpu_controller::desired::{NodeLabels, desired_class};
 use vgpu_controller::fixture;
 use vgpu_controller::kube_cluster::KubeCluster;
 use vgpu_controller::occupancy::GpuStatus;
+use vgpu_controller::passthrough::PassthroughPolicy;
 
 const APPLY: &str = "?&force=true&fieldManager=vgpu-controller";
 
@@ -85,6 +86,16 @@ async fn writes_are_server_side_applies() {
         );
         reply(send, 200, &seen.body);
 
+        // With a class wish: classPassthrough and the PassthroughPolicy condition join the same apply.
+        let (seen, send) = next(&mut handle).await;
+        assert_eq!(seen.body["status"]["classPassthrough"], json!(true));
+        assert_eq!(
+            seen.body["status"]["conditions"],
+            json!([{"type": "PassthroughPolicy", "status": "True", "reason": "ClassesAgree", "message": "passthrough true from GPUClass vm", "observedGeneration": 3}])
+        );
+        assert_eq!(seen.body["status"]["state"], "Allocated");
+        reply(send, 200, &seen.body);
+
         let (_, send) = next(&mut handle).await;
         reply(
             send,
@@ -95,9 +106,22 @@ async fn writes_are_server_side_applies() {
     cluster.apply_device_class(&dc).await.unwrap();
     cluster.delete_device_class("gone.gpu.deckhouse.io").await.unwrap();
     cluster.apply_class_status("a100-shared", &desired.status).await.unwrap();
-    let status = GpuStatus {
+    let mut status = GpuStatus {
         state: GpuState::Allocated,
         occupancy: Occupancy { total_shares: 4, used_shares: 1, claims: vec!["ml/job".into()] },
+        passthrough: PassthroughPolicy::default(),
+    };
+    cluster.apply_gpu_status("w1-0-nvidia", &status).await.unwrap();
+    status.passthrough = PassthroughPolicy {
+        wish: Some(true),
+        condition: Some(Condition {
+            type_: "PassthroughPolicy".into(),
+            status: ConditionStatus::True,
+            reason: Some("ClassesAgree".into()),
+            message: Some("passthrough true from GPUClass vm".into()),
+            last_transition_time: None,
+            observed_generation: Some(3),
+        }),
     };
     cluster.apply_gpu_status("w1-0-nvidia", &status).await.unwrap();
     let err = cluster.apply_gpu_status("w1-0-nvidia", &status).await.unwrap_err();

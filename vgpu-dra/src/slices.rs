@@ -88,7 +88,7 @@ use k8s_openapi::{
 use vgpu_core::backend::DriverVersions;
 
 pub use self::{
-    publisher::{PublishOutcome, SlicePublisher},
+    publisher::{PassthroughGpus, PublishOutcome, SlicePublisher, visible_devices},
     store::{KubeSliceStore, MemorySliceStore, SliceStore},
 };
 use crate::{

@@ -1,7 +1,8 @@
 //! The GPU module's `vfio-switch-<NODE_NAME>-<PCI>` Job (issue #34 item 3): one PCI function moved between
 //! the `nvidia` driver and `vfio-pci` through sysfs, by `vgpu-node-agent vfio-switch --pci <addr> --to
 //! vfio-pci|nvidia` in the Job's `switch` container. [`controller`] is the NVIDIA adapter's side: it
-//! creates and watches those Jobs and writes the PhysicalGPU condition `VfioSwitch`.
+//! creates and watches those Jobs for the PhysicalGPUs' passthrough wish (`spec.passthrough`, else the
+//! GPUClass policy in `status.classPassthrough`) and writes the PhysicalGPU condition `VfioSwitch`.
 //!
 //! # Steps
 //!

@@ -142,11 +142,12 @@ struct Cli {
     #[arg(long, default_value = "30s", value_parser = vgpu_bins::parse_go_duration)]
     physical_gpu_resync_interval: Duration,
     /// Gate PassthroughSupport (GPU module): namespace of the `vfio-switch-<node>-<pci>` Jobs that move this
-    /// node's NVIDIA GPUs between nvidia and vfio-pci as their PhysicalGPU's spec.passthrough asks.
+    /// node's NVIDIA GPUs between nvidia and vfio-pci as their PhysicalGPU asks (spec.passthrough, else the
+    /// GPUClass policy in status.classPassthrough).
     #[arg(long, env = "VFIO_SWITCH_NAMESPACE", default_value = "")]
     vfio_switch_namespace: String,
     /// Gate PassthroughSupport: the image of those Jobs (it holds /usr/bin/vgpu-node-agent); empty: no Jobs,
-    /// spec.passthrough is not acted on.
+    /// no passthrough wish is acted on.
     #[arg(long, env = "VFIO_SWITCH_IMAGE", default_value = "")]
     vfio_switch_image: String,
     /// The host's sysfs, mounted into the vfio-switch Jobs.
@@ -526,7 +527,10 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         .with_resync(cli.physical_gpu_resync_interval)
         .spawn(stopped());
     }
-    // Gate PassthroughSupport (GPU module): vfio-switch Jobs for this node's PhysicalGPUs' spec.passthrough.
+    // Gate PassthroughSupport (GPU module): vfio-switch Jobs for this node's PhysicalGPUs' passthrough wish
+    // (spec.passthrough, else status.classPassthrough); the GPUs wished for passthrough or on vfio-pci are
+    // then published only as gpu-vfio-<index>.
+    let mut passthrough_gpus = None;
     match vfio_switch {
         Some(switch) => {
             tracing::info!(namespace = %switch.namespace, image = %switch.image, "vfio-switch controller started (PassthroughSupport)");
@@ -536,17 +540,23 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
                 Arc::clone(&state),
                 Arc::clone(&backend),
             ));
+            let (sink, gpus) = tokio::sync::watch::channel(vgpu_dra::slices::PassthroughGpus::new());
+            passthrough_gpus = Some(gpus);
             vgpu_dra::vfio_switch::controller::SwitchController::new(cluster, switch)
                 .with_usage(usage)
+                .with_passthrough_sink(sink)
                 .spawn(stopped());
         }
         None if config.gates.enabled(DraGate::PassthroughSupport) => {
-            tracing::info!("no --vfio-switch-image: PhysicalGPU spec.passthrough is not acted on");
+            tracing::info!("no --vfio-switch-image: PhysicalGPU passthrough wishes are not acted on");
         }
         None => {}
     }
     let store = KubeSliceStore::new(client, &config.node_name, &config.driver_name);
-    let publisher = SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone());
+    let mut publisher = SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone());
+    if let Some(gpus) = passthrough_gpus {
+        publisher = publisher.with_passthrough(gpus);
+    }
     metrics.set_publisher(publisher.status());
     let publisher = publisher.spawn(stopped());
 
@@ -851,7 +861,7 @@ mod tests {
             ("n", "d8-gpu", "img:1")
         );
         assert_eq!(switch.host_sys, Path::new("/host/sys"));
-        assert!(switch.poll <= Duration::from_secs(5));
+        assert!(switch.recheck <= Duration::from_secs(5) && switch.resync <= Duration::from_secs(60));
         let off = parse(&["--node-name=n", "--host-root=/", "--vfio-switch-namespace=d8-gpu"]);
         assert!(resolve(&off, passthrough()).unwrap().vfio_switch.is_none(), "no image: no controller");
     }

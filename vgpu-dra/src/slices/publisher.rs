@@ -17,19 +17,64 @@
 //!    delete the listed slices that are no longer desired. A failed write ends the round with an error; the
 //!    next round starts again from 1 and bumps the generation again, so consumers never mix generations.
 //!
-//! Rounds run ([`SlicePublisher::run`]) at start, after health changes (batched: after a change the
-//! publisher waits [`SlicePublisher::with_batch`] (default 1 s) so a burst of events gives one republish),
+//! Gate `PassthroughSupport`: with [`SlicePublisher::with_passthrough`], the GPUs on that channel (wished
+//! for passthrough, or bound to `vfio-pci`: [`crate::vfio_switch::controller::passthrough_gpus`]) are
+//! built without their regular devices (`gpu-<minor>`, `vgpu-<minor>`, MIG): each is published only as its
+//! `gpu-vfio-<index>` device ([`visible_devices`]), so the scheduler cannot hand the GPU to a container
+//! claim while it is (or is about to be) a VM's. [`SlicePublisher::run`] waits for the channel's first
+//! value (the switch controller's first pass) before its first round, at most [`PASSTHROUGH_FIRST_WAIT`]
+//! (the PhysicalGPU API may be down): a start-up does not publish a passthrough GPU's regular devices for
+//! the moment before that pass.
+//!
+//! Rounds run ([`SlicePublisher::run`]) at start, after health or passthrough changes (batched: after a
+//! change the publisher waits [`SlicePublisher::with_batch`] (default 1 s) so a burst of events gives one
+//! republish),
 //! every resync period ([`SlicePublisher::with_resync`], default 60 s: repairs slices deleted or changed by
 //! someone else), and after a failed round with exponential backoff (500 ms doubling to 30 s). Slices stay
 //! when the publisher stops: the devices are still there and prepared claims still use them.
 
-use std::{collections::BTreeMap, fmt, future::Future, sync::Arc, time::Duration};
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    future::Future,
+    sync::Arc,
+    time::Duration,
+};
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::watch;
+use vgpu_core::discovery::PciAddress;
 
 use super::{SliceConfig, SliceError, SliceStore, build_slices, normalized_spec};
-use crate::{devices::AllocatableDevices, health::HealthSnapshot};
+use crate::{
+    devices::{AllocatableDevices, DeviceType},
+    health::HealthSnapshot,
+};
+
+/// How long [`SlicePublisher::run`] waits for the first passthrough set before publishing without it.
+pub const PASSTHROUGH_FIRST_WAIT: Duration = Duration::from_secs(30);
+
+/// The GPUs of this node published only as their VFIO device (module docs), by PCI address.
+pub type PassthroughGpus = BTreeSet<PciAddress>;
+
+/// `devices` without the regular devices of the GPUs in `passthrough`: only their `vfio` devices stay (a
+/// device whose bus id does not parse is kept).
+pub fn visible_devices<'a>(
+    devices: &'a AllocatableDevices,
+    passthrough: &PassthroughGpus,
+) -> Cow<'a, AllocatableDevices> {
+    let hidden = |d: &crate::devices::AllocatableDevice| {
+        d.kind != DeviceType::Vfio
+            && d.gpu.bus_id.parse::<PciAddress>().is_ok_and(|a| passthrough.contains(&a))
+    };
+    if !devices.iter().any(hidden) {
+        return Cow::Borrowed(devices);
+    }
+    let mut visible = devices.clone();
+    visible.remove_where(hidden);
+    Cow::Owned(visible)
+}
 
 /// What one round did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +126,7 @@ pub struct SlicePublisher<S> {
     config: SliceConfig,
     devices: Arc<AllocatableDevices>,
     health: watch::Receiver<HealthSnapshot>,
+    passthrough: Option<watch::Receiver<PassthroughGpus>>,
     batch: Duration,
     resync: Duration,
     written: Option<Written>,
@@ -114,11 +160,20 @@ impl<S: SliceStore> SlicePublisher<S> {
             config,
             devices,
             health,
+            passthrough: None,
             batch: Duration::from_secs(1),
             resync: Duration::from_secs(60),
             written: None,
             status,
         }
+    }
+
+    /// Publishes the GPUs `passthrough` carries only as their VFIO devices, republishing when it changes
+    /// (module docs; gate `PassthroughSupport`).
+    #[must_use]
+    pub fn with_passthrough(mut self, passthrough: watch::Receiver<PassthroughGpus>) -> Self {
+        self.passthrough = Some(passthrough);
+        self
     }
 
     /// How long to gather health changes before republishing (default 1 s).
@@ -161,7 +216,10 @@ impl<S: SliceStore> SlicePublisher<S> {
 
     async fn sync_inner(&mut self) -> Result<PublishOutcome, SliceError> {
         let snapshot = self.health.borrow_and_update().clone();
-        let desired = build_slices(&self.config, &self.devices, &snapshot, 0)?;
+        let passthrough =
+            self.passthrough.as_mut().map(|p| p.borrow_and_update().clone()).unwrap_or_default();
+        let devices = visible_devices(&self.devices, &passthrough);
+        let desired = build_slices(&self.config, &devices, &snapshot, 0)?;
         let existing = self.store.list().await?;
         let listed: BTreeMap<String, Option<String>> =
             existing.iter().map(|s| (name_of(s), s.metadata.resource_version.clone())).collect();
@@ -219,6 +277,18 @@ impl<S: SliceStore> SlicePublisher<S> {
         tokio::pin!(shutdown);
         let mut retry = RETRY_MIN;
         let mut health_open = true;
+        let mut passthrough_open = self.passthrough.is_some();
+        if let Some(passthrough) = self.passthrough.as_mut()
+            && !passthrough.has_changed().unwrap_or(true)
+        {
+            tokio::select! {
+                () = &mut shutdown => return,
+                _ = passthrough.changed() => {}
+                () = tokio::time::sleep(PASSTHROUGH_FIRST_WAIT) => {
+                    tracing::warn!(waited = ?PASSTHROUGH_FIRST_WAIT, "no passthrough GPU set from the vfio-switch controller yet; publishing without it");
+                }
+            }
+        }
         loop {
             let wait = match self.sync().await {
                 Ok(outcome) => {
@@ -233,6 +303,13 @@ impl<S: SliceStore> SlicePublisher<S> {
                     wait
                 }
             };
+            let passthrough = &mut self.passthrough;
+            let passthrough_changed = async move {
+                match passthrough.as_mut() {
+                    Some(p) => p.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = &mut shutdown => return,
                 changed = self.health.changed(), if health_open => {
@@ -241,12 +318,19 @@ impl<S: SliceStore> SlicePublisher<S> {
                         health_open = false;
                         continue;
                     }
-                    tokio::select! {
-                        () = &mut shutdown => return,
-                        () = tokio::time::sleep(self.batch) => {}
+                }
+                open = passthrough_changed, if passthrough_open => {
+                    if !open {
+                        // The switch controller is gone; its last set stays in force.
+                        passthrough_open = false;
+                        continue;
                     }
                 }
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep(wait) => continue,
+            }
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = tokio::time::sleep(self.batch) => {}
             }
         }
     }

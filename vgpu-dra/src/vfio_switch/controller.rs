@@ -6,9 +6,16 @@
 //!
 //! # Watches → reconcile → writes
 //!
-//! Every [`SwitchConfig::poll`] (5 s) the controller lists this node's PhysicalGPUs
-//! (`fieldSelector=spec.nodeName=<node>`) and, for each with `spec.vendor: nvidia` and a `spec.passthrough`,
-//! looks at its Job:
+//! The controller watches ([`SwitchCluster::changes`]) this node's PhysicalGPUs
+//! (`fieldSelector=spec.nodeName=<node>`) and its switch Jobs (`labelSelector=`[`NODE_LABEL`]`=<node>` in
+//! [`SwitchConfig::namespace`]); each change (a burst folded over [`DEBOUNCE`]) runs a pass at once, and a
+//! pass also runs every [`SwitchConfig::resync`] (60 s) without one, and every [`SwitchConfig::recheck`]
+//! (5 s) while a GPU waits for its holders (claims and processes are not API objects this watch sees) or
+//! after a failed pass. A watch that fails is retried by the watcher with backoff; the resync covers the
+//! gap. A pass lists this node's PhysicalGPUs and, for each with `spec.vendor: nvidia` and a passthrough
+//! wish ([`desired_target`]: `spec.passthrough`, else `status.classPassthrough`, which the GPU module's
+//! controller writes from the GPUClasses with `spec.passthrough` that match the GPU and leaves unset when
+//! they disagree; see `vgpu_api`, "Passthrough"), looks at its Job:
 //!
 //! | Job | GPU | action | `VfioSwitch` (status, reason) |
 //! |---|---|---|---|
@@ -21,8 +28,12 @@
 //! | another target (`spec.passthrough` flipped) | | running: wait; finished: delete it (the next pass creates the new one) | |
 //!
 //! Conditions carry `observedGeneration`; `spec.passthrough` changes bump the generation, so a switch done
-//! for an older spec never counts for a newer one. `status.driver` is the node agent's (it may lag a switch
+//! for an older spec never counts for a newer one (a class wish lives in `status` and bumps nothing: there
+//! the condition's reason, `SwitchedToVfioPci` or `SwitchedToNvidia`, tells the target apart). `status.driver` is the node agent's (it may lag a switch
 //! until its next scan), so a `SwitchedTo…` condition of the current generation counts as done too.
+//!
+//! Each pass also sends [`passthrough_gpus`] to the slice publisher
+//! ([`SwitchController::with_passthrough_sink`]), which then publishes those GPUs only as VFIO devices.
 //!
 //! Writes: the Job (`batch/v1`, in [`SwitchConfig::namespace`], owned by the PhysicalGPU so it goes with
 //! it), and the condition by server-side apply of `status.conditions` on `/status` with field manager
@@ -35,11 +46,15 @@
 //! privileged, with the host's sysfs ([`SwitchConfig::host_sys`]) mounted at
 //! [`SwitchConfig::container_sys`] and the host's `/` read-only at `/host-root` (for `modprobe vfio-pci`).
 
-use std::{collections::BTreeMap, future::Future, path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, future::Future, path::PathBuf, pin::Pin, sync::Arc, time::Duration};
 
 use k8s_openapi::api::{batch::v1::Job, core::v1::Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::{
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy},
+    runtime::{WatchStreamExt as _, watcher},
+};
 use serde_json::json;
+use tokio_stream::{Stream, StreamExt as _};
 use vgpu_api::{Condition, ConditionStatus, PhysicalGPU};
 use vgpu_core::discovery::PciAddress;
 
@@ -63,8 +78,17 @@ pub const REASON_IN_USE: &str = "InUse";
 pub const TARGET_ANNOTATION: &str = "gpu.deckhouse.io/vfio-switch-target";
 /// The vendor whose GPUs are switched.
 pub const VENDOR: &str = "nvidia";
-/// The default period of the controller's passes.
-pub const DEFAULT_POLL: Duration = Duration::from_secs(5);
+/// The label of every switch Job naming its node ([`node_label_value`]); the controller watches its own.
+pub const NODE_LABEL: &str = "gpu.deckhouse.io/node";
+/// The default period of passes without a change ([`SwitchConfig::resync`]).
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(60);
+/// The default period of passes while a GPU waits for its holders or after a failed pass
+/// ([`SwitchConfig::recheck`]).
+pub const DEFAULT_RECHECK: Duration = Duration::from_secs(5);
+/// Changes arriving within this window of each other are folded into one pass.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+/// The longest a burst of changes delays a pass.
+pub const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
 /// Where the binary is in the module's image.
 pub const DEFAULT_BINARY: &str = "/usr/bin/vgpu-node-agent";
 
@@ -98,8 +122,10 @@ pub struct SwitchConfig {
     /// More host paths mounted read-only at the same path in the container (tests: a binary and its
     /// libraries in an image that lacks them).
     pub extra_host_paths: Vec<PathBuf>,
-    /// The period of the passes (and so of looking at a running Job): at most 5 s.
-    pub poll: Duration,
+    /// The period of passes when nothing changed (the watch covers changes; this repairs a missed one).
+    pub resync: Duration,
+    /// The period of passes while a GPU waits for its holders (`InUse`) or after a failed pass.
+    pub recheck: Duration,
 }
 
 impl SwitchConfig {
@@ -115,7 +141,8 @@ impl SwitchConfig {
             container_sys: PathBuf::from("/host-sys"),
             mount_host_root: true,
             extra_host_paths: Vec::new(),
-            poll: DEFAULT_POLL,
+            resync: DEFAULT_RESYNC,
+            recheck: DEFAULT_RECHECK,
         }
     }
 
@@ -225,9 +252,18 @@ pub struct JobInfo {
     pub phase: JobPhase,
 }
 
+/// A stream of triggers: each item says "something this controller looks at may have changed".
+pub type Changes = Pin<Box<dyn Stream<Item = ()> + Send>>;
+
 /// The API calls of the controller.
 #[tonic::async_trait]
 pub trait SwitchCluster: Send + Sync + std::fmt::Debug + 'static {
+    /// Changes of `node`'s PhysicalGPUs and of its switch Jobs in `namespace`, for as long as the controller
+    /// runs (a stream that ends leaves the controller on its resync). The default never yields.
+    fn changes(&self, node: &str, namespace: &str) -> Changes {
+        let _ = (node, namespace);
+        Box::pin(tokio_stream::pending())
+    }
     /// The PhysicalGPUs of `node`; `None` when the API has no PhysicalGPU resource.
     async fn list_gpus(&self, node: &str) -> Result<Option<Vec<PhysicalGPU>>, ControllerError>;
     /// Job `name` in `namespace`, if any.
@@ -240,10 +276,40 @@ pub trait SwitchCluster: Send + Sync + std::fmt::Debug + 'static {
     async fn apply_condition(&self, gpu: &str, condition: &Condition) -> Result<(), ControllerError>;
 }
 
-/// The driver a PhysicalGPU should be on, when this controller switches it (NVIDIA, `spec.passthrough` set).
+/// The driver a PhysicalGPU should be on, when this controller switches it: NVIDIA, with a passthrough wish
+/// ([`PhysicalGPU::passthrough_wish`]: `spec.passthrough`, else the controller's `status.classPassthrough`).
 pub fn desired_target(gpu: &PhysicalGPU) -> Option<SwitchTarget> {
     (gpu.spec.vendor == VENDOR).then_some(())?;
-    gpu.spec.passthrough.map(SwitchTarget::for_passthrough)
+    gpu.passthrough_wish().map(SwitchTarget::for_passthrough)
+}
+
+/// The GPUs of `node` the slices must publish only as VFIO devices
+/// ([`crate::slices::SlicePublisher::with_passthrough`]): NVIDIA GPUs wished for passthrough
+/// ([`desired_target`] `vfio-pci`, switched or not yet) or bound to `vfio-pci` now (`status.driver`, e.g. by
+/// a VFIO claim, or still there on the way back to `nvidia`).
+pub fn passthrough_gpus(gpus: &[PhysicalGPU], node: &str) -> crate::slices::PassthroughGpus {
+    gpus.iter()
+        .filter(|g| g.spec.node_name == node && g.spec.vendor == VENDOR)
+        .filter(|g| {
+            desired_target(g) == Some(SwitchTarget::VfioPci)
+                || g.status.as_ref().and_then(|s| s.driver.as_deref()) == Some(SwitchTarget::VfioPci.driver())
+        })
+        .filter_map(|g| g.spec.pci_address.parse().ok())
+        .collect()
+}
+
+/// The [`NODE_LABEL`] value of `node`'s Jobs: the node name when it is a valid label value (at most 63
+/// characters), else its first 52 characters, `-` and 10 hex digits of its SHA-256 (a node name may have
+/// 253).
+pub fn node_label_value(node: &str) -> String {
+    if node.len() <= 63 {
+        return node.to_owned();
+    }
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(node.as_bytes());
+    let hash: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    let head = node[..52].trim_end_matches(['-', '.', '_']);
+    format!("{head}-{hash}")
 }
 
 /// The PhysicalGPU's [`CONDITION`].
@@ -268,7 +334,7 @@ pub fn job(config: &SwitchConfig, gpu: &PhysicalGPU, pci: &PciAddress, target: S
     let labels = json!({
         "app.kubernetes.io/name": "vfio-switch",
         "app.kubernetes.io/component": "vfio-switch",
-        "gpu.deckhouse.io/node": config.node_name,
+        NODE_LABEL: node_label_value(&config.node_name),
     });
     let mut args = vec![
         config.binary.clone(),
@@ -377,18 +443,38 @@ pub struct SwitchController {
     cluster: Arc<dyn SwitchCluster>,
     config: SwitchConfig,
     usage: Option<Arc<dyn GpuUsage>>,
+    passthrough: Option<tokio::sync::watch::Sender<crate::slices::PassthroughGpus>>,
+    /// Whether a pass has sent the set yet (the first is sent even when empty: the publisher waits for it).
+    passthrough_sent: std::sync::atomic::AtomicBool,
 }
 
 impl SwitchController {
     /// A controller over `cluster`, switching without asking who holds a GPU (see [`Self::with_usage`]).
     pub fn new(cluster: Arc<dyn SwitchCluster>, config: SwitchConfig) -> Self {
-        Self { cluster, config, usage: None }
+        Self {
+            cluster,
+            config,
+            usage: None,
+            passthrough: None,
+            passthrough_sent: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     /// Asks `usage` before each switch to `vfio-pci` and waits while anything holds the GPU.
     #[must_use]
     pub fn with_usage(mut self, usage: Arc<dyn GpuUsage>) -> Self {
         self.usage = Some(usage);
+        self
+    }
+
+    /// Sends [`passthrough_gpus`] of every pass's GPU list on `sink` (the first pass's always, later ones
+    /// when the set changed), for the slice publisher.
+    #[must_use]
+    pub fn with_passthrough_sink(
+        mut self,
+        sink: tokio::sync::watch::Sender<crate::slices::PassthroughGpus>,
+    ) -> Self {
+        self.passthrough = Some(sink);
         self
     }
 
@@ -399,9 +485,19 @@ impl SwitchController {
 
     /// One pass over this node's PhysicalGPUs: the step of each that has a passthrough wish, by name.
     pub async fn reconcile_once(&self) -> Result<BTreeMap<String, Step>, ControllerError> {
-        let Some(gpus) = self.cluster.list_gpus(&self.config.node_name).await? else {
-            return Ok(BTreeMap::new());
-        };
+        let gpus = self.cluster.list_gpus(&self.config.node_name).await?.unwrap_or_default();
+        if let Some(sink) = &self.passthrough {
+            let set = passthrough_gpus(&gpus, &self.config.node_name);
+            let first = !self.passthrough_sent.swap(true, std::sync::atomic::Ordering::SeqCst);
+            sink.send_if_modified(|current| {
+                let changed = *current != set;
+                if changed {
+                    tracing::info!(gpus = ?set.iter().map(ToString::to_string).collect::<Vec<_>>(), "passthrough GPUs (published as VFIO devices only)");
+                    *current = set;
+                }
+                changed || first
+            });
+        }
         let mut steps = BTreeMap::new();
         let mut first_error = None;
         for gpu in gpus.iter().filter(|g| g.spec.node_name == self.config.node_name) {
@@ -452,12 +548,19 @@ impl SwitchController {
             }
             Some(info) => match info.phase {
                 JobPhase::Active => {
-                    let message = format!("Job {namespace}/{name} is switching {pci} to {target}");
-                    self.set_condition(
-                        gpu,
-                        condition(ConditionStatus::Unknown, REASON_SWITCHING, message, generation),
-                    )
-                    .await?;
+                    // The condition written when the Job was created says more (the driver it comes from):
+                    // keep it; write one only when another is there (a restart, a condition lost).
+                    let switching = condition_of(gpu).is_some_and(|c| {
+                        c.reason.as_deref() == Some(REASON_SWITCHING) && c.observed_generation == generation
+                    });
+                    if !switching {
+                        let message = format!("Job {namespace}/{name} is switching {pci} to {target}");
+                        self.set_condition(
+                            gpu,
+                            condition(ConditionStatus::Unknown, REASON_SWITCHING, message, generation),
+                        )
+                        .await?;
+                    }
                     Ok(Step::Waiting(name))
                 }
                 JobPhase::Succeeded => {
@@ -528,24 +631,62 @@ impl SwitchController {
         }
     }
 
-    /// Runs a pass every [`SwitchConfig::poll`] until `stop` resolves.
+    /// Runs passes until `stop` resolves: at once, after each change [`SwitchCluster::changes`] reports
+    /// (a burst folded over [`DEBOUNCE`], at most [`MAX_DEBOUNCE`]), every [`SwitchConfig::resync`], and every
+    /// [`SwitchConfig::recheck`] while a GPU is held or after a failed pass (module docs).
+    pub async fn run<F>(self, stop: F)
+    where
+        F: Future<Output = ()> + Send,
+    {
+        tokio::pin!(stop);
+        let mut changes = Some(self.cluster.changes(&self.config.node_name, &self.config.namespace));
+        loop {
+            let wait = match self.reconcile_once().await {
+                Ok(steps) if steps.values().any(|s| matches!(s, Step::Held(_))) => self.config.recheck,
+                Ok(_) => self.config.resync,
+                Err(error) => {
+                    tracing::warn!(%error, "vfio-switch controller pass");
+                    self.config.recheck
+                }
+            };
+            tokio::select! {
+                () = &mut stop => return,
+                () = tokio::time::sleep(wait) => continue,
+                () = next_change(&mut changes) => {}
+            }
+            // Fold a burst (a Job's status, its pod, the condition just written) into one pass.
+            let burst = tokio::time::sleep(MAX_DEBOUNCE);
+            tokio::pin!(burst);
+            loop {
+                tokio::select! {
+                    () = &mut stop => return,
+                    () = &mut burst => break,
+                    () = tokio::time::sleep(DEBOUNCE) => break,
+                    () = next_change(&mut changes) => {}
+                }
+            }
+        }
+    }
+
+    /// [`Self::run`] on a task.
     pub fn spawn<F>(self, stop: F) -> tokio::task::JoinHandle<()>
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        tokio::spawn(async move {
-            tokio::pin!(stop);
-            loop {
-                if let Err(error) = self.reconcile_once().await {
-                    tracing::warn!(%error, "vfio-switch controller pass");
-                }
-                tokio::select! {
-                    () = &mut stop => return,
-                    () = tokio::time::sleep(self.config.poll) => {}
-                }
-            }
-        })
+        tokio::spawn(self.run(stop))
     }
+}
+
+/// The next trigger of `changes`; once the stream has ended, never (the resync is left).
+async fn next_change(changes: &mut Option<Changes>) {
+    if let Some(stream) = changes {
+        if stream.next().await.is_some() {
+            return;
+        }
+        tracing::warn!("vfio-switch: the change stream ended; passes run on the resync period only");
+        *changes = None;
+    }
+    std::future::pending().await
 }
 
 // === the API server ===
@@ -612,8 +753,34 @@ pub fn job_phase(job: &Job) -> JobPhase {
     JobPhase::Active
 }
 
+/// A watcher event as a trigger: every event counts (the pass reads the current state); errors are logged
+/// and dropped (the watcher retries with backoff).
+fn trigger<K>(what: &'static str) -> impl FnMut(Result<watcher::Event<K>, watcher::Error>) -> Option<()> {
+    move |event| match event {
+        Ok(_) => Some(()),
+        Err(error) => {
+            tracing::warn!(%error, "vfio-switch: watch of {what}");
+            None
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl SwitchCluster for KubeSwitchCluster {
+    fn changes(&self, node: &str, namespace: &str) -> Changes {
+        let jobs = watcher(
+            self.jobs(namespace),
+            watcher::Config::default().labels(&format!("{NODE_LABEL}={}", node_label_value(node))),
+        )
+        .default_backoff()
+        .filter_map(trigger("switch Jobs"));
+        let gpus: kube::Api<PhysicalGPU> = kube::Api::all(self.client.clone());
+        let gpus = watcher(gpus, watcher::Config::default().fields(&format!("spec.nodeName={node}")))
+            .default_backoff()
+            .filter_map(trigger("PhysicalGPUs"));
+        Box::pin(jobs.merge(gpus))
+    }
+
     async fn list_gpus(&self, node: &str) -> Result<Option<Vec<PhysicalGPU>>, ControllerError> {
         let api: kube::Api<PhysicalGPU> = kube::Api::all(self.client.clone());
         match api.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await {
@@ -691,10 +858,25 @@ impl SwitchCluster for KubeSwitchCluster {
 
 // === in memory ===
 
-/// An in-memory [`SwitchCluster`]: PhysicalGPUs, Jobs whose phase the test sets, applied conditions.
-#[derive(Debug, Default)]
+/// An in-memory [`SwitchCluster`]: PhysicalGPUs, Jobs whose phase the test sets, applied conditions. Every
+/// change (a GPU put, a Job created, deleted or moved to another phase, a condition that changed) is
+/// reported on [`SwitchCluster::changes`], as the API server's watches would, unless
+/// [`Self::silence`] turned that off.
+#[derive(Debug)]
 pub struct MemorySwitchCluster {
     inner: std::sync::Mutex<MemoryInner>,
+    changed: tokio::sync::watch::Sender<u64>,
+    silent: std::sync::atomic::AtomicBool,
+}
+
+impl Default for MemorySwitchCluster {
+    fn default() -> Self {
+        Self {
+            inner: std::sync::Mutex::default(),
+            changed: tokio::sync::watch::Sender::new(0),
+            silent: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -709,10 +891,22 @@ impl MemorySwitchCluster {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn notify(&self) {
+        if !self.silent.load(std::sync::atomic::Ordering::SeqCst) {
+            self.changed.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Stops (`true`) or resumes reporting changes: a watch that misses events, which only the resync repairs.
+    pub fn silence(&self, silent: bool) {
+        self.silent.store(silent, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Adds or replaces a PhysicalGPU.
     pub fn put_gpu(&self, gpu: PhysicalGPU) {
         let name = gpu.metadata.name.clone().unwrap_or_default();
         self.lock().gpus.insert(name, gpu);
+        self.notify();
     }
 
     /// PhysicalGPU `name`.
@@ -730,6 +924,7 @@ impl MemorySwitchCluster {
         if let Some(entry) = self.lock().jobs.get_mut(&(namespace.to_owned(), name.to_owned())) {
             entry.1 = phase;
         }
+        self.notify();
     }
 
     /// The Jobs deleted so far, by name.
@@ -740,6 +935,10 @@ impl MemorySwitchCluster {
 
 #[tonic::async_trait]
 impl SwitchCluster for MemorySwitchCluster {
+    fn changes(&self, _node: &str, _namespace: &str) -> Changes {
+        Box::pin(tokio_stream::wrappers::WatchStream::from_changes(self.changed.subscribe()).map(drop))
+    }
+
     async fn list_gpus(&self, node: &str) -> Result<Option<Vec<PhysicalGPU>>, ControllerError> {
         Ok(Some(self.lock().gpus.values().filter(|g| g.spec.node_name == node).cloned().collect()))
     }
@@ -762,13 +961,21 @@ impl SwitchCluster for MemorySwitchCluster {
             job.metadata.name.clone().unwrap_or_default(),
         );
         self.lock().jobs.entry(key).or_insert_with(|| (job.clone(), JobPhase::Active));
+        self.notify();
         Ok(())
     }
 
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<(), ControllerError> {
-        let mut inner = self.lock();
-        if inner.jobs.remove(&(namespace.to_owned(), name.to_owned())).is_some() {
-            inner.deleted.push(name.to_owned());
+        let removed = {
+            let mut inner = self.lock();
+            let removed = inner.jobs.remove(&(namespace.to_owned(), name.to_owned())).is_some();
+            if removed {
+                inner.deleted.push(name.to_owned());
+            }
+            removed
+        };
+        if removed {
+            self.notify();
         }
         Ok(())
     }
@@ -779,8 +986,14 @@ impl SwitchCluster for MemorySwitchCluster {
             return Err(ControllerError::Condition { name: gpu.to_owned(), message: "not found".into() });
         };
         let status = object.status.get_or_insert_with(Default::default);
+        let before = status.conditions.clone();
         status.conditions.retain(|c| c.type_ != condition.type_);
         status.conditions.push(condition.clone());
+        let changed = before != status.conditions;
+        drop(inner);
+        if changed {
+            self.notify();
+        }
         Ok(())
     }
 }
@@ -865,11 +1078,14 @@ mod tests {
         assert_eq!(container.security_context.as_ref().unwrap().privileged, Some(true));
         assert_eq!(job.metadata.owner_references.as_ref().unwrap()[0].uid, "uid-1");
 
-        // Running: still switching, no second Job.
+        let created = condition_of(&cluster.gpu("w1-nvidia-2330-0000-3b-00-0").unwrap()).cloned().unwrap();
+        assert!(created.message.as_deref().unwrap().ends_with("from nvidia to vfio-pci"), "{created:?}");
+        // Running: still switching, no second Job, the condition as written at creation.
         assert_eq!(
             controller.reconcile_once().await.unwrap()[&"w1-nvidia-2330-0000-3b-00-0".to_owned()],
             Step::Waiting(JOB.into())
         );
+        assert_eq!(condition_of(&cluster.gpu("w1-nvidia-2330-0000-3b-00-0").unwrap()), Some(&created));
         assert_eq!(cluster.jobs().len(), 1);
         cluster.set_job_phase(NS, JOB, JobPhase::Succeeded);
         let steps = controller.reconcile_once().await.unwrap();
@@ -929,6 +1145,30 @@ mod tests {
     }
 
     #[test]
+    fn the_passthrough_set_has_this_nodes_nvidia_gpus_wished_for_or_on_vfio_pci() {
+        let named = |name: &str, pci: &str, passthrough: Option<bool>, driver: &str| {
+            let mut g = gpu(passthrough, driver);
+            g.metadata.name = Some(name.into());
+            g.spec.pci_address = pci.into();
+            g
+        };
+        let mut other_node = named("o", "0000:05:00.0", Some(true), "nvidia");
+        other_node.spec.node_name = "w2".into();
+        let mut metax = named("m", "0000:06:00.0", Some(true), "metax");
+        metax.spec.vendor = "metax".into();
+        let gpus = [
+            named("wished", "0000:01:00.0", Some(true), "nvidia"),
+            named("bound", "0000:02:00.0", None, "vfio-pci"),
+            named("back", "0000:03:00.0", Some(false), "vfio-pci"),
+            named("plain", "0000:04:00.0", Some(false), "nvidia"),
+            other_node,
+            metax,
+        ];
+        let set: Vec<String> = passthrough_gpus(&gpus, NODE).iter().map(ToString::to_string).collect();
+        assert_eq!(set, ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]);
+    }
+
+    #[test]
     fn settings_the_api_server_would_refuse_are_refused_at_start() {
         let good = SwitchConfig::new(NODE, NS, "registry.local/vgpu:1");
         assert_eq!(good.validate(), Ok(()));
@@ -965,6 +1205,22 @@ mod tests {
         controller.reconcile_once().await.unwrap();
         assert_eq!(cluster.jobs().len(), 1, "kept, not retried");
         assert!(cluster.deleted().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_class_wish_switches_unless_the_gpus_own_spec_says_otherwise() {
+        let mut g = gpu(None, "nvidia");
+        g.status.as_mut().unwrap().class_passthrough = Some(true);
+        let (cluster, controller) = setup(g.clone());
+        let steps = controller.reconcile_once().await.unwrap();
+        assert_eq!(steps.values().collect::<Vec<_>>(), [&Step::Created(JOB.into())]);
+        assert_eq!(cluster.jobs()[0].metadata.annotations.as_ref().unwrap()[TARGET_ANNOTATION], "vfio-pci");
+        // spec.passthrough: false wins over the class wish: the GPU stays on nvidia.
+        g.spec.passthrough = Some(false);
+        let (cluster, controller) = setup(g);
+        controller.reconcile_once().await.unwrap();
+        assert!(cluster.jobs().is_empty());
+        assert_eq!(reason(&cluster), Some((ConditionStatus::True, "SwitchedToNvidia".into())));
     }
 
     #[tokio::test]
