@@ -27,7 +27,8 @@ if [[ -z "${VGPU_E2E_BIN_DIR:-}" ]]; then
 fi
 target="${CARGO_TARGET_DIR:-target}"
 cargo build --release -p vgpu-bins --bin vgpu-scheduler-extender
-export VGPU_E2E_VGPU_BIN_DIR="$target/release"
+# Absolute: the tests run in e2e/, where a relative target/ would name another folder.
+export VGPU_E2E_VGPU_BIN_DIR="$(cd "$target/release" && pwd)"
 cargo test -p vgpu-e2e --test scheduler_throughput --no-run
 
 repeat="${VGPU_THROUGHPUT_REPEAT:-1}"

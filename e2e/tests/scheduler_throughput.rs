@@ -236,6 +236,10 @@ async fn throughput_b_kube_scheduler_with_our_extender() {
     let mut args = vec![
         format!("--kubeconfig={}", env.kubeconfig_path().display()),
         format!("--server-bind-port={port}"),
+        // The same client rate as the kube-scheduler beside it (`with_qps`): the extender creates every binding,
+        // and at its default rate (20 QPS, burst 30, as vgpu-manager's) binds would wait for tokens.
+        format!("--kube-api-qps={QPS}"),
+        format!("--kube-api-burst={QPS}"),
     ];
     // Extra extender flags for a comparison run, e.g. `--success-events=false`.
     args.extend(
