@@ -310,33 +310,23 @@ async fn the_kube_watches_select_this_nodes_jobs_and_gpus() {
     pump.abort();
 }
 
-/// Names of the devices the store's slices publish, sorted.
-fn published(store: &MemorySliceStore) -> Vec<String> {
-    let mut names: Vec<String> = store
-        .slices()
-        .values()
-        .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone()))
-        .collect();
-    names.sort();
-    names
-}
-
-#[tokio::test]
-async fn passthrough_gpus_are_published_only_as_vfio_devices_and_come_back() {
-    let (_dir, tree, _kernel) = node();
-    // Two GPUs as NVML sees them (bus ids as NVML writes them), plus their VFIO devices from sysfs.
+/// A slice publisher over the two GPUs of `tree` as NVML sees them (their bus ids written by `bus_id`) plus
+/// their VFIO devices from sysfs, fed passthrough sets through the returned sender (batch 10 ms, no resync).
+fn publisher_of(
+    tree: &FakeSysfs,
+    bus_id: impl Fn(&str) -> String,
+) -> (MemorySliceStore, tokio::sync::watch::Sender<PassthroughGpus>, SlicePublisher<MemorySliceStore>) {
     let gpus = GPUS
         .iter()
         .enumerate()
         .map(|(i, bus)| {
             let i = u32::try_from(i).unwrap();
-            let bus_id = format!("0000{}", bus.to_uppercase());
             (
                 GpuDevice {
                     index: i,
                     uuid: format!("GPU-{i}"),
                     memory_mib: 1024,
-                    bus_id,
+                    bus_id: bus_id(bus),
                     ..GpuDevice::default()
                 },
                 i,
@@ -358,6 +348,25 @@ async fn passthrough_gpus_are_published_only_as_vfio_devices_and_come_back() {
     .with_passthrough(passthrough_rx)
     .with_batch(Duration::from_millis(10))
     .with_resync(Duration::from_secs(3600));
+    (store, passthrough_tx, publisher)
+}
+
+/// Names of the devices the store's slices publish, sorted.
+fn published(store: &MemorySliceStore) -> Vec<String> {
+    let mut names: Vec<String> = store
+        .slices()
+        .values()
+        .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone()))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn passthrough_gpus_are_published_only_as_vfio_devices_and_come_back() {
+    let (_dir, tree, _kernel) = node();
+    // Two GPUs as NVML sees them (bus ids as NVML writes them), plus their VFIO devices from sysfs.
+    let (store, passthrough_tx, publisher) = publisher_of(&tree, |bus| format!("0000{}", bus.to_uppercase()));
     let mut status = publisher.status();
     let cluster = Arc::new(MemorySwitchCluster::default());
     let mut config = SwitchConfig::new("w1", "d8-gpu", "vgpu:1");
@@ -408,37 +417,7 @@ async fn passthrough_gpus_are_published_only_as_vfio_devices_and_come_back() {
 #[tokio::test]
 async fn the_first_publication_already_leaves_out_a_passthrough_gpu() {
     let (_dir, tree, _kernel) = node();
-    let gpus = GPUS
-        .iter()
-        .enumerate()
-        .map(|(i, bus)| {
-            let i = u32::try_from(i).unwrap();
-            (
-                GpuDevice {
-                    index: i,
-                    uuid: format!("GPU-{i}"),
-                    memory_mib: 1024,
-                    bus_id: (*bus).to_owned(),
-                    ..GpuDevice::default()
-                },
-                i,
-            )
-        })
-        .collect();
-    let mut devices = AllocatableDevices::new(&DeviceConfig::default(), gpus, None).unwrap();
-    for device in vgpu_dra::vfio::vfio_devices(tree.roots(), &devices).unwrap() {
-        devices.add(device).unwrap();
-    }
-    let store = MemorySliceStore::new();
-    let (sink, passthrough) = tokio::sync::watch::channel(PassthroughGpus::new());
-    let publisher = SlicePublisher::new(
-        store.clone(),
-        SliceConfig::new("w1"),
-        Arc::new(devices),
-        tokio::sync::watch::channel(HealthSnapshot::unmonitored_default()).1,
-    )
-    .with_passthrough(passthrough)
-    .with_batch(Duration::from_millis(10));
+    let (store, sink, publisher) = publisher_of(&tree, str::to_owned);
     let mut status = publisher.status();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {

@@ -20,7 +20,6 @@
 
 use std::alloc::System;
 use std::hint::black_box;
-use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
@@ -28,9 +27,9 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::api_pod::ApiPod;
-use vgpu_scheduler::fixture::{api_server_pod_json, vgpu_node, vgpu_pod};
+use vgpu_scheduler::fixture::{api_server_pod_json, filter_only_extender, vgpu_node, vgpu_pod};
 use vgpu_scheduler::wire::{ExtenderArgs, ExtenderFilterResult};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, convert};
+use vgpu_scheduler::{Pod, convert};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -83,12 +82,7 @@ fn bench(c: &mut Criterion) {
             .unwrap()
         })
         .collect();
-    let ext = Extender::new(
-        MemoryCluster::new().without_event_log(),
-        Arc::new(ManualClock::new(NOW)),
-        ExtenderConfig { emit_events: false, serialize_filter: false, ..ExtenderConfig::default() },
-    );
-    ext.cache().load(nodes, Vec::new(), NOW);
+    let ext = filter_only_extender(nodes, NOW);
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let reset = || {
         ext.cache().delete_pod(&probe.uid);

@@ -8,7 +8,11 @@ use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::{DeviceTopology, GpuLinks, P2PLinkType};
 
-use crate::cluster::{Node, Pod};
+use std::sync::Arc;
+
+use crate::clock::ManualClock;
+use crate::cluster::{MemoryCluster, Node, Pod};
+use crate::extender::{Extender, ExtenderConfig};
 
 /// The `node-device-topology` value of a backend's link matrix (unknown codes are skipped).
 pub fn topology_of(matrix: &LinkMatrix) -> DeviceTopology {
@@ -145,4 +149,16 @@ pub fn api_server_pod_json(probe: &Pod, d: &ResourceDomain) -> serde_json::Value
             "status": "False", "lastProbeTime": null, "lastTransitionTime": "2026-12-06T10:00:01Z",
             "reason": "Unschedulable", "message": "0/100 nodes are available: 100 Insufficient nvidia.com/vgpu-number."}]}
     })
+}
+
+/// An extender over an in-memory cluster whose cache holds `nodes` and no pod, at clock `now_ns`, with no events
+/// and no serialized filter: the filter alone, as the decode bench and the allocation budget test measure it.
+pub fn filter_only_extender(nodes: Vec<Node>, now_ns: i64) -> Extender<MemoryCluster, ManualClock> {
+    let ext = Extender::new(
+        MemoryCluster::new().without_event_log(),
+        Arc::new(ManualClock::new(now_ns)),
+        ExtenderConfig { emit_events: false, serialize_filter: false, ..ExtenderConfig::default() },
+    );
+    ext.cache().load(nodes, Vec::new(), now_ns);
+    ext
 }

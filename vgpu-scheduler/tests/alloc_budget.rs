@@ -10,16 +10,14 @@
 //! its own allocations too.
 
 use std::alloc::System;
-use std::sync::Arc;
 
 use serde_json::{Value, json};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::api_pod::ApiPod;
-use vgpu_scheduler::fixture::{api_server_pod_json, vgpu_node, vgpu_pod};
+use vgpu_scheduler::fixture::{api_server_pod_json, filter_only_extender, vgpu_node, vgpu_pod};
 use vgpu_scheduler::wire::{ExtenderArgs, ExtenderFilterResult};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -43,12 +41,7 @@ fn one_filter_over_100_nodes_allocates_at_most_half_of_what_it_did() {
         .iter()
         .map(|n| vgpu_node(n, &inventory, &NodeVgpuConfig::default(), None, &d).unwrap())
         .collect();
-    let ext = Extender::new(
-        MemoryCluster::new().without_event_log(),
-        Arc::new(ManualClock::new(NOW)),
-        ExtenderConfig { emit_events: false, serialize_filter: false, ..ExtenderConfig::default() },
-    );
-    ext.cache().load(nodes, Vec::new(), NOW);
+    let ext = filter_only_extender(nodes, NOW);
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let body =
         serde_json::to_vec(&json!({"Pod": api_server_pod_json(&probe, &d), "NodeNames": names})).unwrap();
