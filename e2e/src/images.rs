@@ -133,6 +133,50 @@ fn json_blob(value: &serde_json::Value, work: &Path, blobs: &Path) -> Result<(St
     blob(&file, blobs)
 }
 
+/// The name our image has in the archive [`vgpu_image_archive`] returns (and in containerd after the import).
+pub const VGPU_IMAGE: &str = "localhost/vgpu:e2e";
+
+/// An already built archive of our image to use instead of building one (e.g. to rerun a chart test quickly).
+pub const VGPU_IMAGE_ARCHIVE_ENV: &str = "VGPU_E2E_IMAGE_ARCHIVE";
+
+/// Our image ([`VGPU_IMAGE`]) as an OCI archive: `$VGPU_E2E_IMAGE_ARCHIVE` when set, else built once per test
+/// binary by `scripts/build-image.sh` from the binaries this run uses ([`crate::vgpu_binary`]) into
+/// `<work>/vgpu.oci.tar` (later calls return the first call's answer).
+pub fn vgpu_image_archive(work: &Path) -> Result<PathBuf> {
+    static ARCHIVE: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    ARCHIVE
+        .get_or_init(|| build_vgpu_image_archive(work).map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+fn build_vgpu_image_archive(work: &Path) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(VGPU_IMAGE_ARCHIVE_ENV).filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    let plugin = crate::vgpu_binary("vgpu-kubelet-plugin")?;
+    let bins = plugin.parent().with_context(|| format!("{} has no folder", plugin.display()))?;
+    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
+    let archive = work.join("vgpu.oci.tar");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let output = Command::new(repo.join("scripts/build-image.sh"))
+        .arg(VGPU_IMAGE)
+        .current_dir(&repo)
+        .env("PREBUILT", bins)
+        .env("OCI_ARCHIVE", &archive)
+        .output()
+        .context("running scripts/build-image.sh")?;
+    if !output.status.success() || !archive.is_file() {
+        bail!(
+            "scripts/build-image.sh failed ({}):\n{}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(archive)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

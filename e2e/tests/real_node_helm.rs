@@ -30,7 +30,7 @@
 //!   becomes a DeviceClass, and a claim pod of it runs with the GPU; uninstall leaves no pod, socket or
 //!   claim CDI spec (the CRDs stay).
 //!
-//! The image: `$VGPU_E2E_IMAGE_ARCHIVE` when set (an archive naming [`IMAGE`]), else built once per run with
+//! The image: `$VGPU_E2E_IMAGE_ARCHIVE` when set (an archive naming [`images::VGPU_IMAGE`]), else built once per run with
 //! `PREBUILT=<our binaries' folder> OCI_ARCHIVE=<target tmp>/real_node_helm/vgpu.oci.tar
 //! scripts/build-image.sh` (buildah; about 20 s from debug binaries). Needs the control plane, the real
 //! node, Helm and root: `e2e/run.sh real_node_helm`.
@@ -39,8 +39,6 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    process::Command,
-    sync::OnceLock,
     time::Duration,
 };
 
@@ -60,15 +58,12 @@ use vgpu_e2e::{
     fixtures::{self, VGPU_CORES, VGPU_MEMORY, VGPU_NUMBER},
     helm, images, probe,
     real_node::{self, RealNode},
-    scheduler_configuration, vgpu_binary,
+    scheduler_configuration,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-/// The image the charts run, as the archive names it.
-const IMAGE: &str = "localhost/vgpu:e2e";
 /// The vgpu-manager chart's kube-scheduler: the control plane's binary alone in an image.
 const KUBE_SCHEDULER_IMAGE: &str = "localhost/kube-scheduler:e2e";
-const ARCHIVE_ENV: &str = "VGPU_E2E_IMAGE_ARCHIVE";
 const NAMESPACE: &str = "vgpu-dra";
 const WORKLOADS: &str = "default";
 const MOCK: &str = "gpus:\n  - { uuid: GPU-HELM-0, name: NVIDIA A30, memoryMiB: 24576, computeCapability: '8.0', minor: 0 }\n";
@@ -79,37 +74,10 @@ const MOCK_3: &str = "gpus:
   - { uuid: GPU-MOD-2, name: NVIDIA A30, memoryMiB: 24576, computeCapability: '8.0', minor: 2 }
 ";
 
-/// `$VGPU_E2E_IMAGE_ARCHIVE`, or the image built from the binaries this run uses (once per test binary, into
-/// `<target>/tmp/real_node_helm/`, replaced by the next run).
+/// Our image as an OCI archive (`$VGPU_E2E_IMAGE_ARCHIVE`, else built once per test binary by
+/// `vgpu_e2e::images::vgpu_image_archive` into `<target>/tmp/<test>/`, replaced by the next run).
 fn image_archive() -> PathBuf {
-    static ARCHIVE: OnceLock<PathBuf> = OnceLock::new();
-    ARCHIVE
-        .get_or_init(|| {
-            if let Some(path) = std::env::var_os(ARCHIVE_ENV).filter(|v| !v.is_empty()) {
-                return PathBuf::from(path);
-            }
-            let bins = vgpu_binary("vgpu-kubelet-plugin").unwrap().parent().unwrap().to_owned();
-            let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("real_node_helm");
-            std::fs::create_dir_all(&work).unwrap();
-            let archive = work.join("vgpu.oci.tar");
-            let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            let output = Command::new(repo.join("scripts/build-image.sh"))
-                .arg(IMAGE)
-                .current_dir(&repo)
-                .env("PREBUILT", &bins)
-                .env("OCI_ARCHIVE", &archive)
-                .output()
-                .unwrap();
-            assert!(
-                output.status.success() && archive.is_file(),
-                "scripts/build-image.sh failed ({}):\n{}\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-            archive
-        })
-        .clone()
+    images::vgpu_image_archive(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("real_node_helm")).unwrap()
 }
 
 /// A running environment (API server, controller manager, kube-scheduler with `profiles`) with the real node
@@ -150,7 +118,11 @@ impl Cluster {
         std::fs::create_dir_all(&work).unwrap();
         let archive = image_archive();
         let imported = node.import_image_archive(&archive).unwrap();
-        assert!(imported.iter().any(|i| i == IMAGE), "{IMAGE} not among the imported images {imported:?}");
+        assert!(
+            imported.iter().any(|i| i == images::VGPU_IMAGE),
+            "{} not among the imported images {imported:?}",
+            images::VGPU_IMAGE
+        );
         let gpus = u32::try_from(mock.matches("uuid:").count()).unwrap();
         let host = probe::GpuHost::create(&work, gpus).unwrap();
         // The limiter is vgpu-manager's, not in our image: the test installs stand-ins for its files.
@@ -195,7 +167,7 @@ impl Cluster {
 
     /// The value arguments every chart gets: our image, never pulled.
     fn image_values(&self) -> Vec<(&'static str, String)> {
-        let (repository, tag) = IMAGE.rsplit_once(':').unwrap();
+        let (repository, tag) = images::VGPU_IMAGE.rsplit_once(':').unwrap();
         vec![
             ("image.repository", repository.to_owned()),
             ("image.tag", tag.to_owned()),

@@ -35,8 +35,6 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    process::Command,
-    sync::OnceLock,
     time::Duration,
 };
 
@@ -55,15 +53,12 @@ use vgpu_e2e::{
     fixtures::{VGPU_CORES, VGPU_MEMORY, VGPU_NUMBER},
     helm, images, probe,
     real_node::{self, RealNode},
-    scheduler_configuration, vgpu_binary,
+    scheduler_configuration,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 /// The folder holding vgpu-manager's `vgpu-manager/` and `vgpu-manager-dra-driver/` charts.
 const CHARTS_ENV: &str = "VGPU_UPSTREAM_CHARTS";
-const ARCHIVE_ENV: &str = "VGPU_E2E_IMAGE_ARCHIVE";
-/// Our image, as the archive names it.
-const IMAGE: &str = "localhost/vgpu:e2e";
 /// The chart's kube-scheduler: the control plane's binary alone in an image.
 const KUBE_SCHEDULER_IMAGE: &str = "localhost/kube-scheduler";
 const KUBE_SCHEDULER_TAG: &str = "e2e";
@@ -93,36 +88,11 @@ fn upstream_charts() -> Option<PathBuf> {
     Some(dir)
 }
 
-/// `$VGPU_E2E_IMAGE_ARCHIVE`, or our image built from the binaries this run uses (once per test binary).
+/// Our image as an OCI archive (`$VGPU_E2E_IMAGE_ARCHIVE`, else built once per test binary by
+/// `vgpu_e2e::images::vgpu_image_archive` into `<target>/tmp/<test>/`, replaced by the next run).
 fn image_archive() -> PathBuf {
-    static ARCHIVE: OnceLock<PathBuf> = OnceLock::new();
-    ARCHIVE
-        .get_or_init(|| {
-            if let Some(path) = std::env::var_os(ARCHIVE_ENV).filter(|v| !v.is_empty()) {
-                return PathBuf::from(path);
-            }
-            let bins = vgpu_binary("vgpu-kubelet-plugin").unwrap().parent().unwrap().to_owned();
-            let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("real_node_upstream_charts");
-            std::fs::create_dir_all(&work).unwrap();
-            let archive = work.join("vgpu.oci.tar");
-            let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            let output = Command::new(repo.join("scripts/build-image.sh"))
-                .arg(IMAGE)
-                .current_dir(&repo)
-                .env("PREBUILT", &bins)
-                .env("OCI_ARCHIVE", &archive)
-                .output()
-                .unwrap();
-            assert!(
-                output.status.success() && archive.is_file(),
-                "scripts/build-image.sh failed ({}):\n{}\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-            archive
-        })
-        .clone()
+    images::vgpu_image_archive(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("real_node_upstream_charts"))
+        .unwrap()
 }
 
 /// The environment (API server, controller manager, kube-scheduler for the `default-scheduler` profile),
@@ -158,7 +128,11 @@ impl Cluster {
         let work = node.dir().join("upstream");
         std::fs::create_dir_all(&work).unwrap();
         let imported = node.import_image_archive(&image_archive()).unwrap();
-        assert!(imported.iter().any(|i| i == IMAGE), "{IMAGE} not among the imported images {imported:?}");
+        assert!(
+            imported.iter().any(|i| i == images::VGPU_IMAGE),
+            "{} not among the imported images {imported:?}",
+            images::VGPU_IMAGE
+        );
         let host = probe::GpuHost::create(&work, 1).unwrap();
         std::fs::write(host.driver_root.join("mock.yaml"), MOCK).unwrap();
         Some(Self { node, env, client, helm: helm_bin, host, work, charts })
@@ -375,7 +349,7 @@ async fn upstream_vgpu_manager_chart_runs_our_image_and_a_vgpu_pod() {
     cluster.label_node("device-plugin").await;
 
     let defaults = cluster.chart_values("vgpu-manager");
-    let (repository, tag) = IMAGE.rsplit_once(':').unwrap();
+    let (repository, tag) = images::VGPU_IMAGE.rsplit_once(':').unwrap();
     let path = |p: &Path| p.display().to_string();
     let overrides = json!({
         "image": repository,
@@ -473,7 +447,7 @@ async fn upstream_dra_driver_chart_runs_our_image_and_a_vgpu_pod() {
     fake_driver_tools(&cluster.host.driver_root);
 
     let defaults = cluster.chart_values("vgpu-manager-dra-driver");
-    let (repository, tag) = IMAGE.rsplit_once(':').unwrap();
+    let (repository, tag) = images::VGPU_IMAGE.rsplit_once(':').unwrap();
     let path = |p: &Path| p.display().to_string();
     let overrides = json!({
         "image": repository,
