@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::{path::Path, sync::Arc, time::Duration};
 
 use vgpu_core::{
@@ -48,19 +50,7 @@ fn start(dir: &Path, output: GfdOutput) -> Running {
         .with_gfd_labels(None)
         .unwrap();
     daemon.gfd_output = output;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (restart_tx, restart) = tokio::sync::mpsc::channel(1);
-    let task = tokio::spawn(async move {
-        let _keep = restart_tx;
-        daemon
-            .run(
-                async {
-                    let _ = stopped.await;
-                },
-                restart,
-            )
-            .await
-    });
+    let (stop, task) = support::spawn_daemon(daemon);
     Running { cluster, stop, task }
 }
 

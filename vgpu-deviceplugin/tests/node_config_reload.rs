@@ -13,6 +13,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::{path::Path, sync::Arc, time::Duration};
 
 use tokio::{
@@ -143,19 +145,7 @@ async fn start() -> Running {
     let daemon = Daemon::new(config, backend, cluster.clone(), cluster.clone())
         .unwrap()
         .with_node_config(source, loaded);
-    let (stop, stopped) = oneshot::channel::<()>();
-    let (restart_tx, restart) = mpsc::channel(1);
-    let task = tokio::spawn(async move {
-        let _keep = restart_tx;
-        daemon
-            .run(
-                async {
-                    let _ = stopped.await;
-                },
-                restart,
-            )
-            .await
-    });
+    let (stop, task) = support::spawn_daemon(daemon);
     Running { dir, cluster, registrations, volume, stop, task }
 }
 

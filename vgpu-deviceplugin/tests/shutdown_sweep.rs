@@ -76,20 +76,7 @@ fn run_daemon(
 ) -> (oneshot::Sender<()>, JoinHandle<Result<(), ServerError>>) {
     let backend: Arc<dyn DeviceBackend> = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
     let daemon = Daemon::new(config, backend, cluster.clone(), cluster.clone()).unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let (restart_tx, restart) = tokio::sync::mpsc::channel(1);
-    let task = tokio::spawn(async move {
-        let _keep = restart_tx;
-        daemon
-            .run(
-                async {
-                    let _ = stopped.await;
-                },
-                restart,
-            )
-            .await
-    });
-    (stop, task)
+    support::spawn_daemon(daemon)
 }
 
 async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::{sync::Arc, time::Duration};
 
 use vgpu_core::{
@@ -49,19 +51,7 @@ fn start(gates: &[&str]) -> Running {
     let mut daemon = Daemon::new(config, backend, cluster.clone(), cluster).unwrap();
     // One pass at start (the interval's first tick), none after: the first pass consumes the samples.
     daemon.sm_watcher_period = Duration::from_secs(3600);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (_restart_tx, restart) = tokio::sync::mpsc::channel(1);
-    let task = tokio::spawn(async move {
-        let _keep = _restart_tx;
-        daemon
-            .run(
-                async {
-                    let _ = stopped.await;
-                },
-                restart,
-            )
-            .await
-    });
+    let (stop, task) = support::spawn_daemon(daemon);
     Running { dir, stop, task }
 }
 

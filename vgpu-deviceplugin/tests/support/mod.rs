@@ -178,3 +178,27 @@ impl PodResourcesLister for FakeServer {
         Err(Status::unimplemented("not used"))
     }
 }
+
+/// Runs `daemon` on a task of its own until the returned sender is sent to or dropped (no restart is ever
+/// asked for); the task ends with what [`Daemon::run`](vgpu_deviceplugin::daemon::Daemon::run) returns.
+pub fn spawn_daemon(
+    daemon: vgpu_deviceplugin::daemon::Daemon,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), vgpu_deviceplugin::error::ServerError>>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (restart_tx, restart) = tokio::sync::mpsc::channel(1);
+    let task = tokio::spawn(async move {
+        let _keep = restart_tx;
+        daemon
+            .run(
+                async {
+                    let _ = stopped.await;
+                },
+                restart,
+            )
+            .await
+    });
+    (stop, task)
+}
