@@ -1,0 +1,1 @@
+//! vgpu-lease: Lease leader election and readiness shared by the vgpu control-plane binaries (being filled by issue #36).
