@@ -39,7 +39,11 @@ use vgpu_dra::{
     DRIVER_NAME,
     devices::{AllocatableDevices, DeviceConfig},
     health::{HealthConfig, HealthMonitor, HealthSnapshot},
-    slices::{KubeSliceStore, PublishOutcome, SliceConfig, SlicePublisher},
+    slices::{
+        SliceConfig,
+        publisher::{PublishOutcome, SlicePublisher},
+        store::KubeSliceStore,
+    },
 };
 use vgpu_e2e::{TestEnv, fixtures, scheduler_configuration};
 

@@ -138,7 +138,7 @@ async fn claim_pod_on_the_real_node(test: &str, nri: bool) {
             .poll("the claim container refused for want of the NRI hook", TIMEOUT, || async {
                 let status = pods.get("cuda").await.ok()?.status?;
                 let text = serde_json::to_string(&status.container_statuses?).ok()?;
-                text.contains(vgpu_dra::nri::GUARD_SOURCE).then_some(text)
+                text.contains(vgpu_dra::partition::GUARD_SOURCE).then_some(text)
             })
             .await
             .unwrap_or_else(|e| panic!("{e}\n{}\n{}", env.log_tail(PLUGIN, 40), node.log_tails(40)));

@@ -18,6 +18,7 @@ use std::{
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use vgpu_core::backend::{NvidiaAdapter, mock::MockBackend};
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     api::dra_v1,
     claims::{InMemoryClaims, allocated, allocation_result, claim},
@@ -25,7 +26,7 @@ use vgpu_dra::{
     devices::{AllocatableDevices, DeviceConfig},
     driver::Driver,
     health::HealthSnapshot,
-    state::{ClaimRef, DeviceState},
+    state::DeviceState,
 };
 
 const NODE: &str = "bench-node";

@@ -32,6 +32,24 @@ use std::{
 
 use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
 
+/// A claim as the kubelet names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct ClaimRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+impl ClaimRef {
+    /// `namespace/name` with `uid`.
+    pub fn new(namespace: &str, name: &str, uid: &str) -> Self {
+        Self { namespace: namespace.to_owned(), name: name.to_owned(), uid: uid.to_owned() }
+    }
+}
+
 /// Reading a claim failed (not a 404).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("get ResourceClaim {namespace}/{name}: {message}")]

@@ -3,7 +3,7 @@
 //!
 //! The source is the same [`DeviceBackend::health_events`] stream the device plugin's
 //! `vgpu_deviceplugin::inventory::DeviceState::watch_backend` consumes; only the sink differs. The result is a
-//! [`HealthSnapshot`] behind a [`tokio::sync::watch`] channel: the [`SlicePublisher`](crate::slices::SlicePublisher)
+//! [`HealthSnapshot`] behind a [`tokio::sync::watch`] channel: the [`SlicePublisher`](crate::slices::publisher::SlicePublisher)
 //! republishes the slices with the taints when it changes, and the kubelet's resource-health stream
 //! (`DRAResourceHealth.NodeWatchResources`) reports each device's [`HealthStatus`] and last-updated time.
 //!

@@ -8,7 +8,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`devices`] | the allocatable device model: GPU → `vgpu-<minor>` / `gpu-<minor>` with `cores` / `memory` / `shares` capacities; consumed capacity → share limits |
-//! | [`slices`] | ResourceSlice builder and [`SlicePublisher`](slices::SlicePublisher) (republish on change, pool generation bumped), DeviceClasses |
+//! | [`slices`] | ResourceSlice builder and [`SlicePublisher`](slices::publisher::SlicePublisher) (republish on change, pool generation bumped), DeviceClasses |
 //! | [`health`] | backend health events → per-device status and taints ([`HealthMonitor`](health::HealthMonitor), a watch channel) |
 //! | [`api`] | generated gRPC code: `pluginregistration`, DRA `v1` / `v1beta1`, dra-health `v1` / `v1alpha1` |
 //! | [`registration`] | `pluginregistration.Registration` (GetInfo, NotifyRegistrationStatus) |
@@ -26,7 +26,8 @@
 //! | [`partition`] | partition keys: which consumer containers share a vGPU partition directory (graph walk, `pod-…` / `cg-…` keys) |
 //! | [`modes`] | claim modes (time-slicing, MPS, dynamic MIG, VFIO, Fabric Manager, device metadata): host actions planned, recorded in the checkpoint, applied on Prepare and reverted on Unprepare |
 //! | [`vfio_switch`] | the GPU module's `vfio-switch-<node>-<pci>` Job: a GPU moved between `nvidia` and `vfio-pci` through sysfs ([`Switcher`](vfio_switch::Switcher)), and the adapter's [`SwitchController`](vfio_switch::controller::SwitchController) that creates those Jobs from `PhysicalGPU.spec.passthrough`, once no claim or process holds the GPU ([`usage`](vfio_switch::usage)) |
-//! | [`metrics`] | `--http-endpoint`: `/healthz`, `/readyz` (sockets + kubelet registration), `--metrics-path` (prepared claims, Prepare/Unprepare counters and durations, `process_*`) |
+//! | [`metrics`] | Prometheus metrics: prepared claims, Prepare/Unprepare counters and durations, slice publishing, device health |
+//! | [`endpoint`] | `--http-endpoint`: `/healthz`, `/readyz` ([`Readiness`](endpoint::Readiness): sockets + kubelet registration + NRI), `--metrics-path` ([`metrics`], `process_*`) |
 //!
 //! # Sockets and files
 //!
@@ -120,6 +121,7 @@ pub mod client_mode;
 pub mod config;
 pub mod devices;
 pub mod driver;
+pub mod endpoint;
 pub mod fabric;
 pub mod gates;
 pub mod health;

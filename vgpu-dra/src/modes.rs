@@ -56,7 +56,7 @@ use std::{collections::BTreeMap, fmt};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 
-use crate::{cdi::ContainerEdits, config::DriverConfig, devices::AllocatableDevice, state::ClaimRef};
+use crate::{cdi::ContainerEdits, claims::ClaimRef, config::DriverConfig, devices::AllocatableDevice};
 
 /// One host action of a claim as the checkpoint records it (`hostActions` of the claim's entry).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

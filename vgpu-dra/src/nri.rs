@@ -29,7 +29,7 @@
 //!
 //! A container the hook never saw (created while the plugin was not connected to the runtime, e.g. right
 //! after a containerd restart) would run without a partition, so with no limits: the claim's CDI spec
-//! therefore mounts [`guard_mount`], whose source never exists, on `/etc/vgpu-manager/config`. The runtime
+//! therefore mounts [`guard_mount`](crate::partition::guard_mount), whose source never exists, on `/etc/vgpu-manager/config`. The runtime
 //! fails such a container's creation (runc: no such file); the kubelet retries, and once the plugin is
 //! back the hook's partition mount replaces the guard (an adjustment's mount removes the spec's mount on
 //! the same path).
@@ -55,8 +55,6 @@ pub use vgpu_nri::{health::NriHealth, plugin::NriError as PluginError, plugin::P
 
 /// The container env the claim's CDI spec sets to the claim's UID.
 pub const CLAIM_UID_ENV: &str = "MANAGER_VGPU_CLAIM_UID";
-/// The per-partition directories.
-pub use crate::partition::PARTITION_DIRS;
 
 /// Where the plugin dials and which index it registers with (`--nri-root`, `--nri-plugin-idx`).
 #[derive(Debug, Clone)]
@@ -208,7 +206,7 @@ impl NriHook {
         self.cache.insert(&pod.uid, &container.name, &claim, part.join("config"));
         let host = config.host_claim_dir(&claim).join(&key);
         let mut adjust = ContainerAdjustment::new();
-        adjust.mounts = partition_mounts(&host).into_iter().map(nri_mount).collect();
+        adjust.mounts = crate::partition::partition_mounts(&host).into_iter().map(nri_mount).collect();
         adjust.env = [
             ("VGPU_POD_NAME", pod.name.as_str()),
             ("VGPU_POD_NAMESPACE", pod.namespace.as_str()),
@@ -272,32 +270,6 @@ pub fn plugin(hook: NriHook, config: &NriConfig) -> Result<Plugin<NriHook>, Plug
     Plugin::new(PluginConfig::new(&config.root, config.index.clone()), Arc::new(hook))
 }
 
-/// The name, under a claim's host directory, of the source of [`guard_mount`]: a path that is never made.
-pub const GUARD_SOURCE: &str = "no-partition--the-NRI-hook-did-not-run";
-
-/// The claim's CDI spec mount that keeps a container the NRI hook missed from starting: a bind of
-/// `<host claim dir>/`[`GUARD_SOURCE`] (which never exists, so runc fails the container's creation and the
-/// kubelet retries it) on `/etc/vgpu-manager/config`, the path of the hook's own partition mount, which
-/// replaces it (NRI removes a spec mount whose destination an adjustment mounts).
-pub fn guard_mount(host_claim: &Path) -> cdi::Mount {
-    cdi::Mount::bind(cdi::CONTAINER_CONFIG_DIR, &host_claim.join(GUARD_SOURCE), true)
-}
-
-/// The bind mounts of a partition whose host directory is `host` (as the CDI partition mounts).
-pub fn partition_mounts(host: &Path) -> Vec<cdi::Mount> {
-    vec![
-        cdi::Mount::bind(cdi::CONTAINER_CONFIG_DIR, &host.join("config"), false),
-        cdi::Mount::bind("/tmp/.vgpu_lock", &host.join("vgpu_lock"), false),
-        cdi::Mount::bind("/tmp/.vmem_node", &host.join("vmem_node"), false),
-        cdi::Mount::bind("/tmp/.sm_node", &host.join("sm_node"), false),
-        cdi::Mount::bind(
-            &format!("{}/pids.config", cdi::CONTAINER_CONFIG_DIR),
-            &host.join("config").join("pids.config"),
-            true,
-        ),
-    ]
-}
-
 fn nri_mount(m: cdi::Mount) -> Mount {
     Mount {
         destination: m.container_path,
@@ -358,8 +330,10 @@ mod tests {
 
     #[test]
     fn mounts_match_the_cdi_partition_mounts() {
-        let m: Vec<Mount> =
-            partition_mounts(Path::new("/h/claims/u/p_c")).into_iter().map(nri_mount).collect();
+        let m: Vec<Mount> = crate::partition::partition_mounts(Path::new("/h/claims/u/p_c"))
+            .into_iter()
+            .map(nri_mount)
+            .collect();
         let rows: Vec<_> =
             m.iter().map(|m| (m.destination.as_str(), m.source.as_str(), m.options[0].as_str())).collect();
         assert_eq!(

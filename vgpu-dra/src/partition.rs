@@ -24,7 +24,10 @@
 //! assert!(group_key(&[main, side], &["gpu".to_owned()]).starts_with("cg-"));
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
 
 use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
 
@@ -264,6 +267,32 @@ pub fn create(part: &std::path::Path) -> Result<(), CreateError> {
         })?;
     }
     Ok(())
+}
+
+/// The name, under a claim's host directory, of the source of [`guard_mount`]: a path that is never made.
+pub const GUARD_SOURCE: &str = "no-partition--the-NRI-hook-did-not-run";
+
+/// The claim's CDI spec mount that keeps a container the NRI hook missed from starting: a bind of
+/// `<host claim dir>/`[`GUARD_SOURCE`] (which never exists, so runc fails the container's creation and the
+/// kubelet retries it) on `/etc/vgpu-manager/config`, the path of the hook's own partition mount, which
+/// replaces it (NRI removes a spec mount whose destination an adjustment mounts).
+pub fn guard_mount(host_claim: &Path) -> crate::cdi::Mount {
+    crate::cdi::Mount::bind(crate::cdi::CONTAINER_CONFIG_DIR, &host_claim.join(GUARD_SOURCE), true)
+}
+
+/// The bind mounts of a partition whose host directory is `host` (as the CDI partition mounts).
+pub fn partition_mounts(host: &Path) -> Vec<crate::cdi::Mount> {
+    vec![
+        crate::cdi::Mount::bind(crate::cdi::CONTAINER_CONFIG_DIR, &host.join("config"), false),
+        crate::cdi::Mount::bind("/tmp/.vgpu_lock", &host.join("vgpu_lock"), false),
+        crate::cdi::Mount::bind("/tmp/.vmem_node", &host.join("vmem_node"), false),
+        crate::cdi::Mount::bind("/tmp/.sm_node", &host.join("sm_node"), false),
+        crate::cdi::Mount::bind(
+            &format!("{}/pids.config", crate::cdi::CONTAINER_CONFIG_DIR),
+            &host.join("config").join("pids.config"),
+            true,
+        ),
+    ]
 }
 
 #[cfg(test)]

@@ -19,8 +19,9 @@ use tonic::{Request, Response, Status};
 use crate::{
     api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1},
     checkpoint::PreparedDevice,
+    claims::ClaimRef,
     health::HealthSnapshot,
-    state::{ClaimRef, DeviceState},
+    state::DeviceState,
 };
 
 /// The devices' health ([`crate::health`]): a receiver of the [`HealthSnapshot`] the health monitor

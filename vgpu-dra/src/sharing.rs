@@ -220,7 +220,7 @@ mod tests {
     use vgpu_core::backend::mock::MockBackend;
 
     use super::*;
-    use crate::state::ClaimRef;
+    use crate::claims::ClaimRef;
 
     const MOCK: &str = "gpus:\n  - { uuid: GPU-a, name: L4, memoryMiB: 23034 }\n  - { uuid: GPU-b, name: L4, memoryMiB: 23034 }\n";
 

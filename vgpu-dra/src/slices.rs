@@ -1,4 +1,4 @@
-//! ResourceSlices (resource.k8s.io/v1): the pure builder ([`build_slices`]) and the [`SlicePublisher`] that
+//! ResourceSlices (resource.k8s.io/v1): the pure builder ([`build_slices`]) and the [`SlicePublisher`](publisher::SlicePublisher) that
 //! keeps the API server holding exactly the built set.
 //!
 //! One pool per node (pool name = node name, `spec.nodeName` = node name, `spec.driver` = the driver,
@@ -87,10 +87,6 @@ use k8s_openapi::{
 };
 use vgpu_core::backend::DriverVersions;
 
-pub use self::{
-    publisher::{PassthroughGpus, PublishOutcome, SlicePublisher, visible_devices},
-    store::{KubeSliceStore, MemorySliceStore, SliceStore},
-};
 use crate::{
     devices::{
         AllocatableDevice, AllocatableDevices, Amount, CAPACITY_CORES, CAPACITY_MEMORY, CAPACITY_SHARES,

@@ -46,7 +46,7 @@ use vgpu_core::{abi::runtime_files, backend::VendorAdapter, model::ComputePolicy
 use crate::{
     cdi::{self, ContainerEdits, DeviceNode, Mount},
     checkpoint::{Checkpoint, CheckpointError, ClaimState, PreparedClaim, PreparedDevice},
-    claims::ClaimSource,
+    claims::{ClaimRef, ClaimSource},
     client_mode::{self, RegisterTable},
     config::DriverConfig,
     devices::{AllocatableDevice, AllocatableDevices, DeviceError, DeviceType},
@@ -56,24 +56,6 @@ use crate::{
 
 /// The error text of the claim-sharing rule (upstream's words).
 pub const SHARED_CLAIM_ERROR: &str = "claim cannot be used for multiple Pods simultaneously";
-
-/// A claim as the kubelet names it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct ClaimRef {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// UID.
-    pub uid: String,
-}
-
-impl ClaimRef {
-    /// `namespace/name` with `uid`.
-    pub fn new(namespace: &str, name: &str, uid: &str) -> Self {
-        Self { namespace: namespace.to_owned(), name: name.to_owned(), uid: uid.to_owned() }
-    }
-}
 
 /// Why one claim could not be prepared or unprepared (the text the kubelet gets in the claim's `error`).
 #[derive(Debug, thiserror::Error)]
@@ -912,7 +894,7 @@ impl DeviceState {
                 // A container the NRI hook did not adjust (our plugin not connected to the runtime then) must
                 // not run without its partition: this mount's source never exists, so the runtime refuses to
                 // create it and the kubelet retries; the hook's own mount on the same path replaces it.
-                common.mounts.push(crate::nri::guard_mount(&cfg.host_claim_dir(&claim.uid)));
+                common.mounts.push(crate::partition::guard_mount(&cfg.host_claim_dir(&claim.uid)));
             }
         }
         let host_claim = cfg.host_claim_dir(&claim.uid);
@@ -952,7 +934,8 @@ impl DeviceState {
                     }
                     let part = host_claim.join(&p.partition);
                     // With NRI the partition mounts are per container, injected at CreateContainer.
-                    edits.mounts = if cfg.nri() { Vec::new() } else { crate::nri::partition_mounts(&part) };
+                    edits.mounts =
+                        if cfg.nri() { Vec::new() } else { crate::partition::partition_mounts(&part) };
                 }
                 cdi::Device { name: p.cdi_name.clone(), container_edits: edits }
             })

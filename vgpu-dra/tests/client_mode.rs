@@ -27,12 +27,12 @@ use vgpu_deviceplugin::{
     registration::connect_unix,
     registry::{RegistryConfig, serve_registry_with},
 };
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     cdi,
     claims::{ClaimSource, allocated, allocation_result, claim},
     client_mode::RegisterResolver,
     partition::{ContainerRef, Kind, group_key, single_key},
-    state::ClaimRef,
 };
 use vgpu_gates::DraGate;
 

@@ -11,9 +11,10 @@ mod support;
 use std::sync::atomic::Ordering;
 
 use support::TestNode;
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     checkpoint::ClaimState,
-    state::{ClaimFailure, ClaimRef, FaultPoint},
+    state::{ClaimFailure, FaultPoint},
 };
 
 fn c1() -> ClaimRef {

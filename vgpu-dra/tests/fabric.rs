@@ -14,6 +14,7 @@ use std::sync::{
 };
 
 use vgpu_core::backend::{NvidiaAdapter, mock::MockBackend};
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{ClaimSource, InMemoryClaims, allocated, allocation_result, claim},
@@ -23,7 +24,7 @@ use vgpu_dra::{
     health::HealthSnapshot,
     modes::{ClaimContext, ClaimDevice, ClaimMode},
     slices::{SliceConfig, build_device},
-    state::{ClaimFailure, ClaimRef, DeviceState, FaultHook, FaultPoint},
+    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
     vfio::{
         SysfsRoots, VfioConfig, VfioMode,
         fake::{FakeModules, FakeSysfs, SimulatedKernel},

@@ -11,6 +11,7 @@ mod support;
 use std::sync::Arc;
 
 use vgpu_core::backend::mock::MockBackend;
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     cdi::Spec,
     claims::{ClaimSource, InMemoryClaims, allocated, allocation_result, claim},
@@ -19,7 +20,7 @@ use vgpu_dra::{
     metadata::{MetadataConfig, MetadataMode},
     modes::{ClaimContext, ClaimDevice, ClaimMode},
     slices::SliceConfig,
-    state::{ClaimFailure, ClaimRef, DeviceState, FaultHook, FaultPoint},
+    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
     vfio::{
         SysfsRoots, VfioConfig, VfioMode,
         fake::{FakeModules, FakeSysfs, SimulatedKernel},

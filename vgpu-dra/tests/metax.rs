@@ -14,13 +14,18 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use support::{DRIVER, NODE, TestNode};
 use vgpu_core::backend::{MetaxAdapter, mock::MockBackend};
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     cdi,
     claims::{allocated, allocation_result, claim},
     devices::{AllocatableDevices, DeviceConfig, DeviceType},
     health::HealthSnapshot,
-    slices::{MemorySliceStore, PublishOutcome, SliceConfig, SlicePublisher},
-    state::{ClaimRef, DeviceState},
+    slices::{
+        SliceConfig,
+        publisher::{PublishOutcome, SlicePublisher},
+        store::MemorySliceStore,
+    },
+    state::DeviceState,
 };
 
 const MOCK: &str = "\

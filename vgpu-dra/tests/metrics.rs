@@ -20,7 +20,8 @@ use vgpu_deviceplugin::registration::connect_unix;
 use vgpu_dra::{
     api::{dra_v1, pluginregistration as pr},
     driver::Driver,
-    metrics::{self, DriverMetrics, Readiness},
+    endpoint::{self, Readiness},
+    metrics::{self, DriverMetrics},
 };
 
 /// One `GET` over a fresh connection: (status, content type, body).
@@ -67,7 +68,7 @@ async fn health_readiness_and_metrics_over_http() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(metrics::serve(
+    let server = tokio::spawn(endpoint::serve(
         listener,
         Arc::clone(&metrics),
         Readiness::of(&running),
@@ -210,7 +211,7 @@ async fn enable_rbac_guards_metrics_and_health_is_exported() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(metrics::serve(
+    let server = tokio::spawn(endpoint::serve(
         listener,
         Arc::clone(&metrics),
         Readiness::of(&running),

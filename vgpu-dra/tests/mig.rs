@@ -18,6 +18,7 @@ use std::{
 
 use proptest::prelude::*;
 use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{InMemoryClaims, allocated, allocation_result, claim},
@@ -27,7 +28,7 @@ use vgpu_dra::{
     mig::{self, MigMode},
     modes::{ClaimContext, ClaimDevice, ClaimMode},
     slices::{SliceConfig, build_slices},
-    state::{ClaimFailure, ClaimRef, DeviceState, FaultHook, FaultPoint},
+    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
 };
 
 const NODE: &str = "node-1";

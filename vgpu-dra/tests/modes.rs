@@ -16,12 +16,13 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use support::{DRIVER, NODE, TestNode};
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     cdi::Spec,
     checkpoint::ClaimState,
     claims::{allocated, allocation_result, claim},
     modes::{ClaimContext, ClaimMode, ModeEdits, ModeError, decode, encode},
-    state::{ClaimFailure, ClaimRef, FaultPoint},
+    state::{ClaimFailure, FaultPoint},
 };
 
 /// What the fake mode does to its "host": the set of devices it holds.

@@ -21,6 +21,7 @@ use k8s_openapi::{
 };
 use serde_json::{Value, json};
 use vgpu_core::backend::{ComputeMode, DeviceBackend, mock::MockBackend};
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{InMemoryClaims, allocated, allocation_result, claim},
@@ -29,7 +30,7 @@ use vgpu_dra::{
     modes::{ClaimContext, ClaimMode},
     mps::{FakeMpsDaemons, MpsMode},
     opaque::OpaqueConfigCheck,
-    state::{ClaimFailure, ClaimRef, DeviceState, FaultHook, FaultPoint},
+    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
 };
 
 const NODE: &str = "node-1";

@@ -16,10 +16,11 @@ use std::{sync::Arc, time::Duration};
 
 use support::{DRIVER, NODE, TestNode};
 use vgpu_core::backend::NvidiaAdapter;
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     claims::{allocated, allocation_result, claim},
     nri::{NriConfig, NriHook},
-    state::{ClaimRef, DeviceState},
+    state::DeviceState,
 };
 use vgpu_gates::DraGate;
 use vgpu_nri::{
@@ -91,7 +92,7 @@ async fn gate_off_the_partition_is_per_claim_and_mounted_through_cdi() {
     assert!(state.prepare(&[ClaimRef::new("ns", "single", "u-single")]).await["u-single"].is_ok());
     let spec = std::fs::read_to_string(node.config.cdi_spec_path("u-single")).unwrap();
     assert!(spec.contains("/tmp/.vgpu_lock") && spec.contains("/etc/vgpu-manager/config/pids.config"));
-    assert!(!spec.contains(vgpu_dra::nri::GUARD_SOURCE), "no NRI guard without NRI");
+    assert!(!spec.contains(vgpu_dra::partition::GUARD_SOURCE), "no NRI guard without NRI");
     let parts = std::fs::read_dir(node.config.claim_dir("u-single")).unwrap().count();
     assert_eq!(parts, 1, "one partition made at Prepare");
 }
@@ -112,7 +113,7 @@ async fn create_container_injects_a_per_container_partition_over_the_socket() {
     // The guard: a container the hook misses cannot start (its source never exists); the hook's partition
     // mount on the same path replaces it.
     let spec_json: serde_json::Value = serde_json::from_str(&spec).unwrap();
-    let guard = node.config.host_claim_dir("u-shared").join(vgpu_dra::nri::GUARD_SOURCE);
+    let guard = node.config.host_claim_dir("u-shared").join(vgpu_dra::partition::GUARD_SOURCE);
     let guards: Vec<_> = spec_json["containerEdits"]["mounts"]
         .as_array()
         .unwrap()

@@ -14,6 +14,7 @@ use k8s_openapi::{
 };
 use serde_json::{Value, json};
 use vgpu_core::backend::{DeviceBackend, NvidiaAdapter, TimeSlice, mock::MockBackend};
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     claims::{InMemoryClaims, allocated, allocation_result, claim},
     config::DriverConfig,
@@ -21,7 +22,7 @@ use vgpu_dra::{
     modes::{ClaimContext, ClaimDevice, ClaimMode},
     opaque::{ConfigSource, DeviceConfig, OpaqueConfigCheck, Sharing, configs_for},
     sharing::TimeSlicingMode,
-    state::{ClaimRef, DeviceState},
+    state::DeviceState,
 };
 
 const NODE: &str = "node-1";

@@ -10,10 +10,10 @@ mod support;
 use std::time::Duration;
 
 use support::{DRIVER, NODE, TestNode};
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     claims::{allocated, allocation_result, claim},
     lock::PuLock,
-    state::ClaimRef,
 };
 
 fn r(name: &str, uid: &str) -> ClaimRef {

@@ -20,6 +20,7 @@ use k8s_openapi::{
 };
 use serde_json::{Value, json};
 use vgpu_core::backend::{DeviceBackend, TimeSlice, mock::MockBackend};
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{InMemoryClaims, allocated, allocation_result, claim},
@@ -28,7 +29,7 @@ use vgpu_dra::{
     modes::ClaimMode,
     opaque::OpaqueConfigCheck,
     sharing::TimeSlicingMode,
-    state::{ClaimFailure, ClaimRef, DeviceState, FaultHook, FaultPoint},
+    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
 };
 
 const NODE: &str = "node-1";

@@ -17,7 +17,11 @@ use vgpu_core::model::GpuDevice;
 use vgpu_dra::{
     devices::{AllocatableDevices, DeviceConfig},
     health::HealthSnapshot,
-    slices::{KubeSliceStore, PublishOutcome, SliceConfig, SlicePublisher, SliceStore},
+    slices::{
+        SliceConfig,
+        publisher::{PublishOutcome, SlicePublisher},
+        store::{KubeSliceStore, SliceStore},
+    },
 };
 
 const LIST_URI: &str = "/apis/resource.k8s.io/v1/resourceslices?&fieldSelector=spec.nodeName%3Dnode-a%2Cspec.driver%3Dmanager.nvidia.com";

@@ -15,7 +15,11 @@ use vgpu_core::{
 use vgpu_dra::{
     devices::{AllocatableDevices, DeviceConfig},
     health::{HealthConfig, HealthMonitor, HealthSnapshot},
-    slices::{MemorySliceStore, PublishOutcome, SliceConfig, SlicePublisher, SliceStore},
+    slices::{
+        SliceConfig,
+        publisher::{PublishOutcome, SlicePublisher},
+        store::{MemorySliceStore, SliceStore},
+    },
 };
 
 fn devices(n: u32) -> Arc<AllocatableDevices> {

@@ -16,7 +16,8 @@ use vgpu_core::{
     abi::sm_util,
     backend::{DeviceBackend, mock::MockBackend},
 };
-use vgpu_dra::{cdi, driver::Driver, state::ClaimRef};
+use vgpu_dra::claims::ClaimRef;
+use vgpu_dra::{cdi, driver::Driver};
 use vgpu_gates::DraGate;
 
 const MOCK: &str = "\

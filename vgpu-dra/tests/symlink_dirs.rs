@@ -12,9 +12,10 @@ use std::sync::Arc;
 use support::{DRIVER, NODE, TestNode};
 use vgpu_core::abi::perms::PermsError;
 use vgpu_core::backend::NvidiaAdapter;
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     claims::{allocated, allocation_result, claim},
-    state::{ClaimFailure, ClaimRef, DeviceState},
+    state::{ClaimFailure, DeviceState},
 };
 use vgpu_gates::DraGate;
 

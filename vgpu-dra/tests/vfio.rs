@@ -12,6 +12,7 @@ mod support;
 use std::sync::{Arc, atomic::Ordering};
 
 use vgpu_core::backend::mock::MockBackend;
+use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     cdi::Spec,
     checkpoint::ClaimState,
@@ -21,7 +22,7 @@ use vgpu_dra::{
     health::HealthSnapshot,
     modes::{ClaimContext, ClaimDevice, ClaimMode},
     slices::{SliceConfig, build_device},
-    state::{ClaimFailure, ClaimRef, DeviceState, FaultHook, FaultPoint},
+    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
     vfio::{
         SysfsRoots, VfioConfig, VfioError, VfioMode,
         fake::{FakeModules, FakeSysfs, SimulatedKernel},

@@ -17,7 +17,11 @@ use vgpu_core::{discovery::PciAddress, model::GpuDevice};
 use vgpu_dra::{
     devices::{AllocatableDevices, DeviceConfig},
     health::HealthSnapshot,
-    slices::{MemorySliceStore, PassthroughGpus, SliceConfig, SlicePublisher},
+    slices::{
+        SliceConfig,
+        publisher::{PassthroughGpus, SlicePublisher},
+        store::MemorySliceStore,
+    },
     vfio::{
         KernelSysfs, SysfsRoots,
         fake::{FakeSysfs, PollingKernel},

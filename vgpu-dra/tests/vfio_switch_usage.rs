@@ -14,10 +14,8 @@ use vgpu_core::{
     backend::{DeviceBackend, mock::MockBackend},
     discovery::PciAddress,
 };
-use vgpu_dra::{
-    state::ClaimRef,
-    vfio_switch::usage::{ClaimsAndProcesses, GpuUsage},
-};
+use vgpu_dra::claims::ClaimRef;
+use vgpu_dra::vfio_switch::usage::{ClaimsAndProcesses, GpuUsage};
 
 /// The test node's two GPUs (mock default bus IDs 0000:01:00.0 and 0000:02:00.0), a process on the second.
 const MOCK: &str = "gpus:

@@ -26,7 +26,7 @@ use vgpu_dra::{
     driver::Driver,
     health::{HealthConfig, HealthMonitor, HealthSnapshot},
     healthcheck::HealthCheck,
-    slices::{KubeSliceStore, SliceConfig, SlicePublisher},
+    slices::{SliceConfig, publisher::SlicePublisher, store::KubeSliceStore},
     state::DeviceState,
 };
 use vgpu_gates::{DraGate, FeatureGates};
@@ -274,7 +274,7 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
         }
     }
     let vfio_switch = vfio_switch_config(cli, &node, &gates)?;
-    let http_endpoint = vgpu_dra::metrics::parse_http_endpoint(&cli.http_endpoint)?;
+    let http_endpoint = vgpu_dra::endpoint::parse_http_endpoint(&cli.http_endpoint)?;
     if !cli.metrics_path.starts_with('/') {
         return Err(format!("invalid --metrics-path {:?}: must start with '/'", cli.metrics_path));
     }
@@ -540,7 +540,8 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
                 Arc::clone(&state),
                 Arc::clone(&backend),
             ));
-            let (sink, gpus) = tokio::sync::watch::channel(vgpu_dra::slices::PassthroughGpus::new());
+            let (sink, gpus) =
+                tokio::sync::watch::channel(vgpu_dra::slices::publisher::PassthroughGpus::new());
             passthrough_gpus = Some(gpus);
             vgpu_dra::vfio_switch::controller::SwitchController::new(cluster, switch)
                 .with_usage(usage)
@@ -614,13 +615,13 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
             .with_context(|| format!("binding --http-endpoint {addr}"))?;
         let bound = listener.local_addr().context("reading the metrics listener's address")?;
         let readiness = match &nri_health {
-            Some(nri) => vgpu_dra::metrics::Readiness::of(&running).with_nri(nri.clone()),
-            None => vgpu_dra::metrics::Readiness::of(&running),
+            Some(nri) => vgpu_dra::endpoint::Readiness::of(&running).with_nri(nri.clone()),
+            None => vgpu_dra::endpoint::Readiness::of(&running),
         };
         let path = cli.metrics_path.clone();
         let shutdown = stopped();
         http_task = Some(tokio::spawn(async move {
-            vgpu_dra::metrics::serve(listener, metrics, readiness, &path, authorizer, shutdown).await
+            vgpu_dra::endpoint::serve(listener, metrics, readiness, &path, authorizer, shutdown).await
         }));
         tracing::info!(%bound, path = %cli.metrics_path, rbac = cli.enable_rbac, "metrics, /healthz and /readyz serving");
     }

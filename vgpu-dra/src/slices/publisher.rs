@@ -46,7 +46,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::watch;
 use vgpu_core::discovery::PciAddress;
 
-use super::{SliceConfig, SliceError, SliceStore, build_slices, normalized_spec};
+use super::{SliceConfig, SliceError, build_slices, normalized_spec, store::SliceStore};
 use crate::{
     devices::{AllocatableDevices, DeviceType},
     health::HealthSnapshot,

@@ -1,4 +1,4 @@
-//! The seam between the [`SlicePublisher`](super::SlicePublisher) and the API server: [`SliceStore`], with
+//! The seam between the [`SlicePublisher`](super::publisher::SlicePublisher) and the API server: [`SliceStore`], with
 //! [`KubeSliceStore`] (a `kube::Client`) and [`MemorySliceStore`] (in memory, with failure injection).
 //!
 //! Requests of [`KubeSliceStore`] (cluster-scoped `resource.k8s.io/v1` `resourceslices`):

@@ -284,10 +284,10 @@ pub fn desired_target(gpu: &PhysicalGPU) -> Option<SwitchTarget> {
 }
 
 /// The GPUs of `node` the slices must publish only as VFIO devices
-/// ([`crate::slices::SlicePublisher::with_passthrough`]): NVIDIA GPUs wished for passthrough
+/// ([`crate::slices::publisher::SlicePublisher::with_passthrough`]): NVIDIA GPUs wished for passthrough
 /// ([`desired_target`] `vfio-pci`, switched or not yet) or bound to `vfio-pci` now (`status.driver`, e.g. by
 /// a VFIO claim, or still there on the way back to `nvidia`).
-pub fn passthrough_gpus(gpus: &[PhysicalGPU], node: &str) -> crate::slices::PassthroughGpus {
+pub fn passthrough_gpus(gpus: &[PhysicalGPU], node: &str) -> crate::slices::publisher::PassthroughGpus {
     gpus.iter()
         .filter(|g| g.spec.node_name == node && g.spec.vendor == VENDOR)
         .filter(|g| {
@@ -443,7 +443,7 @@ pub struct SwitchController {
     cluster: Arc<dyn SwitchCluster>,
     config: SwitchConfig,
     usage: Option<Arc<dyn GpuUsage>>,
-    passthrough: Option<tokio::sync::watch::Sender<crate::slices::PassthroughGpus>>,
+    passthrough: Option<tokio::sync::watch::Sender<crate::slices::publisher::PassthroughGpus>>,
     /// Whether a pass has sent the set yet (the first is sent even when empty: the publisher waits for it).
     passthrough_sent: std::sync::atomic::AtomicBool,
 }
@@ -472,7 +472,7 @@ impl SwitchController {
     #[must_use]
     pub fn with_passthrough_sink(
         mut self,
-        sink: tokio::sync::watch::Sender<crate::slices::PassthroughGpus>,
+        sink: tokio::sync::watch::Sender<crate::slices::publisher::PassthroughGpus>,
     ) -> Self {
         self.passthrough = Some(sink);
         self
