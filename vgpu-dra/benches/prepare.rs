@@ -19,7 +19,6 @@ use std::{
 use criterion::{Criterion, criterion_group, criterion_main};
 use vgpu_core::backend::{NvidiaAdapter, mock::MockBackend};
 use vgpu_dra::{
-    api::dra_v1,
     claims::{InMemoryClaims, allocated, allocation_result, claim},
     config::DriverConfig,
     devices::{AllocatableDevices, DeviceConfig},
@@ -27,6 +26,7 @@ use vgpu_dra::{
     health::HealthSnapshot,
     state::{ClaimRef, DeviceState},
 };
+use vgpu_kubelet::api::dra_v1;
 
 const NODE: &str = "bench-node";
 
@@ -86,9 +86,7 @@ fn prepare(c: &mut Criterion) {
     let running = rt.block_on(async { Driver::new(Arc::clone(&state), health).serve().unwrap() });
     let mut client = rt.block_on(async {
         let channel =
-            vgpu_deviceplugin::registration::connect_unix(&running.dra_socket, Duration::from_secs(5))
-                .await
-                .unwrap();
+            vgpu_kubelet::socket::connect_unix(&running.dra_socket, Duration::from_secs(5)).await.unwrap();
         dra_v1::dra_plugin_client::DraPluginClient::new(channel)
     });
     let wire = dra_v1::Claim { namespace: "ns".into(), uid: "uid-1".into(), name: "c1".into() };
