@@ -60,7 +60,7 @@ use vgpu_webhook::review::{Denial, ReviewError, decode, respond};
 use crate::cel::{is_cel_identifier, parse_compute_capability};
 use crate::cluster::{InMemoryCluster, Snapshot};
 use crate::config::ControllerConfig;
-use crate::desired::{MANAGED_BY, NodeLabels, gpu_matches};
+use crate::desired::{MANAGED_BY, MANAGED_BY_LABEL, NodeLabels, gpu_matches, most_on_one_node};
 use crate::metrics::Metrics;
 use crate::pod_validation::{PodContext, claim_names, validate_pod, validate_pod_update};
 
@@ -80,8 +80,6 @@ pub const REQUEST_NAME: &str = "gpu";
 pub const MAX_CORES: u64 = 100;
 /// Hex digits of the admission id ([`ControllerConfig::admission_label`]): a hash of the AdmissionRequest UID.
 pub const ADMISSION_ID_LENGTH: usize = 10;
-/// The `app.kubernetes.io/managed-by` label key (value [`MANAGED_BY`] on what the controller creates).
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 
 /// What admission reads: the GPUClasses and PhysicalGPUs (from the controller's caches).
 pub trait Inventory: Send + Sync + 'static {
@@ -244,16 +242,6 @@ fn quantity_bytes(q: &str) -> Option<u64> {
         };
         n.checked_mul(mult)
     })
-}
-
-/// The most PhysicalGPUs matching `class` that sit on one node; `None` while no GPU matches (the class's
-/// status says why, and counts cannot be compared with anything yet).
-pub fn most_on_one_node(class: &GPUClass, gpus: &[PhysicalGPU]) -> Option<u64> {
-    let mut per_node: BTreeMap<&str, u64> = BTreeMap::new();
-    for g in gpus.iter().filter(|g| gpu_matches(&class.spec, g, &NodeLabels::new()).is_ok()) {
-        *per_node.entry(g.spec.node_name.as_str()).or_default() += 1;
-    }
-    per_node.values().copied().max()
 }
 
 /// The ResourceClaim rules (module docs), for one claim against the classes and GPUs.

@@ -42,9 +42,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::admission::MANAGED_BY_LABEL;
 use crate::config::ControllerConfig;
 use crate::desired::MANAGED_BY;
+use crate::desired::MANAGED_BY_LABEL;
 
 /// What one pass does with a candidate claim.
 #[derive(Debug, Clone, PartialEq)]

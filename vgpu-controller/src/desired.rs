@@ -31,6 +31,8 @@ use crate::config::ControllerConfig;
 
 /// The label value `app.kubernetes.io/managed-by` of what the controller creates.
 pub const MANAGED_BY: &str = "vgpu-controller";
+/// The `app.kubernetes.io/managed-by` label key (value [`MANAGED_BY`] on what the controller creates).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// The condition type the controller owns on GPUClasses.
 pub const VALID_CONDITION: &str = "Valid";
 
@@ -233,6 +235,16 @@ pub fn desired_classes(
     let mut out: Vec<DesiredClass> = classes.iter().map(|c| desired_class(config, c, gpus, nodes)).collect();
     out.sort_by(|a, b| a.class.cmp(&b.class));
     out
+}
+
+/// The most PhysicalGPUs matching `class` that sit on one node; `None` while no GPU matches (the class's
+/// status says why, and counts cannot be compared with anything yet).
+pub fn most_on_one_node(class: &GPUClass, gpus: &[PhysicalGPU]) -> Option<u64> {
+    let mut per_node: BTreeMap<&str, u64> = BTreeMap::new();
+    for g in gpus.iter().filter(|g| gpu_matches(&class.spec, g, &NodeLabels::new()).is_ok()) {
+        *per_node.entry(g.spec.node_name.as_str()).or_default() += 1;
+    }
+    per_node.values().copied().max()
 }
 
 #[cfg(test)]

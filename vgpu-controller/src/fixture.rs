@@ -105,7 +105,7 @@ pub fn time(seconds: i64) -> Timestamp {
 /// `uid-<name>`, resourceVersion `1`, created at `created`, no owner.
 pub fn generated_claim(namespace: &str, name: &str, id: &str, created: Timestamp) -> ResourceClaim {
     let labels = BTreeMap::from([
-        (crate::admission::MANAGED_BY_LABEL.to_owned(), crate::desired::MANAGED_BY.to_owned()),
+        (crate::desired::MANAGED_BY_LABEL.to_owned(), crate::desired::MANAGED_BY.to_owned()),
         (format!("{}/admission-id", vgpu_api::DEFAULT_GROUP), id.to_owned()),
     ]);
     ResourceClaim {

@@ -43,9 +43,9 @@ use vgpu_api::{GPUClass, PhysicalGPU};
 use vgpu_webhook::mutate::containers;
 use vgpu_webhook::review::Denial;
 
-use crate::admission::{MANAGED_BY_LABEL, most_on_one_node};
 use crate::config::ControllerConfig;
 use crate::desired::MANAGED_BY;
+use crate::desired::{MANAGED_BY_LABEL, most_on_one_node};
 
 /// What the rules read besides the pod: the classes and GPUs (from the caches), and the ResourceClaims of the
 /// pod's namespace that its `resourceClaimName`s name (missing ones left out).

@@ -4,8 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    error::{Error, GateError, RegistryError, SetError, Unrecognized},
-    set::FeatureGates,
+    error::{GateError, RegistryError, Unrecognized},
     spec::{FeatureGate, GateSpec},
 };
 
@@ -178,32 +177,6 @@ impl<G: FeatureGate> Registry<G> {
     /// The gate called `name`, if this registry holds it.
     pub fn gate_by_name(&self, name: &str) -> Option<G> {
         self.names.iter().position(|n| *n == name).map(|i| self.gates[i])
-    }
-
-    /// Every gate at its default, nothing set.
-    pub fn defaults(&self) -> FeatureGates<'_, G> {
-        FeatureGates::new(self)
-    }
-
-    /// Parses one `--feature-gates` value on top of the defaults (no rule validation).
-    pub fn parse(&self, value: &str) -> Result<FeatureGates<'_, G>, SetError> {
-        let mut gates = self.defaults();
-        gates.set(value)?;
-        Ok(gates)
-    }
-
-    /// Applies each value in order (as repeated `--feature-gates` flags are), then validates
-    /// the rules. This is what a component does at start-up.
-    pub fn configure<S: AsRef<str>>(
-        &self,
-        values: impl IntoIterator<Item = S>,
-    ) -> Result<FeatureGates<'_, G>, Error> {
-        let mut gates = self.defaults();
-        for v in values {
-            gates.set(v.as_ref())?;
-        }
-        gates.validate()?;
-        Ok(gates)
     }
 
     pub(crate) fn index_of(&self, gate: G) -> Option<usize> {

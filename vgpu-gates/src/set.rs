@@ -3,7 +3,7 @@
 use std::{collections::BTreeMap, fmt};
 
 use crate::{
-    error::{GateError, SetError},
+    error::{Error, GateError, SetError},
     parse::parse_entries,
     registry::{ALL_ALPHA, ALL_BETA, Key, Registry},
     spec::{FeatureGate, Stage},
@@ -169,6 +169,35 @@ impl<'r, G: FeatureGate> FeatureGates<'r, G> {
 
 /// The canonical `--feature-gates` form: explicit settings sorted by name, `Name=bool` joined
 /// by `,` (empty when nothing is set). Parsing it on top of the defaults gives an equal set.
+// The registry's constructors of gate sets live here, beside the set they build: `registry` stays below `set`.
+impl<G: FeatureGate> Registry<G> {
+    /// Every gate at its default, nothing set.
+    pub fn defaults(&self) -> FeatureGates<'_, G> {
+        FeatureGates::new(self)
+    }
+
+    /// Parses one `--feature-gates` value on top of the defaults (no rule validation).
+    pub fn parse(&self, value: &str) -> Result<FeatureGates<'_, G>, SetError> {
+        let mut gates = self.defaults();
+        gates.set(value)?;
+        Ok(gates)
+    }
+
+    /// Applies each value in order (as repeated `--feature-gates` flags are), then validates
+    /// the rules. This is what a component does at start-up.
+    pub fn configure<S: AsRef<str>>(
+        &self,
+        values: impl IntoIterator<Item = S>,
+    ) -> Result<FeatureGates<'_, G>, Error> {
+        let mut gates = self.defaults();
+        for v in values {
+            gates.set(v.as_ref())?;
+        }
+        gates.validate()?;
+        Ok(gates)
+    }
+}
+
 impl<G: FeatureGate> fmt::Display for FeatureGates<'_, G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, (name, value)) in self.overrides().into_iter().enumerate() {

@@ -11,222 +11,17 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use vgpu_core::alloc::{
-    GateInputs, GpuFree, NodeDomains, NodeFailure, NodeLinks, NodeUsage, NodeView, PodFootprint, ReasonCode,
-    decode_node, gate_inputs, topology_fitness_table,
-};
-use vgpu_core::codec::node_gpu_domain;
+use vgpu_core::alloc::{NodeFailure, NodeUsage, PodFootprint, ReasonCode, decode_node};
 use vgpu_core::domain::ResourceDomain;
-use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig, PodDeviceClaim, TopologyMode};
+use vgpu_core::model::{PodDeviceClaim, TopologyMode};
 
 use crate::cluster::{Node, Pod, WatchEvent};
+use crate::decoded::{DecodedNode, decode_links};
 use crate::names::CandidateNames;
 use crate::node_index::{NodeEntry, NodeIndex};
+use crate::node_state::{NodeSlot, NodeState};
 use crate::prealloc::{self, Counting};
-use crate::rank_table::{FITNESS_LEN, RankTable, RowReader, RowRef};
-
-/// Decodes a node's `node-device-topology` (once per annotation change: [`ClusterCache`] re-decodes a node
-/// only when its inputs change). A topology that does not validate is dropped (the node is treated as
-/// publishing none); a GPU pair whose two directions disagree only costs that pair its link benefit
-/// ([`NodeLinks::new`]). Both are logged as warnings naming the node (and the pair).
-fn decode_links(node: &str, annotation: &str) -> Option<NodeLinks> {
-    match NodeLinks::decode(annotation) {
-        Ok(links) => {
-            for pair in links.asymmetric_pairs() {
-                tracing::warn!(
-                    node,
-                    gpu_a = pair.a,
-                    gpu_b = pair.b,
-                    forward = ?pair.forward,
-                    backward = ?pair.backward,
-                    "node-device-topology: {pair}; scoring this GPU pair as unlinked, the rest of the node's \
-                     topology is used"
-                );
-            }
-            Some(links)
-        }
-        Err(error) => {
-            tracing::warn!(node, %error, "node-device-topology is invalid; the node is treated as publishing none");
-            None
-        }
-    }
-}
-
-/// What resolving a request on a node depends on: memory factor and uniform GPU memory
-/// ([`DecodedNode::resolve_key`]).
-pub type ResolveKey = (u32, Option<u64>);
-
-/// A node's decoded annotations and the static numbers the filter ranks by.
-#[derive(Debug)]
-pub struct DecodedNode {
-    /// `node-device-register`.
-    pub inventory: NodeDeviceInventory,
-    /// `node-config-info`.
-    pub config: NodeVgpuConfig,
-    /// `node-device-topology`, when published and valid.
-    pub links: Option<NodeLinks>,
-    /// Memory size shared by every schedulable GPU, if uniform.
-    pub uniform_memory: Option<u64>,
-    /// Slots, cores, memory over schedulable GPUs.
-    pub totals: [u64; 3],
-    /// NVLink components, domain signatures and rail keys for cross-pod alignment (from the links and the
-    /// optional `node-gpu-domain` rail map; a rail map that does not decode is ignored). Derived on first use
-    /// ([`LazyDomains`]): only nodes a gang or controller pod aligns with pay for them.
-    pub domains: LazyDomains,
-}
-
-/// A decoded node's [`NodeDomains`], computed the first time they are read (they copy every GPU's UUID and
-/// rail key, about 1 KiB per 8-GPU node, and only cross-pod alignment reads them). Dereferences to
-/// [`NodeDomains`].
-#[derive(Debug)]
-pub struct LazyDomains {
-    /// Boxed: a node that never aligns keeps one pointer, not the domains' inline size.
-    domains: std::sync::OnceLock<Box<NodeDomains>>,
-    /// The decoded node these domains belong to (its inventory and links).
-    node: std::sync::Weak<DecodedNode>,
-    /// The decoded `node-gpu-domain` rail map, when published and valid.
-    rails: Option<node_gpu_domain::GpuRails>,
-}
-
-impl std::ops::Deref for LazyDomains {
-    type Target = NodeDomains;
-
-    fn deref(&self) -> &NodeDomains {
-        self.domains.get_or_init(|| match self.node.upgrade() {
-            Some(d) => Box::new(NodeDomains::new(&d.inventory, d.links.as_ref(), self.rails.as_ref())),
-            // Unreachable while the node is only ever shared as `Arc<DecodedNode>` (its only constructor):
-            // borrowing these domains keeps that `Arc` alive.
-            None => Box::default(),
-        })
-    }
-}
-
-impl DecodedNode {
-    fn new(
-        inventory: NodeDeviceInventory,
-        config: NodeVgpuConfig,
-        links: Option<NodeLinks>,
-        rails: Option<&str>,
-    ) -> Arc<Self> {
-        let uniform_memory = {
-            let mut sizes = inventory.schedulable().map(|d| d.memory_mib);
-            sizes.next().filter(|f| sizes.all(|s| s == *f))
-        };
-        let mut totals = [0u64; 3];
-        for d in inventory.schedulable() {
-            totals[0] += u64::from(d.split_count);
-            totals[1] += d.cores;
-            totals[2] += d.memory_mib;
-        }
-        let rails = rails.and_then(|r| node_gpu_domain::decode(r).ok());
-        Arc::new_cyclic(|node| {
-            let domains = LazyDomains { domains: std::sync::OnceLock::new(), node: node.clone(), rails };
-            Self { inventory, config, links, uniform_memory, totals, domains }
-        })
-    }
-
-    /// What a request's resolution on this node depends on: the memory factor and the uniform GPU memory.
-    pub fn resolve_key(&self) -> ResolveKey {
-        (self.config.memory_factor.max(1), self.uniform_memory)
-    }
-
-    /// Topology fitness (`topology_fitness`) of the empty node for a base mode, per need `0..FITNESS_LEN`
-    /// (`None` for modes without fitness). The rank table keeps it per node, so it is computed once per
-    /// decoded node and mode.
-    pub fn fitness_table(&self, name: &str, mode: TopologyMode) -> Option<[u8; FITNESS_LEN]> {
-        let usage = NodeUsage::new();
-        let view = NodeView {
-            name,
-            inventory: &self.inventory,
-            config: &self.config,
-            links: self.links.as_ref(),
-            usage: &usage,
-        };
-        topology_fitness_table(mode, &view)
-    }
-}
-
-/// One node's mutable state, behind its own lock.
-#[derive(Debug)]
-pub struct NodeState {
-    /// Node name.
-    pub name: String,
-    /// Decoded annotations, or why the node cannot take vGPU pods.
-    pub decoded: Result<Arc<DecodedNode>, NodeFailure>,
-    /// Fingerprint of what the decoded state depends on ([`ClusterCache::decode_inputs`]): the annotation
-    /// texts are not kept (about 1.3 KiB per 8-GPU node), only a 128-bit randomly seeded hash of them.
-    inputs: u128,
-    /// GPU usage by counted pods and reservations (keyed by pod UID).
-    pub usage: NodeUsage,
-    /// This node's row of the cache's rank table, republished on every change of usage or annotations.
-    row: RowRef,
-    /// In-flight reservations: pod UID → expiry (Unix ns). A B-tree: empty on most nodes, and an empty one
-    /// takes 24 bytes and no allocation.
-    pub reserved: BTreeMap<String, i64>,
-    /// Pods counted here (UIDs), reservations excluded.
-    pub pods: BTreeSet<String>,
-}
-
-impl NodeState {
-    fn recompute(&mut self) {
-        let gates = match &self.decoded {
-            Ok(d) => gate_inputs(&NodeView {
-                name: &self.name,
-                inventory: &d.inventory,
-                config: &d.config,
-                links: d.links.as_ref(),
-                usage: &self.usage,
-            }),
-            Err(_) => GateInputs::default(),
-        };
-        match &self.decoded {
-            Ok(d) => {
-                let gpus = d.inventory.devices.iter().map(|g| GpuFree::of(g, self.usage.device(g.index)));
-                self.row.publish(&self.decoded, &gates, gpus);
-            }
-            Err(_) => self.row.publish(&self.decoded, &gates, std::iter::empty()),
-        }
-    }
-
-    /// This node's row id in the rank table.
-    pub fn row_id(&self) -> u32 {
-        self.row.id()
-    }
-
-    /// Computes this node's fitness table for a mode into its row; the entry for `need`.
-    fn fill_fitness(&self, mode: TopologyMode, need: u32) -> Option<u8> {
-        let d = self.decoded.as_ref().ok()?;
-        let table = d.fitness_table(&self.name, mode)?;
-        self.row.fill_fitness(mode, &table);
-        table.get((need as usize).min(FITNESS_LEN - 1)).copied()
-    }
-
-    /// The allocator's view of this node, when it decoded.
-    pub fn view(&self) -> Option<NodeView<'_>> {
-        let d = self.decoded.as_ref().ok()?;
-        Some(NodeView {
-            name: &self.name,
-            inventory: &d.inventory,
-            config: &d.config,
-            links: d.links.as_ref(),
-            usage: &self.usage,
-        })
-    }
-
-    fn insert(&mut self, uid: &str, fp: PodFootprint) {
-        self.usage.insert_pod(uid, fp);
-        self.recompute();
-    }
-
-    fn remove(&mut self, uid: &str) {
-        if self.usage.remove_pod(uid) {
-            self.recompute();
-        }
-    }
-}
-
-/// A shared node slot.
-pub type NodeSlot = Arc<Mutex<NodeState>>;
+use crate::rank_table::{RankTable, RowReader};
 
 #[derive(Debug)]
 struct PodRecord {
@@ -905,8 +700,11 @@ mod tests {
     use vgpu_core::codec::pod_devices;
 
     use super::*;
+    use crate::decoded::FITNESS_LEN;
     use crate::fixture::{vgpu_node, vgpu_pod};
     use crate::rank_table::{NO_ROW, RankInputs, RowFitness, RowStatus};
+    use vgpu_core::alloc::{GpuFree, NodeDomains, NodeView, gate_inputs};
+    use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 
     #[test]
     fn candidate_rows_follow_node_adds_and_deletes() {

@@ -17,13 +17,16 @@ use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::PodDeviceClaim;
 use vgpu_gates::{CoreGate, FeatureGates};
 
-use crate::cache::{ClusterCache, DecodedNode, NodeSlot, NodeState};
+use crate::budgets::Budgets;
+use crate::cache::ClusterCache;
 use crate::clock::Clock;
 use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MemoryCluster, MetadataPatch, Pod};
+use crate::decoded::DecodedNode;
 use crate::event_queue::{DeferConfig, DeferredEvents, TokenBucket};
 use crate::gang::GangPlacement;
 use crate::names::CandidateNames;
-use crate::pdb::{Budgets, PodDisruptionBudget};
+use crate::node_state::{NodeSlot, NodeState};
+use crate::pdb::PodDisruptionBudget;
 use crate::pod_lock::PodLocks;
 use crate::prealloc::{self, PREDICATE_TIME_DONE, phase};
 use crate::rank::{Ranking, ResolveMemo, rank_candidates, row_reject};

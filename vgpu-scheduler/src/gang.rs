@@ -18,8 +18,9 @@ use std::sync::Arc;
 use vgpu_core::alloc::{Alignment, GangKeys, GangVotes, NodeDomains, PodRequest};
 use vgpu_core::model::TopologyMode;
 
-use crate::cache::{ClusterCache, DecodedNode};
+use crate::cache::ClusterCache;
 use crate::cluster::Pod;
+use crate::decoded::DecodedNode;
 
 /// The placements of a pod's gang siblings and the gang's cross-node keys.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -11,8 +11,11 @@
 //! |---|---|
 //! | [`cluster`] | light [`Node`]/[`Pod`] types, [`Cluster`] (snapshot, patch, bind, events), [`MemoryCluster`] with failure injection |
 //! | [`cache`] | [`ClusterCache`]: decoded nodes, per-node usage kept from pod events, in-flight reservations |
+//! | [`decoded`] | [`decoded::DecodedNode`]: a node's decoded annotations and the static numbers the filter ranks by |
+//! | [`node_state`] | [`node_state::NodeState`]: one node's usage, reservations and rank-table row, behind its own lock |
 //! | [`prealloc`] | reading `pre-allocated`/`predicate-*` back, `ShouldCountPodDeviceAllocation`, stuck grace period |
-//! | [`pdb`] | [`pdb::PodDisruptionBudget`], label selectors, and the budget accounting preempt orders victims by |
+//! | [`pdb`] | [`pdb::PodDisruptionBudget`] and label selectors |
+//! | [`budgets`] | [`budgets::Budgets`]: the budget accounting preempt orders victims by |
 //! | [`gang`] | [`gang::GangPlacement`]: gang siblings' placements → cross-pod alignment windows per node |
 //! | [`rank`] | node ordering over the rank table (same keys as `vgpu_core::alloc::order_nodes`) |
 //! | [`rank_table`] | every node's ranking inputs in one dense row, read without node locks |
@@ -120,12 +123,14 @@
 //! * With `TopologyAwareGPUAllocation` off, `node-device-topology` is not even decoded, so link-mode pods see
 //!   exactly the placement of a node without topology.
 
+pub mod budgets;
 pub mod cache;
 /// The clock seam, lifted into `vgpu-core` (kept here for existing callers).
 pub use vgpu_core::clock;
 pub mod api_pod;
 pub mod cluster;
 pub mod convert;
+pub mod decoded;
 pub mod event_queue;
 pub mod extender;
 pub mod fixture;
@@ -135,6 +140,7 @@ pub mod leader;
 pub mod metrics;
 pub mod names;
 mod node_index;
+pub mod node_state;
 pub mod pdb;
 mod pod_lock;
 pub mod prealloc;

@@ -38,8 +38,8 @@ use vgpu_core::alloc::{AlignmentWindow, LinkSearch, LinkSearchAlgo, LinkTier, Re
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{PodDeviceClaim, SchedulingPolicy, TopologyMode};
 
-use crate::cache::DecodedNode;
 use crate::cluster::Pod;
+use crate::decoded::DecodedNode;
 use crate::extender::{ExtenderObserver, FilterResult, FilterStage};
 
 /// `Content-Type` of [`Metrics::encode`].

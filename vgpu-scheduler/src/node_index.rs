@@ -16,8 +16,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
-use crate::cache::NodeSlot;
 use crate::names::CandidateNames;
+use crate::node_state::NodeSlot;
 use crate::rank_table::NO_ROW;
 
 /// A node of the index: its slot and its rank-table row.

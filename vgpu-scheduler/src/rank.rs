@@ -9,7 +9,8 @@ use vgpu_core::alloc::{
 };
 use vgpu_core::model::SchedulingPolicy;
 
-use crate::cache::{ClusterCache, DecodedNode, ResolveKey};
+use crate::cache::ClusterCache;
+use crate::decoded::{DecodedNode, ResolveKey};
 use crate::names::CandidateNames;
 use crate::rank_table::{RankInputs, RowFitness, RowReader, RowStatus};
 

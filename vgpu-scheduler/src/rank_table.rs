@@ -2,7 +2,7 @@
 //! depends on, topology fitness) in one contiguous array of fixed-size rows, read without locks.
 //!
 //! A filter ranks thousands of candidates per call and usually allocates on one. Reading each candidate's
-//! inputs from its own locked [`NodeState`](crate::cache::NodeState) costs a mutex round trip and a few cold
+//! inputs from its own locked [`NodeState`](crate::node_state::NodeState) costs a mutex round trip and a few cold
 //! cache lines in separate heap objects per node; here a candidate costs one 64-byte row (one cache line) in a
 //! dense table. The topology fitness tables, read only for link and NUMA requests, sit in a parallel array
 //! beside the rows, so a ranking without topology never loads them.
@@ -21,12 +21,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 use vgpu_core::alloc::{GateInputs, GpuFree, NodeFailure, ReasonCode};
 use vgpu_core::model::TopologyMode;
 
-use crate::cache::{DecodedNode, ResolveKey};
+use crate::decoded::{DecodedNode, FITNESS_LEN, ResolveKey};
 
 /// Rows per chunk; chunks never move, so a row's address is stable while its table lives.
 const CHUNK: usize = 1024;
-/// Entries of a fitness table: needs `0..=FITNESS_LEN - 1` (larger needs read the last entry).
-pub const FITNESS_LEN: usize = 17;
 /// A fitness entry not computed yet (fitness values are `0..=5`).
 const UNKNOWN: u8 = u8::MAX;
 /// `uniform_memory` of a node whose GPUs differ in memory.

@@ -287,7 +287,7 @@ mod invariants {
     use proptest::prelude::*;
     use vgpu_core::alloc::{NodeView, PodRequest, allocate};
     use vgpu_scheduler::Cluster;
-    use vgpu_scheduler::pdb::Budgets;
+    use vgpu_scheduler::budgets::Budgets;
 
     /// A running pod: (GPU, half or whole card, priority, app label 0 none / 1 a / 2 b).
     type Spec = (u32, bool, i32, u8);
