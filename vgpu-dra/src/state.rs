@@ -32,205 +32,43 @@
 //! Rules (contract §9): a vGPU claim reserved for more than one consumer fails with `claim cannot be used for
 //! multiple Pods simultaneously`; a device (or device share) prepared for another claim fails with the other
 //! claim named; only paths named after the claim's UID are ever removed.
+//!
+//! # Files
+//!
+//! | file | role |
+//! |---|---|
+//! | `state.rs` | [`DeviceState`]: the order of Prepare / Unprepare, recovery, the stale-claim sweep, the modes' apply and revert |
+//! | [`error`] | [`ClaimFailure`] (the kubelet's per-claim error) and [`StateError`] |
+//! | [`fault`] | fault injection: [`FaultPoint`], [`FaultHook`], the binary's test-only pause |
+//! | `plan.rs` | planning with no side effect: allocation results → devices and limits, overlap check, partitions, register UUIDs |
+//! | `spec.rs` | the claim's CDI spec from the plan |
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+pub mod error;
+pub mod fault;
+mod plan;
+mod spec;
+
+use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tracing::Instrument;
-use vgpu_core::{abi::runtime_files, backend::VendorAdapter, model::ComputePolicy};
+use vgpu_core::{abi::runtime_files, backend::VendorAdapter};
 
+use self::{
+    error::{ClaimFailure, StateError},
+    fault::{FaultHook, FaultPoint},
+    plan::Planned,
+};
 use crate::{
-    cdi::{self, ContainerEdits, DeviceNode, Mount},
+    cdi,
     checkpoint::{Checkpoint, CheckpointError, ClaimState, PreparedClaim, PreparedDevice},
     claims::{ClaimRef, ClaimSource},
     client_mode::{self, RegisterTable},
     config::DriverConfig,
-    devices::{AllocatableDevice, AllocatableDevices, DeviceError, DeviceType},
-    lock::{LockError, PuLock},
-    modes::{ClaimContext, ClaimDevice, ClaimMode, HostAction, ModeEdits, ModeError},
+    devices::{AllocatableDevices, DeviceType},
+    lock::PuLock,
+    modes::{ClaimContext, ClaimMode, HostAction, ModeEdits, ModeError},
 };
-
-/// The error text of the claim-sharing rule (upstream's words).
-pub const SHARED_CLAIM_ERROR: &str = "claim cannot be used for multiple Pods simultaneously";
-
-/// Why one claim could not be prepared or unprepared (the text the kubelet gets in the claim's `error`).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ClaimFailure {
-    /// `pu.lock` could not be taken.
-    #[error(transparent)]
-    Lock(#[from] LockError),
-    /// The checkpoint could not be read or written.
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    /// The API could not be read.
-    #[error(transparent)]
-    Api(#[from] crate::claims::ClaimError),
-    /// The claim does not exist.
-    #[error("ResourceClaim {0} not found")]
-    NotFound(String),
-    /// The claim exists with another UID (it was re-created).
-    #[error("ResourceClaim {claim} has UID {found}, the kubelet asked for {expected}")]
-    Uid {
-        /// `namespace/name`.
-        claim: String,
-        /// The API's UID.
-        found: String,
-        /// The kubelet's UID.
-        expected: String,
-    },
-    /// The claim has no allocation.
-    #[error("ResourceClaim {0} is not allocated")]
-    NotAllocated(String),
-    /// An allocation result of this driver is in another pool.
-    #[error("ResourceClaim {claim}: device {device} is in pool {pool:?}, not this node's pool {node:?}")]
-    Pool {
-        /// `namespace/name`.
-        claim: String,
-        /// The device.
-        device: String,
-        /// Its pool.
-        pool: String,
-        /// This node.
-        node: String,
-    },
-    /// The claim-sharing rule.
-    #[error("ResourceClaim {claim}: {SHARED_CLAIM_ERROR} (reserved for {consumers} consumers)")]
-    Shared {
-        /// `namespace/name`.
-        claim: String,
-        /// How many consumers it is reserved for.
-        consumers: usize,
-    },
-    /// The claim has vGPU devices and the runtime files their containers mount are not installed.
-    #[error("ResourceClaim {claim}: {source}")]
-    RuntimeFiles {
-        /// `namespace/name`.
-        claim: String,
-        /// Which file and why.
-        #[source]
-        source: vgpu_core::abi::runtime_files::RuntimeFileError,
-    },
-    /// A device (share) is already prepared for another claim, or twice in this one.
-    #[error("ResourceClaim {claim}: device {device}{share} is already prepared for claim {other}")]
-    Overlap {
-        /// `namespace/name`.
-        claim: String,
-        /// The device.
-        device: String,
-        /// ` (share <id>)` or empty.
-        share: String,
-        /// The other claim (`namespace/name (uid)`).
-        other: String,
-    },
-    /// A device or consumed capacity is wrong.
-    #[error("ResourceClaim {claim}: {source}")]
-    Device {
-        /// `namespace/name`.
-        claim: String,
-        /// What is wrong.
-        #[source]
-        source: DeviceError,
-    },
-    /// A file system step failed.
-    #[error("{path}: {action}: {source}")]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// What was being done.
-        action: &'static str,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A claim directory's mode could not be set safely (e.g. a symbolic link was planted at its path).
-    #[error(transparent)]
-    Permissions(#[from] vgpu_core::abi::perms::PermsError),
-    /// The CDI spec could not be written.
-    #[error(transparent)]
-    Cdi(#[from] cdi::CdiError),
-    /// The whole call could not start (`pu.lock` not taken); the same text for every claim of the call.
-    #[error("{0}")]
-    Batch(String),
-    /// A mode could not plan, apply or revert a host action ([`crate::modes`]).
-    #[error("ResourceClaim {claim}: {source}")]
-    Mode {
-        /// `namespace/name` (or the UID when only that is known).
-        claim: String,
-        /// What failed.
-        #[source]
-        source: crate::modes::ModeError,
-    },
-    /// The fault-injection hook stopped Prepare (tests only).
-    #[error("fault injected at {0:?}: stopped as a crash would")]
-    Injected(FaultPoint),
-}
-
-/// Where the fault-injection hook is asked whether to stop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FaultPoint {
-    /// `PrepareStarted` is written, nothing else is done.
-    AfterPrepareStarted,
-    /// The first host action of a mode ([`crate::modes`]) is applied, the others and the files are not.
-    AfterHostAction,
-    /// Directories and the CDI spec are written, `PrepareCompleted` is not.
-    AfterSideEffects,
-}
-
-/// The fault-injection hook: called with the point and the claim UID; `true` stops Prepare there without
-/// any cleanup, as a crash would.
-pub type FaultHook = Arc<dyn Fn(FaultPoint, &str) -> bool + Send + Sync>;
-
-/// **Test only.** The env variable that makes the `vgpu-kubelet-plugin` binary hang at a fault point so a
-/// test can SIGKILL it there: `prepare-started` ([`FaultPoint::AfterPrepareStarted`]), `host-action`
-/// ([`FaultPoint::AfterHostAction`]) or `side-effects`
-/// ([`FaultPoint::AfterSideEffects`]). Never set it in a deployment: the first Prepare that reaches the
-/// point blocks forever (its thread sleeps) and holds `pu.lock`.
-pub const TEST_PAUSE_ENV: &str = "VGPU_DRA_TEST_PAUSE_AT";
-
-/// **Test only.** The hook of [`TEST_PAUSE_ENV`] when it is set (`None` when unset or empty): at its point
-/// it logs, then blocks the calling thread for good, as if the process had stopped there.
-pub fn test_pause_hook_from_env() -> Result<Option<FaultHook>, String> {
-    let value = std::env::var(TEST_PAUSE_ENV).unwrap_or_default();
-    let point = match value.as_str() {
-        "" => return Ok(None),
-        "prepare-started" => FaultPoint::AfterPrepareStarted,
-        "host-action" => FaultPoint::AfterHostAction,
-        "side-effects" => FaultPoint::AfterSideEffects,
-        other => {
-            return Err(format!(
-                "{TEST_PAUSE_ENV}={other:?}: expected prepare-started, host-action or side-effects (test only; unset it)"
-            ));
-        }
-    };
-    tracing::warn!(env = TEST_PAUSE_ENV, ?point, "test-only fault injection armed: Prepare will hang there");
-    Ok(Some(Arc::new(move |at, uid| {
-        if at == point {
-            tracing::error!(
-                ?point,
-                claim = uid,
-                "{TEST_PAUSE_ENV}: Prepare paused here for good (test only)"
-            );
-            loop {
-                std::thread::sleep(std::time::Duration::from_secs(3600));
-            }
-        }
-        false
-    })))
-}
-
-/// Start-up recovery or the stale-claim sweep failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StateError {
-    /// See [`ClaimFailure`].
-    #[error(transparent)]
-    Claim(#[from] ClaimFailure),
-}
 
 /// What one Prepare call returns per claim UID.
 pub type PrepareResults = BTreeMap<String, Result<Vec<PreparedDevice>, ClaimFailure>>;
@@ -259,20 +97,6 @@ impl std::fmt::Debug for DeviceState {
             .field("boot_id", &self.boot_id)
             .finish_non_exhaustive()
     }
-}
-
-/// One allocation result resolved to a GPU, before any side effect.
-#[derive(Debug)]
-struct Planned {
-    device: PreparedDevice,
-    partition: String,
-    register_uuid: String,
-    ordinal: usize,
-    cores: Option<u64>,
-    memory_mib: Option<u64>,
-    cdi_name: String,
-    /// The device the result names (its kind and GPU: index, minor).
-    allocatable: AllocatableDevice,
 }
 
 impl DeviceState {
@@ -471,11 +295,11 @@ impl DeviceState {
             None => {}
         }
         let object = self.fetch(claim).await?;
-        let mut planned = self.plan(claim, &object)?;
+        let mut planned = plan::plan(&self.config, &self.devices, claim, &object)?;
         if planned.is_empty() {
             return Ok(Vec::new());
         }
-        self.check_overlap(claim, &planned, &cp)?;
+        plan::check_overlap(claim, &planned, &cp)?;
         let claim_dir = self.config.claim_dir(&claim.uid);
         let spec_path = self.config.cdi_spec_path(&claim.uid);
         let has_vgpu = planned.iter().any(|p| p.allocatable.kind == DeviceType::Vgpu);
@@ -490,9 +314,9 @@ impl DeviceState {
         }
         let mut register_uuids = BTreeMap::new();
         if has_vgpu {
-            self.assign_partitions(claim, &object, &mut planned).await;
+            plan::assign_partitions(self.claims.as_ref(), claim, &object, &mut planned).await;
             if self.config.client_mode() {
-                register_uuids = self.mint_register_uuids(&mut planned)?;
+                register_uuids = plan::mint_register_uuids(&mut planned)?;
             }
         }
         let mut paths = Vec::new();
@@ -500,7 +324,7 @@ impl DeviceState {
             paths.push(claim_dir.display().to_string());
         }
         paths.push(spec_path.display().to_string());
-        let claim_devices = Self::claim_devices(&planned);
+        let claim_devices = plan::claim_devices(&planned);
         let ctx = ClaimContext { claim, object: &object, devices: &claim_devices, config: &self.config };
         let host_actions = self.plan_modes(&ctx)?;
         let mut entry = PreparedClaim::started(&claim.namespace, &claim.name, paths);
@@ -543,19 +367,6 @@ impl DeviceState {
         cp.claims_mut().insert(claim.uid.clone(), entry);
         cp.store(&path)?;
         Ok(devices)
-    }
-
-    /// The modes' view of the planned devices.
-    fn claim_devices(planned: &[Planned]) -> Vec<ClaimDevice> {
-        planned
-            .iter()
-            .map(|p| ClaimDevice {
-                request: p.device.request_names.first().cloned().unwrap_or_default(),
-                device: p.allocatable.clone(),
-                share_id: p.device.share_id.clone(),
-                cdi_name: p.cdi_name.clone(),
-            })
-            .collect()
     }
 
     /// Every installed mode's actions for the claim, in mode order (no side effect).
@@ -616,56 +427,6 @@ impl DeviceState {
         Ok(())
     }
 
-    /// Sets each vGPU device's partition from the claim's consumer pods ([`crate::partition`]); a consumer
-    /// that cannot be read is left out (its requests get their fallback partition).
-    async fn assign_partitions(&self, claim: &ClaimRef, object: &ResourceClaim, planned: &mut [Planned]) {
-        let requests: std::collections::BTreeSet<String> = planned
-            .iter()
-            .filter(|p| p.allocatable.kind == DeviceType::Vgpu)
-            .filter_map(|p| p.device.request_names.first())
-            .map(|r| crate::partition::main_request(r).to_owned())
-            .collect();
-        let consumers = object.status.as_ref().and_then(|s| s.reserved_for.as_ref());
-        let mut pods = Vec::new();
-        for consumer in consumers.into_iter().flatten().filter(|c| c.resource == "pods") {
-            match self.claims.pod(&claim.namespace, &consumer.name).await {
-                Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(consumer.uid.as_str()) => pods.push(pod),
-                Ok(_) => {
-                    tracing::warn!(claim = %claim.uid, pod = %consumer.name, "consumer pod not found (or re-created): its containers get per-request partitions")
-                }
-                Err(e) => {
-                    tracing::warn!(claim = %claim.uid, pod = %consumer.name, error = %e, "cannot read the consumer pod: its containers get per-request partitions")
-                }
-            }
-        }
-        let partitions = crate::partition::resolve(object, &requests, &pods);
-        for p in planned.iter_mut().filter(|p| p.allocatable.kind == DeviceType::Vgpu) {
-            let main =
-                p.device.request_names.first().map(|r| crate::partition::main_request(r)).unwrap_or_default();
-            if let Some(key) = partitions.by_request.get(main) {
-                p.partition.clone_from(key);
-            }
-        }
-    }
-
-    /// Client mode: one fresh register UUID per vGPU partition, set on its devices; returns UUID → key.
-    fn mint_register_uuids(&self, planned: &mut [Planned]) -> Result<BTreeMap<String, String>, ClaimFailure> {
-        let mut by_key: BTreeMap<String, String> = BTreeMap::new();
-        for p in planned.iter_mut().filter(|p| p.allocatable.kind == DeviceType::Vgpu) {
-            if !by_key.contains_key(&p.partition) {
-                let source = Path::new(client_mode::KERNEL_UUID);
-                let uuid = client_mode::mint_uuid(source).map_err(|source_err| ClaimFailure::Io {
-                    path: source.to_path_buf(),
-                    action: "mint a register UUID",
-                    source: source_err,
-                })?;
-                by_key.insert(p.partition.clone(), uuid);
-            }
-            p.register_uuid.clone_from(&by_key[&p.partition]);
-        }
-        Ok(by_key.into_iter().map(|(key, uuid)| (uuid, key)).collect())
-    }
-
     /// Undoes a claim's Prepare: removes its recorded paths, then (client mode) its register-UUID
     /// annotations, best effort (the claim may be gone; a stale annotation names a UUID nobody resolves).
     async fn undo(&self, uid: &str, entry: &PreparedClaim) -> Result<(), ClaimFailure> {
@@ -705,103 +466,6 @@ impl DeviceState {
         Ok(object)
     }
 
-    /// Resolves this driver's allocation results (pure: no side effect).
-    fn plan(&self, claim: &ClaimRef, object: &ResourceClaim) -> Result<Vec<Planned>, ClaimFailure> {
-        let name = format!("{}/{}", claim.namespace, claim.name);
-        let status = object.status.as_ref();
-        let results = status
-            .and_then(|s| s.allocation.as_ref())
-            .ok_or_else(|| ClaimFailure::NotAllocated(name.clone()))?
-            .devices
-            .as_ref()
-            .and_then(|d| d.results.as_deref())
-            .unwrap_or_default();
-        let mut planned = Vec::new();
-        let mut ordinals: BTreeMap<&str, usize> = BTreeMap::new();
-        for (position, result) in results.iter().enumerate() {
-            if result.driver != self.config.driver_name {
-                continue;
-            }
-            if result.pool != self.config.node_name {
-                return Err(ClaimFailure::Pool {
-                    claim: name,
-                    device: result.device.clone(),
-                    pool: result.pool.clone(),
-                    node: self.config.node_name.clone(),
-                });
-            }
-            let device = self.devices.get(&result.device).ok_or_else(|| ClaimFailure::Device {
-                claim: name.clone(),
-                source: DeviceError::UnknownDevice(result.device.clone()),
-            })?;
-            let consumed = result.consumed_capacity.iter().flatten().map(|(k, v)| (k.as_str(), v.0.as_str()));
-            let limits = self
-                .devices
-                .limits(&result.device, consumed)
-                .map_err(|source| ClaimFailure::Device { claim: name.clone(), source })?;
-            let ordinal = ordinals.entry(result.request.as_str()).or_insert(0);
-            let id = cdi::device_id(&result.request, &result.device, result.share_id.as_deref(), position);
-            let cdi_name = cdi::device_name(&claim.uid, &id);
-            planned.push(Planned {
-                device: PreparedDevice {
-                    request_names: vec![result.request.clone()],
-                    pool_name: result.pool.clone(),
-                    device_name: result.device.clone(),
-                    share_id: result.share_id.clone(),
-                    cdi_device_ids: vec![cdi::qualified(&cdi_name)],
-                    uuid: device.gpu.uuid.clone(),
-                },
-                partition: crate::partition::fallback_key(crate::partition::main_request(&result.request)),
-                register_uuid: String::new(),
-                ordinal: *ordinal,
-                cores: limits.cores,
-                memory_mib: limits.memory_mib,
-                cdi_name,
-                allocatable: device.clone(),
-            });
-            *ordinal += 1;
-        }
-        let consumers = status.and_then(|s| s.reserved_for.as_ref()).map_or(0, Vec::len);
-        // With NRI the partitions are per container (made at CreateContainer), so several pods may share.
-        if consumers > 1
-            && !self.config.nri()
-            && planned.iter().any(|p| p.allocatable.kind == DeviceType::Vgpu)
-        {
-            return Err(ClaimFailure::Shared { claim: name, consumers });
-        }
-        Ok(planned)
-    }
-
-    fn check_overlap(
-        &self,
-        claim: &ClaimRef,
-        planned: &[Planned],
-        cp: &Checkpoint,
-    ) -> Result<(), ClaimFailure> {
-        let name = format!("{}/{}", claim.namespace, claim.name);
-        let clash = |a: &PreparedDevice, b: &PreparedDevice| {
-            a.device_name == b.device_name
-                && (a.share_id.is_none() || b.share_id.is_none() || a.share_id == b.share_id)
-        };
-        let overlap = |device: &PreparedDevice, other: String| ClaimFailure::Overlap {
-            claim: name.clone(),
-            device: device.device_name.clone(),
-            share: device.share_id.as_ref().map(|s| format!(" (share {s})")).unwrap_or_default(),
-            other,
-        };
-        for (i, p) in planned.iter().enumerate() {
-            if planned[..i].iter().any(|q| clash(&p.device, &q.device)) {
-                return Err(overlap(&p.device, format!("{name} ({}) itself", claim.uid)));
-            }
-            for (uid, other) in cp.claims() {
-                if uid != &claim.uid && other.prepared_devices.iter().any(|d| clash(&p.device, d)) {
-                    return Err(overlap(&p.device, format!("{}/{} ({uid})", other.namespace, other.name)));
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn side_effects(
         &self,
         claim: &ClaimRef,
@@ -826,7 +490,7 @@ impl DeviceState {
                 })?;
             }
         }
-        let mut spec = self.claim_spec(claim, object, planned);
+        let mut spec = spec::claim_spec(&self.config, self.vendor.as_ref(), claim, object, planned);
         crate::modes::append(&mut spec.container_edits, edits.common);
         for (name, device_edits) in edits.devices {
             if let Some(device) = spec.devices.iter_mut().find(|d| d.name == name) {
@@ -835,127 +499,6 @@ impl DeviceState {
         }
         cdi::write_spec(spec_path, &claim.uid, &spec)?;
         Ok(())
-    }
-
-    /// The claim's CDI spec (see [`crate::cdi`] for the edits).
-    fn claim_spec(&self, claim: &ClaimRef, object: &ResourceClaim, planned: &[Planned]) -> cdi::Spec {
-        let cfg = &self.config;
-        let host = &cfg.host_manager_dir;
-        let ratio = format!("{:.2}", f64::from(cfg.memory_ratio) / 100.0);
-        let oversold = if cfg.memory_oversold() { "TRUE" } else { "FALSE" };
-        let policy: ComputePolicy = object
-            .metadata
-            .annotations
-            .iter()
-            .flatten()
-            .find(|(k, _)| k.ends_with("/vgpu-compute-policy"))
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or_default();
-        let mut common = ContainerEdits { device_nodes: self.control_nodes(), ..ContainerEdits::default() };
-        if planned.iter().any(|p| p.allocatable.kind == DeviceType::Vgpu) {
-            common.env = [
-                ("LD_PRELOAD", cdi::CONTROL_LIBRARY.to_owned()),
-                ("MANAGER_COMPATIBILITY_MODE", cfg.compatibility_mode.to_string()),
-                ("MANAGER_VISIBLE_DEVICES", String::new()),
-                ("CUDA_MEM_RATIO", ratio.clone()),
-                ("CUDA_CORE_LIMIT", String::new()),
-                ("CUDA_CORE_SOFT_LIMIT", String::new()),
-                ("CUDA_MEM_LIMIT", String::new()),
-                ("CUDA_MEM_OVERSOLD", oversold.to_owned()),
-                ("VMEMORY_NODE_ENABLED", "TRUE".to_owned()),
-                ("CUDA_SM_SHARED_BUCKET", "TRUE".to_owned()),
-                ("MANAGER_VGPU_CLAIM_UID", claim.uid.clone()),
-                ("EXTERNAL_SM_WATCHER_ENABLED", if cfg.sm_watcher() { "TRUE" } else { "FALSE" }.to_owned()),
-            ]
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-            common.mounts = vec![
-                Mount::bind(
-                    cdi::CONTROL_LIBRARY,
-                    &host.join(runtime_files::library_file_name(&cfg.library_version)),
-                    true,
-                ),
-                Mount::bind("/etc/ld.so.preload", &host.join(runtime_files::PRELOAD_FILE), true),
-            ];
-            if cfg.client_mode() {
-                common.mounts.push(Mount::bind(
-                    client_mode::CONTAINER_REGISTRY_DIR,
-                    &host.join("registry"),
-                    true,
-                ));
-            } else {
-                common.mounts.push(Mount::bind("/etc/vgpu-manager/.host_proc", Path::new("/proc"), true));
-            }
-            if cfg.sm_watcher() {
-                common.mounts.push(Mount::bind(cdi::CONTAINER_WATCHER_DIR, &host.join("watcher"), true));
-            }
-            if cfg.nri() {
-                // A container the NRI hook did not adjust (our plugin not connected to the runtime then) must
-                // not run without its partition: this mount's source never exists, so the runtime refuses to
-                // create it and the kubelet retries; the hook's own mount on the same path replaces it.
-                common.mounts.push(crate::partition::guard_mount(&cfg.host_claim_dir(&claim.uid)));
-            }
-        }
-        let host_claim = cfg.host_claim_dir(&claim.uid);
-        let devices = planned
-            .iter()
-            .map(|p| {
-                // A MIG or VFIO device's nodes come from its mode (the MIG caps, `/dev/vfio/<group>`).
-                let nodes = match p.allocatable.kind {
-                    DeviceType::Gpu | DeviceType::Vgpu => self
-                        .vendor
-                        .gpu_device_nodes(p.allocatable.gpu.index, p.allocatable.gpu.minor)
-                        .iter()
-                        .map(|n| DeviceNode::under(n, &cfg.host_driver_root))
-                        .collect(),
-                    DeviceType::Mig | DeviceType::Vfio => Vec::new(),
-                };
-                let mut edits = ContainerEdits { device_nodes: nodes, ..ContainerEdits::default() };
-                if p.allocatable.kind == DeviceType::Vgpu {
-                    let i = p.ordinal;
-                    let (hard, soft) = match p.cores {
-                        Some(cores) => vgpu_deviceplugin::vnumber::core_limits(policy, cores),
-                        None => (String::new(), String::new()),
-                    };
-                    edits.env = vec![
-                        format!("MANAGER_VISIBLE_DEVICE_{i}={}", p.device.uuid),
-                        format!("CUDA_MEM_RATIO_{i}={ratio}"),
-                        format!("CUDA_MEM_OVERSOLD_{i}={oversold}"),
-                        format!(
-                            "CUDA_MEM_LIMIT_{i}={}",
-                            p.memory_mib.map(|m| format!("{m}m")).unwrap_or_default()
-                        ),
-                        format!("CUDA_CORE_LIMIT_{i}={hard}"),
-                        format!("CUDA_CORE_SOFT_LIMIT_{i}={soft}"),
-                    ];
-                    if cfg.client_mode() {
-                        edits.env.push(format!("{}={}", client_mode::ENV, p.register_uuid));
-                    }
-                    let part = host_claim.join(&p.partition);
-                    // With NRI the partition mounts are per container, injected at CreateContainer.
-                    edits.mounts =
-                        if cfg.nri() { Vec::new() } else { crate::partition::partition_mounts(&part) };
-                }
-                cdi::Device { name: p.cdi_name.clone(), container_edits: edits }
-            })
-            .collect();
-        cdi::Spec {
-            cdi_version: cdi::SPEC_VERSION.to_owned(),
-            kind: cdi::KIND.to_owned(),
-            devices,
-            container_edits: common,
-        }
-    }
-
-    /// The vendor's control nodes present under the container driver root.
-    fn control_nodes(&self) -> Vec<DeviceNode> {
-        self.vendor
-            .control_device_nodes()
-            .iter()
-            .filter(|n| self.config.container_driver_root.join(n.trim_start_matches('/')).exists())
-            .map(|n| DeviceNode::under(n, &self.config.host_driver_root))
-            .collect()
     }
 
     /// Removes the claim's recorded paths, newest first; only paths named after the claim (its directory

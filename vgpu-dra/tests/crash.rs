@@ -14,7 +14,7 @@ use support::TestNode;
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     checkpoint::ClaimState,
-    state::{ClaimFailure, FaultPoint},
+    state::{error::ClaimFailure, fault::FaultPoint},
 };
 
 fn c1() -> ClaimRef {

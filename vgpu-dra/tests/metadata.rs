@@ -20,7 +20,11 @@ use vgpu_dra::{
     metadata::{MetadataConfig, MetadataMode},
     modes::{ClaimContext, ClaimDevice, ClaimMode},
     slices::SliceConfig,
-    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
+    state::{
+        DeviceState,
+        error::ClaimFailure,
+        fault::{FaultHook, FaultPoint},
+    },
     vfio::{
         SysfsRoots, VfioConfig, VfioMode,
         fake::{FakeModules, FakeSysfs, SimulatedKernel},

@@ -28,7 +28,11 @@ use vgpu_dra::{
     mig::{self, MigMode},
     modes::{ClaimContext, ClaimDevice, ClaimMode},
     slices::{SliceConfig, build_slices},
-    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
+    state::{
+        DeviceState,
+        error::ClaimFailure,
+        fault::{FaultHook, FaultPoint},
+    },
 };
 
 const NODE: &str = "node-1";

@@ -22,7 +22,7 @@ use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{allocated, allocation_result, claim},
     modes::{ClaimContext, ClaimMode, ModeEdits, ModeError, decode, encode},
-    state::{ClaimFailure, FaultPoint},
+    state::{error::ClaimFailure, fault::FaultPoint},
 };
 
 /// What the fake mode does to its "host": the set of devices it holds.
@@ -252,5 +252,5 @@ async fn nri_support_moves_partition_mounts_out_of_cdi_and_allows_sharing() {
         .as_ref()
         .unwrap_err()
         .to_string();
-    assert!(err.contains(vgpu_dra::state::SHARED_CLAIM_ERROR), "{err}");
+    assert!(err.contains(vgpu_dra::state::error::SHARED_CLAIM_ERROR), "{err}");
 }

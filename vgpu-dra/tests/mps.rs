@@ -30,7 +30,11 @@ use vgpu_dra::{
     modes::{ClaimContext, ClaimMode},
     mps::{FakeMpsDaemons, MpsMode},
     opaque::OpaqueConfigCheck,
-    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
+    state::{
+        DeviceState,
+        error::ClaimFailure,
+        fault::{FaultHook, FaultPoint},
+    },
 };
 
 const NODE: &str = "node-1";

@@ -29,7 +29,11 @@ use vgpu_dra::{
     modes::ClaimMode,
     opaque::OpaqueConfigCheck,
     sharing::TimeSlicingMode,
-    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
+    state::{
+        DeviceState,
+        error::ClaimFailure,
+        fault::{FaultHook, FaultPoint},
+    },
 };
 
 const NODE: &str = "node-1";

@@ -15,7 +15,7 @@ use vgpu_core::backend::NvidiaAdapter;
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     claims::{allocated, allocation_result, claim},
-    state::{ClaimFailure, DeviceState},
+    state::{DeviceState, error::ClaimFailure},
 };
 use vgpu_gates::DraGate;
 

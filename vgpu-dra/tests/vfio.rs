@@ -22,7 +22,11 @@ use vgpu_dra::{
     health::HealthSnapshot,
     modes::{ClaimContext, ClaimDevice, ClaimMode},
     slices::{SliceConfig, build_device},
-    state::{ClaimFailure, DeviceState, FaultHook, FaultPoint},
+    state::{
+        DeviceState,
+        error::ClaimFailure,
+        fault::{FaultHook, FaultPoint},
+    },
     vfio::{
         SysfsRoots, VfioConfig, VfioError, VfioMode,
         fake::{FakeModules, FakeSysfs, SimulatedKernel},

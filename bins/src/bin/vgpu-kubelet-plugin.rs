@@ -464,7 +464,7 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         .context("opening the prepared-claims checkpoint")?
         .with_metrics(Arc::clone(&metrics));
     // Test only (VGPU_DRA_TEST_PAUSE_AT): hang at a fault point so a test can SIGKILL the process there.
-    let state = match vgpu_dra::state::test_pause_hook_from_env().map_err(anyhow::Error::msg)? {
+    let state = match vgpu_dra::state::fault::test_pause_hook_from_env().map_err(anyhow::Error::msg)? {
         Some(hook) => state.with_fault_hook(hook),
         None => state,
     };

@@ -19,7 +19,10 @@ use vgpu_dra::{
     devices::{AllocatableDevices, DeviceConfig},
     driver::{Driver, RunningDriver},
     health::{HealthConfig, HealthMonitor},
-    state::{DeviceState, FaultHook, FaultPoint},
+    state::{
+        DeviceState,
+        fault::{FaultHook, FaultPoint},
+    },
 };
 
 pub const NODE: &str = "node-1";
