@@ -13,6 +13,7 @@
 //! | [`api`] | generated gRPC code of `grpc.health.v1` (the kubelet APIs, `pluginregistration`, DRA `v1` / `v1beta1`, dra-health `v1` / `v1alpha1`, are in `vgpu-kubelet`) |
 //! | [`registration`] | `pluginregistration.Registration` (GetInfo, NotifyRegistrationStatus) |
 //! | [`service`] | `DRAPlugin` v1 + v1beta1 and `DRAResourceHealth` v1 + v1alpha1: translation only |
+//! | [`daemon`] | [`Daemon`](daemon::Daemon): the whole process the binary runs — the claim modes and the components in their start-up order, the start-up refusals |
 //! | [`driver`] | [`Driver`](driver::Driver): both sockets bound atomically, re-bound when removed, the stale-claim sweep, the shared SM watcher (gate `SharedSMUtilizationWatcher`) |
 //! | [`state`] | [`DeviceState`](state::DeviceState): Prepare / Unprepare, the claim state machine and the order of side effects |
 //! | [`checkpoint`] | `checkpoint.json`: v1/v2 layout, FNV-1a checksum, boot ID |
@@ -121,6 +122,7 @@ pub mod checkpoint;
 pub mod claims;
 pub mod client_mode;
 pub mod config;
+pub mod daemon;
 pub mod devices;
 pub mod driver;
 pub mod endpoint;

@@ -1,9 +1,10 @@
 //! `vgpu-kubelet-plugin`: the DRA kubelet plugin for vGPU claims (contract §1.5, §9).
 //!
 //! Thin wiring: parse flags → validate gates (conflicts and gates this build cannot honour exit 2) →
-//! validate the flags (exit 2 naming the flag) → open the backend and the Kubernetes client → build the
-//! allocatable devices and the Prepare state (checkpoint recovery) → serve the registration and DRA sockets
-//! until SIGTERM/SIGINT. With `--http-endpoint`, `/healthz`, `/readyz` and the metrics path
+//! validate the flags (exit 2 naming the flag) → open the backend and the Kubernetes client → hand them to
+//! [`vgpu_dra::daemon::Daemon`], which installs the claim modes and starts the components in their order
+//! (devices, Prepare state with checkpoint recovery, health, slices, client-mode registry, NRI, the
+//! registration and DRA sockets, HTTP, gRPC health) → serve until SIGTERM/SIGINT. With `--http-endpoint`, `/healthz`, `/readyz` and the metrics path
 //! ([`vgpu_dra::metrics`]: claims, prepare latency, device health, slice publishing); `--enable-rbac` guards
 //! the metrics path by TokenReview + SubjectAccessReview (`get` on it; 401/403), probes stay open.
 
@@ -22,12 +23,9 @@ use vgpu_dra::{
     config::{
         DEFAULT_CDI_ROOT, DEFAULT_MANAGER_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, DriverConfig,
     },
-    devices::{AllocatableDevices, ConsumableShares, DeviceConfig},
-    driver::Driver,
-    health::{HealthConfig, HealthMonitor, HealthSnapshot},
-    healthcheck::HealthCheck,
-    slices::{SliceConfig, publisher::SlicePublisher, store::KubeSliceStore},
-    state::DeviceState,
+    daemon::{Daemon, DaemonCluster, DaemonConfig, HttpConfig},
+    devices::{ConsumableShares, DeviceConfig},
+    slices::{SliceConfig, store::KubeSliceStore},
 };
 use vgpu_gates::{DraGate, FeatureGates};
 use vgpu_nvml::select::{BackendChoice, SelectOptions, open_backend};
@@ -355,7 +353,7 @@ fn vfio_switch_config(
 }
 
 async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
-    let Resolved { config, devices: device_config, xids, healthcheck, http_endpoint, vfio_switch } = resolved;
+    let Resolved { config, devices, xids, healthcheck, http_endpoint, vfio_switch } = resolved;
     let mut options = SelectOptions::default();
     options.mock_config.clone_from(&cli.mock_config);
     // TimeSlicingSettings sets the time slice through nvidia-smi: the driver root's, when it is mounted.
@@ -368,204 +366,18 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
         tracing::warn!("{w}");
     }
     let backend: Arc<dyn vgpu_core::backend::DeviceBackend> = Arc::from(opened.backend);
-    let vendor = backend.vendor_adapter().context("the backend's vendor adapter")?;
-    let mut devices = AllocatableDevices::from_backend(backend.as_ref(), &device_config)
-        .context("building the allocatable devices")?;
-    // The claim modes, in the order their host actions are planned and applied. The opaque-config check
-    // comes first, always: it refuses a config whose sharing strategy's gate is off, with its field path.
-    let mut modes: Vec<Arc<dyn vgpu_dra::modes::ClaimMode>> =
-        vec![Arc::new(vgpu_dra::opaque::OpaqueConfigCheck)];
-    // Gate DynamicMIG: MIG devices with shared counters; instances created on Prepare, destroyed on Unprepare.
-    if config.gates.enabled(DraGate::DynamicMIG) {
-        let gpus = vgpu_dra::mig::publish(&mut devices, backend.as_ref())
-            .context("publishing the MIG devices (DynamicMIG)")?;
-        tracing::info!(
-            gpus,
-            counter_sets = devices.counter_sets().len(),
-            "DynamicMIG: MIG devices published"
-        );
-        modes.push(Arc::new(vgpu_dra::mig::MigMode::new(Arc::clone(&backend))));
-    }
-    // Gate TimeSlicingSettings: GpuConfig/MigDeviceConfig `sharing.strategy: TimeSlicing` sets the interval.
-    if config.gates.enabled(DraGate::TimeSlicingSettings) {
-        modes.push(Arc::new(vgpu_dra::sharing::TimeSlicingMode::new(Arc::clone(&backend), &config)));
-    }
-    // Gate MPSSupport: one MPS control daemon per claim (`sharing.strategy: MPS`).
-    let mps = if config.gates.enabled(DraGate::MPSSupport) {
-        let control: Arc<dyn vgpu_dra::mps::MpsDaemonControl> = if backend.name() == "mock" {
-            Arc::new(vgpu_dra::mps::FakeMpsDaemons::default())
-        } else {
-            Arc::new(vgpu_dra::mps::ProcessMpsDaemon::under_driver_root(&config.container_driver_root))
-        };
-        let mode = Arc::new(vgpu_dra::mps::MpsMode::new(Arc::clone(&backend), control, &config));
-        modes.push(mode.clone());
-        Some(mode)
+    let nri = if config.nri() {
+        let index: vgpu_dra::nri::PluginIndex = cli
+            .nri_plugin_idx
+            .parse()
+            .map_err(|e| anyhow::anyhow!("invalid --nri-plugin-idx {:?}: {e}", cli.nri_plugin_idx))?;
+        Some(vgpu_dra::nri::NriConfig { root: cli.nri_root.clone(), index })
     } else {
         None
     };
-    // Gate PassthroughSupport: gpu-vfio-<index> devices beside the gpu-<minor> ones.
-    if config.gates.enabled(DraGate::PassthroughSupport) {
-        let roots = vgpu_dra::vfio::SysfsRoots::new(&cli.host_root);
-        let vfio = vgpu_dra::vfio::vfio_devices(&roots, &devices)
-            .context("PassthroughSupport: discovering the VFIO devices")?;
-        tracing::info!(devices = vfio.len(), "PassthroughSupport: VFIO devices published");
-        for device in vfio {
-            devices.add(device).context("PassthroughSupport: adding a VFIO device")?;
-        }
-    }
-    // Gate FabricManagerPartitioning: gpuModuleID / partition<N> attributes, partitions activated per claim.
-    // Installed before the vfio mode: revert runs newest first, so GPUs go back to their driver first.
-    if config.gates.enabled(DraGate::FabricManagerPartitioning) {
-        if !vgpu_dra::fabric::has_nvswitch_fabric(&cli.host_root).context("FabricManagerPartitioning")? {
-            tracing::warn!(host_root = %cli.host_root.display(), "FabricManagerPartitioning: no NVSwitch fabric detected");
-        }
-        let target = match vgpu_dra::fabric::FmAddress::from_env(|k| std::env::var(k).ok()) {
-            vgpu_dra::fabric::FmAddress::Tcp(host) => vgpu_nvml::fabric_ffi::FmTarget::Tcp(host),
-            vgpu_dra::fabric::FmAddress::Unix(path) => vgpu_nvml::fabric_ffi::FmTarget::Unix(path),
-        };
-        // libnvfm ships with the driver: look in the mounted driver root first, then the loader's path.
-        let library = cli.container_driver_root.join("usr/lib/x86_64-linux-gnu/libnvfm.so.1");
-        let library = library.exists().then_some(library);
-        let client = vgpu_nvml::fabric_ffi::NvFm::open(library.as_deref(), target, 5000)
-            .context("FabricManagerPartitioning: loading the Fabric Manager client library")?;
-        let fm: Arc<dyn vgpu_dra::fabric::FabricManager> = Arc::new(NvFmClient(client));
-        let partitions = vgpu_dra::fabric::attach_partitions(fm.as_ref(), &mut devices)
-            .context("FabricManagerPartitioning: reading the Fabric Manager partitions")?;
-        tracing::info!(partitions = partitions.len(), "FabricManagerPartitioning: partitions attached");
-        modes.push(Arc::new(vgpu_dra::fabric::FabricMode::new(fm, config.checkpoint_path())));
-    }
-    if config.gates.enabled(DraGate::PassthroughSupport) {
-        let vfio = vgpu_dra::vfio::VfioConfig::host(&cli.host_root);
-        modes.push(Arc::new(vgpu_dra::vfio::VfioMode::new(vfio, &devices)));
-    }
-    let devices = Arc::new(devices);
-    // Gate DeviceMetadata (requires PassthroughSupport): KEP-5304 files, last so they describe bound devices.
-    if config.gates.enabled(DraGate::DeviceMetadata) {
-        let mut slice = SliceConfig::new(&config.node_name);
-        slice.driver.clone_from(&config.driver_name);
-        slice.list_type_attributes = config.gates.enabled(DraGate::DRAListTypeAttributes);
-        let metadata = vgpu_dra::metadata::MetadataConfig { slice, devices: Arc::clone(&devices) };
-        modes.push(Arc::new(vgpu_dra::metadata::MetadataMode::new(metadata)));
-    }
-    tracing::info!(devices = devices.len(), node = %config.node_name, driver = %config.driver_name, ?xids, "devices");
-    if !cli.nvidia_cdi_hook_path.is_empty() {
-        tracing::info!(path = %cli.nvidia_cdi_hook_path, "--nvidia-cdi-hook-path: this build writes no CDI hooks");
-    }
-    let client = cli.kube.client(vgpu_bins::KUBELET_PLUGIN_RATE).await?;
-    let authorizer = cli.enable_rbac.then(|| Arc::new(vgpu_serve::authz::Authorizer::kube(client.clone())));
-    if cli.enable_rbac && http_endpoint.is_none() {
-        tracing::warn!("--enable-rbac has no effect without --http-endpoint");
-    }
-    let claims = Arc::new(KubeClaims::new(client.clone()));
-    let config = Arc::new(config);
-    let metrics = Arc::new(vgpu_dra::metrics::DriverMetrics::new());
-    let state = DeviceState::with_modes(Arc::clone(&config), Arc::clone(&devices), vendor, claims, modes)
-        .await
-        .context("opening the prepared-claims checkpoint")?
-        .with_metrics(Arc::clone(&metrics));
-    // Test only (VGPU_DRA_TEST_PAUSE_AT): hang at a fault point so a test can SIGKILL the process there.
-    let state = match vgpu_dra::state::fault::test_pause_hook_from_env().map_err(anyhow::Error::msg)? {
-        Some(hook) => state.with_fault_hook(hook),
-        None => state,
-    };
-    let state = Arc::new(state);
-    // MPS daemons live in this process's container: the claims still prepared get theirs back.
-    if let Some(mps) = &mps {
-        let checkpoint = state.checkpoint().await.context("reading the checkpoint for the MPS daemons")?;
-        for (claim, result) in mps.restart_daemons(&checkpoint) {
-            if let Err(error) = result {
-                tracing::warn!(%claim, %error, "cannot restart the claim's MPS control daemon");
-            }
-        }
-    }
-
-    // Health (gate NVMLDeviceHealthCheck): backend events → per-device status and taints.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    let (_unmonitored, unmonitored_rx) = tokio::sync::watch::channel(HealthSnapshot::unmonitored_default());
-    let health = if config.gates.enabled(DraGate::NVMLDeviceHealthCheck) {
-        let monitor = HealthMonitor::new(HealthConfig::new(&config.driver_name, &xids), &devices);
-        let rx = monitor.subscribe();
-        monitor.spawn(backend.as_ref(), stopped());
-        rx
-    } else {
-        unmonitored_rx
-    };
-    metrics.set_health(health.clone(), &devices);
-
-    // ResourceSlices of this node's pool, owned by the Node when it can be read.
-    let mut slice_config = SliceConfig::new(&config.node_name);
-    slice_config.driver.clone_from(&config.driver_name);
-    slice_config.list_type_attributes = config.gates.enabled(DraGate::DRAListTypeAttributes);
-    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
-    match nodes.get_opt(&config.node_name).await {
-        Ok(Some(node)) => {
-            slice_config.owner =
-                node.metadata.uid.map(|uid| SliceConfig::node_owner(&config.node_name, &uid));
-        }
-        Ok(None) => tracing::warn!(node = %config.node_name, "node not found; ResourceSlices get no owner"),
-        Err(error) => {
-            tracing::warn!(node = %config.node_name, %error, "cannot read the node; ResourceSlices get no owner")
-        }
-    }
-    // GPU module (issue #20, adapters): this node's PhysicalGPUs get the driver version, memory, compute
-    // capability, DriverReady (the driver asked again at each sync) and HardwareHealthy.
-    if cli.physical_gpu_status {
-        let store = Arc::new(vgpu_dra::physical_gpu::KubePhysicalGpus::new(client.clone()));
-        vgpu_dra::physical_gpu::StatusSync::new(
-            store,
-            &config.node_name,
-            Arc::clone(&devices),
-            health.clone(),
-        )
-        .with_driver_probe(Arc::clone(&backend))
-        .with_resync(cli.physical_gpu_resync_interval)
-        .spawn(stopped());
-    }
-    // Gate PassthroughSupport (GPU module): vfio-switch Jobs for this node's PhysicalGPUs' passthrough wish
-    // (spec.passthrough, else status.classPassthrough); the GPUs wished for passthrough or on vfio-pci are
-    // then published only as gpu-vfio-<index>.
-    let mut passthrough_gpus = None;
-    match vfio_switch {
-        Some(switch) => {
-            tracing::info!(namespace = %switch.namespace, image = %switch.image, "vfio-switch controller started (PassthroughSupport)");
-            let cluster = Arc::new(vgpu_dra::vfio_switch::controller::KubeSwitchCluster::new(client.clone()));
-            // A GPU goes to vfio-pci only once no prepared claim and no process holds it.
-            let usage = Arc::new(vgpu_dra::vfio_switch::usage::ClaimsAndProcesses::new(
-                Arc::clone(&state),
-                Arc::clone(&backend),
-            ));
-            let (sink, gpus) =
-                tokio::sync::watch::channel(vgpu_dra::slices::publisher::PassthroughGpus::new());
-            passthrough_gpus = Some(gpus);
-            vgpu_dra::vfio_switch::controller::SwitchController::new(cluster, switch)
-                .with_usage(usage)
-                .with_passthrough_sink(sink)
-                .spawn(stopped());
-        }
-        None if config.gates.enabled(DraGate::PassthroughSupport) => {
-            tracing::info!("no --vfio-switch-image: PhysicalGPU passthrough wishes are not acted on");
-        }
-        None => {}
-    }
-    let store = KubeSliceStore::new(client, &config.node_name, &config.driver_name);
-    let mut publisher = SlicePublisher::new(store, slice_config, Arc::clone(&devices), health.clone());
-    if let Some(gpus) = passthrough_gpus {
-        publisher = publisher.with_passthrough(gpus);
-    }
-    metrics.set_publisher(publisher.status());
-    let publisher = publisher.spawn(stopped());
-
-    // Gate DevicePluginClientMode: the device plugin's registry server, resolving register UUIDs through
-    // the prepared claims.
-    let registry = if config.client_mode() {
+    let registry = config.client_mode().then(|| {
         let setting = vgpu_core::node_config::CgroupDriver::parse(&cli.cgroup_driver);
-        let registry_config = vgpu_deviceplugin::registry::RegistryConfig {
+        vgpu_deviceplugin::registry::RegistryConfig {
             manager_dir: config.manager_dir.clone(),
             proc_root: cli.host_proc_root.clone(),
             cgroup_root: cli.host_cgroup_root.clone(),
@@ -577,85 +389,83 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
             poll_interval: Duration::from_millis(40),
             poll_timeout: Duration::from_secs(60),
             socket_group: cli.registry_socket_group,
-        };
-        let running = vgpu_deviceplugin::registry::serve_registry_with(
-            registry_config,
-            vgpu_deviceplugin::registry::GUARD_INTERVAL,
-            Some(state.register_table()),
-        )
-        .context("serving the client-mode registry socket")?;
-        tracing::info!(socket = %running.socket.display(), "client-mode registry serving (register UUIDs of prepared claims)");
-        Some(running)
-    } else {
-        None
-    };
-
-    // Gate SharedSMUtilizationWatcher: the driver runs the device plugin's SM watcher on this backend.
-    // Gate NRISupport: the in-process NRI plugin gives each container of a vGPU claim its own partition.
-    let nri_health = if config.nri() {
-        let index: vgpu_dra::nri::PluginIndex = cli
-            .nri_plugin_idx
-            .parse()
-            .map_err(|e| anyhow::anyhow!("invalid --nri-plugin-idx {:?}: {e}", cli.nri_plugin_idx))?;
-        let hook = vgpu_dra::nri::NriHook::new(Arc::clone(&state));
-        let nri = vgpu_dra::nri::NriConfig { root: cli.nri_root.clone(), index };
-        let plugin = vgpu_dra::nri::plugin(hook, &nri).context("starting the NRI plugin")?;
-        let health = plugin.health();
-        tokio::spawn(plugin.run(stopped()));
-        tracing::info!(socket = %cli.nri_root.join("nri.sock").display(), index = %cli.nri_plugin_idx, "NRI plugin started (NRISupport)");
-        Some(health)
-    } else {
-        None
-    };
-    let running = Driver::new(state, health).with_sm_watcher(Arc::clone(&backend)).serve()?;
-    let mut http_task = None;
-    if let Some(addr) = http_endpoint {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding --http-endpoint {addr}"))?;
-        let bound = listener.local_addr().context("reading the metrics listener's address")?;
-        let readiness = match &nri_health {
-            Some(nri) => vgpu_dra::endpoint::Readiness::of(&running).with_nri(nri.clone()),
-            None => vgpu_dra::endpoint::Readiness::of(&running),
-        };
-        let path = cli.metrics_path.clone();
-        let shutdown = stopped();
-        http_task = Some(tokio::spawn(async move {
-            vgpu_dra::endpoint::serve(listener, metrics, readiness, &path, authorizer, shutdown).await
-        }));
-        tracing::info!(%bound, path = %cli.metrics_path, rbac = cli.enable_rbac, "metrics, /healthz and /readyz serving");
-    }
-    if let Some(addr) = healthcheck {
-        let check = HealthCheck::new(running.registration_socket.clone(), running.dra_socket.clone());
-        let check = match &nri_health {
-            Some(nri) => check.with_nri(nri.clone()),
-            None => check,
-        };
-        let (bound, _task) = vgpu_dra::healthcheck::serve(check, addr, stopped()).await?;
-        tracing::info!(%bound, "gRPC health check (grpc.health.v1) serving");
-    }
-    tracing::info!(
-        registration = %running.registration_socket.display(),
-        endpoint = %running.dra_socket.display(),
-        "serving"
-    );
-    let result = running.run_until(vgpu_bins::shutdown_signal()?).await;
-    let _ = stop_tx.send(true);
-    if let Some(registry) = registry {
-        registry.stop().await;
-    }
-    if let Err(e) = publisher.await {
-        tracing::warn!(error = %e, "the ResourceSlice publisher task failed");
-    }
-    if let Some(task) = http_task {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "the metrics server failed"),
-            Err(e) => tracing::warn!(error = %e, "the metrics server task failed"),
         }
+    });
+    let daemon_config = DaemonConfig {
+        driver: config,
+        devices,
+        xids,
+        host_root: cli.host_root.clone(),
+        http: http_endpoint.map(|addr| HttpConfig { addr, metrics_path: cli.metrics_path.clone() }),
+        healthcheck,
+        nri,
+        registry,
+        physical_gpu_resync: cli.physical_gpu_status.then_some(cli.physical_gpu_resync_interval),
+        vfio_switch,
+    };
+    let mut daemon = Daemon::new(daemon_config, backend)?;
+    let driver_root = cli.container_driver_root.clone();
+    daemon = daemon.with_fabric_manager(Box::new(move || open_fabric_manager(&driver_root)));
+    // Test only (VGPU_DRA_TEST_PAUSE_AT): hang at a fault point so a test can SIGKILL the process there.
+    if let Some(hook) = vgpu_dra::state::fault::test_pause_hook_from_env().map_err(anyhow::Error::msg)? {
+        daemon = daemon.with_fault_hook(hook);
     }
-    result?;
+    if !cli.nvidia_cdi_hook_path.is_empty() {
+        tracing::info!(path = %cli.nvidia_cdi_hook_path, "--nvidia-cdi-hook-path: this build writes no CDI hooks");
+    }
+    let client = cli.kube.client(vgpu_bins::KUBELET_PLUGIN_RATE).await?;
+    let authorizer = cli.enable_rbac.then(|| Arc::new(vgpu_serve::authz::Authorizer::kube(client.clone())));
+    if cli.enable_rbac && http_endpoint.is_none() {
+        tracing::warn!("--enable-rbac has no effect without --http-endpoint");
+    }
+    let node_name = daemon.config().driver.node_name.clone();
+    let driver_name = daemon.config().driver.driver_name.clone();
+    // ResourceSlices of this node's pool, owned by the Node when it can be read.
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let slice_owner = match nodes.get_opt(&node_name).await {
+        Ok(Some(node)) => node.metadata.uid.map(|uid| SliceConfig::node_owner(&node_name, &uid)),
+        Ok(None) => {
+            tracing::warn!(node = %node_name, "node not found; ResourceSlices get no owner");
+            None
+        }
+        Err(error) => {
+            tracing::warn!(node = %node_name, %error, "cannot read the node; ResourceSlices get no owner");
+            None
+        }
+    };
+    let cluster = DaemonCluster {
+        claims: Arc::new(KubeClaims::new(client.clone())),
+        slices: KubeSliceStore::new(client.clone(), &node_name, &driver_name),
+        slice_owner,
+        physical_gpus: Some(Arc::new(vgpu_dra::physical_gpu::KubePhysicalGpus::new(client.clone()))),
+        switch_cluster: Some(Arc::new(vgpu_dra::vfio_switch::controller::KubeSwitchCluster::new(client))),
+        authorizer,
+    };
+    let running = daemon.start(cluster).await?;
+    if let Some(driver) = running.driver() {
+        tracing::info!(
+            registration = %driver.registration_socket.display(),
+            endpoint = %driver.dra_socket.display(),
+            "serving"
+        );
+    }
+    running.run_until(vgpu_bins::shutdown_signal()?).await?;
     Ok(())
+}
+
+/// Gate FabricManagerPartitioning: `vgpu_nvml`'s Fabric Manager client (libnvfm ships with the driver: the
+/// mounted driver root is looked in first, then the loader's path).
+fn open_fabric_manager(
+    driver_root: &Path,
+) -> Result<Arc<dyn vgpu_dra::fabric::FabricManager>, Box<dyn std::error::Error + Send + Sync>> {
+    let target = match vgpu_dra::fabric::FmAddress::from_env(|k| std::env::var(k).ok()) {
+        vgpu_dra::fabric::FmAddress::Tcp(host) => vgpu_nvml::fabric_ffi::FmTarget::Tcp(host),
+        vgpu_dra::fabric::FmAddress::Unix(path) => vgpu_nvml::fabric_ffi::FmTarget::Unix(path),
+    };
+    let library = driver_root.join("usr/lib/x86_64-linux-gnu/libnvfm.so.1");
+    let library = library.exists().then_some(library);
+    let client = vgpu_nvml::fabric_ffi::NvFm::open(library.as_deref(), target, 5000)?;
+    Ok(Arc::new(NvFmClient(client)))
 }
 
 /// Gates `LoggingBetaOptions` / `LoggingAlphaOptions`: the logging options used must be permitted, checked
