@@ -279,18 +279,18 @@ pub const GUARD_SOURCE: &str = "no-partition--the-NRI-hook-did-not-run";
 /// `<host claim dir>/`[`GUARD_SOURCE`] (which never exists, so runc fails the container's creation and the
 /// kubelet retries it) on `/etc/vgpu-manager/config`, the path of the hook's own partition mount, which
 /// replaces it (NRI removes a spec mount whose destination an adjustment mounts).
-pub fn guard_mount(host_claim: &Path) -> cdi::Mount {
-    cdi::Mount::bind(cdi::CONTAINER_CONFIG_DIR, &host_claim.join(GUARD_SOURCE), true)
+pub fn guard_mount(host_claim: &Path) -> vgpu_core::cdi::Mount {
+    vgpu_core::cdi::Mount::bind(cdi::CONTAINER_CONFIG_DIR, &host_claim.join(GUARD_SOURCE), true)
 }
 
 /// The bind mounts of a partition whose host directory is `host` (as the CDI partition mounts).
-pub fn partition_mounts(host: &Path) -> Vec<cdi::Mount> {
+pub fn partition_mounts(host: &Path) -> Vec<vgpu_core::cdi::Mount> {
     vec![
-        cdi::Mount::bind(cdi::CONTAINER_CONFIG_DIR, &host.join("config"), false),
-        cdi::Mount::bind("/tmp/.vgpu_lock", &host.join("vgpu_lock"), false),
-        cdi::Mount::bind("/tmp/.vmem_node", &host.join("vmem_node"), false),
-        cdi::Mount::bind("/tmp/.sm_node", &host.join("sm_node"), false),
-        cdi::Mount::bind(
+        vgpu_core::cdi::Mount::bind(cdi::CONTAINER_CONFIG_DIR, &host.join("config"), false),
+        vgpu_core::cdi::Mount::bind("/tmp/.vgpu_lock", &host.join("vgpu_lock"), false),
+        vgpu_core::cdi::Mount::bind("/tmp/.vmem_node", &host.join("vmem_node"), false),
+        vgpu_core::cdi::Mount::bind("/tmp/.sm_node", &host.join("sm_node"), false),
+        vgpu_core::cdi::Mount::bind(
             &format!("{}/pids.config", cdi::CONTAINER_CONFIG_DIR),
             &host.join("config").join("pids.config"),
             true,
@@ -298,7 +298,7 @@ pub fn partition_mounts(host: &Path) -> Vec<cdi::Mount> {
     ]
 }
 
-fn nri_mount(m: cdi::Mount) -> Mount {
+fn nri_mount(m: vgpu_core::cdi::Mount) -> Mount {
     Mount {
         destination: m.container_path,
         type_: "bind".to_owned(),

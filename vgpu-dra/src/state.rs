@@ -20,7 +20,7 @@
 //! | 3 | read the ResourceClaim (API), check UID, allocation, pool, the sharing rule; resolve devices and limits; reject devices prepared for another claim; with vGPU devices, check the runtime files their mounts name ([`runtime_files::check`]) — no side effect yet | remove the CDI spec (NotFound is fine) |
 //! | 4 | write `PrepareStarted` with the paths it will create and the planned devices | remove `<manager>/claims/<uid>` (NotFound is fine) |
 //! | 5 | create `<manager>/claims/<uid>/<partition>/{config,vgpu_lock,vmem_node,sm_node}`, `config/pids.config` (partition keys: [`crate::partition`], from the consumer pods read in step 3) | drop the entry, write the checkpoint |
-//! | 6 | write the CDI spec atomically (checked against the CDI rules first: [`cdi::validate`]) | client mode: remove the claim's `<driver>/<uuid>` annotations (best effort) |
+//! | 6 | write the CDI spec atomically (checked against the CDI rules first: [`vgpu_core::cdi::validate`]) | client mode: remove the claim's `<driver>/<uuid>` annotations (best effort) |
 //! | 6a | client mode (gate `DevicePluginClientMode`): annotate the claim `<driver>/<uuid>: <partition>` (UUIDs minted in step 3, recorded in step 4) | |
 //! | 7 | write `PrepareCompleted` with the devices; a failure in 5–7 rolls the claim back and fails only its entry | |
 //!
@@ -44,7 +44,7 @@ use tracing::Instrument;
 use vgpu_core::{abi::runtime_files, backend::VendorAdapter, model::ComputePolicy};
 
 use crate::{
-    cdi::{self, ContainerEdits, DeviceNode, Mount},
+    cdi,
     checkpoint::{Checkpoint, CheckpointError, ClaimState, PreparedClaim, PreparedDevice},
     claims::ClaimSource,
     client_mode::{self, RegisterTable},
@@ -53,6 +53,7 @@ use crate::{
     lock::{LockError, PuLock},
     modes::{ClaimContext, ClaimDevice, ClaimMode, HostAction, ModeEdits, ModeError},
 };
+use vgpu_core::cdi::{ContainerEdits, DeviceNode, Mount};
 
 /// The error text of the claim-sharing rule (upstream's words).
 pub const SHARED_CLAIM_ERROR: &str = "claim cannot be used for multiple Pods simultaneously";
@@ -856,7 +857,12 @@ impl DeviceState {
     }
 
     /// The claim's CDI spec (see [`crate::cdi`] for the edits).
-    fn claim_spec(&self, claim: &ClaimRef, object: &ResourceClaim, planned: &[Planned]) -> cdi::Spec {
+    fn claim_spec(
+        &self,
+        claim: &ClaimRef,
+        object: &ResourceClaim,
+        planned: &[Planned],
+    ) -> vgpu_core::cdi::Spec {
         let cfg = &self.config;
         let host = &cfg.host_manager_dir;
         let ratio = format!("{:.2}", f64::from(cfg.memory_ratio) / 100.0);
@@ -933,7 +939,7 @@ impl DeviceState {
                 if p.allocatable.kind == DeviceType::Vgpu {
                     let i = p.ordinal;
                     let (hard, soft) = match p.cores {
-                        Some(cores) => vgpu_deviceplugin::vnumber::core_limits(policy, cores),
+                        Some(cores) => policy.core_limits(cores),
                         None => (String::new(), String::new()),
                     };
                     edits.env = vec![
@@ -954,14 +960,19 @@ impl DeviceState {
                     // With NRI the partition mounts are per container, injected at CreateContainer.
                     edits.mounts = if cfg.nri() { Vec::new() } else { crate::nri::partition_mounts(&part) };
                 }
-                cdi::Device { name: p.cdi_name.clone(), container_edits: edits }
+                vgpu_core::cdi::Device {
+                    name: p.cdi_name.clone(),
+                    container_edits: edits,
+                    ..Default::default()
+                }
             })
             .collect();
-        cdi::Spec {
-            cdi_version: cdi::SPEC_VERSION.to_owned(),
+        vgpu_core::cdi::Spec {
+            cdi_version: vgpu_core::cdi::SPEC_VERSION.to_owned(),
             kind: cdi::KIND.to_owned(),
             devices,
             container_edits: common,
+            ..Default::default()
         }
     }
 

@@ -16,7 +16,7 @@ use vgpu_core::{
     abi::sm_util,
     backend::{DeviceBackend, mock::MockBackend},
 };
-use vgpu_dra::{cdi, driver::Driver, state::ClaimRef};
+use vgpu_dra::{driver::Driver, state::ClaimRef};
 use vgpu_gates::DraGate;
 
 const MOCK: &str = "\
@@ -39,7 +39,7 @@ fn node(gate: bool) -> TestNode {
     node
 }
 
-fn spec(node: &TestNode) -> cdi::Spec {
+fn spec(node: &TestNode) -> vgpu_core::cdi::Spec {
     serde_json::from_slice(&std::fs::read(node.config.cdi_spec_path("u1")).unwrap()).unwrap()
 }
 
