@@ -48,7 +48,7 @@ use vgpu_nri::{
     plugin::{Handler, HookError, Plugin, PluginConfig},
 };
 
-use crate::{cdi, checkpoint::ClaimState, state::DeviceState};
+use crate::{checkpoint::ClaimState, state::DeviceState};
 
 /// Re-exported so the binary wires the plugin through this crate alone.
 pub use vgpu_nri::{health::NriHealth, plugin::NriError as PluginError, plugin::PluginIndex};
@@ -270,7 +270,7 @@ pub fn plugin(hook: NriHook, config: &NriConfig) -> Result<Plugin<NriHook>, Plug
     Plugin::new(PluginConfig::new(&config.root, config.index.clone()), Arc::new(hook))
 }
 
-fn nri_mount(m: cdi::Mount) -> Mount {
+fn nri_mount(m: vgpu_core::cdi::Mount) -> Mount {
     Mount {
         destination: m.container_path,
         type_: "bind".to_owned(),

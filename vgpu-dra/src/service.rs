@@ -16,12 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use crate::{
-    checkpoint::PreparedDevice,
-    claims::ClaimRef,
-    health::HealthSnapshot,
-    state::DeviceState,
-};
+use crate::{checkpoint::PreparedDevice, claims::ClaimRef, health::HealthSnapshot, state::DeviceState};
 use vgpu_kubelet::api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1};
 
 /// The devices' health ([`crate::health`]): a receiver of the [`HealthSnapshot`] the health monitor
