@@ -13,13 +13,13 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use prost::Message;
 use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
 use vgpu_deviceplugin::{
-    api::v1beta1::{AllocateRequest, ContainerAllocateRequest, ListAndWatchResponse},
     cluster::{ContainerInfo, InMemoryCluster, PodInfo},
     config::PluginConfig,
     inventory::{DeviceState, node_devices},
     plugin::PluginHandler,
     vnumber::VgpuNumberPlugin,
 };
+use vgpu_kubelet::api::v1beta1::{AllocateRequest, ContainerAllocateRequest, ListAndWatchResponse};
 
 fn mock(gpus: usize) -> MockBackend {
     let mut yaml = String::from("gpus:\n");

@@ -21,7 +21,6 @@ use vgpu_core::{
     domain::ResourceDomain,
 };
 use vgpu_deviceplugin::{
-    api::v1beta1::{AllocateRequest, ContainerAllocateRequest, device_plugin_client::DevicePluginClient},
     cluster::{ContainerInfo, InMemoryCluster, PodInfo},
     config::PluginConfig,
     daemon::Daemon,
@@ -29,9 +28,12 @@ use vgpu_deviceplugin::{
     inventory::{DeviceState, node_devices},
     plugin::PluginHandler,
     publisher::NodePublisher,
-    registration::connect_unix,
     server::serve,
     vnumber::VgpuNumberPlugin,
+};
+use vgpu_kubelet::{
+    api::v1beta1::{AllocateRequest, ContainerAllocateRequest, device_plugin_client::DevicePluginClient},
+    socket::connect_unix,
 };
 use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Node, Pod, PodPhase};
 
@@ -184,7 +186,7 @@ async fn pod_goes_from_filter_and_bind_to_allocate() {
     assert_eq!(side_resp.envs[&format!("CUDA_MEM_LIMIT_{}", side_gpu.index)], "2048m");
     // No cores requested with memory: the whole compute, no core limit.
     assert_eq!(side_resp.envs[&format!("CUDA_CORE_LIMIT_{}", side_gpu.index)], "");
-    let mount = |r: &vgpu_deviceplugin::api::v1beta1::ContainerAllocateResponse, path: &str| {
+    let mount = |r: &vgpu_kubelet::api::v1beta1::ContainerAllocateResponse, path: &str| {
         r.mounts.iter().find(|m| m.container_path == path).map(|m| (m.host_path.clone(), m.read_only))
     };
     assert_eq!(

@@ -13,8 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vgpu_deviceplugin::registration::connect_unix;
-use vgpu_dra::api::{dra_v1, pluginregistration as pr};
+use vgpu_kubelet::api::{dra_v1, pluginregistration as pr};
+use vgpu_kubelet::socket::connect_unix;
 
 const MOCK: &str = "gpus:\n  - { uuid: GPU-a, name: NVIDIA A30, memoryMiB: 24576 }\n";
 

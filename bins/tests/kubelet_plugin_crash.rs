@@ -25,11 +25,9 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
 };
-use vgpu_deviceplugin::registration::connect_unix;
-use vgpu_dra::{
-    api::{dra_v1, pluginregistration as pr},
-    checkpoint::{Checkpoint, ClaimState},
-};
+use vgpu_dra::checkpoint::{Checkpoint, ClaimState};
+use vgpu_kubelet::api::{dra_v1, pluginregistration as pr};
+use vgpu_kubelet::socket::connect_unix;
 
 const MOCK: &str = "gpus:\n  - { uuid: GPU-a, name: NVIDIA A30, memoryMiB: 24576 }\n";
 const UID: &str = "6f1c2a9e-0d4b-4c1e-9b7a-3e2f1d0c9b8a";

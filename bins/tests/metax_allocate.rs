@@ -18,12 +18,12 @@ use vgpu_core::{
     node_config::{DeviceListStrategy, ImexSettings},
 };
 use vgpu_deviceplugin::{
-    api::v1beta1::ContainerAllocateResponse,
     cdi,
     cluster::InMemoryCluster,
     config::PluginConfig,
     daemon::{Daemon, cdi_spec_devices},
 };
+use vgpu_kubelet::api::v1beta1::ContainerAllocateResponse;
 use vgpu_nvml::{MetaxBackend, MetaxOptions};
 
 const UID: &str = "5e7a0000-1111-4000-8000-000000000002";

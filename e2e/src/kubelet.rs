@@ -10,12 +10,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
-use vgpu_deviceplugin::api::v1beta1::{
+use vgpu_kubelet::api::v1beta1::{
     Empty, RegisterRequest,
     device_plugin_client::DevicePluginClient,
     registration_server::{Registration, RegistrationServer},
 };
-use vgpu_deviceplugin::registration::connect_unix;
+use vgpu_kubelet::socket::connect_unix;
 
 /// The kubelet's registration socket name in the device-plugin folder.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";

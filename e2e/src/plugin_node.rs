@@ -15,7 +15,7 @@ use tonic::transport::Channel;
 use vgpu_core::codec::{node_devices, pod_devices};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::NodeDeviceInventory;
-use vgpu_deviceplugin::api::v1beta1::{
+use vgpu_kubelet::api::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateRequest, Device, Empty, ListAndWatchResponse,
     RegisterRequest, device_plugin_client::DevicePluginClient,
 };

@@ -31,9 +31,9 @@ use kube::{
 };
 use serde_json::json;
 use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
-use vgpu_deviceplugin::registration::connect_unix;
-use vgpu_dra::api::{dra_v1, pluginregistration as pr};
 use vgpu_e2e::{TestEnv, fixtures, scheduler_configuration, vgpu_binary};
+use vgpu_kubelet::api::{dra_v1, pluginregistration as pr};
+use vgpu_kubelet::socket::connect_unix;
 
 const NODE: &str = "dra-mig-node";
 const NAMESPACE: &str = "default";

@@ -34,8 +34,8 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use vgpu_core::backend::{DeviceBackend, MigMode, mock::MockBackend};
-use vgpu_deviceplugin::api::v1beta1::Empty;
 use vgpu_e2e::{TestEnv, kubelet::TestKubelet, vgpu_binary};
+use vgpu_kubelet::api::v1beta1::Empty;
 
 const NODE: &str = "mig-node";
 const NS: &str = "d8-gpu";

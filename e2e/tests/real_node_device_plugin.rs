@@ -28,19 +28,19 @@ use serde_json::json;
 use vgpu_core::{
     abi::devices_json, abi::runtime_files, abi::vgpu_config, codec::pod_devices, domain::ResourceDomain,
 };
-use vgpu_deviceplugin::{
-    api::podresources::{
-        AllocatableResourcesRequest, ListPodResourcesRequest,
-        pod_resources_lister_client::PodResourcesListerClient,
-    },
-    registration::connect_unix,
-};
 use vgpu_e2e::{
     fixtures::{VGPU_CORES, VGPU_MEMORY, VGPU_NUMBER},
     plugin_node::{DEVICE_PLUGIN, mock_description, start_vgpu_scheduling},
     probe::{self, Probe},
     real_node::{self, RealNode},
     vgpu_binary,
+};
+use vgpu_kubelet::{
+    api::podresources::{
+        AllocatableResourcesRequest, ListPodResourcesRequest,
+        pod_resources_lister_client::PodResourcesListerClient,
+    },
+    socket::connect_unix,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(90);

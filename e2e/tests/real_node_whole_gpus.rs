@@ -17,15 +17,15 @@ use kube::{
     api::{DeleteParams, PostParams},
 };
 use serde_json::json;
-use vgpu_deviceplugin::{
-    api::podresources::{ListPodResourcesRequest, pod_resources_lister_client::PodResourcesListerClient},
-    registration::connect_unix,
-};
 use vgpu_e2e::{
     plugin_node::{DEVICE_PLUGIN, mock_description},
     probe,
     real_node::{self, RealNode},
     scheduler_configuration, vgpu_binary,
+};
+use vgpu_kubelet::{
+    api::podresources::{ListPodResourcesRequest, pod_resources_lister_client::PodResourcesListerClient},
+    socket::connect_unix,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(90);

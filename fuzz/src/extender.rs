@@ -37,12 +37,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_lease::Readiness;
 use vgpu_scheduler::fixture::vgpu_node;
 use vgpu_scheduler::server::{AppState, router};
 use vgpu_scheduler::wire::{ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs};
 use vgpu_scheduler::{
     BIND_PATH, Extender, ExtenderConfig, FILTER_DRYRUN_PATH, ManualClock, MemoryCluster, Metrics,
-    PREEMPT_PATH, PRIORITIZE_PATH, Readiness,
+    PREEMPT_PATH, PRIORITIZE_PATH,
 };
 
 /// A fuzz entry: arbitrary bytes in, a panic when a property breaks.

@@ -13,13 +13,13 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use vgpu_core::backend::mock::MockBackend;
 use vgpu_deviceplugin::{
-    api::v1beta1::{
-        Empty, RegisterRequest,
-        registration_server::{Registration, RegistrationServer},
-    },
     cluster::{InMemoryCluster, NodeInfo},
     config::PluginConfig,
     daemon::Daemon,
+};
+use vgpu_kubelet::api::v1beta1::{
+    Empty, RegisterRequest,
+    registration_server::{Registration, RegistrationServer},
 };
 
 struct TestKubelet;

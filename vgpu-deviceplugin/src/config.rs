@@ -256,7 +256,7 @@ impl PluginConfig {
             host_driver_root: PathBuf::from("/"),
             cdi_annotation_prefix: DEFAULT_CDI_ANNOTATION_PREFIX.to_owned(),
             cdi_root: PathBuf::from("/var/run/cdi"),
-            pod_resources_socket: PathBuf::from(crate::POD_RESOURCES_SOCKET),
+            pod_resources_socket: PathBuf::from(vgpu_kubelet::podresources::POD_RESOURCES_SOCKET),
             pod_resources_timeout: Duration::from_secs(5),
             stale_dir_grace: Duration::from_secs(120),
             gone_pod_sweep_interval: Duration::from_secs(15),

@@ -497,7 +497,7 @@ pub async fn sweep_gone_pods(cluster: &dyn ClusterClient, config: &PluginConfig,
     let live = match cluster.list_node_pods(&config.node_name).await {
         Ok(pods) => LivePods::Uids(pods.into_iter().map(|p| p.uid).collect()),
         Err(err) => {
-            match crate::locate::list_pod_resources(
+            match vgpu_kubelet::podresources::list_pod_resources(
                 &config.pod_resources_socket,
                 config.pod_resources_timeout,
             )

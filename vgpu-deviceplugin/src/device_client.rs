@@ -9,10 +9,8 @@
 
 use std::{path::Path, time::Duration};
 
-use crate::{
-    api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient},
-    registration::connect_unix,
-};
+use crate::api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient};
+use vgpu_kubelet::socket::connect_unix;
 
 /// Where the registry socket is mounted in vGPU containers (the device plugin's `Allocate` mounts the
 /// host's `registry/` directory at `/etc/vgpu-manager/registry`).
@@ -87,7 +85,7 @@ pub enum DeviceClientError {
     },
     /// Dialing the socket failed or timed out.
     #[error("connecting to the registry: {0}")]
-    Connect(#[source] crate::error::ServerError),
+    Connect(#[source] vgpu_kubelet::SocketError),
     /// The registry answered with an error.
     #[error("the registry refused the registration ({code:?}): {message}")]
     Refused {

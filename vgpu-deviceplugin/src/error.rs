@@ -35,26 +35,9 @@ impl From<PluginError> for tonic::Status {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServerError {
-    /// A filesystem operation on a socket or directory failed.
-    #[error("{}: {action}: {source}", path.display())]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// What was being done.
-        action: &'static str,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The gRPC transport failed (serve or connect).
-    #[error("gRPC transport on {}: {source}", path.display())]
-    Transport {
-        /// The socket.
-        path: PathBuf,
-        /// The transport error.
-        #[source]
-        source: tonic::transport::Error,
-    },
+    /// Binding, serving or dialing a unix socket failed, or a call on one timed out.
+    #[error(transparent)]
+    Socket(#[from] vgpu_kubelet::SocketError),
     /// The kubelet refused the registration.
     #[error("registering {resource} with the kubelet at {}: {status}", kubelet.display())]
     Register {
@@ -64,14 +47,6 @@ pub enum ServerError {
         resource: String,
         /// The kubelet's answer.
         status: tonic::Status,
-    },
-    /// An operation did not finish in time.
-    #[error("{what} timed out after {timeout:?}")]
-    Timeout {
-        /// What was waited for.
-        what: String,
-        /// The limit.
-        timeout: std::time::Duration,
     },
     /// A plugin's serve loop crashed too often.
     #[error("plugin {plugin} crashed {crashes} times, each within {window:?} of the previous: giving up")]

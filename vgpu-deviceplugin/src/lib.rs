@@ -4,13 +4,12 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`api`] | generated tonic/prost code: device-plugin `v1beta1`, pod-resources `v1` |
+//! | [`api`] | generated tonic/prost code of the client-mode device registry (the kubelet APIs, sockets and `:authority` rewrite are in `vgpu-kubelet`) |
 //! | [`plugin`] | [`PluginHandler`](plugin::PluginHandler), the thin internal trait behind the generated `DevicePlugin` trait; the vcore / vmemory plugins |
 //! | [`mig`] | the MIG plugins (`--mig-strategy single|mixed`): one per profile, `<domain>/mig-<profile>` |
 //! | [`vnumber`] | the `vgpu-number` plugin: `<uuid>::<i>` devices, preferred allocation, `Allocate`, `PreStartContainer` |
 //! | [`service`] | the generated `DevicePlugin` trait over a handler: translation and the `ListAndWatch` stream |
 //! | [`server`] | serving one handler on a unix socket |
-//! | [`authority`] | every unix-socket gRPC server's connections: a client's invalid `:authority` (the kubelet's plugin watcher sends the socket path) rewritten to `localhost` below tonic |
 //! | [`registry`] | client mode (gate `DevicePluginClientMode`): `VDeviceRegistry` on `registry/socket.sock`, caller PIDs → `pids.config` |
 //! | [`device_client`] | the client of that registry (`vgpu-device-client`): one `RegisterContainerDevice` call, bounded by a timeout |
 //! | [`registration`] | unix-socket gRPC clients: probe our socket, `Register` with the kubelet |
@@ -73,7 +72,6 @@ use vgpu_core::node_config::MigStrategy;
 use vgpu_gates::CoreGate;
 
 pub mod api;
-pub mod authority;
 pub mod cdi;
 pub mod cluster;
 pub mod config;
@@ -110,8 +108,6 @@ pub const VGPU_SOCKET: &str = "nvidia-vgpu.sock";
 pub const VGPU_CORE_SOCKET: &str = "nvidia-vgpu-core.sock";
 /// Socket of the `<domain>/vgpu-memory` plugin (gate `GPUMemoryResourcePlugin`).
 pub const VGPU_MEMORY_SOCKET: &str = "nvidia-vgpu-memory.sock";
-/// The kubelet pod-resources socket.
-pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 /// The device-plugin's feature-gate registry (Core).
 pub fn feature_gates() -> &'static vgpu_gates::Registry<vgpu_gates::CoreGate> {

@@ -3,7 +3,7 @@
 //!
 //! The kubelet passes only the device IDs. They are matched, as a set, against:
 //!
-//! 1. the kubelet pod-resources API `v1` ([`list_pod_resources`] over
+//! 1. the kubelet pod-resources API `v1` ([`list_pod_resources`](vgpu_kubelet::podresources::list_pod_resources) over
 //!    `/var/lib/kubelet/pod-resources/kubelet.sock`): each container's devices of our resource; the match
 //!    names the pod by namespace/name;
 //! 2. the kubelet's device-manager checkpoint ([`read_checkpoint`],
@@ -22,12 +22,7 @@ use std::{
 use serde::Deserialize;
 use vgpu_core::abi::vgpu_config;
 
-use crate::{
-    api::podresources::{
-        ListPodResourcesRequest, PodResources, pod_resources_lister_client::PodResourcesListerClient,
-    },
-    registration::connect_unix,
-};
+use vgpu_kubelet::api::podresources::PodResources;
 
 /// How a located pod is named.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,13 +63,8 @@ pub struct LocatedContainer {
 #[non_exhaustive]
 pub enum LocateError {
     /// The pod-resources API could not be reached or answered with an error.
-    #[error("pod-resources List on {}: {message}", socket.display())]
-    PodResources {
-        /// The socket.
-        socket: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
+    #[error(transparent)]
+    PodResources(#[from] vgpu_kubelet::podresources::PodResourcesError),
     /// The checkpoint file could not be read.
     #[error("{}: read kubelet checkpoint: {source}", path.display())]
     CheckpointIo {
@@ -95,18 +85,6 @@ pub enum LocateError {
         /// The parser's message.
         message: String,
     },
-}
-
-/// Calls `PodResourcesLister.List` on `socket`, with `timeout` for connecting and for the call.
-pub async fn list_pod_resources(socket: &Path, timeout: Duration) -> Result<Vec<PodResources>, LocateError> {
-    let err = |message: String| LocateError::PodResources { socket: socket.to_path_buf(), message };
-    let channel = connect_unix(socket, timeout).await.map_err(|e| err(e.to_string()))?;
-    let mut client = PodResourcesListerClient::new(channel);
-    match tokio::time::timeout(timeout, client.list(ListPodResourcesRequest {})).await {
-        Ok(Ok(resp)) => Ok(resp.into_inner().pod_resources),
-        Ok(Err(status)) => Err(err(format!("{}: {}", status.code(), status.message()))),
-        Err(_) => Err(err(format!("timed out after {timeout:?}"))),
-    }
 }
 
 fn same_set(a: &[String], b: &[String]) -> bool {
@@ -347,7 +325,7 @@ pub fn remove_stale_dirs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::podresources::{ContainerDevices, ContainerResources};
+    use vgpu_kubelet::api::podresources::{ContainerDevices, ContainerResources};
 
     fn ids(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_owned()).collect()

@@ -24,15 +24,15 @@ use vgpu_core::{
 };
 
 use crate::{
-    api::v1beta1::{
-        AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse, Device, DevicePluginOptions,
-        DeviceSpec, Mount, PreferredAllocationRequest, PreferredAllocationResponse,
-    },
     cdi,
     config::PluginConfig,
     error::{PluginError, ServerError},
     plugin::{PluginHandler, default_preferred_allocation, health_text, topology},
     vnumber::add_imex_channels,
+};
+use vgpu_kubelet::api::v1beta1::{
+    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse, Device, DevicePluginOptions,
+    DeviceSpec, Mount, PreferredAllocationRequest, PreferredAllocationResponse,
 };
 
 /// One MIG instance as the plugins advertise it.

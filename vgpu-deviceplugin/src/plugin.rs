@@ -6,14 +6,11 @@
 
 use vgpu_core::model::GpuDevice;
 
-use crate::{
-    api::v1beta1::{
-        AllocateRequest, AllocateResponse, ContainerAllocateResponse, ContainerPreferredAllocationResponse,
-        Device, DevicePluginOptions, HEALTHY, NumaNode, PreStartContainerRequest, PreStartContainerResponse,
-        PreferredAllocationRequest, PreferredAllocationResponse, TopologyInfo, UNHEALTHY,
-    },
-    error::PluginError,
-    ids,
+use crate::{error::PluginError, ids};
+use vgpu_kubelet::api::v1beta1::{
+    AllocateRequest, AllocateResponse, ContainerAllocateResponse, ContainerPreferredAllocationResponse,
+    Device, DevicePluginOptions, HEALTHY, NumaNode, PreStartContainerRequest, PreStartContainerResponse,
+    PreferredAllocationRequest, PreferredAllocationResponse, TopologyInfo, UNHEALTHY,
 };
 
 /// What one device plugin advertises and how it answers; everything gRPC-specific lives elsewhere.
@@ -183,7 +180,7 @@ impl PluginHandler for ResourcePlugin {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1beta1::ContainerPreferredAllocationRequest;
+    use vgpu_kubelet::api::v1beta1::ContainerPreferredAllocationRequest;
 
     #[test]
     fn default_preference_does_not_reuse_ids() {

@@ -1,32 +1,14 @@
-//! Talking to the kubelet over unix sockets: dialing, readiness of our own socket, `Register`.
+//! Talking to the kubelet over unix sockets (dialed with [`vgpu_kubelet::socket::connect_unix`]): readiness of
+//! our own socket, `Register`.
 
 use std::{path::Path, time::Duration};
 
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint};
-
-use crate::{
-    api::v1beta1::{
-        DevicePluginOptions, Empty, RegisterRequest, VERSION, device_plugin_client::DevicePluginClient,
-        registration_client::RegistrationClient,
-    },
-    error::ServerError,
+use crate::error::ServerError;
+use vgpu_kubelet::api::v1beta1::{
+    DevicePluginOptions, Empty, RegisterRequest, VERSION, device_plugin_client::DevicePluginClient,
+    registration_client::RegistrationClient,
 };
-
-/// Connects a gRPC channel to a unix socket (the URI is a placeholder; the connector dials `path`).
-pub async fn connect_unix(path: &Path, timeout: Duration) -> Result<Channel, ServerError> {
-    let socket = path.to_path_buf();
-    let endpoint = Endpoint::from_static("http://[::]:50051").connect_timeout(timeout);
-    let connect = endpoint.connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-        let socket = socket.clone();
-        async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
-    }));
-    match tokio::time::timeout(timeout, connect).await {
-        Ok(Ok(channel)) => Ok(channel),
-        Ok(Err(source)) => Err(ServerError::Transport { path: path.to_path_buf(), source }),
-        Err(_) => Err(ServerError::Timeout { what: format!("connecting to {}", path.display()), timeout }),
-    }
-}
+use vgpu_kubelet::{SocketError, socket::connect_unix};
 
 /// Dials our own socket and calls `GetDevicePluginOptions`, proving the server answers.
 pub async fn wait_ready(socket: &Path, timeout: Duration) -> Result<(), ServerError> {
@@ -34,12 +16,13 @@ pub async fn wait_ready(socket: &Path, timeout: Duration) -> Result<(), ServerEr
     let mut client = DevicePluginClient::new(channel);
     match tokio::time::timeout(timeout, client.get_device_plugin_options(Empty {})).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(status)) => Err(ServerError::Io {
+        Ok(Err(status)) => Err(SocketError::Io {
             path: socket.to_path_buf(),
             action: "probe own socket",
             source: std::io::Error::other(status.to_string()),
-        }),
-        Err(_) => Err(ServerError::Timeout { what: format!("probing {}", socket.display()), timeout }),
+        }
+        .into()),
+        Err(_) => Err(SocketError::Timeout { what: format!("probing {}", socket.display()), timeout }.into()),
     }
 }
 
@@ -69,9 +52,10 @@ pub async fn register(
     match tokio::time::timeout(timeout, client.register(request)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(status)) => Err(ServerError::Register { kubelet: kubelet.to_path_buf(), resource, status }),
-        Err(_) => Err(ServerError::Timeout {
+        Err(_) => Err(SocketError::Timeout {
             what: format!("Register {resource} at {}", kubelet.display()),
             timeout,
-        }),
+        }
+        .into()),
     }
 }

@@ -68,9 +68,9 @@ use crate::{
         ContainerDeviceRequest, ContainerDeviceResponse,
         v_device_registry_server::{VDeviceRegistry, VDeviceRegistryServer},
     },
-    authority::AuthorityRewrite,
     error::ServerError,
 };
+use vgpu_kubelet::{SocketError, authority::AuthorityRewrite};
 
 /// `registry/socket.sock` under the manager dir.
 pub const SOCKET: &str = "registry/socket.sock";
@@ -504,7 +504,7 @@ impl RunningRegistry {
 }
 
 /// The accepted connections of `listener`, each with its caller identified on accept and its `:authority`
-/// rewritten ([`crate::authority`]).
+/// rewritten ([`vgpu_kubelet::authority`]).
 fn accepted(
     listener: UnixListener,
     identify: Arc<IdentifyConfig>,
@@ -514,16 +514,16 @@ fn accepted(
 }
 
 fn identity(path: &Path) -> Option<(u64, u64)> {
-    crate::server::socket_identity(path)
+    vgpu_kubelet::socket::socket_identity(path)
 }
 
 fn io<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) -> ServerError + 'a {
-    move |source| ServerError::Io { path: path.to_path_buf(), action, source }
+    move |source| SocketError::Io { path: path.to_path_buf(), action, source }.into()
 }
 
-/// [`crate::server::bind_atomic`] with the registry socket's mode.
+/// [`vgpu_kubelet::socket::bind_atomic`] with the registry socket's mode.
 fn bind(socket: &Path, group: Option<u32>) -> Result<UnixListener, ServerError> {
-    crate::server::bind_atomic(socket, group, SOCKET_MODE)
+    Ok(vgpu_kubelet::socket::bind_atomic(socket, group, SOCKET_MODE)?)
 }
 
 /// The socket's mode: owner and group read/write, nobody else.
@@ -559,7 +559,7 @@ pub fn serve_registry_with(
     let dir = socket.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     if !dir.exists() {
         // Never through a symbolic link planted meanwhile (it is refused, its target keeps its mode).
-        vgpu_core::abi::perms::create_dir_all_mode(&dir, 0o711).map_err(|e| ServerError::Io {
+        vgpu_core::abi::perms::create_dir_all_mode(&dir, 0o711).map_err(|e| SocketError::Io {
             path: e.path().to_path_buf(),
             action: "create registry directory (mode 0711)",
             source: std::io::Error::other(e),
@@ -625,7 +625,7 @@ pub fn serve_registry_with(
                 )
                 .serve_with_incoming_shutdown(accepted(current, Arc::clone(&identify)), shutdown)
                 .await
-                .map_err(|source| ServerError::Transport { path: path.clone(), source })?;
+                .map_err(|source| SocketError::Transport { path: path.clone(), source })?;
             if *stop_rx.borrow() {
                 return Ok(());
             }

@@ -8,13 +8,11 @@ use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 use vgpu_core::model::GpuDevice;
 
-use crate::{
-    api::v1beta1::{
-        AllocateRequest, AllocateResponse, DevicePluginOptions, Empty, ListAndWatchResponse,
-        PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-        PreferredAllocationResponse, device_plugin_server::DevicePlugin,
-    },
-    plugin::PluginHandler,
+use crate::plugin::PluginHandler;
+use vgpu_kubelet::api::v1beta1::{
+    AllocateRequest, AllocateResponse, DevicePluginOptions, Empty, ListAndWatchResponse,
+    PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
+    PreferredAllocationResponse, device_plugin_server::DevicePlugin,
 };
 
 /// Serves one [`PluginHandler`] as a kubelet `DevicePlugin`.

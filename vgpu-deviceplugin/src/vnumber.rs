@@ -21,12 +21,6 @@ use vgpu_core::{
 use vgpu_gates::CoreGate;
 
 use crate::{
-    api::v1beta1::{
-        AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
-        ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Mount,
-        PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-        PreferredAllocationResponse,
-    },
     cdi,
     cluster::{ClusterClient, PHASE_FAILED, PHASE_SUCCEEDED, PodInfo, PodPatch},
     config::PluginConfig,
@@ -35,6 +29,12 @@ use crate::{
     inventory::DeviceState,
     locate::{self, LocatedContainer, PodKey},
     plugin::{PluginHandler, default_preferred_allocation, health_text, topology},
+};
+use vgpu_kubelet::api::v1beta1::{
+    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Mount,
+    PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
+    PreferredAllocationResponse,
 };
 
 /// `MANAGER_VISIBLE_DEVICES` placeholder of an unused slot.
@@ -449,7 +449,12 @@ impl VgpuNumberPlugin {
             },
             Err(err) => tried.push(err.to_string()),
         }
-        match locate::list_pod_resources(&cfg.pod_resources_socket, cfg.pod_resources_timeout).await {
+        match vgpu_kubelet::podresources::list_pod_resources(
+            &cfg.pod_resources_socket,
+            cfg.pod_resources_timeout,
+        )
+        .await
+        {
             Ok(list) => match locate::find_in_pod_resources(&list, &self.resource_name, ids) {
                 Some(found) => return Ok(found),
                 None => tried.push(format!(

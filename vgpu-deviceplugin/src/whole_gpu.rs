@@ -27,10 +27,6 @@
 use std::sync::Arc;
 
 use crate::{
-    api::v1beta1::{
-        AllocateRequest, AllocateResponse, ContainerAllocateResponse, Device, DevicePluginOptions,
-        PreferredAllocationRequest, PreferredAllocationResponse,
-    },
     config::PluginConfig,
     error::PluginError,
     inventory::DeviceState,
@@ -39,6 +35,10 @@ use crate::{
     vnumber::device_specs,
 };
 use vgpu_core::model::GpuDevice;
+use vgpu_kubelet::api::v1beta1::{
+    AllocateRequest, AllocateResponse, ContainerAllocateResponse, Device, DevicePluginOptions,
+    PreferredAllocationRequest, PreferredAllocationResponse,
+};
 
 /// The plugin's socket, in the device-plugin folder.
 pub const SOCKET: &str = "nvidia-gpu.sock";
@@ -146,8 +146,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::api::v1beta1::{ContainerAllocateRequest, ContainerPreferredAllocationRequest};
     use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
+    use vgpu_kubelet::api::v1beta1::{ContainerAllocateRequest, ContainerPreferredAllocationRequest};
 
     const GPUS: &str = "
 gpus:

@@ -14,9 +14,8 @@ use vgpu_core::{
     backend::{DeviceBackend, mock::MockBackend},
     node_config::DeviceListStrategy,
 };
-use vgpu_deviceplugin::{
-    api::v1beta1::ContainerAllocateResponse, cluster::InMemoryCluster, config::PluginConfig, daemon::Daemon,
-};
+use vgpu_deviceplugin::{cluster::InMemoryCluster, config::PluginConfig, daemon::Daemon};
+use vgpu_kubelet::api::v1beta1::ContainerAllocateResponse;
 
 const MOCK: &str = "\
 driver: { version: 570.86.10, cudaVersion: '12.8' }

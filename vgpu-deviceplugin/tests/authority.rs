@@ -12,14 +12,13 @@ use prost::Message as _;
 use tokio::sync::watch;
 use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
 use vgpu_deviceplugin::{
-    api::v1beta1::DevicePluginOptions,
-    authority::call::call,
     build_handlers,
     cluster::InMemoryCluster,
     config::PluginConfig,
     inventory::{DeviceState, node_devices},
     server::serve,
 };
+use vgpu_kubelet::{api::v1beta1::DevicePluginOptions, authority::call::call};
 
 const WAIT: Duration = Duration::from_secs(10);
 

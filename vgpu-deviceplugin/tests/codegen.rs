@@ -6,11 +6,7 @@
 
 use std::path::Path;
 
-const PROTOS: &[(&str, &str)] = &[
-    ("deviceplugin/v1beta1/api.proto", "v1beta1.rs"),
-    ("podresources/v1/api.proto", "v1.rs"),
-    ("registry/api.proto", "registry.rs"),
-];
+const PROTOS: &[(&str, &str)] = &[("registry/api.proto", "registry.rs")];
 
 #[test]
 fn generated_code_is_up_to_date() {

@@ -16,13 +16,9 @@ use vgpu_core::{
     backend::{DeviceBackend, mock::MockBackend},
     node_config::DeviceListStrategy,
 };
-use vgpu_deviceplugin::{
-    api::v1beta1::{
-        ContainerAllocateResponse, ContainerPreferredAllocationRequest, Empty, PreferredAllocationRequest,
-    },
-    cluster::InMemoryCluster,
-    config::PluginConfig,
-    daemon::Daemon,
+use vgpu_deviceplugin::{cluster::InMemoryCluster, config::PluginConfig, daemon::Daemon};
+use vgpu_kubelet::api::v1beta1::{
+    ContainerAllocateResponse, ContainerPreferredAllocationRequest, Empty, PreferredAllocationRequest,
 };
 
 use support::Served;

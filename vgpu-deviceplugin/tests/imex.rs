@@ -14,12 +14,12 @@ use vgpu_core::{
     node_config::{DeviceListStrategy, ImexSettings},
 };
 use vgpu_deviceplugin::{
-    api::v1beta1::ContainerAllocateResponse,
     cdi,
     cluster::InMemoryCluster,
     config::PluginConfig,
     daemon::{Daemon, cdi_spec_devices},
 };
+use vgpu_kubelet::api::v1beta1::ContainerAllocateResponse;
 
 const MOCK: &str = "gpus:\n  - { uuid: GPU-a, name: NVIDIA GB200, memoryMiB: 8192, minor: 3 }\n";
 const UID: &str = "0b1a2c3d-0000-4000-8000-000000000001";

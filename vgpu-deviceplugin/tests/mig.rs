@@ -11,16 +11,18 @@ use vgpu_core::{
     node_config::MigStrategy,
 };
 use vgpu_deviceplugin::{
-    api::v1beta1::{
-        AllocateRequest, ContainerAllocateRequest, Empty, device_plugin_client::DevicePluginClient,
-    },
     build_handlers,
     cluster::InMemoryCluster,
     config::PluginConfig,
     daemon::Daemon,
     inventory::{DeviceState, node_devices},
-    registration::connect_unix,
     server::serve,
+};
+use vgpu_kubelet::{
+    api::v1beta1::{
+        AllocateRequest, ContainerAllocateRequest, Empty, device_plugin_client::DevicePluginClient,
+    },
+    socket::connect_unix,
 };
 
 const NODE: &str = "

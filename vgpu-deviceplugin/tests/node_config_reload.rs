@@ -29,17 +29,16 @@ use vgpu_core::{
     node_config::NodeSettings,
 };
 use vgpu_deviceplugin::{
+    cluster::InMemoryCluster, config::PluginConfig, daemon::Daemon, error::ServerError,
+    node_config_watch::NodeConfigSource,
+};
+use vgpu_kubelet::{
     api::v1beta1::{
         Empty, ListAndWatchResponse, RegisterRequest,
         device_plugin_client::DevicePluginClient,
         registration_server::{Registration, RegistrationServer},
     },
-    cluster::InMemoryCluster,
-    config::PluginConfig,
-    daemon::Daemon,
-    error::ServerError,
-    node_config_watch::NodeConfigSource,
-    registration::connect_unix,
+    socket::connect_unix,
 };
 
 const WAIT: Duration = Duration::from_secs(10);

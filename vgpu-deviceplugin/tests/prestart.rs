@@ -22,6 +22,14 @@ use vgpu_core::{
     backend::{DeviceBackend, mock::MockBackend},
 };
 use vgpu_deviceplugin::{
+    cluster::{ContainerInfo, InMemoryCluster, PodInfo},
+    config::PluginConfig,
+    inventory::{DeviceState, node_devices},
+    plugin::PluginHandler,
+    server::{RunningServer, serve},
+    vnumber::VgpuNumberPlugin,
+};
+use vgpu_kubelet::{
     api::{
         podresources::{ContainerDevices, ContainerResources, PodResources},
         v1beta1::{
@@ -29,13 +37,7 @@ use vgpu_deviceplugin::{
             device_plugin_client::DevicePluginClient,
         },
     },
-    cluster::{ContainerInfo, InMemoryCluster, PodInfo},
-    config::PluginConfig,
-    inventory::{DeviceState, node_devices},
-    plugin::PluginHandler,
-    registration::connect_unix,
-    server::{RunningServer, serve},
-    vnumber::VgpuNumberPlugin,
+    socket::connect_unix,
 };
 
 const WAIT: Duration = Duration::from_secs(5);

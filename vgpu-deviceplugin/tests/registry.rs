@@ -18,12 +18,12 @@ use tonic::Code;
 use vgpu_core::node_config::CgroupDriver;
 use vgpu_deviceplugin::{
     api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient},
-    registration::connect_unix,
     registry::{
         RegisterResolver, RegisterTarget, RegistryConfig, serve_registry, serve_registry_with,
         serve_registry_with_guard,
     },
 };
+use vgpu_kubelet::socket::connect_unix;
 
 const UID: &str = "0b1a22cd-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 const CGROUP: &str = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b1a22cd_4e5f_4a6b_8c7d_9e0f1a2b3c4d.slice/cri-containerd-c0ffee.scope";
@@ -134,7 +134,7 @@ async fn a_path_authority_reaches_the_registry() {
     use prost::Message as _;
     let root = tempfile::tempdir().unwrap();
     let running = serve_registry(setup(root.path(), CgroupDriver::Systemd)).unwrap();
-    let answer = vgpu_deviceplugin::authority::call::call(
+    let answer = vgpu_kubelet::authority::call::call(
         &running.socket,
         &running.socket.display().to_string(),
         "/registry.VDeviceRegistry/RegisterContainerDevice",

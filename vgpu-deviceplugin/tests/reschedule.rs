@@ -19,7 +19,6 @@ use vgpu_core::{
     domain::ResourceDomain,
 };
 use vgpu_deviceplugin::{
-    api::v1beta1::{AllocateRequest, ContainerAllocateRequest},
     cluster::{
         ClusterError, CreateOutcome, DeleteOutcome, EventType, EvictOutcome, InMemoryPods, PodCall, PodEvent,
         RescheduleClient,
@@ -35,6 +34,7 @@ use vgpu_deviceplugin::{
     },
     vnumber::VgpuNumberPlugin,
 };
+use vgpu_kubelet::api::v1beta1::{AllocateRequest, ContainerAllocateRequest};
 
 const NODE: &str = "node-1";
 const WAIT: Duration = Duration::from_secs(10);

@@ -24,12 +24,12 @@ use vgpu_core::{
     backend::{DeviceBackend, mock::MockBackend},
 };
 use vgpu_deviceplugin::{
-    api::podresources::PodResources,
     cluster::{InMemoryCluster, PodInfo},
     config::PluginConfig,
     daemon::Daemon,
     error::ServerError,
 };
+use vgpu_kubelet::api::podresources::PodResources;
 
 const MOCK: &str = "gpus:\n  - { uuid: GPU-a, name: NVIDIA L4, memoryMiB: 8192 }\n";
 

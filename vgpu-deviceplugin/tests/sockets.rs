@@ -18,18 +18,20 @@ use vgpu_core::{
     backend::{DeviceBackend, HealthEvent, HealthEventKind, mock::MockBackend},
 };
 use vgpu_deviceplugin::{
+    build_handlers,
+    cluster::{ContainerInfo, InMemoryCluster, PodInfo},
+    config::PluginConfig,
+    inventory::{DeviceState, node_devices},
+    manager::PluginManager,
+};
+use vgpu_kubelet::{
     api::v1beta1::{
         AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
         PreStartContainerRequest, PreferredAllocationRequest, RegisterRequest,
         device_plugin_client::DevicePluginClient,
         registration_server::{Registration, RegistrationServer},
     },
-    build_handlers,
-    cluster::{ContainerInfo, InMemoryCluster, PodInfo},
-    config::PluginConfig,
-    inventory::{DeviceState, node_devices},
-    manager::PluginManager,
-    registration::connect_unix,
+    socket::connect_unix,
 };
 
 const WAIT: Duration = Duration::from_secs(5);

@@ -10,11 +10,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
 use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
-use vgpu_deviceplugin::{
-    api::v1beta1::{AllocateRequest, ContainerAllocateRequest},
-    cluster::InMemoryCluster,
-    daemon::Daemon,
-};
+use vgpu_deviceplugin::{cluster::InMemoryCluster, daemon::Daemon};
+use vgpu_kubelet::api::v1beta1::{AllocateRequest, ContainerAllocateRequest};
 
 const MOCK: &str = "\
 driver: { version: 570.86.10, cudaVersion: '12.8' }

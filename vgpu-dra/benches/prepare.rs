@@ -20,7 +20,6 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use vgpu_core::backend::{NvidiaAdapter, mock::MockBackend};
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
-    api::dra_v1,
     claims::{InMemoryClaims, allocated, allocation_result, claim},
     config::DriverConfig,
     devices::{AllocatableDevices, DeviceConfig},
@@ -28,6 +27,7 @@ use vgpu_dra::{
     health::HealthSnapshot,
     state::DeviceState,
 };
+use vgpu_kubelet::api::dra_v1;
 
 const NODE: &str = "bench-node";
 
@@ -87,9 +87,7 @@ fn prepare(c: &mut Criterion) {
     let running = rt.block_on(async { Driver::new(Arc::clone(&state), health).serve().unwrap() });
     let mut client = rt.block_on(async {
         let channel =
-            vgpu_deviceplugin::registration::connect_unix(&running.dra_socket, Duration::from_secs(5))
-                .await
-                .unwrap();
+            vgpu_kubelet::socket::connect_unix(&running.dra_socket, Duration::from_secs(5)).await.unwrap();
         dra_v1::dra_plugin_client::DraPluginClient::new(channel)
     });
     let wire = dra_v1::Claim { namespace: "ns".into(), uid: "uid-1".into(), name: "c1".into() };

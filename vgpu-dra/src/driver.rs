@@ -5,7 +5,7 @@
 //! | `<registry-dir>/<driver>-reg.sock` | `pluginregistration.Registration` | re-bound (and so re-registered: the kubelet's plugin watcher sees a new socket) when the file disappears or is replaced, e.g. when the kubelet re-creates its `plugins_registry` directory |
 //! | `<plugins-dir>/<driver>/dra.sock` | `DRAPlugin` v1 + v1beta1, `DRAResourceHealth` v1 + v1alpha1 | re-bound the same way |
 //!
-//! Both are bound atomically ([`vgpu_deviceplugin::server::bind_atomic`]: bind a temporary name, chmod
+//! Both are bound atomically ([`vgpu_kubelet::socket::bind_atomic`]: bind a temporary name, chmod
 //! 0660, rename into place), and the DRA socket exists before the registration socket appears, so the kubelet
 //! never dials an endpoint that is not there yet. On shutdown both files are removed.
 //!
@@ -28,18 +28,18 @@ use tokio::{
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Router;
-use vgpu_deviceplugin::{
+use vgpu_deviceplugin::sm_watcher::SmWatcher;
+use vgpu_kubelet::{
     authority::AuthorityRewrite,
-    server::{bind_atomic, socket_identity},
-    sm_watcher::SmWatcher,
+    socket::{bind_atomic, socket_identity},
 };
 
 use crate::{
-    api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration},
     registration::{RegistrationService, RegistrationState},
     service::{DraService, HealthFeed, HealthService},
     state::DeviceState,
 };
+use vgpu_kubelet::api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration};
 
 /// Mode of both sockets.
 pub const SOCKET_MODE: u32 = 0o660;
@@ -61,7 +61,7 @@ pub enum DriverError {
     },
     /// Binding or serving a socket failed.
     #[error(transparent)]
-    Server(#[from] vgpu_deviceplugin::error::ServerError),
+    Server(#[from] vgpu_kubelet::SocketError),
     /// Gate `SharedSMUtilizationWatcher` is on but the watcher cannot run.
     #[error("SharedSMUtilizationWatcher=true: {0}")]
     SmWatcher(String),
@@ -301,7 +301,7 @@ async fn serve_guarded(
     };
     let serve = router.serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown);
     let (served, ()) = tokio::join!(serve, guard_loop);
-    served.map_err(|source| vgpu_deviceplugin::error::ServerError::Transport { path, source })?;
+    served.map_err(|source| vgpu_kubelet::SocketError::Transport { path, source })?;
     Ok(())
 }
 

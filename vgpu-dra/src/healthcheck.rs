@@ -19,17 +19,14 @@ use std::{
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
-use vgpu_deviceplugin::registration::connect_unix;
+use vgpu_kubelet::socket::connect_unix;
 
-use crate::api::{
-    dra_v1,
-    grpc_health::{
-        HealthCheckRequest, HealthCheckResponse,
-        health_check_response::ServingStatus,
-        health_server::{Health, HealthServer},
-    },
-    pluginregistration as pr,
+use crate::{
+    api::grpc_health::HealthCheckRequest, api::grpc_health::HealthCheckResponse,
+    api::grpc_health::health_check_response::ServingStatus, api::grpc_health::health_server::Health,
+    api::grpc_health::health_server::HealthServer,
 };
+use vgpu_kubelet::api::{dra_v1, pluginregistration as pr};
 
 /// How long each socket gets to answer.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);

@@ -10,7 +10,7 @@
 //! | [`devices`] | the allocatable device model: GPU → `vgpu-<minor>` / `gpu-<minor>` with `cores` / `memory` / `shares` capacities; consumed capacity → share limits |
 //! | [`slices`] | ResourceSlice builder and [`SlicePublisher`](slices::publisher::SlicePublisher) (republish on change, pool generation bumped), DeviceClasses |
 //! | [`health`] | backend health events → per-device status and taints ([`HealthMonitor`](health::HealthMonitor), a watch channel) |
-//! | [`api`] | generated gRPC code: `pluginregistration`, DRA `v1` / `v1beta1`, dra-health `v1` / `v1alpha1` |
+//! | [`api`] | generated gRPC code of `grpc.health.v1` (the kubelet APIs, `pluginregistration`, DRA `v1` / `v1beta1`, dra-health `v1` / `v1alpha1`, are in `vgpu-kubelet`) |
 //! | [`registration`] | `pluginregistration.Registration` (GetInfo, NotifyRegistrationStatus) |
 //! | [`service`] | `DRAPlugin` v1 + v1beta1 and `DRAResourceHealth` v1 + v1alpha1: translation only |
 //! | [`daemon`] | [`Daemon`](daemon::Daemon): the whole process the binary runs — the claim modes and the components in their start-up order, the start-up refusals |
@@ -59,7 +59,6 @@
 //! use std::{path::Path, sync::Arc, time::Duration};
 //! use vgpu_core::backend::{NvidiaAdapter, mock::MockBackend};
 //! use vgpu_dra::{
-//!     api::{dra_v1, pluginregistration as pr},
 //!     claims::{InMemoryClaims, allocated, allocation_result, claim},
 //!     config::DriverConfig,
 //!     devices::{AllocatableDevices, DeviceConfig},
@@ -67,7 +66,10 @@
 //!     health::HealthSnapshot,
 //!     state::DeviceState,
 //! };
-//! use vgpu_deviceplugin::registration::connect_unix;
+//! use vgpu_kubelet::{
+//!     api::{dra_v1, pluginregistration as pr},
+//!     socket::connect_unix,
+//! };
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {

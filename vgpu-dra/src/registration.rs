@@ -14,7 +14,7 @@
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::api::{dra_v1, dra_v1beta1, health_v1, pluginregistration as pr};
+use vgpu_kubelet::api::{dra_v1, dra_v1beta1, health_v1, pluginregistration as pr};
 
 /// The services listed in `supported_versions`, most preferred first.
 pub const SUPPORTED_SERVICES: [&str; 3] = [dra_v1::SERVICE, dra_v1beta1::SERVICE, health_v1::SERVICE];

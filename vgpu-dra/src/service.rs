@@ -17,12 +17,12 @@ use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
 use crate::{
-    api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1},
     checkpoint::PreparedDevice,
     claims::ClaimRef,
     health::HealthSnapshot,
     state::DeviceState,
 };
+use vgpu_kubelet::api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1};
 
 /// The devices' health ([`crate::health`]): a receiver of the [`HealthSnapshot`] the health monitor
 /// publishes (of [`HealthSnapshot::unmonitored_default`] when gate `NVMLDeviceHealthCheck` is off).

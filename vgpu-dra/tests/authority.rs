@@ -14,11 +14,9 @@ use std::time::Duration;
 use prost::Message as _;
 use support::TestNode;
 use tokio_stream::wrappers::UnixListenerStream;
-use vgpu_deviceplugin::authority::call::{call, exchange};
-use vgpu_dra::{
-    api::{dra_v1, pluginregistration as pr},
-    registration::RegistrationService,
-};
+use vgpu_dra::registration::RegistrationService;
+use vgpu_kubelet::api::{dra_v1, pluginregistration as pr};
+use vgpu_kubelet::authority::call::{call, exchange};
 
 const RECORDED: &[u8] = include_bytes!("fixtures/kubelet-plugin-watcher.h2");
 const WAIT: Duration = Duration::from_secs(10);

@@ -24,7 +24,6 @@ use tonic::Code;
 use vgpu_core::node_config::CgroupDriver;
 use vgpu_deviceplugin::{
     api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient},
-    registration::connect_unix,
     registry::{RegistryConfig, serve_registry_with},
 };
 use vgpu_dra::claims::ClaimRef;
@@ -35,6 +34,7 @@ use vgpu_dra::{
     partition::{ContainerRef, Kind, group_key, single_key},
 };
 use vgpu_gates::DraGate;
+use vgpu_kubelet::socket::connect_unix;
 
 const POD: &str = "0b1a22cd-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 const OTHER_POD: &str = "7e7e7e7e-1111-4222-8333-944444444444";

@@ -6,16 +6,8 @@
 
 use std::path::Path;
 
-/// Each proto and the file prost writes for its package (one invocation per proto: `dra-health/v1`
-/// and any other package `v1` would otherwise merge into one file).
-const PROTOS: &[(&str, &str)] = &[
-    ("pluginregistration/v1/api.proto", "pluginregistration.rs"),
-    ("dra/v1/api.proto", "k8s.io.kubelet.pkg.apis.dra.v1.rs"),
-    ("dra/v1beta1/api.proto", "k8s.io.kubelet.pkg.apis.dra.v1beta1.rs"),
-    ("dra-health/v1alpha1/api.proto", "v1alpha1.rs"),
-    ("dra-health/v1/api.proto", "v1.rs"),
-    ("grpc/health/v1/health.proto", "grpc.health.v1.rs"),
-];
+/// The one proto left here (the kubelet APIs are generated in `vgpu-kubelet`) and the file prost writes.
+const PROTOS: &[(&str, &str)] = &[("grpc/health/v1/health.proto", "grpc.health.v1.rs")];
 
 #[test]
 fn generated_code_is_up_to_date() {

@@ -14,8 +14,8 @@ use std::{path::Path, time::Duration};
 use support::{NODE, TestNode};
 use tonic::transport::Channel;
 use vgpu_core::backend::{HealthEvent, HealthEventKind};
-use vgpu_deviceplugin::registration::connect_unix;
-use vgpu_dra::api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as pr};
+use vgpu_kubelet::api::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as pr};
+use vgpu_kubelet::socket::connect_unix;
 
 async fn channel(path: &Path) -> Channel {
     connect_unix(path, Duration::from_secs(5)).await.unwrap()

@@ -16,13 +16,13 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
 };
-use vgpu_deviceplugin::registration::connect_unix;
 use vgpu_dra::{
-    api::{dra_v1, pluginregistration as pr},
     driver::Driver,
     endpoint::{self, Readiness},
     metrics::{self, DriverMetrics},
 };
+use vgpu_kubelet::api::{dra_v1, pluginregistration as pr};
+use vgpu_kubelet::socket::connect_unix;
 
 /// One `GET` over a fresh connection: (status, content type, body).
 async fn get(addr: SocketAddr, path: &str) -> (u16, String, String) {

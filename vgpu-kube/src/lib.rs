@@ -4,6 +4,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`client`] | [`ClientOptions`]: configuration from the flags (kubeconfig, in-cluster, `--master`) and the client behind the token bucket |
+//! | [`error`] | [`error::ClusterError`]: an API call's failure classified by what the caller does next (retry or not), mapped from a [`kube::Error`] |
 //! | [`rate_limit`] | [`rate_limit::TokenBucket`] (client-go's token bucket) and the `tower` layer that applies it to every request |
 //!
 //! This crate holds no domain logic and depends on no other vgpu crate; the binaries' flag structs (`vgpu-bins`)
@@ -49,6 +50,7 @@
 //! ```
 
 pub mod client;
+pub mod error;
 pub mod rate_limit;
 
 pub use client::{ClientError, ClientOptions};

@@ -5,7 +5,7 @@
 //!
 //! | impl | what it holds | refreshed |
 //! |---|---|---|
-//! | [`KubeletPodResources`] | the last answer of `List` on the kubelet socket (`/var/lib/kubelet/pod-resources/kubelet.sock`, `--pod-resources-socket`), called through [`vgpu_deviceplugin::locate::list_pod_resources`] | every `interval` in a background task; a failed call keeps the last answer (logged once until it works again) |
+//! | [`KubeletPodResources`] | the last answer of `List` on the kubelet socket (`/var/lib/kubelet/pod-resources/kubelet.sock`, `--pod-resources-socket`), called through [`vgpu_kubelet::podresources::list_pod_resources`] | every `interval` in a background task; a failed call keeps the last answer (logged once until it works again) |
 //! | [`InMemoryPodResources`] | whatever [`InMemoryPodResources::set`] stored | – |
 //!
 //! A MIG device is allocated to a container when the container's device entry of the instance's resource
@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use vgpu_deviceplugin::{api::podresources::PodResources, locate::list_pod_resources};
+use vgpu_kubelet::{api::podresources::PodResources, podresources::list_pod_resources};
 
 /// The kubelet's view of which container holds which device.
 pub trait PodResourcesSource: Send + Sync + std::fmt::Debug {
@@ -122,7 +122,7 @@ pub fn mig_holders<'a>(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use vgpu_deviceplugin::api::podresources::{ContainerDevices, ContainerResources};
+    use vgpu_kubelet::api::podresources::{ContainerDevices, ContainerResources};
 
     use super::*;
 

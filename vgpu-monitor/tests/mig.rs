@@ -17,7 +17,7 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use vgpu_core::backend::mock::MockBackend;
-use vgpu_deviceplugin::api::podresources::{
+use vgpu_kubelet::api::podresources::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices, ContainerResources,
     GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse,
     PodResources,

@@ -18,9 +18,10 @@ use std::time::Duration;
 
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_lease::Readiness;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, ServerConfig};
-use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, Readiness, SystemClock};
+use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, SystemClock};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

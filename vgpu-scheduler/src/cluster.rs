@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use vgpu_core::alloc::{PodRequest, PodSpec, RequestBuildError};
 use vgpu_core::domain::ResourceDomain;
 
+use vgpu_kube::error::ClusterError;
+
 use crate::pdb::PodDisruptionBudget;
 
 /// A node as the extender sees it.
@@ -266,30 +268,6 @@ pub enum WatchEvent {
     PodUpserted(Pod),
     /// A pod was deleted (its last known state).
     PodDeleted(Pod),
-}
-
-/// A failed API call.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ClusterError {
-    /// The object does not exist.
-    #[error("{0} not found")]
-    NotFound(String),
-    /// Optimistic-concurrency conflict (HTTP 409); retriable.
-    #[error("conflict: {0}")]
-    Conflict(String),
-    /// Timeout, throttling (429) or connection reset; retriable.
-    #[error("unavailable: {0}")]
-    Unavailable(String),
-    /// Anything else.
-    #[error("{0}")]
-    Other(String),
-}
-
-impl ClusterError {
-    /// Worth retrying (conflict, timeout, 429, connection reset).
-    pub fn is_retriable(&self) -> bool {
-        matches!(self, ClusterError::Conflict(_) | ClusterError::Unavailable(_))
-    }
 }
 
 /// The API-server operations of the extender.

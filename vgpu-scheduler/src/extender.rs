@@ -20,7 +20,9 @@ use vgpu_gates::{CoreGate, FeatureGates};
 use crate::budgets::Budgets;
 use crate::cache::ClusterCache;
 use crate::clock::Clock;
-use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MemoryCluster, MetadataPatch, Pod};
+use vgpu_kube::error::ClusterError;
+
+use crate::cluster::{Binding, Cluster, Event, EventType, MemoryCluster, MetadataPatch, Pod};
 use crate::decoded::DecodedNode;
 use crate::event_queue::{DeferConfig, DeferredEvents, TokenBucket};
 use crate::gang::GangPlacement;

@@ -26,13 +26,12 @@
 //!
 //! The extender runs over a [`KubeCluster`]; its cache is fed by a [`CacheDriver`](crate::watch::CacheDriver)
 //! (not by [`Extender::sync`](crate::Extender::sync), which would list everything a second time), and
-//! [`leader::run`](crate::leader::run) sets the role in the shared [`Readiness`](crate::Readiness).
+//! [`leader::run`](vgpu_lease::leader::run) sets the role in the shared [`Readiness`](vgpu_lease::Readiness).
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use vgpu_scheduler::{
-//!     CacheDriver, Extender, ExtenderConfig, KubeCluster, LeaderConfig, LeaderMode, Readiness, SystemClock, leader,
-//! };
+//! use vgpu_lease::{LeaderConfig, LeaderMode, Readiness, leader};
+//! use vgpu_scheduler::{CacheDriver, Extender, ExtenderConfig, KubeCluster, SystemClock};
 //! # async fn main_() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = kube::Client::try_default().await?;
 //! let clock = Arc::new(SystemClock);
@@ -68,7 +67,9 @@ use kube::{
 };
 use vgpu_core::domain::ResourceDomain;
 
-use crate::cluster::{Binding, Cluster, ClusterError, Event, EventType, MetadataPatch, Node, Pod};
+use vgpu_kube::error::{ClusterError, cluster_error};
+
+use crate::cluster::{Binding, Cluster, Event, EventType, MetadataPatch, Node, Pod};
 use crate::convert::{node_from_k8s, pdb_from_k8s, pod_from_k8s};
 use crate::pdb::PodDisruptionBudget;
 
@@ -110,26 +111,6 @@ impl KubeCluster {
     /// The scheduler name (event source).
     pub fn scheduler_name(&self) -> &str {
         &self.scheduler_name
-    }
-}
-
-/// Maps a kube error to a [`ClusterError`] naming the operation (`patch`, `get`, …) and the object
-/// (`pod ns/name`, …); see the module docs for the status mapping.
-pub fn cluster_error(operation: &str, object: &str, err: &kube::Error) -> ClusterError {
-    match err {
-        kube::Error::Api(status) => {
-            let text = format!("{operation} {object}: {} ({})", status.message, status.code);
-            match status.code {
-                404 => ClusterError::NotFound(format!("{object} [{operation}]")),
-                409 => ClusterError::Conflict(text),
-                408 | 429 | 500..=599 => ClusterError::Unavailable(text),
-                _ => ClusterError::Other(text),
-            }
-        }
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
-            ClusterError::Unavailable(format!("{operation} {object}: {err}"))
-        }
-        _ => ClusterError::Other(format!("{operation} {object}: {err}")),
     }
 }
 

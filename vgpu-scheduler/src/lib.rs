@@ -23,11 +23,9 @@
 //! | [`fixture`] | nodes and pods as the device plugin and users publish them (tests, simulator, benches) |
 //! | [`api_pod`] | [`api_pod::ApiPod`]: a Pod's JSON decoded into only the fields the extender reads (requests, watch events) |
 //! | [`convert`] | Kubernetes `Pod`/`Node` (k8s-openapi) → [`Pod`]/[`Node`], gang identity |
-//! | [`readiness`] | [`Readiness`]: caches synced + leader role, shared by the cache driver, elector and server |
 //! | [`clock`] | [`Clock`], [`SystemClock`], [`ManualClock`] |
 //! | [`kube_cluster`] | [`KubeCluster`]: [`Cluster`] over a `kube::Client` (paged lists, merge patches, `pods/binding`, events) |
 //! | [`watch`] | [`CacheDriver`]: list+watch of nodes and pods feeding the [`ClusterCache`], re-lists, sync, expiry sweeps |
-//! | [`leader`] | [`LeaderConfig`], [`leader::run`]: Lease election or `--watch-lease`, role in [`Readiness`] and the pod label |
 //! | [`wire`] | the `k8s.io/kube-scheduler/extender/v1` JSON types and their conversions to and from the verb results |
 //! | [`server`] | the axum router ([`server::router`]) and [`server::serve`]/[`server::run`]: verbs, `/healthz`, `/readyz`, `/metrics`, `/version` |
 //! | [`tls`] | re-export of [`vgpu_serve::tls`]: rustls (ring, ALPN `h2` then `http/1.1`), hot-reloaded certificate ([`tls::CertReloader`]), client-certificate verification ([`tls::ClientCaReloader`]) |
@@ -80,7 +78,8 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use vgpu_scheduler::server::{AppState, ServerConfig};
-//! use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, Readiness, SystemClock};
+//! use vgpu_lease::Readiness;
+//! use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, SystemClock};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let metrics = Arc::new(Metrics::new());
@@ -136,7 +135,6 @@ pub mod extender;
 pub mod fixture;
 pub mod gang;
 pub mod kube_cluster;
-pub mod leader;
 pub mod metrics;
 pub mod names;
 mod node_index;
@@ -146,7 +144,6 @@ mod pod_lock;
 pub mod prealloc;
 pub mod rank;
 pub mod rank_table;
-pub mod readiness;
 pub mod server;
 pub mod watch;
 pub mod wire;
@@ -159,16 +156,14 @@ pub use vgpu_serve::tls;
 
 pub use cache::ClusterCache;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use cluster::{Cluster, ClusterError, MemoryCluster, MetadataPatch, Node, Pod, PodPhase, WatchEvent};
+pub use cluster::{Cluster, MemoryCluster, MetadataPatch, Node, Pod, PodPhase, WatchEvent};
 pub use extender::{
     BindResult, BindWrites, Extender, ExtenderConfig, ExtenderError, ExtenderObserver, FailedNode,
     FilterResult, FilterStage, HostPriority, PreemptResult,
 };
 pub use kube_cluster::KubeCluster;
-pub use leader::{LeaderConfig, LeaderConfigError, LeaderMode, LeaseTimings};
 pub use metrics::Metrics;
 pub use names::CandidateNames;
-pub use readiness::{Readiness, Role};
 pub use watch::{CacheDriver, WatchConfig};
 
 /// Default `--server-bind-port`.

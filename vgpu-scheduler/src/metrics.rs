@@ -611,8 +611,8 @@ impl ExtenderObserver for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::ClusterError;
     use crate::extender::ExtenderError;
+    use vgpu_kube::error::ClusterError;
 
     #[test]
     fn every_family_is_exposed_with_contract_names() {

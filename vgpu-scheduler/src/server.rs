@@ -99,13 +99,13 @@ use crate::extender::Extender;
 use crate::metrics::{
     self, Metrics, PolicyLabels, Verb, bind_result_label, filter_result_label, protection_reason,
 };
-use crate::readiness::{Readiness, Role};
 use crate::tls::{TlsError, TlsFiles, VerifiedClientCert};
 use crate::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
     ExtenderPreemptionResult, HostPriority,
 };
 use crate::work::{Admission, Busy, RETRY_AFTER_SECS, WorkLimits, WorkPool};
+use vgpu_lease::{Readiness, Role};
 use vgpu_serve::authz::{Authorizer, NonResourceRequest};
 use vgpu_serve::http::{BodyError, HttpTimeouts};
 

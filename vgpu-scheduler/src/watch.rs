@@ -43,7 +43,8 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use vgpu_scheduler::watch::CacheDriver;
-//! use vgpu_scheduler::{ClusterCache, Readiness, Role};
+//! use vgpu_lease::{Readiness, Role};
+//! use vgpu_scheduler::ClusterCache;
 //! # async fn run(client: kube::Client) {
 //! let cache = Arc::new(ClusterCache::new(Default::default(), 30_000_000_000));
 //! let readiness = Readiness::new(Role::Standalone);
@@ -75,7 +76,7 @@ use crate::api_pod::ApiPod;
 use crate::cache::ClusterCache;
 use crate::clock::{Clock, SystemClock};
 use crate::convert::node_from_k8s;
-use crate::readiness::Readiness;
+use vgpu_lease::Readiness;
 
 /// Settings of the cache driver.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -28,10 +28,11 @@ use tokio::sync::oneshot;
 use tokio_rustls::{TlsConnector, rustls};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_lease::Readiness;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, ServerConfig, run};
 use vgpu_scheduler::tls::{ClientAuth, TlsFiles};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Metrics, Pod, Readiness};
+use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Metrics, Pod};
 use vgpu_serve::authz::{Authorizer, MemoryReviewer, UserInfo};
 
 /// A client trusting `server_ca`, presenting a certificate of `client_ca` if any.

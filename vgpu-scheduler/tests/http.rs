@@ -17,13 +17,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
+use vgpu_lease::{Readiness, Role};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, ServerConfig, router, serve};
 use vgpu_scheduler::tls::CertReloader;
 use vgpu_scheduler::work::{WorkLimits, WorkPool};
-use vgpu_scheduler::{
-    Extender, ExtenderConfig, ManualClock, MemoryCluster, Metrics, Node, Pod, Readiness, Role,
-};
+use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Metrics, Node, Pod};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 

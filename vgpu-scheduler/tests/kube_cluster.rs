@@ -8,8 +8,9 @@ mod mock_api_server;
 
 use mock_api_server::{ApiHandle, next, reply};
 use serde_json::{Value, json};
+use vgpu_kube::error::ClusterError;
 use vgpu_scheduler::cluster::{Binding, Event, EventType};
-use vgpu_scheduler::{Cluster, ClusterError, KubeCluster, MetadataPatch, PodPhase};
+use vgpu_scheduler::{Cluster, KubeCluster, MetadataPatch, PodPhase};
 
 /// 2026-01-02T03:04:05.123456789Z
 const NOW_NS: i64 = 1_767_323_045_123_456_789;

@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
 use vgpu_core::alloc::PodFootprint;
 use vgpu_core::domain::ResourceDomain;
-use vgpu_scheduler::{CacheDriver, Clock, ClusterCache, ManualClock, Pod, Readiness, Role, WatchConfig};
+use vgpu_lease::{Readiness, Role};
+use vgpu_scheduler::{CacheDriver, Clock, ClusterCache, ManualClock, Pod, WatchConfig};
 
 type ApiHandle = Handle<Request<Body>, Response<Body>>;
 type Reply = SendResponse<Response<Body>>;

@@ -27,7 +27,7 @@ use vgpu_controller::kube_cluster::KubeCluster;
 use vgpu_controller::metrics::Metrics;
 use vgpu_controller::reconcile::Reconciler;
 use vgpu_controller::server::{self, ControllerServer};
-use vgpu_scheduler::{LeaderConfig, LeaderMode, Readiness, Role, leader};
+use vgpu_lease::{LeaderConfig, LeaderMode, Readiness, Role, leader};
 use vgpu_serve::authz::Authorizer;
 use vgpu_serve::http::HttpTimeouts;
 use vgpu_serve::tls::TlsFiles;

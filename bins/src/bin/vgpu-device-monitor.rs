@@ -85,7 +85,7 @@ struct Cli {
     /// The kubelet pod-resources socket: which container holds which MIG device
     /// (`container_mig_device_allocation_info`), polled every 5s when a GPU is in MIG mode at start-up
     /// (device-plugin path only).
-    #[arg(long, default_value = vgpu_deviceplugin::POD_RESOURCES_SOCKET)]
+    #[arg(long, default_value = vgpu_kubelet::podresources::POD_RESOURCES_SOCKET)]
     pod_resources_socket: PathBuf,
     /// The DRA driver whose slices and claims --enable-dra-monitor reads.
     #[arg(long, default_value = vgpu_dra::DRIVER_NAME)]

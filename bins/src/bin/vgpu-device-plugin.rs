@@ -122,7 +122,7 @@ struct Cli {
     #[arg(long, env = "DRIVER_ROOT_CTR_PATH", default_value = "/driver-root")]
     container_driver_root: PathBuf,
     /// The kubelet pod-resources socket (PreStartContainer finds containers through it).
-    #[arg(long, default_value = vgpu_deviceplugin::POD_RESOURCES_SOCKET)]
+    #[arg(long, default_value = vgpu_kubelet::podresources::POD_RESOURCES_SOCKET)]
     pod_resources_socket: PathBuf,
     /// The kubelet's root directory (its config.yaml / kubeadm-flags.env tell the cgroup driver).
     #[arg(long, default_value = "/var/lib/kubelet")]

@@ -25,15 +25,13 @@ use clap::Parser;
 use vgpu_bins::{CoreGateArgs, configure_gates, parse_go_duration, shutdown_signal};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_gates::{CoreGate, FeatureGates};
+use vgpu_lease::{LeaderConfig, LeaderMode, Readiness, leader};
 use vgpu_scheduler::event_queue::DeferConfig;
 use vgpu_scheduler::metrics::Metrics;
 use vgpu_scheduler::server::{AppState, ServerConfig};
 use vgpu_scheduler::tls::{ClientAuth, TlsFiles};
 use vgpu_scheduler::work::WorkLimits;
-use vgpu_scheduler::{
-    BindWrites, CacheDriver, Extender, ExtenderConfig, KubeCluster, LeaderConfig, LeaderMode, Readiness,
-    SystemClock, leader,
-};
+use vgpu_scheduler::{BindWrites, CacheDriver, Extender, ExtenderConfig, KubeCluster, SystemClock};
 use vgpu_serve::authz::Authorizer;
 
 /// The kube-scheduler extender for vGPU placement.

@@ -14,22 +14,26 @@ use std::{
 use tokio::net::UnixListener;
 use tonic::{Request, Response, Status, transport::Channel};
 use vgpu_deviceplugin::{
-    api::podresources::{
-        AllocatableResourcesRequest, AllocatableResourcesResponse, GetPodResourcesRequest,
-        GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
-        pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
-    },
-    api::v1beta1::{
-        AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
-        device_plugin_client::DevicePluginClient,
-    },
     cluster::{ContainerInfo, InMemoryCluster, PodInfo},
     config::PluginConfig,
     daemon::Daemon,
     inventory::{DeviceState, node_devices},
-    registration::connect_unix,
     server::{RunningServer, serve},
     vnumber::VgpuNumberPlugin,
+};
+use vgpu_kubelet::{
+    api::{
+        podresources::{
+            AllocatableResourcesRequest, AllocatableResourcesResponse, GetPodResourcesRequest,
+            GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
+            pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
+        },
+        v1beta1::{
+            AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
+            device_plugin_client::DevicePluginClient,
+        },
+    },
+    socket::connect_unix,
 };
 
 /// The vnumber plugin's configuration on `node-1` with every path under `dir`: sockets in `dir`, the manager
@@ -143,7 +147,7 @@ impl FakePodResources {
         tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(PodResourcesListerServer::new(fake))
-                .serve_with_incoming(vgpu_deviceplugin::authority::incoming(listener))
+                .serve_with_incoming(vgpu_kubelet::authority::incoming(listener))
                 .await
                 .unwrap();
         });

@@ -46,7 +46,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use vgpu_scheduler::leader::{LeaderConfig, LeaderConfigError, LeaderMode, LeaseTimings};
+//! use vgpu_lease::leader::{LeaderConfig, LeaderConfigError, LeaderMode, LeaseTimings};
 //!
 //! // `--leader-elect --leader-elect-resource-namespace kube-system --leader-elect-resource-name vgpu-scheduler`
 //! let mode = LeaderMode::from_flags(true, false)?;
@@ -63,7 +63,7 @@
 //!
 //! // In the binary:
 //! // let readiness = Readiness::new(config.initial_role());
-//! // tokio::spawn(vgpu_scheduler::leader::run(client, config, readiness.clone(), shutdown));
+//! // tokio::spawn(vgpu_lease::leader::run(client, config, readiness.clone(), shutdown));
 //! # Ok::<(), LeaderConfigError>(())
 //! ```
 
@@ -77,15 +77,18 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 
-use crate::clock::{Clock, SystemClock};
-use crate::cluster::{ClusterError, MetadataPatch};
-use crate::kube_cluster::cluster_error;
+use vgpu_core::clock::{Clock, SystemClock};
+use vgpu_kube::error::{ClusterError, cluster_error};
+
 use crate::readiness::{Readiness, Role};
 
 /// The pod label naming a replica's role (`leader`/`follower`).
 pub const ROLE_LABEL: &str = "vgpu-manager.io/scheduler-role";
 
 const NS_PER_S: i64 = 1_000_000_000;
+
+/// The identity prefix when neither `POD_NAME`, `HOSTNAME` nor the host name is known.
+pub const FALLBACK_IDENTITY_PREFIX: &str = "vgpu-scheduler";
 
 /// Which leader mode runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -186,7 +189,7 @@ pub fn default_identity_prefix() -> String {
                 .map(|h| h.trim().to_owned())
                 .filter(|h| !h.is_empty())
         })
-        .unwrap_or_else(|| crate::DEFAULT_SCHEDULER_NAME.to_owned())
+        .unwrap_or_else(|| FALLBACK_IDENTITY_PREFIX.to_owned())
 }
 
 /// `<prefix>_<random UUID-shaped suffix>` (kube-scheduler's `<hostname>_<uuid>` form).
@@ -347,9 +350,7 @@ impl LeaseApi for KubeLeaseApi {
 
     async fn patch_role_label(&self, namespace: &str, pod: &str, role: &str) -> Result<(), ClusterError> {
         let object = format!("pod {namespace}/{pod}");
-        let body: serde_json::Value =
-            serde_json::from_str(&MetadataPatch::default().label(ROLE_LABEL, role).to_json())
-                .map_err(|e| ClusterError::Other(format!("patch {object}: {e}")))?;
+        let body: serde_json::Value = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: role}}});
         let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(self.client.clone(), namespace);
         api.patch(pod, &PatchParams::default(), &Patch::Merge(body))
             .await

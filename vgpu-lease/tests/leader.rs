@@ -13,11 +13,13 @@ use k8s_openapi::jiff::Timestamp;
 use kube::client::Body;
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
-use vgpu_scheduler::leader::{
+use vgpu_core::clock::{Clock, ManualClock};
+use vgpu_kube::error::ClusterError;
+use vgpu_lease::leader::{
     self, Elector, KubeLeaseApi, LeaderConfig, LeaderConfigError, LeaderMode, LeaseApi, LeaseTimings,
     LeaseWatcher, MemoryLeases, holder_has_prefix, unique_identity,
 };
-use vgpu_scheduler::{Clock, ClusterError, ManualClock, Readiness, Role};
+use vgpu_lease::readiness::{Readiness, Role};
 
 const S: i64 = 1_000_000_000;
 /// 2026-01-02T03:04:05Z

@@ -12,7 +12,7 @@
 //! rewrites the client's header blocks on the way in: every request's `:authority` that is not a valid URI
 //! authority becomes `localhost` (the value the kubelet sends on its other sockets); everything else
 //! passes unchanged. It works at the frame level, below tonic, so every unix-socket gRPC server of ours
-//! takes it the same way ([`incoming`], [`crate::server::serve`], the client-mode registry, the DRA kubelet
+//! takes it the same way ([`incoming`]: the device-plugin servers, the client-mode registry, the DRA kubelet
 //! plugin's two sockets).
 //!
 //! What it does to the client → server byte stream:
