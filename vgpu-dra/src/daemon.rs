@@ -468,13 +468,23 @@ impl Daemon {
         running.publisher = Some(publisher.spawn(stopped()));
         running.started.push(Component::Slices);
 
+        // Gate NRISupport: the hook of the in-process NRI plugin (started below), whose per-container
+        // partitions the client-mode registry resolves too.
+        let nri = nri.filter(|_| driver.nri()).map(|nri| (crate::nri::NriHook::new(Arc::clone(&state)), nri));
+
         // Gate DevicePluginClientMode: the device plugin's registry server, resolving register UUIDs through
-        // the prepared claims.
+        // the prepared claims (and, with NRISupport, the hook's container partitions).
         if let Some(registry_config) = registry.filter(|_| driver.client_mode()) {
+            let resolver: Arc<dyn vgpu_deviceplugin::registry::RegisterResolver> = match &nri {
+                Some((hook, _)) => {
+                    Arc::new(crate::nri::NriRegisterResolver::new(state.register_table(), hook.cache()))
+                }
+                None => state.register_table(),
+            };
             match vgpu_deviceplugin::registry::serve_registry_with(
                 registry_config,
                 vgpu_deviceplugin::registry::GUARD_INTERVAL,
-                Some(state.register_table()),
+                Some(resolver),
             ) {
                 Ok(registry) => {
                     tracing::info!(socket = %registry.socket.display(), "client-mode registry serving (register UUIDs of prepared claims)");
@@ -489,8 +499,7 @@ impl Daemon {
 
         // Gate NRISupport: the in-process NRI plugin gives each container of a vGPU claim its own partition.
         let mut nri_health = None;
-        if let Some(nri) = nri.filter(|_| driver.nri()) {
-            let hook = crate::nri::NriHook::new(Arc::clone(&state));
+        if let Some((hook, nri)) = nri {
             match crate::nri::plugin(hook, &nri) {
                 Ok(plugin) => {
                     nri_health = Some(plugin.health());

@@ -33,7 +33,7 @@
 //! | `PassthroughSupport` | `gpu-vfio-<index>` devices; Prepare binds the GPU to `vfio-pci`, Unprepare rebinds its driver | [`crate::vfio`] |
 //! | `DeviceMetadata` | KEP-5304 device metadata files mounted into the workload | [`crate::metadata`] |
 //! | `FabricManagerPartitioning` | `gpuModuleID`/`partition<N>` attributes; the claim's Fabric Manager partition activated on Prepare | [`crate::fabric`] |
-//! | `NRISupport` | the in-process NRI plugin injects per-container partitions at CreateContainer (with `DevicePluginClientMode` too, the binary refuses to start: per-container partitions have no register UUID for the registry) | [`crate::nri`] |
+//! | `NRISupport` | the in-process NRI plugin injects per-container partitions at CreateContainer (with `DevicePluginClientMode` too, each container partition gets its register UUID from the hook: [`crate::nri::NriRegisterResolver`]) | [`crate::nri`] |
 //! | `IMEXDaemonsWithDNSNames` | inert by default, refused when set `=true` (table above): the IMEX nodes-config formats exist, but no IMEX daemon or ComputeDomain is built to use them | [`crate::imex`] |
 //! | `ContextualLogging` (Beta, on) | each claim's Prepare / Unprepare runs in a `prepare` / `unprepare` span naming the claim (UID, namespace, name), so every line logged on its way carries it; off: no span, lines carry only their own fields (klog's global-logger fallback) | [`crate::config::DriverConfig::claim_span`] |
 //! | `LoggingBetaOptions` (Beta, on) | permits the beta logging options: `--logging-format=json`; off, the binary refuses that format before logging starts (exit 2) | [`check_logging`] |

@@ -24,8 +24,12 @@
 //! | `/etc/vgpu-manager/config/pids.config` | `…/config/pids.config` | `ro,nosuid,nodev,bind` |
 //!
 //! Env: `VGPU_POD_NAME`, `VGPU_POD_NAMESPACE`, `VGPU_POD_UID`, `VGPU_CONTAINER_NAME` (the pod's and the
-//! container's), and `MANAGER_CLIENT_REGISTER_UUID=` (empty: a per-container partition is found by pod
-//! and container, [`ContainerCache`]).
+//! container's), and `MANAGER_CLIENT_REGISTER_UUID`: empty with gate `DevicePluginClientMode` off; with it
+//! on, the partition's register UUID ([`register_uuid`]: derived from claim, pod and container, so a
+//! restarted plugin finds it again through `Synchronize`). The registry resolves it through
+//! [`NriRegisterResolver`] (the per-container partitions of [`ContainerCache`], then the prepared claims'
+//! [`RegisterTable`]) to the container's `config/` directory, for callers of that pod only. Prepare mints no
+//! register UUID of its own with NRI (it makes no partition), so the claim's CDI spec carries none.
 //!
 //! A container the hook never saw (created while the plugin was not connected to the runtime, e.g. right
 //! after a containerd restart) would run without a partition, so with no limits: the claim's CDI spec
@@ -48,7 +52,11 @@ use vgpu_nri::{
     plugin::{Handler, HookError, Plugin, PluginConfig},
 };
 
-use crate::{checkpoint::ClaimState, state::DeviceState};
+use crate::{
+    checkpoint::ClaimState,
+    client_mode::{RegisterResolver, RegisterTable, RegisterTarget},
+    state::DeviceState,
+};
 
 /// Re-exported so the binary wires the plugin through this crate alone.
 pub use vgpu_nri::{health::NriHealth, plugin::NriError as PluginError, plugin::PluginIndex};
@@ -120,6 +128,17 @@ impl ContainerCache {
     /// Whether none is.
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
+    }
+
+    /// The register target of the container partition whose [`register_uuid`] is `uuid`: its `config`
+    /// directory, writable by callers of its pod only.
+    pub fn by_register_uuid(&self, uuid: &str) -> Option<RegisterTarget> {
+        self.lock().iter().find(|((pod, ctr), (claim, _))| register_uuid(claim, pod, ctr) == uuid).map(
+            |((pod, _), (_, config_dir))| RegisterTarget {
+                config_dir: config_dir.clone(),
+                pod_uids: vec![pod.clone()],
+            },
+        )
     }
 
     fn insert(&self, pod_uid: &str, container: &str, claim_uid: &str, config_dir: PathBuf) {
@@ -205,6 +224,12 @@ impl NriHook {
         }
         self.cache.insert(&pod.uid, &container.name, &claim, part.join("config"));
         let host = config.host_claim_dir(&claim).join(&key);
+        // Client mode: the partition's register UUID (empty without the gate).
+        let uuid = if config.client_mode() {
+            register_uuid(&claim, &pod.uid, &container.name)
+        } else {
+            String::new()
+        };
         let mut adjust = ContainerAdjustment::new();
         adjust.mounts = crate::partition::partition_mounts(&host).into_iter().map(nri_mount).collect();
         adjust.env = [
@@ -212,7 +237,7 @@ impl NriHook {
             ("VGPU_POD_NAMESPACE", pod.namespace.as_str()),
             ("VGPU_POD_UID", pod.uid.as_str()),
             ("VGPU_CONTAINER_NAME", container.name.as_str()),
-            (crate::client_mode::ENV, ""),
+            (crate::client_mode::ENV, uuid.as_str()),
         ]
         .into_iter()
         .map(|(key, value)| KeyValue { key: key.to_owned(), value: value.to_owned(), ..KeyValue::default() })
@@ -262,6 +287,46 @@ impl Handler for NriHook {
             }
         }
         Ok(Vec::new())
+    }
+}
+
+/// The register UUID of the per-container partition of `container` of pod `pod_uid` in claim `claim_uid`
+/// (gate `DevicePluginClientMode`): the first 128 bits of SHA-256 over the three names, written as a UUID
+/// (version 8, RFC 9562). Derived, not stored: the registry still admits only callers of `pod_uid`.
+pub fn register_uuid(claim_uid: &str, pod_uid: &str, container: &str) -> String {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    for part in ["vgpu-nri-partition", claim_uid, pod_uid, container] {
+        hash.update(part.as_bytes());
+        hash.update([0]);
+    }
+    let digest = hash.finalize();
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&digest[..16]);
+    b[6] = (b[6] & 0x0f) | 0x80;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
+/// The client-mode registry's resolver with gate `NRISupport` (module docs): the per-container partitions
+/// the hook made, then the prepared claims' register UUIDs.
+#[derive(Debug, Clone)]
+pub struct NriRegisterResolver {
+    table: Arc<RegisterTable>,
+    cache: ContainerCache,
+}
+
+impl NriRegisterResolver {
+    /// Resolves through `cache` ([`NriHook::cache`]), then `table` ([`DeviceState::register_table`]).
+    pub fn new(table: Arc<RegisterTable>, cache: ContainerCache) -> Self {
+        Self { table, cache }
+    }
+}
+
+impl RegisterResolver for NriRegisterResolver {
+    fn resolve(&self, uuid: &str) -> Option<RegisterTarget> {
+        self.cache.by_register_uuid(uuid).or_else(|| self.table.resolve(uuid))
     }
 }
 
@@ -325,6 +390,23 @@ mod tests {
         for (pod, ctr) in [("", "c"), ("..", "c"), ("p", "a/b"), ("p", ".")] {
             let err = NriHook::partition_key(pod, ctr).unwrap_err().to_string();
             assert!(err.contains("cannot name a partition directory"), "{err}");
+        }
+    }
+
+    #[test]
+    fn register_uuids_are_stable_distinct_and_well_formed() {
+        let a = register_uuid("claim", "pod", "main");
+        assert_eq!(a, register_uuid("claim", "pod", "main"), "derived again after a restart");
+        assert_eq!(a.len(), 36);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit() || c == '-'));
+        assert_eq!(a.as_bytes()[14], b'8', "version 8");
+        for other in [
+            register_uuid("claim", "pod", "side"),
+            register_uuid("claim", "pod2", "main"),
+            register_uuid("claim2", "pod", "main"),
+            register_uuid("clai", "mpod", "main"),
+        ] {
+            assert_ne!(a, other);
         }
     }
 

@@ -315,7 +315,8 @@ impl DeviceState {
         let mut register_uuids = BTreeMap::new();
         if has_vgpu {
             plan::assign_partitions(self.claims.as_ref(), claim, &object, &mut planned).await;
-            if self.config.client_mode() {
+            // With NRI the partitions are per container: the hook hands out their register UUIDs.
+            if self.config.client_mode() && !self.config.nri() {
                 register_uuids = plan::mint_register_uuids(&mut planned)?;
             }
         }

@@ -344,3 +344,74 @@ async fn unprepare_leaves_a_claim_recreated_under_the_same_name_alone() {
     assert!(state.unprepare(&[ClaimRef::new("ns", "c1", "u1")]).await["u1"].is_ok());
     assert_eq!(node.claims.get("ns", "c1").await.unwrap().unwrap(), recreated, "untouched");
 }
+
+/// Gates `NRISupport` and `DevicePluginClientMode` together (the spec allows the pair): Prepare mints no
+/// register UUID (it makes no partition), the NRI hook gives each container partition its own UUID in
+/// `MANAGER_CLIENT_REGISTER_UUID`, and the registry, through [`NriRegisterResolver`], writes the caller's
+/// PIDs into that container's partition; a UUID of another pod's container is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_nri_each_container_partition_registers_through_its_own_uuid() {
+    use vgpu_dra::nri::{NriHook, NriRegisterResolver};
+    use vgpu_nri::api::{Container as NriContainer, PodSandbox};
+    let mut node = with_gate(true);
+    let mut config = (*node.config).clone();
+    config.gates.set_gate(DraGate::NRISupport, true).unwrap();
+    node.config = Arc::new(config);
+    let share =
+        |dev, s| allocation_result("gpu", DRIVER, NODE, dev, Some(s), &[("cores", "10"), ("memory", "1Gi")]);
+    // One claim shared by two pods (allowed with NRI: the partitions are per container).
+    let mut c = allocated(claim("ns", "c1", "u1"), vec![share("vgpu-0", "s1")], &[POD, OTHER_POD]);
+    c.status.as_mut().unwrap().reserved_for.as_mut().unwrap()[0].name = "app".into();
+    c.status.as_mut().unwrap().reserved_for.as_mut().unwrap()[1].name = "other".into();
+    node.claims.insert(c);
+    let state = node.state().await;
+    let results = state.prepare(&[ClaimRef::new("ns", "c1", "u1")]).await;
+    assert!(results["u1"].is_ok(), "{results:?}");
+    assert!(state.checkpoint().await.unwrap().claims()["u1"].register_uuids.is_empty(), "none at Prepare");
+    let spec = spec(&node, "u1");
+    assert!(!env_of(&spec).iter().any(|e| e.starts_with("MANAGER_CLIENT_REGISTER_UUID=")), "{spec:?}");
+    let host = node.config.host_manager_dir.clone();
+    assert!(
+        mounts_of(&spec).contains(&("/etc/vgpu-manager/registry", host.join("registry").to_str().unwrap()))
+    );
+
+    // CreateContainer of one container in each pod.
+    let hook = NriHook::new(Arc::clone(&state));
+    let uuid_of = |adjust: &vgpu_nri::api::ContainerAdjustment| {
+        adjust.env.iter().find(|kv| kv.key == "MANAGER_CLIENT_REGISTER_UUID").unwrap().value.clone()
+    };
+    let sandbox = |uid: &str, name: &str| PodSandbox {
+        id: format!("sandbox-{uid}"),
+        uid: uid.into(),
+        name: name.into(),
+        namespace: "ns".into(),
+        ..Default::default()
+    };
+    let container = |pod: &PodSandbox| NriContainer {
+        id: format!("ctr-{}", pod.uid),
+        pod_sandbox_id: pod.id.clone(),
+        name: "main".into(),
+        env: vec!["MANAGER_VGPU_CLAIM_UID=u1".into()],
+        ..Default::default()
+    };
+    let (mine, theirs) = (sandbox(POD, "app"), sandbox(OTHER_POD, "other"));
+    let my_uuid = uuid_of(&hook.adjust(&mine, &container(&mine)).await.unwrap());
+    let their_uuid = uuid_of(&hook.adjust(&theirs, &container(&theirs)).await.unwrap());
+    assert_eq!(my_uuid.len(), 36, "{my_uuid}");
+    assert_ne!(my_uuid, their_uuid);
+    assert_eq!(my_uuid, vgpu_dra::nri::register_uuid("u1", POD, "main"));
+
+    let resolver = Arc::new(NriRegisterResolver::new(state.register_table(), hook.cache()));
+    let running =
+        serve_registry_with(registry_config(&node, POD), Duration::from_millis(50), Some(resolver)).unwrap();
+    let mut client =
+        VDeviceRegistryClient::new(connect_unix(&running.socket, Duration::from_secs(5)).await.unwrap());
+    client.register_container_device(register(&my_uuid)).await.unwrap();
+    let pids = node.config.claim_dir("u1").join(format!("{POD}_main/config/pids.config"));
+    assert_eq!(std::fs::read_to_string(&pids).unwrap(), format!("{}\n", std::process::id()));
+    let err = client.register_container_device(register(&their_uuid)).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{}", err.message());
+    let their_pids = node.config.claim_dir("u1").join(format!("{OTHER_POD}_main/config/pids.config"));
+    assert_eq!(std::fs::read_to_string(&their_pids).unwrap(), "", "untouched");
+    running.stop().await;
+}

@@ -250,13 +250,6 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
     {
         return Err(format!("invalid --nri-plugin-idx {:?}: must be two digits", cli.nri_plugin_idx));
     }
-    // Each gate is built, but this pair is not: with NRI a container's partition is its own and carries no
-    // register UUID, and the registry resolves partitions only by UUID. Refused rather than half working.
-    if gates.enabled(DraGate::NRISupport) && gates.enabled(DraGate::DevicePluginClientMode) {
-        return Err("feature gates NRISupport and DevicePluginClientMode together are not supported: per-container \
-             NRI partitions have no register UUID for the client-mode registry to resolve (turn one of them off)"
-            .to_owned());
-    }
     if gates.enabled(DraGate::PassthroughSupport) {
         if cli.host_root.as_os_str().is_empty() {
             return Err(

@@ -108,7 +108,8 @@ pub(super) fn claim_spec(
                     format!("CUDA_CORE_LIMIT_{i}={hard}"),
                     format!("CUDA_CORE_SOFT_LIMIT_{i}={soft}"),
                 ];
-                if cfg.client_mode() {
+                // With NRI the hook sets the per-container partition's register UUID.
+                if cfg.client_mode() && !cfg.nri() {
                     edits.env.push(format!("{}={}", client_mode::ENV, p.register_uuid));
                 }
                 let part = host_claim.join(&p.partition);
