@@ -172,7 +172,7 @@ struct Cli {
 
 /// `--registry-socket-group`: a gid, or a name of this image's `/etc/group`.
 fn parse_socket_group(value: &str) -> Result<u32, String> {
-    vgpu_deviceplugin::registry::resolve_socket_group(value, std::path::Path::new("/etc/group"))
+    vgpu_node::registry::resolve_socket_group(value, std::path::Path::new("/etc/group"))
         .map_err(|e| e.to_string())
 }
 
@@ -564,7 +564,7 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     // the prepared claims.
     let registry = if config.client_mode() {
         let setting = vgpu_core::node_config::CgroupDriver::parse(&cli.cgroup_driver);
-        let registry_config = vgpu_deviceplugin::registry::RegistryConfig {
+        let registry_config = vgpu_node::registry::RegistryConfig {
             manager_dir: config.manager_dir.clone(),
             proc_root: cli.host_proc_root.clone(),
             cgroup_root: cli.host_cgroup_root.clone(),
@@ -577,9 +577,9 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
             poll_timeout: Duration::from_secs(60),
             socket_group: cli.registry_socket_group,
         };
-        let running = vgpu_deviceplugin::registry::serve_registry_with(
+        let running = vgpu_node::registry::serve_registry_with(
             registry_config,
-            vgpu_deviceplugin::registry::GUARD_INTERVAL,
+            vgpu_node::registry::GUARD_INTERVAL,
             Some(state.register_table()),
         )
         .context("serving the client-mode registry socket")?;
