@@ -11,7 +11,7 @@ use std::{
 };
 
 use vgpu_core::node_config::CgroupDriver;
-use vgpu_deviceplugin::registry::{RegistryConfig, serve_registry};
+use vgpu_node::registry::{RegistryConfig, serve_registry};
 
 const UID: &str = "0b1a22cd-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 const CGROUP: &str = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b1a22cd_4e5f_4a6b_8c7d_9e0f1a2b3c4d.slice/cri-containerd-c0ffee.scope";

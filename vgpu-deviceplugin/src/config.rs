@@ -284,8 +284,8 @@ impl PluginConfig {
     }
 
     /// The client-mode registry's settings (gate `DevicePluginClientMode`).
-    pub fn registry(&self) -> crate::registry::RegistryConfig {
-        crate::registry::RegistryConfig {
+    pub fn registry(&self) -> vgpu_node::registry::RegistryConfig {
+        vgpu_node::registry::RegistryConfig {
             manager_dir: self.manager_dir.clone(),
             proc_root: self.proc_root.clone(),
             cgroup_root: self.cgroup_root.clone(),

@@ -28,8 +28,8 @@ use crate::{
     node_config_watch::{NodeConfigSource, plan_reload},
     publisher::{DriverLabels, NodePublisher, PublisherConfig, topology_from_matrix},
     reschedule::RescheduleController,
-    sm_watcher::SmWatcher,
 };
+use vgpu_node::sm_watcher::SmWatcher;
 
 /// Copies the backend's driver versions into the configuration `vgpu.config` is written from (a CUDA
 /// version that does not fit `i32` is left unset).
@@ -86,7 +86,7 @@ pub struct Daemon {
     /// the gate on and no client, no controller runs.
     pub reschedule: Option<Arc<dyn RescheduleClient>>,
     /// Sampling period of the shared SM watcher (gate `SharedSMUtilizationWatcher`; default
-    /// [`crate::sm_watcher::DEFAULT_PERIOD`]).
+    /// [`vgpu_node::sm_watcher::DEFAULT_PERIOD`]).
     pub sm_watcher_period: std::time::Duration,
     /// The node configuration file watched for changes while the plugin runs, with the settings it
     /// resolved to at start ([`Daemon::with_node_config`]; none: no reload).
@@ -171,7 +171,7 @@ impl Daemon {
             gfd: std::collections::BTreeMap::new(),
             gfd_output: GfdOutput::NodeLabels,
             reschedule: None,
-            sm_watcher_period: crate::sm_watcher::DEFAULT_PERIOD,
+            sm_watcher_period: vgpu_node::sm_watcher::DEFAULT_PERIOD,
             node_config: None,
         })
     }
@@ -398,12 +398,12 @@ impl Daemon {
         };
 
         let registry = if config.gates.enabled(CoreGate::DevicePluginClientMode) {
-            match crate::registry::serve_registry(config.registry()) {
+            match vgpu_node::registry::serve_registry(config.registry()) {
                 Ok(r) => Some(r),
                 Err(err) => {
                     let _ = stop_tx.send(true);
                     health.abort();
-                    return Err(err);
+                    return Err(err.into());
                 }
             }
         } else {

@@ -9,8 +9,8 @@
 
 use std::{path::Path, time::Duration};
 
-use crate::api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient};
 use vgpu_kubelet::socket::connect_unix;
+use vgpu_node::api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient};
 
 /// Where the registry socket is mounted in vGPU containers (the device plugin's `Allocate` mounts the
 /// host's `registry/` directory at `/etc/vgpu-manager/registry`).

@@ -38,6 +38,9 @@ pub enum ServerError {
     /// Binding, serving or dialing a unix socket failed, or a call on one timed out.
     #[error(transparent)]
     Socket(#[from] vgpu_kubelet::SocketError),
+    /// The client-mode registry could not be served.
+    #[error(transparent)]
+    Registry(#[from] vgpu_node::registry::RegistryError),
     /// The kubelet refused the registration.
     #[error("registering {resource} with the kubelet at {}: {status}", kubelet.display())]
     Register {

@@ -5,7 +5,7 @@
 //!
 //! | gate | why it is refused |
 //! |---|---|
-//! | (none) | `SharedSMUtilizationWatcher` was refused until its sampler existed; it is now [`crate::sm_watcher`], started by [`Daemon::run`](crate::daemon::Daemon::run) |
+//! | (none) | `SharedSMUtilizationWatcher` was refused until its sampler existed; it is now [`vgpu_node::sm_watcher`], started by [`Daemon::run`](crate::daemon::Daemon::run) |
 //!
 //! [`Daemon::new`](crate::daemon::Daemon::new) runs [`check_gates`]; callers that wire
 //! [`build_handlers`](crate::build_handlers) themselves should call it too.

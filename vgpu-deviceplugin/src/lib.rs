@@ -4,14 +4,12 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`api`] | generated tonic/prost code of the client-mode device registry (the kubelet APIs, sockets and `:authority` rewrite are in `vgpu-kubelet`) |
 //! | [`plugin`] | [`PluginHandler`](plugin::PluginHandler), the thin internal trait behind the generated `DevicePlugin` trait; the vcore / vmemory plugins |
 //! | [`mig`] | the MIG plugins (`--mig-strategy single|mixed`): one per profile, `<domain>/mig-<profile>` |
 //! | [`vnumber`] | the `vgpu-number` plugin: `<uuid>::<i>` devices, preferred allocation, `Allocate`, `PreStartContainer` |
 //! | [`service`] | the generated `DevicePlugin` trait over a handler: translation and the `ListAndWatch` stream |
 //! | [`server`] | serving one handler on a unix socket |
-//! | [`registry`] | client mode (gate `DevicePluginClientMode`): `VDeviceRegistry` on `registry/socket.sock`, caller PIDs → `pids.config` |
-//! | [`device_client`] | the client of that registry (`vgpu-device-client`): one `RegisterContainerDevice` call, bounded by a timeout |
+//! | [`device_client`] | the client of the client-mode registry (`vgpu_node::registry`; binary `vgpu-device-client`): one `RegisterContainerDevice` call, bounded by a timeout |
 //! | [`registration`] | unix-socket gRPC clients: probe our socket, `Register` with the kubelet |
 //! | [`manager`] | [`PluginManager`](manager::PluginManager): serve + register every plugin, re-register when `kubelet.sock` is re-created, bounded crash restarts |
 //! | [`inventory`] | the advertised GPUs (settings applied) and their health from the backend's event stream |
@@ -23,7 +21,6 @@
 //! | [`publisher`] | [`NodePublisher`](publisher::NodePublisher): node annotations, driver labels, stale resource removal |
 //! | [`feature_file`] | [`GfdOutput`](feature_file::GfdOutput): GPU feature labels on the Node or in node-feature-discovery's feature file ([`FeatureFileWriter`](feature_file::FeatureFileWriter)) |
 //! | [`reschedule`] | [`RescheduleController`](reschedule::RescheduleController) (gate `AllocationFailureReschedule`): evict or delete-and-recreate pods whose allocation failed, through a recovery checkpoint |
-//! | [`sm_watcher`] | [`SmWatcher`](sm_watcher::SmWatcher) (gate `SharedSMUtilizationWatcher`): samples every GPU once per period and rewrites `watcher/sm_util.config` in place |
 //! | [`node_config_watch`] | [`NodeConfigSource`](node_config_watch::NodeConfigSource): the node configuration file polled while the plugin runs; [`plan_reload`](node_config_watch::plan_reload): what a new version changes live (device lists, re-registration) and what waits for a restart |
 //! | [`daemon`] | [`Daemon`](daemon::Daemon): backend + clients + plugins + publisher, run until shutdown (the binary's body) |
 //! | [`gates`] | which enabled gates this build cannot honour: the daemon refuses to start on them |
@@ -71,7 +68,6 @@ use std::sync::Arc;
 use vgpu_core::node_config::MigStrategy;
 use vgpu_gates::CoreGate;
 
-pub mod api;
 pub mod cdi;
 pub mod cluster;
 pub mod config;
@@ -90,11 +86,9 @@ pub mod node_config_watch;
 pub mod plugin;
 pub mod publisher;
 pub mod registration;
-pub mod registry;
 pub mod reschedule;
 pub mod server;
 pub mod service;
-pub mod sm_watcher;
 pub mod vnumber;
 pub mod whole_gpu;
 

@@ -116,11 +116,11 @@ async fn gate_off_writes_nothing_a_bad_file_is_replaced_and_later_passes_take_ne
     assert!(!run.dir.path().join("manager/watcher").exists());
 
     let dir = tempfile::tempdir().unwrap();
-    let path = vgpu_deviceplugin::sm_watcher::SmWatcher::file_path(dir.path());
+    let path = vgpu_node::sm_watcher::SmWatcher::file_path(dir.path());
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, b"garbage").unwrap();
     let backend = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
-    let mut watcher = vgpu_deviceplugin::sm_watcher::SmWatcher::open(backend, dir.path()).unwrap();
+    let mut watcher = vgpu_node::sm_watcher::SmWatcher::open(backend, dir.path()).unwrap();
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 1_311_232);
     watcher.tick().unwrap();
     assert_eq!(sm_util::read(&path).unwrap().devices[1].samples[0].pid, 5151);

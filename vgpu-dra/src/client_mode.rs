@@ -1,6 +1,6 @@
 //! Client mode on the DRA path (gate `DevicePluginClientMode`, contract §5.8 and §9): each vGPU partition
 //! of a prepared claim gets a register UUID; its containers register their PIDs through the device
-//! plugin's registry socket ([`vgpu_deviceplugin::registry`], the same server and code) with that UUID, and
+//! plugin's registry socket ([`vgpu_node::registry`], the same server and code) with that UUID, and
 //! the registry writes the partition's `pids.config`.
 //!
 //! | what | value |
@@ -22,7 +22,7 @@ use std::{
     sync::{PoisonError, RwLock},
 };
 
-pub use vgpu_deviceplugin::registry::{RegisterResolver, RegisterTarget};
+use vgpu_node::registry::{RegisterResolver, RegisterTarget};
 
 use crate::{
     checkpoint::{Checkpoint, ClaimState},

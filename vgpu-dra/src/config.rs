@@ -83,7 +83,7 @@ pub struct DriverConfig {
     /// Registration-socket guard period ([`REGISTRATION_GUARD_INTERVAL`]).
     pub registration_guard_interval: Duration,
     /// Sampling period of the shared SM watcher (gate `SharedSMUtilizationWatcher`; default
-    /// [`vgpu_deviceplugin::sm_watcher::DEFAULT_PERIOD`]).
+    /// [`vgpu_node::sm_watcher::DEFAULT_PERIOD`]).
     pub sm_watcher_period: Duration,
 }
 
@@ -109,7 +109,7 @@ impl DriverConfig {
             lock_timeout: LOCK_TIMEOUT,
             stale_sweep_interval: STALE_SWEEP_INTERVAL,
             registration_guard_interval: REGISTRATION_GUARD_INTERVAL,
-            sm_watcher_period: vgpu_deviceplugin::sm_watcher::DEFAULT_PERIOD,
+            sm_watcher_period: vgpu_node::sm_watcher::DEFAULT_PERIOD,
         }
     }
 
@@ -217,7 +217,7 @@ impl DriverConfig {
 
     /// `<manager_dir>/watcher/sm_util.config`: the shared SM watcher's file as this process writes it.
     pub fn sm_watcher_file(&self) -> PathBuf {
-        vgpu_deviceplugin::sm_watcher::SmWatcher::file_path(&self.manager_dir)
+        vgpu_node::sm_watcher::SmWatcher::file_path(&self.manager_dir)
     }
 
     /// `--device-memory-ratio` > 100: the GPUs' memory is oversold.

@@ -1,5 +1,5 @@
 //! [`Daemon`]: everything the `vgpu-kubelet-plugin` binary runs, wired from a backend and the cluster seams
-//! ([`DaemonCluster`]), as [`vgpu_deviceplugin::daemon::Daemon`] is for the device plugin. The binary only
+//! ([`DaemonCluster`]), as `vgpu_deviceplugin::daemon::Daemon` is for the device plugin. The binary only
 //! parses and checks its flags, opens the backend and the Kubernetes client, and hands both here.
 //!
 //! # Start-up order
@@ -33,8 +33,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use vgpu_core::backend::DeviceBackend;
-use vgpu_deviceplugin::registry::{RegistryConfig, RunningRegistry};
 use vgpu_gates::DraGate;
+use vgpu_node::registry::{RegistryConfig, RunningRegistry};
 use vgpu_serve::authz::Authorizer;
 
 use crate::{
@@ -475,15 +475,15 @@ impl Daemon {
         // Gate DevicePluginClientMode: the device plugin's registry server, resolving register UUIDs through
         // the prepared claims (and, with NRISupport, the hook's container partitions).
         if let Some(registry_config) = registry.filter(|_| driver.client_mode()) {
-            let resolver: Arc<dyn vgpu_deviceplugin::registry::RegisterResolver> = match &nri {
+            let resolver: Arc<dyn vgpu_node::registry::RegisterResolver> = match &nri {
                 Some((hook, _)) => {
                     Arc::new(crate::nri::NriRegisterResolver::new(state.register_table(), hook.cache()))
                 }
                 None => state.register_table(),
             };
-            match vgpu_deviceplugin::registry::serve_registry_with(
+            match vgpu_node::registry::serve_registry_with(
                 registry_config,
-                vgpu_deviceplugin::registry::GUARD_INTERVAL,
+                vgpu_node::registry::GUARD_INTERVAL,
                 Some(resolver),
             ) {
                 Ok(registry) => {

@@ -10,7 +10,7 @@
 //! never dials an endpoint that is not there yet. On shutdown both files are removed.
 //!
 //! With gate `SharedSMUtilizationWatcher` the driver also runs the device plugin's node-wide SM watcher
-//! ([`vgpu_deviceplugin::sm_watcher::SmWatcher`], the same code, not a copy) on the manager directory
+//! ([`vgpu_node::sm_watcher::SmWatcher`], the same code, not a copy) on the manager directory
 //! ([`crate::config::DriverConfig::sm_watcher_file`]) until stopped: vGPU claims are told to read its samples,
 //! so a file that cannot be set up (or a driver without a backend, see [`Driver::with_sm_watcher`]) fails
 //! [`Driver::serve`] before any socket is bound.
@@ -28,11 +28,11 @@ use tokio::{
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Router;
-use vgpu_deviceplugin::sm_watcher::SmWatcher;
 use vgpu_kubelet::{
     authority::AuthorityRewrite,
     socket::{bind_atomic, socket_identity},
 };
+use vgpu_node::sm_watcher::SmWatcher;
 
 use crate::{
     registration::{RegistrationService, RegistrationState},

@@ -24,8 +24,8 @@
 //! |---|---|---|
 //! | `VGPUSupport` | vGPU vs whole-GPU devices and their CDI edits | [`crate::devices`], [`crate::state`] |
 //! | `NVMLDeviceHealthCheck` | device taints and the resource-health stream | [`crate::health`] |
-//! | `SharedSMUtilizationWatcher` | the device plugin's node-wide SM watcher ([`vgpu_deviceplugin::sm_watcher::SmWatcher`]) runs on the manager directory; vGPU claims get `EXTERNAL_SM_WATCHER_ENABLED=TRUE` and the read-only `watcher/` mount | [`crate::driver`] |
-//! | `DevicePluginClientMode` | the device plugin's registry server ([`vgpu_deviceplugin::registry`]) resolves the partitions' register UUIDs | [`crate::client_mode`] |
+//! | `SharedSMUtilizationWatcher` | the device plugin's node-wide SM watcher ([`vgpu_node::sm_watcher::SmWatcher`]) runs on the manager directory; vGPU claims get `EXTERNAL_SM_WATCHER_ENABLED=TRUE` and the read-only `watcher/` mount | [`crate::driver`] |
+//! | `DevicePluginClientMode` | the device plugin's registry server ([`vgpu_node::registry`]) resolves the partitions' register UUIDs | [`crate::client_mode`] |
 //! | `DRAListTypeAttributes`, `ConsumableShares` | how devices are published | [`crate::slices`], [`crate::devices`] |
 //! | `TimeSlicingSettings` | opaque `GpuConfig`/`MigDeviceConfig` sharing `TimeSlicing`: the GPU's time slice set on Prepare, `Default` again when its last claim goes (configs decoded by [`crate::opaque`]) | [`crate::sharing`] |
 //! | `MPSSupport` | one MPS control daemon per claim, pipe/shm directories, EXCLUSIVE_PROCESS | [`crate::mps`] |

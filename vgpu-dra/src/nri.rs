@@ -52,11 +52,8 @@ use vgpu_nri::{
     plugin::{Handler, HookError, Plugin, PluginConfig},
 };
 
-use crate::{
-    checkpoint::ClaimState,
-    client_mode::{RegisterResolver, RegisterTable, RegisterTarget},
-    state::DeviceState,
-};
+use crate::{checkpoint::ClaimState, client_mode::RegisterTable, state::DeviceState};
+use vgpu_node::registry::{RegisterResolver, RegisterTarget};
 
 /// Re-exported so the binary wires the plugin through this crate alone.
 pub use vgpu_nri::{health::NriHealth, plugin::NriError as PluginError, plugin::PluginIndex};

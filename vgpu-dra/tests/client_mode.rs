@@ -1,6 +1,6 @@
 //! Gate `DevicePluginClientMode` and the partition walk on the DRA path, at the state + registry layer:
 //! [`DeviceState`] over real files with in-memory claims and pods, and the device plugin's registry server
-//! (`vgpu_deviceplugin::registry`, the same code the device plugin serves) on a real unix socket with the
+//! (`vgpu_node::registry`, the same code the device plugin serves) on a real unix socket with the
 //! plugin's [`RegisterTable`](vgpu_dra::client_mode::RegisterTable) as its register-UUID resolver. The caller
 //! is this test process: its `SO_PEERCRED` PID is put into the consumer pod's cgroup under a fake `/proc`,
 //! and that cgroup's `cgroup.procs` lists it.
@@ -22,18 +22,18 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodResourceClaim, PodSpec, Reso
 use support::{DRIVER, NODE, TestNode};
 use tonic::Code;
 use vgpu_core::node_config::CgroupDriver;
-use vgpu_deviceplugin::{
-    api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient},
-    registry::{RegistryConfig, serve_registry_with},
-};
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     claims::{ClaimSource, allocated, allocation_result, claim},
-    client_mode::RegisterResolver,
     partition::{ContainerRef, Kind, group_key, single_key},
 };
 use vgpu_gates::DraGate;
 use vgpu_kubelet::socket::connect_unix;
+use vgpu_node::registry::RegisterResolver;
+use vgpu_node::{
+    api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient},
+    registry::{RegistryConfig, serve_registry_with},
+};
 
 const POD: &str = "0b1a22cd-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 const OTHER_POD: &str = "7e7e7e7e-1111-4222-8333-944444444444";

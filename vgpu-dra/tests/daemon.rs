@@ -7,7 +7,6 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vgpu_core::{backend::mock::MockBackend, node_config::CgroupDriver};
-use vgpu_deviceplugin::registry::RegistryConfig;
 use vgpu_dra::{
     claims::InMemoryClaims,
     config::DriverConfig,
@@ -17,6 +16,7 @@ use vgpu_dra::{
     nri::NriConfig,
     slices::store::MemorySliceStore,
 };
+use vgpu_node::registry::RegistryConfig;
 
 const MOCK: &str = "gpus:\n  - { uuid: GPU-a, name: NVIDIA A30, memoryMiB: 24576, minor: 0 }\n";
 

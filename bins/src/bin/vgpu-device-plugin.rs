@@ -205,7 +205,7 @@ fn gfd_output(cli: &Cli) -> GfdOutput {
 
 /// `--registry-socket-group`: a gid, or a name from `/etc/group`.
 fn parse_socket_group(value: &str) -> Result<u32, String> {
-    vgpu_deviceplugin::registry::resolve_socket_group(value, std::path::Path::new("/etc/group"))
+    vgpu_node::registry::resolve_socket_group(value, std::path::Path::new("/etc/group"))
         .map_err(|e| e.to_string())
 }
 

@@ -170,7 +170,7 @@ struct Cli {
 
 /// `--registry-socket-group`: a gid, or a name of this image's `/etc/group`.
 fn parse_socket_group(value: &str) -> Result<u32, String> {
-    vgpu_deviceplugin::registry::resolve_socket_group(value, std::path::Path::new("/etc/group"))
+    vgpu_node::registry::resolve_socket_group(value, std::path::Path::new("/etc/group"))
         .map_err(|e| e.to_string())
 }
 
@@ -370,7 +370,7 @@ async fn run(cli: Cli, resolved: Resolved) -> anyhow::Result<()> {
     };
     let registry = config.client_mode().then(|| {
         let setting = vgpu_core::node_config::CgroupDriver::parse(&cli.cgroup_driver);
-        vgpu_deviceplugin::registry::RegistryConfig {
+        vgpu_node::registry::RegistryConfig {
             manager_dir: config.manager_dir.clone(),
             proc_root: cli.host_proc_root.clone(),
             cgroup_root: cli.host_cgroup_root.clone(),

@@ -39,7 +39,7 @@ use tokio::{
 use tonic::transport::server::Connected;
 use vgpu_core::node_config::CgroupDriver;
 
-use super::{cgroup_path_of, pod_uid_from_cgroup_path};
+use crate::registry::cgroup::{cgroup_path_of, pod_uid_from_cgroup_path};
 
 /// This process's own procfs: the process handles and the caller's uids are read there (the PID namespace
 /// the socket credentials are reported in), whatever `--host-proc-root` says.
@@ -239,7 +239,7 @@ pub struct IdentifyConfig {
     pub proc_root: PathBuf,
     /// The node's cgroup driver.
     pub cgroup_driver: CgroupDriver,
-    /// Whether the host's cgroup mount is a unified v2 hierarchy ([`super::is_unified`]): which line of
+    /// Whether the host's cgroup mount is a unified v2 hierarchy ([`is_unified`](crate::registry::cgroup::is_unified)): which line of
     /// `/proc/<pid>/cgroup` names the caller's cgroup ([`cgroup_path_of`]).
     pub unified: bool,
 }

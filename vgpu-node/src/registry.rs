@@ -8,7 +8,7 @@
 //!    (`SO_PEERCRED` pid, uid, gid), a handle on that process that cannot follow its PID to another one
 //!    (an open `/proc/<pid>/stat`), the process's uids (the socket's uid must be one of them, else the PID
 //!    was reused before the accept), and `<proc-root>/<pid>/cgroup` (its `0::` line on a unified cgroup v2
-//!    host, its `memory` line on v1 and hybrid hosts, [`cgroup_path_of`]) → the pod UID in that cgroup path
+//!    host, its `memory` line on v1 and hybrid hosts, [`cgroup_path_of`](cgroup::cgroup_path_of)) → the pod UID in that cgroup path
 //!    (parsed per the node's cgroup driver: systemd `kubepods-<qos>-pod<uid with _>.slice`, cgroupfs
 //!    `pod<uid>`; auto accepts both). The identity is bound to the connection; requests never look the
 //!    PID up again;
@@ -60,17 +60,27 @@ use tokio_stream::{StreamExt as _, wrappers::UnixListenerStream};
 use tonic::{Request, Response, Status};
 use vgpu_core::{abi::atomic::write_atomic, node_config::CgroupDriver};
 
+pub mod cgroup;
 pub mod peer;
 
 use self::peer::{CallerCgroup, CallerIdentity, IdentifiedStream, IdentifyConfig, Liveness, PeerCredentials};
-use crate::{
-    api::registry::{
-        ContainerDeviceRequest, ContainerDeviceResponse,
-        v_device_registry_server::{VDeviceRegistry, VDeviceRegistryServer},
-    },
-    error::ServerError,
+use crate::api::registry::{
+    ContainerDeviceRequest, ContainerDeviceResponse,
+    v_device_registry_server::{VDeviceRegistry, VDeviceRegistryServer},
 };
 use vgpu_kubelet::{SocketError, authority::AuthorityRewrite};
+
+/// Serving the registry failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// Creating, binding or serving its socket failed.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// The socket directory is unsafe (group- or world-writable).
+    #[error("invalid device plugin configuration: {0}")]
+    Config(String),
+}
 
 /// `registry/socket.sock` under the manager dir.
 pub const SOCKET: &str = "registry/socket.sock";
@@ -158,53 +168,6 @@ pub fn resolve_socket_group(value: &str, group_file: &Path) -> Result<u32, Socke
         })
         .next()
         .ok_or_else(|| SocketGroupError::Unknown { name: value.to_owned(), path: group_file.to_path_buf() })
-}
-
-/// The pod UID in a cgroup path, per `driver` (auto tries systemd, then cgroupfs).
-pub fn pod_uid_from_cgroup_path(path: &str, driver: CgroupDriver) -> Option<String> {
-    let systemd = || {
-        path.split('/').find_map(|part| {
-            let slice = part.strip_suffix(".slice")?;
-            let (_, uid) = slice.rsplit_once("-pod")?;
-            (!uid.is_empty() && slice.starts_with("kubepods")).then(|| uid.replace('_', "-"))
-        })
-    };
-    let cgroupfs = || {
-        let mut parts = path.split('/').skip_while(|p| !p.starts_with("kubepods"));
-        parts.find_map(|part| part.strip_prefix("pod").filter(|u| !u.is_empty()).map(str::to_owned))
-    };
-    match driver {
-        CgroupDriver::Systemd => systemd(),
-        CgroupDriver::Cgroupfs => cgroupfs(),
-        CgroupDriver::Auto => systemd().or_else(cgroupfs),
-    }
-}
-
-/// The cgroup path of a process from its `/proc/<pid>/cgroup` text, and whether it is a cgroup v2 path.
-///
-/// On a unified (cgroup v2 only) host (`unified`: [`is_unified`] of the cgroup mount) that is the `0::<path>`
-/// entry. Otherwise it is the v1 `memory` controller's: a hybrid host also lists `0::<path>`, but for the
-/// unified hierarchy mounted beside the v1 controllers (`<mount>/unified`), which the kubelet does not
-/// manage, so that entry is never read there.
-pub fn cgroup_path_of(text: &str, unified: bool) -> Option<(String, bool)> {
-    text.lines().find_map(|line| {
-        let mut fields = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else {
-            return None;
-        };
-        let wanted = if unified {
-            id == "0" && controllers.is_empty()
-        } else {
-            controllers.split(',').any(|c| c == "memory")
-        };
-        wanted.then(|| (path.to_owned(), unified))
-    })
-}
-
-/// Whether the cgroup mount at `cgroup_root` (e.g. `/sys/fs/cgroup`) is a unified cgroup v2 hierarchy (it
-/// has `cgroup.controllers`), rather than v1 or hybrid controllers.
-pub fn is_unified(cgroup_root: &Path) -> bool {
-    cgroup_root.join("cgroup.controllers").is_file()
 }
 
 /// Where a register UUID's PIDs are written, and who may write them.
@@ -483,7 +446,7 @@ pub struct RunningRegistry {
     /// The socket.
     pub socket: PathBuf,
     stop: watch::Sender<bool>,
-    handle: JoinHandle<Result<(), ServerError>>,
+    handle: JoinHandle<Result<(), RegistryError>>,
     identity: Arc<Mutex<Option<(u64, u64)>>>,
 }
 
@@ -517,12 +480,12 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
     vgpu_kubelet::socket::socket_identity(path)
 }
 
-fn io<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) -> ServerError + 'a {
+fn io<'a>(path: &'a Path, action: &'static str) -> impl FnOnce(std::io::Error) -> RegistryError + 'a {
     move |source| SocketError::Io { path: path.to_path_buf(), action, source }.into()
 }
 
 /// [`vgpu_kubelet::socket::bind_atomic`] with the registry socket's mode.
-fn bind(socket: &Path, group: Option<u32>) -> Result<UnixListener, ServerError> {
+fn bind(socket: &Path, group: Option<u32>) -> Result<UnixListener, RegistryError> {
     Ok(vgpu_kubelet::socket::bind_atomic(socket, group, SOCKET_MODE)?)
 }
 
@@ -536,7 +499,7 @@ pub const GUARD_INTERVAL: Duration = Duration::from_millis(500);
 /// [`RegistryConfig::socket_group`]) and serves the registry on it; each connection's caller is identified
 /// when it is accepted ([`peer`]). A guard republishes the socket when it is unlinked (checked every
 /// [`GUARD_INTERVAL`]).
-pub fn serve_registry(config: RegistryConfig) -> Result<RunningRegistry, ServerError> {
+pub fn serve_registry(config: RegistryConfig) -> Result<RunningRegistry, RegistryError> {
     serve_registry_with(config, GUARD_INTERVAL, None)
 }
 
@@ -544,7 +507,7 @@ pub fn serve_registry(config: RegistryConfig) -> Result<RunningRegistry, ServerE
 pub fn serve_registry_with_guard(
     config: RegistryConfig,
     guard: Duration,
-) -> Result<RunningRegistry, ServerError> {
+) -> Result<RunningRegistry, RegistryError> {
     serve_registry_with(config, guard, None)
 }
 
@@ -554,7 +517,7 @@ pub fn serve_registry_with(
     config: RegistryConfig,
     guard: Duration,
     resolver: Option<Arc<dyn RegisterResolver>>,
-) -> Result<RunningRegistry, ServerError> {
+) -> Result<RunningRegistry, RegistryError> {
     let socket = config.socket();
     let dir = socket.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     if !dir.exists() {
@@ -567,7 +530,7 @@ pub fn serve_registry_with(
     }
     let mode = std::fs::metadata(&dir).map_err(io(&dir, "stat registry directory"))?.permissions().mode();
     if mode & 0o022 != 0 {
-        return Err(ServerError::Config(format!(
+        return Err(RegistryError::Config(format!(
             "{}: mode {:o} is group- or world-writable (expected 0711)",
             dir.display(),
             mode & 0o777
@@ -581,7 +544,7 @@ pub fn serve_registry_with(
         own_proc: PathBuf::from(peer::OWN_PROC),
         proc_root: config.proc_root.clone(),
         cgroup_driver: config.cgroup_driver,
-        unified: is_unified(&config.cgroup_root),
+        unified: cgroup::is_unified(&config.cgroup_root),
     });
     let service = RegistryService::new(config);
     let service = Arc::new(match resolver {
@@ -632,56 +595,4 @@ pub fn serve_registry_with(
         }
     });
     Ok(RunningRegistry { socket, stop, handle, identity: identity_cell })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pod_uids_from_cgroup_paths() {
-        let systemd = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b1a_22cd_4e5f.slice/cri-containerd-abc.scope";
-        let guaranteed = "/kubepods.slice/kubepods-pod0b1a_22cd.slice/cri-containerd-abc.scope";
-        let cgroupfs = "/kubepods/besteffort/pod0b1a-22cd-4e5f/abc";
-        assert_eq!(
-            pod_uid_from_cgroup_path(systemd, CgroupDriver::Systemd).as_deref(),
-            Some("0b1a-22cd-4e5f")
-        );
-        assert_eq!(pod_uid_from_cgroup_path(guaranteed, CgroupDriver::Auto).as_deref(), Some("0b1a-22cd"));
-        assert_eq!(
-            pod_uid_from_cgroup_path(cgroupfs, CgroupDriver::Cgroupfs).as_deref(),
-            Some("0b1a-22cd-4e5f")
-        );
-        assert_eq!(pod_uid_from_cgroup_path(cgroupfs, CgroupDriver::Auto).as_deref(), Some("0b1a-22cd-4e5f"));
-        // The driver decides the form.
-        assert_eq!(pod_uid_from_cgroup_path(systemd, CgroupDriver::Cgroupfs), None);
-        assert_eq!(pod_uid_from_cgroup_path(cgroupfs, CgroupDriver::Systemd), None);
-        assert_eq!(pod_uid_from_cgroup_path("/user.slice/user-1000.slice", CgroupDriver::Auto), None);
-        assert_eq!(pod_uid_from_cgroup_path("/system.slice/podman.service", CgroupDriver::Auto), None);
-    }
-
-    #[test]
-    fn cgroup_file_v2_on_unified_hosts_memory_elsewhere() {
-        assert_eq!(cgroup_path_of("0::/kubepods/x\n", true), Some(("/kubepods/x".to_owned(), true)));
-        let v1 = "12:cpu,cpuacct:/kubepods/a\n5:memory:/kubepods/b\n1:name=systemd:/kubepods/c\n";
-        assert_eq!(cgroup_path_of(v1, false), Some(("/kubepods/b".to_owned(), false)));
-        // A hybrid host lists the unified hierarchy too (first or last): the memory controller's path counts.
-        for hybrid in [
-            "0::/system.slice/containerd.service\n4:memory:/kubepods/besteffort/pod1/c\n",
-            "4:memory:/kubepods/besteffort/pod1/c\n0::/system.slice/containerd.service\n",
-        ] {
-            assert_eq!(
-                cgroup_path_of(hybrid, false),
-                Some(("/kubepods/besteffort/pod1/c".to_owned(), false)),
-                "{hybrid}"
-            );
-        }
-        assert_eq!(cgroup_path_of(v1, true), None, "no v2 entry on a unified host");
-        assert_eq!(cgroup_path_of("0::/kubepods/x\n", false), None, "no memory controller on a v1 host");
-        assert_eq!(cgroup_path_of("garbage", false), None);
-        let dir = tempfile::tempdir().unwrap();
-        assert!(!is_unified(dir.path()));
-        std::fs::write(dir.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
-        assert!(is_unified(dir.path()));
-    }
 }

@@ -16,14 +16,14 @@ use std::{
 
 use tonic::Code;
 use vgpu_core::node_config::CgroupDriver;
-use vgpu_deviceplugin::{
+use vgpu_kubelet::socket::connect_unix;
+use vgpu_node::{
     api::registry::{ContainerDeviceRequest, v_device_registry_client::VDeviceRegistryClient},
     registry::{
         RegisterResolver, RegisterTarget, RegistryConfig, serve_registry, serve_registry_with,
         serve_registry_with_guard,
     },
 };
-use vgpu_kubelet::socket::connect_unix;
 
 const UID: &str = "0b1a22cd-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
 const CGROUP: &str = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b1a22cd_4e5f_4a6b_8c7d_9e0f1a2b3c4d.slice/cri-containerd-c0ffee.scope";

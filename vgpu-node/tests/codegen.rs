@@ -1,6 +1,6 @@
 //! The committed gRPC code in `src/gen/` is exactly what protox + tonic-prost-build generate from
 //! `proto/` (no system protoc anywhere). Regenerate with
-//! `VGPU_REGEN=1 cargo test -p vgpu-deviceplugin --test codegen`.
+//! `VGPU_REGEN=1 cargo test -p vgpu-node --test codegen`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -37,6 +37,6 @@ fn generated_code_is_up_to_date() {
     }
     assert!(
         stale.is_empty(),
-        "generated gRPC code is stale: {stale:?}; run `VGPU_REGEN=1 cargo test -p vgpu-deviceplugin --test codegen` and commit"
+        "generated gRPC code is stale: {stale:?}; run `VGPU_REGEN=1 cargo test -p vgpu-node --test codegen` and commit"
     );
 }

@@ -18,7 +18,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use vgpu_core::{abi::sm_util, backend::mock::MockBackend};
-//! use vgpu_deviceplugin::sm_watcher::SmWatcher;
+//! use vgpu_node::sm_watcher::SmWatcher;
 //!
 //! let dir = std::env::temp_dir().join(format!("vgpu-smw-doc-{}", std::process::id()));
 //! let yaml = "gpus:\n  - { uuid: GPU-a, name: L4, memoryMiB: 23034, processes: [{ pid: 7, usedMemoryMiB: 100 }] }\n\
