@@ -10,7 +10,7 @@
 //! | `POST /pods/validate` | AdmissionReview ([`Admission::validate_pods`]) |
 //! | `GET /healthz` | 200 `ok` |
 //! | `GET /readyz` | 200 `ok` once the caches have synced, else 503 `caches not synced` |
-//! | `GET /version` | 200, [`VersionInfo`] as JSON |
+//! | `GET /version` | 200, [`VersionInfo`](vgpu_serve::http::VersionInfo) as JSON |
 //! | `GET /metrics` | Prometheus text; with an [`Authorizer`] (`--enable-rbac`) only for a bearer token a TokenReview authenticates (else 401) and a SubjectAccessReview allows `get` on `/metrics` (else 403) — the kube-rbac-proxy contract, built in |
 //!
 //! Admission bodies are read under the admission body cap ([`vgpu_serve::admission::MAX_BODY_BYTES`], 413 above)
@@ -24,17 +24,16 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use vgpu_kube::claims::ClusterApi;
 use vgpu_serve::admission::{MAX_BODY_BYTES, answer};
-use vgpu_serve::authz::{Authorizer, NonResourceRequest};
-use vgpu_serve::http::{
-    HEALTHZ_PATH, HttpTimeouts, METRICS_PATH, READYZ_PATH, RequestStart, VERSION_PATH, VersionInfo, read_body,
-};
+use vgpu_serve::authz::Authorizer;
+use vgpu_serve::http::{HttpTimeouts, RequestStart, read_body};
+use vgpu_serve::probes::{NotReady, ProbeRoutes};
 use vgpu_serve::tls::{TlsError, TlsFiles};
 
 use crate::admission::{
@@ -75,6 +74,27 @@ impl<I: Inventory, A: ClusterApi> ControllerServer<I, A> {
         Arc::new(Self { admission, registry: Arc::new(registry), authorizer, synced, read_timeout })
     }
 
+    /// `/healthz`, `/readyz` (caches synced), `/version` and `/metrics` (behind the authorizer when set).
+    fn probes(&self) -> Router {
+        let synced = Arc::clone(&self.synced);
+        let registry = Arc::clone(&self.registry);
+        ProbeRoutes::new()
+            .ready_when(move || {
+                if synced.load(Ordering::Acquire) {
+                    Ok(())
+                } else {
+                    Err(NotReady::unavailable("caches not synced"))
+                }
+            })
+            .metrics(PROMETHEUS_CONTENT_TYPE, move || {
+                let mut page = String::new();
+                prometheus_client::encoding::prometheus_text::encode(&mut page, &registry).map(|()| page)
+            })
+            .metrics_authorizer(self.authorizer.clone())
+            .version("vgpu-controller")
+            .into_router()
+    }
+
     /// The router.
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
@@ -83,11 +103,8 @@ impl<I: Inventory, A: ClusterApi> ControllerServer<I, A> {
             .route(VALIDATE_CLAIMS_PATH, post(route::<I, A, 2>))
             .route(MUTATE_PODS_PATH, post(route::<I, A, 3>))
             .route(VALIDATE_PODS_PATH, post(route::<I, A, 4>))
-            .route(HEALTHZ_PATH, get(|| async { "ok" }))
-            .route(READYZ_PATH, get(readyz::<I, A>))
-            .route(VERSION_PATH, get(|| async { axum::Json(VersionInfo::new("vgpu-controller")) }))
-            .route(METRICS_PATH, get(metrics::<I, A>))
             .with_state(Arc::clone(self))
+            .merge(self.probes())
     }
 }
 
@@ -110,28 +127,6 @@ async fn route<I: Inventory, A: ClusterApi, const R: u8>(
         3 => a.mutate_pods(&bytes).await,
         _ => a.validate_pods(&bytes),
     })
-}
-
-async fn readyz<I, A>(State(s): State<Arc<ControllerServer<I, A>>>) -> Response {
-    if s.synced.load(Ordering::Acquire) {
-        (StatusCode::OK, "ok").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced").into_response()
-    }
-}
-
-async fn metrics<I, A>(State(s): State<Arc<ControllerServer<I, A>>>, headers: HeaderMap) -> Response {
-    if let Some(authz) = &s.authorizer
-        && let Err(denied) = authz.authorize(&headers, &NonResourceRequest::get(METRICS_PATH)).await
-    {
-        return denied.response().map(Body::new);
-    }
-    let mut page = String::new();
-    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut page, &s.registry) {
-        return (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the metrics failed: {e}\n"))
-            .into_response();
-    }
-    ([(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)], page).into_response()
 }
 
 /// Serves the router over TLS on an already bound `listener` until `shutdown` completes; the certificate files

@@ -108,6 +108,7 @@ use crate::work::{Admission, Busy, RETRY_AFTER_SECS, WorkLimits, WorkPool};
 use vgpu_lease::{Readiness, Role};
 use vgpu_serve::authz::{Authorizer, NonResourceRequest};
 use vgpu_serve::http::{BodyError, HttpTimeouts};
+use vgpu_serve::probes::{NotReady, ProbeRoutes};
 
 /// Largest accepted request body (7 MiB, vgpu-manager's `io.LimitReader`).
 pub const MAX_BODY_BYTES: usize = 7 << 20;
@@ -500,10 +501,8 @@ pub fn router<C: Cluster, K: Clock + 'static>(state: AppState<C, K>) -> Router {
         .route(crate::PRIORITIZE_PATH, post(prioritize::<C, K>))
         .route(crate::BIND_PATH, post(bind::<C, K>))
         .route(crate::PREEMPT_PATH, post(preempt::<C, K>))
-        .route(HEALTHZ_PATH, get(healthz))
-        .route(READYZ_PATH, get(readyz::<C, K>))
-        .route(METRICS_PATH, get(metrics_text::<C, K>))
         .route(VERSION_PATH, get(version))
+        .merge(probes(&state))
         .layer(axum::middleware::from_fn_with_state(state.clone(), access::<C, K>))
         .with_state(state)
 }
@@ -738,34 +737,26 @@ async fn preempt<C: Cluster, K: Clock + 'static>(
     response
 }
 
-async fn healthz() -> &'static str {
-    "ok"
-}
-
-async fn readyz<C: Cluster, K: Clock + 'static>(State(s): State<AppState<C, K>>) -> Response {
-    if s.readiness.is_ready() {
-        (StatusCode::OK, "ok").into_response()
-    } else if !s.readiness.is_synced() {
-        (StatusCode::INTERNAL_SERVER_ERROR, "not ready: caches not synced\n").into_response()
-    } else if s.readiness.role() == Role::Follower {
-        (StatusCode::INTERNAL_SERVER_ERROR, "not ready: follower (another replica holds the leader lease)\n")
-            .into_response()
-    } else {
-        (StatusCode::INTERNAL_SERVER_ERROR, "not ready\n").into_response()
-    }
-}
-
-async fn metrics_text<C: Cluster, K: Clock + 'static>(State(s): State<AppState<C, K>>) -> Response {
-    match s.metrics.encode() {
-        Ok(text) => {
-            let mut r = text.into_response();
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(metrics::CONTENT_TYPE));
-            r
-        }
-        Err(e) => {
-            (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics failed: {e}\n")).into_response()
-        }
-    }
+/// `/healthz`, `/readyz` (caches synced and not a follower) and `/metrics`; the access middleware guards
+/// `/metrics` (authorizer) and the loopback rule.
+fn probes<C: Cluster, K: Clock + 'static>(s: &AppState<C, K>) -> Router<AppState<C, K>> {
+    let readiness = s.readiness.clone();
+    let metrics = s.metrics.clone();
+    ProbeRoutes::new()
+        .ready_when(move || {
+            let not_ready = |message: &str| Err(NotReady::new(StatusCode::INTERNAL_SERVER_ERROR, message));
+            if readiness.is_ready() {
+                Ok(())
+            } else if !readiness.is_synced() {
+                not_ready("not ready: caches not synced\n")
+            } else if readiness.role() == Role::Follower {
+                not_ready("not ready: follower (another replica holds the leader lease)\n")
+            } else {
+                not_ready("not ready\n")
+            }
+        })
+        .metrics(metrics::CONTENT_TYPE, move || metrics.encode())
+        .into_router()
 }
 
 async fn version() -> Response {

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`tls`] | rustls (ring, ALPN `h2` then `http/1.1`) with a hot-reloaded certificate ([`tls::CertReloader`]) and optional client-certificate verification against a reloaded CA bundle ([`tls::ClientCaReloader`]) |
 //! | [`http`] | the HTTP/1.1 `serve` loop with the upstream header/request timeouts, TLS accept and graceful shutdown; body reading under a cap and the request deadline; `/version` info |
+//! | [`probes`] | [`probes::ProbeRoutes`]: the one builder of `/healthz`, `/readyz` (with a readiness check), `/metrics` (a rendered page, optionally behind the [`authz::Authorizer`]) and `/version` that every server merges into its router |
 //! | [`process_metrics`] | the Prometheus `process_*` collector (`/proc/self`) every binary's `/metrics` carries |
 //! | [`pprof`] | `--pprof-bind-port`: CPU profiles at `/debug/pprof/profile?seconds=S` in pprof's gzip-compressed protobuf, as Go's `net/http/pprof` serves them ([`pprof::serve_pprof`]) |
 //! | [`admission`] | `admission.k8s.io/v1` AdmissionReview decoding, the allowed/patched/denied answers ([`admission::respond`], [`admission::Denial`]), their wire JSON and HTTP answer ([`admission::answer`]), the body cap ([`admission::MAX_BODY_BYTES`]) |
@@ -52,5 +53,6 @@ pub mod admission;
 pub mod authz;
 pub mod http;
 pub mod pprof;
+pub mod probes;
 pub mod process_metrics;
 pub mod tls;

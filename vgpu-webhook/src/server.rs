@@ -26,9 +26,10 @@ use axum::body::Body;
 use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, post};
 use tokio::net::TcpListener;
 use vgpu_serve::http::{HttpTimeouts, RequestStart, read_body};
+use vgpu_serve::probes::ProbeRoutes;
 use vgpu_serve::tls::{TlsError, TlsFiles};
 
 use crate::admit::Admission;
@@ -115,9 +116,8 @@ pub fn router<C: ClusterApi>(admission: Arc<Admission<C>>, read_timeout: Duratio
         .route(VALIDATE_CLAIMS_PATH, admission_route::<C>(Route::ValidateClaims))
         .route(MUTATE_VOLCANO_JOBS_PATH, admission_route::<C>(Route::MutateVolcanoJobs))
         .route(VALIDATE_VOLCANO_JOBS_PATH, admission_route::<C>(Route::ValidateVolcanoJobs))
-        .route(vgpu_serve::http::HEALTHZ_PATH, get(|| async { "ok" }))
-        .route(vgpu_serve::http::READYZ_PATH, get(|| async { "ok" }))
         .with_state(state)
+        .merge(ProbeRoutes::new().into_router())
 }
 
 async fn body_of<C>(
