@@ -19,6 +19,10 @@
 //! | `controller` | `controller` | `vgpu-controller`: GPU module controller |
 //! | `mig-manager` | `mig_manager` | `vgpu-mig-manager`: MIG manager of the device-plugin mode |
 //! | `nri` | `nri` | `vgpu-nri`: NRI plugin runtime over ttrpc (containerd / CRI-O) |
+//! | `kubelet` | `kubelet` | `vgpu-kubelet`: the kubelet's gRPC APIs (device plugin, pod-resources, plugin registration, DRA), unix sockets |
+//! | `node` | `node` | `vgpu-node`: node runtime shared by the device plugin and the DRA driver (client-mode registry, SM watcher) |
+//! | `kube` | `kube` | `vgpu-kube`: Kubernetes client set-up (kubeconfig/in-cluster, client-go's QPS/burst token bucket) |
+//! | `lease` | `lease` | `vgpu-lease`: Lease leader election and readiness |
 //! | `full` | all of the above | |
 //!
 //! ```
@@ -102,3 +106,23 @@ pub use vgpu_mig_manager as mig_manager;
 #[cfg_attr(docsrs, doc(cfg(feature = "nri")))]
 #[doc(inline)]
 pub use vgpu_nri as nri;
+
+#[cfg(feature = "kubelet")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kubelet")))]
+#[doc(inline)]
+pub use vgpu_kubelet as kubelet;
+
+#[cfg(feature = "node")]
+#[cfg_attr(docsrs, doc(cfg(feature = "node")))]
+#[doc(inline)]
+pub use vgpu_node as node;
+
+#[cfg(feature = "kube")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kube")))]
+#[doc(inline)]
+pub use vgpu_kube as kube;
+
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+#[doc(inline)]
+pub use vgpu_lease as lease;
