@@ -285,9 +285,9 @@ async fn sigkill_between_prepare_started_and_completed_then_restart_prepares_onc
         assert_eq!(cp.claims()[UID].checkpoint_state, ClaimState::PrepareCompleted);
         assert_eq!((node.entries("cdi"), node.entries("manager/claims")), (1, 1), "{point}");
         assert!(node.claim_dir().join("gpu/config/pids.config").exists(), "{point}");
-        let spec: vgpu_dra::cdi::Spec =
+        let spec: vgpu_core::cdi::Spec =
             serde_json::from_slice(&std::fs::read(node.cdi_file()).unwrap()).unwrap();
-        assert_eq!(vgpu_dra::cdi::validate(&spec), Ok(()));
+        assert_eq!(vgpu_core::cdi::validate(&spec), Ok(()));
         // No double prepare: the same devices, the checkpoint untouched.
         let bytes = std::fs::read(node.path("plugins/manager.nvidia.com/checkpoint.json")).unwrap();
         let again = prepare(&dra).await.unwrap();

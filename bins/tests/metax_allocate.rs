@@ -158,7 +158,7 @@ async fn cdi_uses_the_metax_kind() {
     )
     .unwrap();
     assert_eq!(path, config.cdi_root.join("k8s.device-plugin.metax-tech.com-gpu.json"));
-    let spec: cdi::Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let spec: vgpu_core::cdi::Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(spec.kind, "k8s.device-plugin.metax-tech.com/gpu");
     let nodes: Vec<(&str, Vec<&str>)> = spec
         .devices
@@ -172,7 +172,7 @@ async fn cdi_uses_the_metax_kind() {
             (GPU1, vec!["/dev/dri/card2", "/dev/dri/renderD130"]),
         ]
     );
-    let edits = spec.container_edits.clone().unwrap();
+    let edits = spec.container_edits.clone();
     let control: Vec<&str> = edits.device_nodes.iter().map(|n| n.path.as_str()).collect();
     assert_eq!(control, ["/dev/mxcd"]);
 }

@@ -60,6 +60,18 @@
 //! assert_eq!(ar.plural, "gpuclasses");
 //! # Ok::<(), vgpu_api::GroupError>(())
 //! ```
+//!
+//! # Object helpers (no client)
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`pod`] | a Pod's containers with their field paths ([`pod::containers`]), the sides of a pod patch ([`pod::comparable`]), the owner key ([`pod::owner_key`]) |
+//! | [`names`] | generated object names, vgpu-manager's `GenerateK8sSafeResourceName` ([`names::safe_resource_name`], [`names::short_hash`]) |
+//! | [`cel`] | CEL string literals a value cannot break out of ([`cel::cel_string`]) |
+
+pub mod cel;
+pub mod names;
+pub mod pod;
 
 use std::collections::BTreeMap;
 

@@ -1,8 +1,8 @@
 //! Admission for the GPU module: validating rules for GPUClass, DeviceClass, ResourceClaim and Pod, the pod
-//! mutation that turns a GPUClass request into a ResourceClaim, and the pod mutation on UPDATE. Decoding and answers are vgpu-webhook's
-//! ([`vgpu_webhook::review`]), claim creation goes through its cluster seam ([`vgpu_webhook::api::ClusterApi`]),
-//! claim names are its safe names ([`vgpu_webhook::names`]), and the pod patch is the diff of its
-//! [`vgpu_webhook::mutate::comparable`] sides; only the GPU-module rules live here.
+//! mutation that turns a GPUClass request into a ResourceClaim, and the pod mutation on UPDATE. Decoding and
+//! answers are [`vgpu_serve::admission`]'s, claim creation goes through the admission cluster seam
+//! ([`vgpu_kube::claims::ClusterApi`]), claim names are the shared safe names ([`vgpu_api::names`]), and the pod
+//! patch is the diff of the [`vgpu_api::pod::comparable`] sides; only the GPU-module rules live here.
 //!
 //! # Routes
 //!
@@ -50,12 +50,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
+use vgpu_api::names::{safe_resource_name, short_hash};
+use vgpu_api::pod::{ContainerSlot, comparable, containers};
 use vgpu_api::{GPUClass, PhysicalGPU};
 use vgpu_core::domain::OWNER_KEY_LABEL;
-use vgpu_webhook::api::ClusterApi;
-use vgpu_webhook::mutate::{ContainerSlot, comparable, containers};
-use vgpu_webhook::names::{safe_resource_name, short_hash};
-use vgpu_webhook::review::{Denial, ReviewError, decode, respond};
+use vgpu_kube::claims::ClusterApi;
+use vgpu_serve::admission::{Denial, ReviewError, decode, respond};
 
 use crate::cel::{is_cel_identifier, parse_compute_capability};
 use crate::cluster::{InMemoryCluster, Snapshot};
@@ -80,6 +80,11 @@ pub const REQUEST_NAME: &str = "gpu";
 pub const MAX_CORES: u64 = 100;
 /// Hex digits of the admission id ([`ControllerConfig::admission_label`]): a hash of the AdmissionRequest UID.
 pub const ADMISSION_ID_LENGTH: usize = 10;
+
+/// The denial of a pod that does not encode to JSON (a patch side, [`comparable`]).
+fn cannot_encode(e: serde_json::Error) -> Denial {
+    Denial::new(format!("cannot encode the pod: {e}"))
+}
 
 /// What admission reads: the GPUClasses and PhysicalGPUs (from the controller's caches).
 pub trait Inventory: Send + Sync + 'static {
@@ -359,7 +364,7 @@ pub fn mutate_pod(
     let mut owner_pod = original.clone();
     owner_pod.metadata.namespace = Some(namespace.to_owned());
     owner_pod.metadata.name = Some(pod_name.clone());
-    let owner_key = vgpu_webhook::convert::owner_key(&owner_pod);
+    let owner_key = vgpu_api::pod::owner_key(&owner_pod);
     let admission_id = short_hash(request_uid, ADMISSION_ID_LENGTH);
     for (slot, c) in containers(original) {
         let resources = c.resources.as_ref();
@@ -552,7 +557,8 @@ impl<I: Inventory, A: ClusterApi> Admission<I, A> {
                     None => Ok(None),
                     Some(restored) => comparable(pod)
                         .and_then(|before| Ok(json_patch::diff(&before, &comparable(&restored)?)))
-                        .map(Some),
+                        .map(Some)
+                        .map_err(cannot_encode),
                 }
             }
             _ => Ok(None),
@@ -623,8 +629,8 @@ impl<I: Inventory, A: ClusterApi> Admission<I, A> {
                 }
             }
         }
-        let before = comparable(pod)?;
-        let after = comparable(&m.pod)?;
+        let before = comparable(pod).map_err(cannot_encode)?;
+        let after = comparable(&m.pod).map_err(cannot_encode)?;
         Ok(Some(json_patch::diff(&before, &after)))
     }
 }

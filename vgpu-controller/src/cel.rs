@@ -14,12 +14,12 @@
 //! | `requirements.capabilities: [x]` | `has(A.x)` (admission only admits CEL identifiers) |
 //!
 //! Terms are joined with `&&`. Every value from the GPUClass enters the expression as a CEL string literal
-//! made by [`vgpu_webhook::convert::cel_string`] (the webhook's quoting, shared), so a product name with quotes
+//! made by [`vgpu_api::cel::cel_string`] (the quoting the webhook shares), so a product name with quotes
 //! or backslashes cannot end the literal; numbers are formatted from integers. `nodeSelector` has no CEL term:
 //! a device selector cannot see node labels, so the pod mutation adds it to the pod (see [`crate::admission`]).
 
+use vgpu_api::cel::cel_string;
 use vgpu_api::{GPUClassSpec, SharingMode};
-use vgpu_webhook::convert::cel_string;
 
 /// A compute capability `major.minor` (`8.0`, `9`), parsed.
 pub fn parse_compute_capability(value: &str) -> Option<(u32, u32)> {

@@ -14,22 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use vgpu_api::{GPUClass, GPUClassStatus, PhysicalGPU, PhysicalGPUStatus};
 
+use vgpu_kube::error::CallError;
+
 use crate::desired::NodeLabels;
 use crate::occupancy::GpuStatus;
-
-/// A failed API call.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ClusterError {
-    /// The API server answered with an error or could not be reached.
-    #[error("{operation}: {message}")]
-    Api {
-        /// What was attempted (`apply DeviceClass a100-shared.gpu.deckhouse.io`).
-        operation: String,
-        /// The client's or server's message.
-        message: String,
-    },
-}
 
 /// Everything one reconcile pass reads.
 #[derive(Debug, Clone, Default)]
@@ -51,44 +39,41 @@ pub struct Snapshot {
 /// The cluster calls of the controller.
 pub trait ControllerCluster: Send + Sync + 'static {
     /// What the cluster holds now (from caches: no request per call in the kube implementation).
-    fn snapshot(&self) -> impl Future<Output = Result<Snapshot, ClusterError>> + Send;
+    fn snapshot(&self) -> impl Future<Output = Result<Snapshot, CallError>> + Send;
     /// Applies a DeviceClass (labels, owner, spec).
-    fn apply_device_class(
-        &self,
-        class: &DeviceClass,
-    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    fn apply_device_class(&self, class: &DeviceClass) -> impl Future<Output = Result<(), CallError>> + Send;
     /// Deletes a DeviceClass; one already gone is no error.
-    fn delete_device_class(&self, name: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    fn delete_device_class(&self, name: &str) -> impl Future<Output = Result<(), CallError>> + Send;
     /// Applies the controller's GPUClass status fields (`valid`, `message`, `deviceClassName`, `Valid`).
     fn apply_class_status(
         &self,
         class: &str,
         status: &GPUClassStatus,
-    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    ) -> impl Future<Output = Result<(), CallError>> + Send;
     /// Applies the controller's PhysicalGPU status fields (`state`, `occupancy`).
     fn apply_gpu_status(
         &self,
         gpu: &str,
         status: &GpuStatus,
-    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    ) -> impl Future<Output = Result<(), CallError>> + Send;
     /// The pods of `namespace` matching `label_selector` (`key in (a,b)` or `key=value[,key=value]`), read live.
     fn list_pods(
         &self,
         namespace: &str,
         label_selector: &str,
-    ) -> impl Future<Output = Result<Vec<Pod>, ClusterError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Pod>, CallError>> + Send;
     /// Sets `metadata.ownerReferences` of `claim` to `owners`, only if the stored claim still has `claim`'s
     /// UID; a claim already gone is no error.
     fn set_claim_owners(
         &self,
         claim: &ResourceClaim,
         owners: &[OwnerReference],
-    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    ) -> impl Future<Output = Result<(), CallError>> + Send;
     /// Deletes `claim`, only if the stored claim still has `claim`'s UID and resourceVersion; a claim already
     /// gone is no error.
-    fn delete_claim(&self, claim: &ResourceClaim) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    fn delete_claim(&self, claim: &ResourceClaim) -> impl Future<Output = Result<(), CallError>> + Send;
     /// Deletes PhysicalGPU `gpu`, only if the stored one still has `gpu`'s UID; one already gone is no error.
-    fn delete_gpu(&self, gpu: &PhysicalGPU) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    fn delete_gpu(&self, gpu: &PhysicalGPU) -> impl Future<Output = Result<(), CallError>> + Send;
 }
 
 /// `namespace/name` of a namespaced object, for messages.
@@ -202,7 +187,7 @@ impl InMemoryCluster {
         self.lock().fail_next = n;
     }
 
-    fn write(&self, operation: String, f: impl FnOnce(&mut Snapshot)) -> Result<(), ClusterError> {
+    fn write(&self, operation: String, f: impl FnOnce(&mut Snapshot)) -> Result<(), CallError> {
         self.try_write(operation, |s| {
             f(s);
             Ok(())
@@ -214,13 +199,13 @@ impl InMemoryCluster {
         &self,
         operation: String,
         f: impl FnOnce(&mut Snapshot) -> Result<(), String>,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<(), CallError> {
         let mut s = self.lock();
         if s.fail_next > 0 {
             s.fail_next -= 1;
-            return Err(ClusterError::Api { operation, message: "injected failure".into() });
+            return Err(CallError::Api { operation, message: "injected failure".into() });
         }
-        f(&mut s.snapshot).map_err(|message| ClusterError::Api { operation: operation.clone(), message })?;
+        f(&mut s.snapshot).map_err(|message| CallError::Api { operation: operation.clone(), message })?;
         s.writes.push(operation);
         Ok(())
     }
@@ -243,11 +228,11 @@ fn same_claim(stored: &ResourceClaim, claim: &ResourceClaim) -> bool {
 }
 
 impl ControllerCluster for InMemoryCluster {
-    async fn snapshot(&self) -> Result<Snapshot, ClusterError> {
+    async fn snapshot(&self) -> Result<Snapshot, CallError> {
         Ok(self.state())
     }
 
-    async fn apply_device_class(&self, class: &DeviceClass) -> Result<(), ClusterError> {
+    async fn apply_device_class(&self, class: &DeviceClass) -> Result<(), CallError> {
         let name = class.name_any();
         self.write(format!("apply DeviceClass {name}"), |s| {
             s.device_classes.retain(|c| c.name_any() != name);
@@ -255,13 +240,13 @@ impl ControllerCluster for InMemoryCluster {
         })
     }
 
-    async fn delete_device_class(&self, name: &str) -> Result<(), ClusterError> {
+    async fn delete_device_class(&self, name: &str) -> Result<(), CallError> {
         self.write(format!("delete DeviceClass {name}"), |s| {
             s.device_classes.retain(|c| c.name_any() != name)
         })
     }
 
-    async fn apply_class_status(&self, class: &str, status: &GPUClassStatus) -> Result<(), ClusterError> {
+    async fn apply_class_status(&self, class: &str, status: &GPUClassStatus) -> Result<(), CallError> {
         self.write(format!("status GPUClass {class}"), |s| {
             if let Some(c) = s.classes.iter_mut().find(|c| c.name_any() == class) {
                 c.status = Some(status.clone());
@@ -269,7 +254,7 @@ impl ControllerCluster for InMemoryCluster {
         })
     }
 
-    async fn apply_gpu_status(&self, gpu: &str, status: &GpuStatus) -> Result<(), ClusterError> {
+    async fn apply_gpu_status(&self, gpu: &str, status: &GpuStatus) -> Result<(), CallError> {
         self.write(format!("status PhysicalGPU {gpu}"), |s| {
             if let Some(g) = s.gpus.iter_mut().find(|g| g.name_any() == gpu) {
                 let st = g.status.get_or_insert_with(PhysicalGPUStatus::default);
@@ -281,7 +266,7 @@ impl ControllerCluster for InMemoryCluster {
             }
         })
     }
-    async fn list_pods(&self, namespace: &str, label_selector: &str) -> Result<Vec<Pod>, ClusterError> {
+    async fn list_pods(&self, namespace: &str, label_selector: &str) -> Result<Vec<Pod>, CallError> {
         let mut s = self.lock();
         s.pod_lists += 1;
         Ok(s.pods
@@ -295,7 +280,7 @@ impl ControllerCluster for InMemoryCluster {
         &self,
         claim: &ResourceClaim,
         owners: &[OwnerReference],
-    ) -> Result<(), ClusterError> {
+    ) -> Result<(), CallError> {
         let pods: Vec<&str> = owners.iter().map(|o| o.name.as_str()).collect();
         self.try_write(format!("owners ResourceClaim {}: Pod {}", key_of(claim), pods.join(",")), |s| {
             let Some(stored) = s.claims.iter_mut().find(|c| same_claim(c, claim)) else { return Ok(()) };
@@ -307,7 +292,7 @@ impl ControllerCluster for InMemoryCluster {
         })
     }
 
-    async fn delete_claim(&self, claim: &ResourceClaim) -> Result<(), ClusterError> {
+    async fn delete_claim(&self, claim: &ResourceClaim) -> Result<(), CallError> {
         self.try_write(format!("delete ResourceClaim {}", key_of(claim)), |s| {
             let Some(i) = s.claims.iter().position(|c| same_claim(c, claim)) else { return Ok(()) };
             let stored = &s.claims[i].metadata;
@@ -320,7 +305,7 @@ impl ControllerCluster for InMemoryCluster {
         })
     }
 
-    async fn delete_gpu(&self, gpu: &PhysicalGPU) -> Result<(), ClusterError> {
+    async fn delete_gpu(&self, gpu: &PhysicalGPU) -> Result<(), CallError> {
         let name = gpu.name_any();
         self.try_write(format!("delete PhysicalGPU {name}"), |s| {
             let Some(i) = s.gpus.iter().position(|g| g.name_any() == name) else { return Ok(()) };

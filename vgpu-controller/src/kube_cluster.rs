@@ -33,14 +33,12 @@ use tokio::sync::Notify;
 use tokio_stream::StreamExt;
 use vgpu_api::{GPUClass, GPUClassStatus, PhysicalGPU, api_resource_for_group};
 
+use vgpu_kube::error::CallError;
+
 use crate::FIELD_MANAGER;
-use crate::cluster::{ClusterError, ControllerCluster, Snapshot, key_of};
+use crate::cluster::{ControllerCluster, Snapshot, key_of};
 use crate::config::{ConfigError, ControllerConfig};
 use crate::occupancy::GpuStatus;
-
-fn api_error(operation: String, err: &kube::Error) -> ClusterError {
-    ClusterError::Api { operation, message: err.to_string() }
-}
 
 /// The caches' readers and the writers' client.
 #[derive(Clone)]
@@ -247,7 +245,7 @@ fn parse_all<K: Resource + DeserializeOwned>(store: &Store<DynamicObject>) -> Ve
 }
 
 impl ControllerCluster for KubeCluster {
-    async fn snapshot(&self) -> Result<Snapshot, ClusterError> {
+    async fn snapshot(&self) -> Result<Snapshot, CallError> {
         Ok(Snapshot {
             classes: self.classes(),
             gpus: self.gpus(),
@@ -258,10 +256,10 @@ impl ControllerCluster for KubeCluster {
         })
     }
 
-    async fn apply_device_class(&self, class: &DeviceClass) -> Result<(), ClusterError> {
+    async fn apply_device_class(&self, class: &DeviceClass) -> Result<(), CallError> {
         let name = class.name_any();
         let api: Api<DeviceClass> = Api::all(self.client.clone());
-        let mut body = serde_json::to_value(class).map_err(|e| ClusterError::Api {
+        let mut body = serde_json::to_value(class).map_err(|e| CallError::Api {
             operation: format!("encode DeviceClass {name}"),
             message: e.to_string(),
         })?;
@@ -270,19 +268,19 @@ impl ControllerCluster for KubeCluster {
         api.patch(&name, &Self::apply_params(), &Patch::Apply(&body))
             .await
             .map(drop)
-            .map_err(|e| api_error(format!("apply DeviceClass {name}"), &e))
+            .map_err(|e| CallError::from_kube(format!("apply DeviceClass {name}"), &e))
     }
 
-    async fn delete_device_class(&self, name: &str) -> Result<(), ClusterError> {
+    async fn delete_device_class(&self, name: &str) -> Result<(), CallError> {
         let api: Api<DeviceClass> = Api::all(self.client.clone());
         match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(api_error(format!("delete DeviceClass {name}"), &e)),
+            Err(e) => Err(CallError::from_kube(format!("delete DeviceClass {name}"), &e)),
         }
     }
 
-    async fn apply_class_status(&self, class: &str, status: &GPUClassStatus) -> Result<(), ClusterError> {
+    async fn apply_class_status(&self, class: &str, status: &GPUClassStatus) -> Result<(), CallError> {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &self.class_ar);
         let body = json!({
             "apiVersion": self.class_ar.api_version,
@@ -293,10 +291,10 @@ impl ControllerCluster for KubeCluster {
         api.patch_status(class, &Self::apply_params(), &Patch::Apply(&body))
             .await
             .map(drop)
-            .map_err(|e| api_error(format!("apply status of GPUClass {class}"), &e))
+            .map_err(|e| CallError::from_kube(format!("apply status of GPUClass {class}"), &e))
     }
 
-    async fn apply_gpu_status(&self, gpu: &str, status: &GpuStatus) -> Result<(), ClusterError> {
+    async fn apply_gpu_status(&self, gpu: &str, status: &GpuStatus) -> Result<(), CallError> {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &self.gpu_ar);
         // Fields left out are released: server-side apply removes what this manager applied before.
         let mut fields = json!({"state": status.state, "occupancy": status.occupancy});
@@ -315,21 +313,21 @@ impl ControllerCluster for KubeCluster {
         api.patch_status(gpu, &Self::apply_params(), &Patch::Apply(&body))
             .await
             .map(drop)
-            .map_err(|e| api_error(format!("apply status of PhysicalGPU {gpu}"), &e))
+            .map_err(|e| CallError::from_kube(format!("apply status of PhysicalGPU {gpu}"), &e))
     }
-    async fn list_pods(&self, namespace: &str, label_selector: &str) -> Result<Vec<Pod>, ClusterError> {
+    async fn list_pods(&self, namespace: &str, label_selector: &str) -> Result<Vec<Pod>, CallError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         api.list(&ListParams::default().labels(label_selector))
             .await
             .map(|l| l.items)
-            .map_err(|e| api_error(format!("list pods in {namespace} with {label_selector}"), &e))
+            .map_err(|e| CallError::from_kube(format!("list pods in {namespace} with {label_selector}"), &e))
     }
 
     async fn set_claim_owners(
         &self,
         claim: &ResourceClaim,
         owners: &[OwnerReference],
-    ) -> Result<(), ClusterError> {
+    ) -> Result<(), CallError> {
         let operation = || format!("set the owner of ResourceClaim {}", key_of(claim));
         let namespace = claim.namespace().unwrap_or_default();
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
@@ -337,15 +335,15 @@ impl ControllerCluster for KubeCluster {
             {"op": "test", "path": "/metadata/uid", "value": claim.metadata.uid},
             {"op": "add", "path": "/metadata/ownerReferences", "value": owners},
         ]))
-        .map_err(|e| ClusterError::Api { operation: operation(), message: e.to_string() })?;
+        .map_err(|e| CallError::Api { operation: operation(), message: e.to_string() })?;
         match api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch)).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(api_error(operation(), &e)),
+            Err(e) => Err(CallError::from_kube(operation(), &e)),
         }
     }
 
-    async fn delete_claim(&self, claim: &ResourceClaim) -> Result<(), ClusterError> {
+    async fn delete_claim(&self, claim: &ResourceClaim) -> Result<(), CallError> {
         let namespace = claim.namespace().unwrap_or_default();
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
         let params = DeleteParams {
@@ -358,11 +356,11 @@ impl ControllerCluster for KubeCluster {
         match api.delete(&claim.name_any(), &params).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(api_error(format!("delete ResourceClaim {}", key_of(claim)), &e)),
+            Err(e) => Err(CallError::from_kube(format!("delete ResourceClaim {}", key_of(claim)), &e)),
         }
     }
 
-    async fn delete_gpu(&self, gpu: &PhysicalGPU) -> Result<(), ClusterError> {
+    async fn delete_gpu(&self, gpu: &PhysicalGPU) -> Result<(), CallError> {
         let name = gpu.name_any();
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &self.gpu_ar);
         let params = DeleteParams {
@@ -372,7 +370,7 @@ impl ControllerCluster for KubeCluster {
         match api.delete(&name, &params).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(api_error(format!("delete PhysicalGPU {name}"), &e)),
+            Err(e) => Err(CallError::from_kube(format!("delete PhysicalGPU {name}"), &e)),
         }
     }
 }

@@ -39,9 +39,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt;
+use vgpu_api::pod::containers;
 use vgpu_api::{GPUClass, PhysicalGPU};
-use vgpu_webhook::mutate::containers;
-use vgpu_webhook::review::Denial;
+use vgpu_serve::admission::Denial;
 
 use crate::config::ControllerConfig;
 use crate::desired::MANAGED_BY;

@@ -22,8 +22,10 @@ use kube::ResourceExt;
 use tokio::sync::Notify;
 use vgpu_api::{GPUClassStatus, GpuState, PhysicalGPU, PhysicalGPUStatus};
 
+use vgpu_kube::error::CallError;
+
 use crate::claims::{self, ClaimAction};
-use crate::cluster::{ClusterError, ControllerCluster, Snapshot, key_of};
+use crate::cluster::{ControllerCluster, Snapshot, key_of};
 use crate::config::ControllerConfig;
 use crate::desired::{VALID_CONDITION, desired_classes};
 use crate::metrics::Metrics;
@@ -174,7 +176,7 @@ pub struct PassReport {
     /// Writes made.
     pub writes: usize,
     /// Writes (and pod lists) that failed.
-    pub failures: Vec<ClusterError>,
+    pub failures: Vec<CallError>,
     /// Run another pass after this long at the latest: a claim's grace ends then ([`claims::decide`]).
     pub requeue_after: Option<Duration>,
 }
@@ -209,7 +211,7 @@ impl<C: ControllerCluster> Reconciler<C> {
     }
 
     /// One pass: snapshot, plan, writes. `Err` when the snapshot cannot be read; failed writes are in the report.
-    pub async fn reconcile_once(&self) -> Result<PassReport, ClusterError> {
+    pub async fn reconcile_once(&self) -> Result<PassReport, CallError> {
         let snapshot = match self.cluster.snapshot().await {
             Ok(s) => s,
             Err(e) => {
@@ -219,7 +221,7 @@ impl<C: ControllerCluster> Reconciler<C> {
         };
         let plan = plan(&self.config, &snapshot);
         let mut report = PassReport::default();
-        let mut record = |kind: &'static str, result: Result<(), ClusterError>| match result {
+        let mut record = |kind: &'static str, result: Result<(), CallError>| match result {
             Ok(()) => {
                 report.writes += 1;
                 self.metrics.writes.get_or_create(&vec![("kind", kind.to_owned())]).inc();

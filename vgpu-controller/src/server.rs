@@ -13,7 +13,7 @@
 //! | `GET /version` | 200, [`VersionInfo`] as JSON |
 //! | `GET /metrics` | Prometheus text; with an [`Authorizer`] (`--enable-rbac`) only for a bearer token a TokenReview authenticates (else 401) and a SubjectAccessReview allows `get` on `/metrics` (else 403) — the kube-rbac-proxy contract, built in |
 //!
-//! Admission bodies are read under vgpu-webhook's cap ([`vgpu_webhook::server::MAX_BODY_BYTES`], 413 above)
+//! Admission bodies are read under the admission body cap ([`vgpu_serve::admission::MAX_BODY_BYTES`], 413 above)
 //! and the request deadline (408); a body that is not an AdmissionReview gets 400 with the reason.
 
 use std::future::Future;
@@ -29,13 +29,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use vgpu_kube::claims::ClusterApi;
+use vgpu_serve::admission::{MAX_BODY_BYTES, answer};
 use vgpu_serve::authz::{Authorizer, NonResourceRequest};
 use vgpu_serve::http::{
     HEALTHZ_PATH, HttpTimeouts, METRICS_PATH, READYZ_PATH, RequestStart, VERSION_PATH, VersionInfo, read_body,
 };
 use vgpu_serve::tls::{TlsError, TlsFiles};
-use vgpu_webhook::api::ClusterApi;
-use vgpu_webhook::server::{MAX_BODY_BYTES, answer};
 
 use crate::admission::{
     Admission, Inventory, MUTATE_PODS_PATH, VALIDATE_CLAIMS_PATH, VALIDATE_CLASSES_PATH,

@@ -41,10 +41,10 @@ use vgpu_controller::config::ControllerConfig;
 use vgpu_controller::fixture;
 use vgpu_controller::metrics::Metrics;
 use vgpu_controller::server::{self, ControllerServer};
+use vgpu_kube::claims::MemoryApi;
 use vgpu_serve::authz::{Authorizer, MemoryReviewer, UserInfo};
 use vgpu_serve::http::HttpTimeouts;
 use vgpu_serve::tls::TlsFiles;
-use vgpu_webhook::api::MemoryApi;
 
 fn review(
     kind: (&str, &str, &str),
@@ -219,11 +219,11 @@ async fn routes_over_https() {
     assert_eq!(
         claims[0].metadata.name.as_deref(),
         Some(
-            vgpu_webhook::names::safe_resource_name(&[
+            vgpu_api::names::safe_resource_name(&[
                 "web",
                 "main",
                 "a100-shared",
-                &vgpu_webhook::names::short_hash("u-1", vgpu_controller::admission::ADMISSION_ID_LENGTH)
+                &vgpu_api::names::short_hash("u-1", vgpu_controller::admission::ADMISSION_ID_LENGTH)
             ])
             .as_str()
         )
@@ -231,7 +231,7 @@ async fn routes_over_https() {
     // The claim carries the admission id (the pod's label of the same value is checked in admission.rs).
     assert_eq!(
         claims[0].metadata.labels.as_ref().unwrap()["gpu.deckhouse.io/admission-id"],
-        vgpu_webhook::names::short_hash("u-1", vgpu_controller::admission::ADMISSION_ID_LENGTH)
+        vgpu_api::names::short_hash("u-1", vgpu_controller::admission::ADMISSION_ID_LENGTH)
     );
 
     // Pod validation: an unconverted GPUClass request, and a claim the mutation made for another pod.

@@ -13,6 +13,7 @@
 //! | [`codec`] | byte-exact codecs for `node-device-register`, `node-config-info`, `pre-allocated`/`real-allocated` and the include/exclude GPU lists |
 //! | [`node_config`] | the device plugin's per-node config file (JSONC or YAML) and the effective [`NodeSettings`](node_config::NodeSettings) |
 //! | [`backend`] | the vendor-neutral [`DeviceBackend`](backend::DeviceBackend) seam (devices, memory, links, health, processes, MIG) and the mock backend |
+//! | [`cdi`] | the CDI spec model, field for field as the CDI specification, and its validation rules ([`validate`](cdi::validate)) |
 //! | [`discovery`] | vendor-neutral GPU scan of sysfs, `pci.ids` naming, vendor table, bare-metal detection |
 //! | [`alloc`] | vGPU allocation: pod request model, per-node placement (filters, policies, NUMA/link topology), reason codes, node ordering and scores |
 //! | [`dra`] | the DRA wire names (driver, CDI kind, capacity and attribute names) the plugin, the webhook and the monitor share |
@@ -56,6 +57,7 @@
 pub mod abi;
 pub mod alloc;
 pub mod backend;
+pub mod cdi;
 pub mod clock;
 pub mod codec;
 pub mod discovery;

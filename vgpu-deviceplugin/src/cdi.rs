@@ -11,7 +11,7 @@
 //!   (`k8s.device-plugin.nvidia.com/gpu=GPU-aaa,k8s.device-plugin.nvidia.com/gpu=GPU-bbb`), then the IMEX
 //!   channels (`k8s.device-plugin.nvidia.com/imex-channel=<id>`).
 //!
-//! The node specs under `--cdi-root` ([`Spec`], typed): one file per kind, named by [`spec_file`] — the
+//! The node specs under `--cdi-root` ([`vgpu_core::cdi::Spec`], typed): one file per kind, named by [`spec_file`] — the
 //! GPUs' kind from the vendor adapter (NVIDIA `k8s.device-plugin.nvidia.com/gpu`, MetaX
 //! `k8s.device-plugin.metax-tech.com/gpu`) and, with IMEX channels, [`IMEX_CHANNEL_KIND`].
 //!
@@ -23,6 +23,8 @@
 //! assert_eq!(value, "k8s.device-plugin.nvidia.com/gpu=GPU-a");
 //! # Ok::<(), vgpu_deviceplugin::cdi::CdiError>(())
 //! ```
+
+use vgpu_core::cdi::{ContainerEdits, Device, DeviceNode, SPEC_VERSION, Spec};
 
 /// CDI kind (`vendor/class`) of the NVIDIA GPUs the device plugin hands out (the vendor's adapter names
 /// the kind in use: [`vgpu_core::backend::VendorAdapter::cdi_kind`]).
@@ -36,8 +38,6 @@ pub const MIG_PLUGIN_NAME: &str = "vgpu-mig-plugin";
 /// Longest name part (`<plugin-name>_<id>`) of an annotation key.
 pub const MAX_NAME_LEN: usize = 63;
 
-/// CDI spec version written by [`node_spec`].
-pub const SPEC_VERSION: &str = "0.5.0";
 /// File name of the NVIDIA GPUs' spec under the CDI root ([`spec_file`] of [`GPU_KIND`]).
 pub const SPEC_FILE: &str = "k8s.device-plugin.nvidia.com-gpu.json";
 
@@ -55,62 +55,6 @@ pub struct SpecDevice {
     pub nodes: Vec<String>,
 }
 
-/// A CDI spec as written to the CDI root (the subset of the CDI specification this plugin fills).
-///
-/// Fields are declared in the order the bytes are written (alphabetical, as the earlier `json!` form
-/// wrote them), so the files stay byte-identical.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Spec {
-    /// `cdiVersion`: [`SPEC_VERSION`].
-    pub cdi_version: String,
-    /// Edits applied whenever any device of the spec is used (the control nodes).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container_edits: Option<ContainerEdits>,
-    /// The devices.
-    pub devices: Vec<Device>,
-    /// `vendor/class`.
-    pub kind: String,
-}
-
-/// One device of a [`Spec`].
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Device {
-    /// What the device adds to a container.
-    pub container_edits: ContainerEdits,
-    /// The name after `=` in the qualified device name.
-    pub name: String,
-}
-
-/// Container edits of a [`Spec`] or [`Device`] (device nodes only: no env, mounts or hooks).
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ContainerEdits {
-    /// Device nodes.
-    pub device_nodes: Vec<DeviceNode>,
-}
-
-/// A device node of [`ContainerEdits`].
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeviceNode {
-    /// Path on the host.
-    pub host_path: String,
-    /// Path in the container.
-    pub path: String,
-}
-
-impl DeviceNode {
-    /// The node at container path `path`, found on the host under `host_driver_root`.
-    pub fn under(path: &str, host_driver_root: &std::path::Path) -> Self {
-        Self {
-            host_path: host_driver_root.join(path.trim_start_matches('/')).display().to_string(),
-            path: path.to_owned(),
-        }
-    }
-}
-
 /// The node's CDI spec of `kind`: one device per GPU / MIG instance with its device nodes, and the control
 /// nodes in the spec-wide edits. Host paths are under `host_driver_root`.
 ///
@@ -124,17 +68,16 @@ pub fn node_spec(
 ) -> Spec {
     let nodes =
         |paths: &[String]| paths.iter().map(|p| DeviceNode::under(p, host_driver_root)).collect::<Vec<_>>();
+    let edits = |paths: &[String]| ContainerEdits { device_nodes: nodes(paths), ..ContainerEdits::default() };
     Spec {
         cdi_version: SPEC_VERSION.to_owned(),
-        container_edits: Some(ContainerEdits { device_nodes: nodes(control_nodes) }),
+        kind: kind.to_owned(),
         devices: devices
             .iter()
-            .map(|d| Device {
-                container_edits: ContainerEdits { device_nodes: nodes(&d.nodes) },
-                name: d.name.clone(),
-            })
+            .map(|d| Device { name: d.name.clone(), container_edits: edits(&d.nodes), ..Device::default() })
             .collect(),
-        kind: kind.to_owned(),
+        container_edits: edits(control_nodes),
+        ..Spec::default()
     }
 }
 
@@ -143,20 +86,22 @@ pub fn node_spec(
 pub fn imex_spec(channels: &[u32], host_driver_root: &std::path::Path) -> Spec {
     Spec {
         cdi_version: SPEC_VERSION.to_owned(),
-        container_edits: None,
+        kind: IMEX_CHANNEL_KIND.to_owned(),
         devices: channels
             .iter()
             .map(|id| Device {
+                name: id.to_string(),
                 container_edits: ContainerEdits {
                     device_nodes: vec![DeviceNode::under(
                         &crate::config::imex_channel_node(*id),
                         host_driver_root,
                     )],
+                    ..ContainerEdits::default()
                 },
-                name: id.to_string(),
+                ..Device::default()
             })
             .collect(),
-        kind: IMEX_CHANNEL_KIND.to_owned(),
+        ..Spec::default()
     }
 }
 
@@ -299,24 +244,26 @@ mod tests {
     }
 
     #[test]
-    fn typed_spec_writes_the_bytes_of_the_former_json_form() {
+    fn node_spec_is_the_cdi_document_with_the_former_contents() {
         let devices = vec![
             SpecDevice { name: "GPU-a".into(), nodes: vec!["/dev/nvidia3".into()] },
             SpecDevice { name: "GPU-b".into(), nodes: vec![] },
         ];
         let root = std::path::Path::new("/run/nvidia/driver");
         let node = |p: &str| serde_json::json!({"path": p, "hostPath": format!("/run/nvidia/driver{p}")});
+        // What the former node-spec writer wrote, but for the CDI specification's `omitempty`: an empty
+        // `deviceNodes` list is left out (CDI readers take both the same).
         let former = serde_json::json!({
             "cdiVersion": "0.5.0",
             "kind": GPU_KIND,
             "devices": [
                 {"name": "GPU-a", "containerEdits": {"deviceNodes": [node("/dev/nvidia3")]}},
-                {"name": "GPU-b", "containerEdits": {"deviceNodes": []}},
+                {"name": "GPU-b", "containerEdits": {}},
             ],
             "containerEdits": {"deviceNodes": [node("/dev/nvidiactl")]},
         });
         let typed = node_spec(GPU_KIND, &devices, &["/dev/nvidiactl".into()], root);
-        assert_eq!(serde_json::to_vec_pretty(&typed).unwrap(), serde_json::to_vec_pretty(&former).unwrap());
+        assert_eq!(serde_json::to_value(&typed).unwrap(), former);
         assert_eq!(spec_file(GPU_KIND), SPEC_FILE);
         let back: Spec = serde_json::from_value(former).unwrap();
         assert_eq!(back, typed);

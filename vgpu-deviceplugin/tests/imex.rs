@@ -176,20 +176,21 @@ fn node_cdi_specs_hold_the_gpus_and_the_channels() {
         text,
         r#"{
   "cdiVersion": "0.5.0",
+  "kind": "k8s.device-plugin.nvidia.com/imex-channel",
   "devices": [
     {
+      "name": "5",
       "containerEdits": {
         "deviceNodes": [
           {
-            "hostPath": "/dev/nvidia-caps-imex-channels/channel5",
-            "path": "/dev/nvidia-caps-imex-channels/channel5"
+            "path": "/dev/nvidia-caps-imex-channels/channel5",
+            "hostPath": "/dev/nvidia-caps-imex-channels/channel5"
           }
         ]
-      },
-      "name": "5"
+      }
     }
   ],
-  "kind": "k8s.device-plugin.nvidia.com/imex-channel"
+  "containerEdits": {}
 }"#
     );
 }

@@ -34,7 +34,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::cdi::{ContainerEdits, DeviceNode};
+use vgpu_core::cdi::{ContainerEdits, DeviceNode};
 
 /// The character device name of IMEX channels in `/proc/devices`.
 pub const CHANNELS_DEVICE_NAME: &str = "nvidia-caps-imex-channels";

@@ -45,12 +45,12 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    cdi::{ContainerEdits, Mount},
     devices::AllocatableDevices,
     health::HealthSnapshot,
     modes::{ClaimContext, ClaimMode, ModeEdits, ModeError, decode, encode},
     slices::{SliceConfig, build_device},
 };
+use vgpu_core::cdi::{ContainerEdits, Mount};
 
 /// The mode's name in recorded actions.
 pub const MODE: &str = "deviceMetadata";

@@ -74,13 +74,13 @@ use vgpu_core::backend::{
 };
 
 use crate::{
-    cdi::{ContainerEdits, DeviceNode},
     devices::{
         AllocatableDevice, AllocatableDevices, Amount, CounterConsumption, CounterSet, DeviceCapacity,
         DeviceError, DeviceExtras, DeviceType, ExtraAttribute, GpuInfo, MIB,
     },
     modes::{ClaimContext, ClaimMode, ModeEdits, ModeError, decode, encode},
 };
+use vgpu_core::cdi::{ContainerEdits, DeviceNode};
 
 /// The mode's name in the checkpoint's host actions.
 pub const MODE: &str = "mig";
@@ -543,6 +543,7 @@ impl ClaimMode for MigMode {
             ],
             device_nodes: nodes,
             mounts: Vec::new(),
+            ..ContainerEdits::default()
         };
         let mut out = ModeEdits::default();
         out.devices.insert(action.cdi_name.clone(), edits);

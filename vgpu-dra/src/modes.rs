@@ -56,7 +56,8 @@ use std::{collections::BTreeMap, fmt};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 
-use crate::{cdi::ContainerEdits, claims::ClaimRef, config::DriverConfig, devices::AllocatableDevice};
+use crate::{claims::ClaimRef, config::DriverConfig, devices::AllocatableDevice};
+use vgpu_core::cdi::ContainerEdits;
 
 /// One host action of a claim as the checkpoint records it (`hostActions` of the claim's entry).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,7 +219,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::cdi::Mount;
+    use vgpu_core::cdi::Mount;
 
     #[test]
     fn merging_appends_in_order() {

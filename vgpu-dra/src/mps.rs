@@ -43,13 +43,13 @@ use serde::{Deserialize, Serialize};
 use vgpu_core::backend::{ComputeMode, DeviceBackend};
 
 use crate::{
-    cdi::Mount,
     checkpoint::{Checkpoint, ClaimState},
     config::DriverConfig,
     devices::DeviceType,
     modes::{self, ClaimContext, ClaimMode, ModeEdits, ModeError},
     opaque::{self, MpsConfig, Sharing},
 };
+use vgpu_core::cdi::Mount;
 
 const MODE: &str = "mps";
 /// Where the pipe directory is mounted in containers.

@@ -53,7 +53,6 @@ use vgpu_nri::{
 };
 
 use crate::{
-    cdi,
     checkpoint::ClaimState,
     client_mode::{RegisterResolver, RegisterTable, RegisterTarget},
     state::DeviceState,
@@ -336,7 +335,7 @@ pub fn plugin(hook: NriHook, config: &NriConfig) -> Result<Plugin<NriHook>, Plug
     Plugin::new(PluginConfig::new(&config.root, config.index.clone()), Arc::new(hook))
 }
 
-fn nri_mount(m: cdi::Mount) -> Mount {
+fn nri_mount(m: vgpu_core::cdi::Mount) -> Mount {
     Mount {
         destination: m.container_path,
         type_: "bind".to_owned(),

@@ -276,18 +276,18 @@ pub const GUARD_SOURCE: &str = "no-partition--the-NRI-hook-did-not-run";
 /// `<host claim dir>/`[`GUARD_SOURCE`] (which never exists, so runc fails the container's creation and the
 /// kubelet retries it) on `/etc/vgpu-manager/config`, the path of the hook's own partition mount, which
 /// replaces it (NRI removes a spec mount whose destination an adjustment mounts).
-pub fn guard_mount(host_claim: &Path) -> crate::cdi::Mount {
-    crate::cdi::Mount::bind(crate::cdi::CONTAINER_CONFIG_DIR, &host_claim.join(GUARD_SOURCE), true)
+pub fn guard_mount(host_claim: &Path) -> vgpu_core::cdi::Mount {
+    vgpu_core::cdi::Mount::bind(crate::cdi::CONTAINER_CONFIG_DIR, &host_claim.join(GUARD_SOURCE), true)
 }
 
 /// The bind mounts of a partition whose host directory is `host` (as the CDI partition mounts).
-pub fn partition_mounts(host: &Path) -> Vec<crate::cdi::Mount> {
+pub fn partition_mounts(host: &Path) -> Vec<vgpu_core::cdi::Mount> {
     vec![
-        crate::cdi::Mount::bind(crate::cdi::CONTAINER_CONFIG_DIR, &host.join("config"), false),
-        crate::cdi::Mount::bind("/tmp/.vgpu_lock", &host.join("vgpu_lock"), false),
-        crate::cdi::Mount::bind("/tmp/.vmem_node", &host.join("vmem_node"), false),
-        crate::cdi::Mount::bind("/tmp/.sm_node", &host.join("sm_node"), false),
-        crate::cdi::Mount::bind(
+        vgpu_core::cdi::Mount::bind(crate::cdi::CONTAINER_CONFIG_DIR, &host.join("config"), false),
+        vgpu_core::cdi::Mount::bind("/tmp/.vgpu_lock", &host.join("vgpu_lock"), false),
+        vgpu_core::cdi::Mount::bind("/tmp/.vmem_node", &host.join("vmem_node"), false),
+        vgpu_core::cdi::Mount::bind("/tmp/.sm_node", &host.join("sm_node"), false),
+        vgpu_core::cdi::Mount::bind(
             &format!("{}/pids.config", crate::cdi::CONTAINER_CONFIG_DIR),
             &host.join("config").join("pids.config"),
             true,

@@ -20,7 +20,7 @@
 //! | 3 | read the ResourceClaim (API), check UID, allocation, pool, the sharing rule; resolve devices and limits; reject devices prepared for another claim; with vGPU devices, check the runtime files their mounts name ([`runtime_files::check`]) — no side effect yet | remove the CDI spec (NotFound is fine) |
 //! | 4 | write `PrepareStarted` with the paths it will create and the planned devices | remove `<manager>/claims/<uid>` (NotFound is fine) |
 //! | 5 | create `<manager>/claims/<uid>/<partition>/{config,vgpu_lock,vmem_node,sm_node}`, `config/pids.config` (partition keys: [`crate::partition`], from the consumer pods read in step 3) | drop the entry, write the checkpoint |
-//! | 6 | write the CDI spec atomically (checked against the CDI rules first: [`cdi::validate`]) | client mode: remove the claim's `<driver>/<uuid>` annotations (best effort) |
+//! | 6 | write the CDI spec atomically (checked against the CDI rules first: [`vgpu_core::cdi::validate`]) | client mode: remove the claim's `<driver>/<uuid>` annotations (best effort) |
 //! | 6a | client mode (gate `DevicePluginClientMode`): annotate the claim `<driver>/<uuid>: <partition>` (UUIDs minted in step 3, recorded in step 4) | |
 //! | 7 | write `PrepareCompleted` with the devices; a failure in 5–7 rolls the claim back and fails only its entry | |
 //!

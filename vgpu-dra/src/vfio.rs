@@ -90,7 +90,6 @@ use serde::{Deserialize, Serialize};
 use vgpu_core::model::{ComputeCapability, Vendor};
 
 use crate::{
-    cdi::{ContainerEdits, DeviceNode},
     checkpoint::Checkpoint,
     devices::{
         AllocatableDevice, AllocatableDevices, Amount, DeviceCapacity, DeviceExtras, DeviceType,
@@ -98,6 +97,7 @@ use crate::{
     },
     modes::{ClaimContext, ClaimMode, ModeEdits, ModeError, decode, encode},
 };
+use vgpu_core::cdi::{ContainerEdits, DeviceNode};
 
 /// The mode's name in recorded actions.
 pub const MODE: &str = "vfio";
@@ -674,7 +674,7 @@ impl VfioMode {
     fn edits(&self, ctx: &ClaimContext<'_>, action: &VfioAction) -> ModeEdits {
         let roots = &self.config.roots;
         let iommufd = roots.dev_iommu().exists();
-        let node = |path: String| DeviceNode { host_path: path.clone(), path };
+        let node = |path: String| DeviceNode::new(path.clone(), path);
         let mut device = ContainerEdits::default();
         device.device_nodes.push(node(format!("/dev/vfio/{}", action.iommu_group)));
         if iommufd {

@@ -28,7 +28,6 @@ use vgpu_deviceplugin::{
 };
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
-    cdi,
     claims::{ClaimSource, allocated, allocation_result, claim},
     client_mode::RegisterResolver,
     partition::{ContainerRef, Kind, group_key, single_key},
@@ -106,11 +105,11 @@ fn with_gate(gate: bool) -> TestNode {
     node
 }
 
-fn spec(node: &TestNode, uid: &str) -> cdi::Spec {
+fn spec(node: &TestNode, uid: &str) -> vgpu_core::cdi::Spec {
     serde_json::from_slice(&std::fs::read(node.config.cdi_spec_path(uid)).unwrap()).unwrap()
 }
 
-fn env_of(spec: &cdi::Spec) -> Vec<&str> {
+fn env_of(spec: &vgpu_core::cdi::Spec) -> Vec<&str> {
     spec.container_edits
         .env
         .iter()
@@ -119,7 +118,7 @@ fn env_of(spec: &cdi::Spec) -> Vec<&str> {
         .collect()
 }
 
-fn mounts_of(spec: &cdi::Spec) -> Vec<(&str, &str)> {
+fn mounts_of(spec: &vgpu_core::cdi::Spec) -> Vec<(&str, &str)> {
     spec.container_edits
         .mounts
         .iter()
@@ -180,7 +179,7 @@ async fn a_register_uuid_of_a_prepared_claim_writes_its_partitions_pids() {
     let annotated = node.claims.get("ns", "c1").await.unwrap().unwrap().metadata.annotations.unwrap();
     assert_eq!(annotated.get(&format!("{DRIVER}/{uuid}")), Some(&key));
     let spec = spec(&node, "u1");
-    assert_eq!(cdi::validate(&spec), Ok(()));
+    assert_eq!(vgpu_core::cdi::validate(&spec), Ok(()));
     assert!(!spec.container_edits.env.iter().any(|e| e.starts_with("MANAGER_CLIENT_REGISTER_UUID=")));
     assert!(spec.devices[0].container_edits.env.contains(&format!("MANAGER_CLIENT_REGISTER_UUID={uuid}")));
     let mounts = mounts_of(&spec);

@@ -11,9 +11,9 @@ mod support;
 use std::sync::Arc;
 
 use vgpu_core::backend::mock::MockBackend;
+use vgpu_core::cdi::Spec;
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
-    cdi::Spec,
     claims::{ClaimSource, InMemoryClaims, allocated, allocation_result, claim},
     config::DriverConfig,
     devices::{AllocatableDevices, DeviceConfig},

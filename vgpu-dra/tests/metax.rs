@@ -16,7 +16,6 @@ use support::{DRIVER, NODE, TestNode};
 use vgpu_core::backend::{MetaxAdapter, mock::MockBackend};
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
-    cdi,
     claims::{allocated, allocation_result, claim},
     devices::{AllocatableDevices, DeviceConfig, DeviceType},
     health::HealthSnapshot,
@@ -95,11 +94,11 @@ async fn prepare_writes_the_metax_adapters_cdi_edits() {
     let devices = results["u1"].as_ref().unwrap();
     assert_eq!(devices.len(), 1);
     assert_eq!((devices[0].device_name.as_str(), devices[0].uuid.as_str()), ("gpu-1", "MX-1"));
-    let spec: cdi::Spec =
+    let spec: vgpu_core::cdi::Spec =
         serde_json::from_slice(&std::fs::read(node.config.cdi_spec_path("u1")).unwrap()).unwrap();
-    assert_eq!(cdi::validate(&spec), Ok(()));
+    assert_eq!(vgpu_core::cdi::validate(&spec), Ok(()));
     let host = &node.config.host_driver_root;
-    let node_paths = |edits: &cdi::ContainerEdits| -> Vec<(String, String)> {
+    let node_paths = |edits: &vgpu_core::cdi::ContainerEdits| -> Vec<(String, String)> {
         edits.device_nodes.iter().map(|n| (n.path.clone(), n.host_path.clone())).collect()
     };
     let under = |p: &str| host.join(p.trim_start_matches('/')).display().to_string();

@@ -16,9 +16,9 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use support::{DRIVER, NODE, TestNode};
+use vgpu_core::cdi::Spec;
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
-    cdi::Spec,
     checkpoint::ClaimState,
     claims::{allocated, allocation_result, claim},
     modes::{ClaimContext, ClaimMode, ModeEdits, ModeError, decode, encode},

@@ -17,7 +17,7 @@ use vgpu_core::{
     backend::{DeviceBackend, mock::MockBackend},
 };
 use vgpu_dra::claims::ClaimRef;
-use vgpu_dra::{cdi, driver::Driver};
+use vgpu_dra::driver::Driver;
 use vgpu_gates::DraGate;
 
 const MOCK: &str = "\
@@ -40,7 +40,7 @@ fn node(gate: bool) -> TestNode {
     node
 }
 
-fn spec(node: &TestNode) -> cdi::Spec {
+fn spec(node: &TestNode) -> vgpu_core::cdi::Spec {
     serde_json::from_slice(&std::fs::read(node.config.cdi_spec_path("u1")).unwrap()).unwrap()
 }
 

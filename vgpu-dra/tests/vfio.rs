@@ -12,9 +12,9 @@ mod support;
 use std::sync::{Arc, atomic::Ordering};
 
 use vgpu_core::backend::mock::MockBackend;
+use vgpu_core::cdi::Spec;
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
-    cdi::Spec,
     checkpoint::ClaimState,
     claims::{ClaimSource, InMemoryClaims, allocated, allocation_result, claim},
     config::DriverConfig,
@@ -129,7 +129,7 @@ impl Node {
     }
 }
 
-fn node_paths(edits: &vgpu_dra::cdi::ContainerEdits) -> Vec<&str> {
+fn node_paths(edits: &vgpu_core::cdi::ContainerEdits) -> Vec<&str> {
     edits.device_nodes.iter().map(|n| n.path.as_str()).collect()
 }
 

@@ -7,6 +7,9 @@
 //! | 409 | [`ClusterError::Conflict`] | yes |
 //! | 408, 429, 5xx; a transport error | [`ClusterError::Unavailable`] | yes |
 //! | anything else | [`ClusterError::Other`] | no |
+//!
+//! [`CallError`] is the unclassified form (what was attempted and the message), for callers that only report
+//! or count failures and retry everything on their next pass (the node agent, the GPU module controller).
 
 /// A failed API call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,5 +52,40 @@ pub fn cluster_error(operation: &str, object: &str, err: &kube::Error) -> Cluste
             ClusterError::Unavailable(format!("{operation} {object}: {err}"))
         }
         _ => ClusterError::Other(format!("{operation} {object}: {err}")),
+    }
+}
+
+/// A failed API call, unclassified: what was attempted and the client's or server's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The API server answered with an error or could not be reached.
+    #[error("{operation}: {message}")]
+    Api {
+        /// What was attempted (`apply DeviceClass a100-shared.gpu.deckhouse.io`).
+        operation: String,
+        /// The client's or server's message.
+        message: String,
+    },
+}
+
+impl CallError {
+    /// The failure of `operation` with `err`'s message.
+    pub fn from_kube(operation: String, err: &kube::Error) -> Self {
+        Self::Api { operation, message: err.to_string() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_error_names_the_operation() {
+        let e = CallError::from_kube("get Node n1".into(), &kube::Error::LinesCodecMaxLineLengthExceeded);
+        assert!(e.to_string().starts_with("get Node n1: "), "{e}");
+        let status = kube::core::Status::failure("nope", "Conflict").with_code(409);
+        let c = cluster_error("patch", "pod ns/p", &kube::Error::Api(Box::new(status)));
+        assert!(matches!(c, ClusterError::Conflict(_)) && c.is_retriable());
     }
 }

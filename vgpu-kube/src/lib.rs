@@ -3,6 +3,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
+//! | [`claims`] | [`claims::ClusterApi`]: what admission routes read and write (ResourceClaims, templates, DeviceClasses, pods) over a `kube::Client` ([`claims::KubeApi`]) or in memory ([`claims::MemoryApi`]) |
 //! | [`client`] | [`ClientOptions`]: configuration from the flags (kubeconfig, in-cluster, `--master`) and the client behind the token bucket |
 //! | [`error`] | [`error::ClusterError`]: an API call's failure classified by what the caller does next (retry or not), mapped from a [`kube::Error`] |
 //! | [`rate_limit`] | [`rate_limit::TokenBucket`] (client-go's token bucket) and the `tower` layer that applies it to every request |
@@ -49,6 +50,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod claims;
 pub mod client;
 pub mod error;
 pub mod rate_limit;

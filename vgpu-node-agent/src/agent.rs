@@ -24,9 +24,10 @@ use std::{
 };
 
 use vgpu_core::discovery::{DiscoveryConfig, DiscoveryError, discover, pci_ids::DEFAULT_PCI_IDS_PATHS};
+use vgpu_kube::error::CallError;
 
 use crate::{
-    cluster::{AgentCluster, ClusterError, GpuObject},
+    cluster::{AgentCluster, GpuObject},
     desired, vendors,
     vendors::VendorsError,
 };
@@ -120,14 +121,14 @@ pub enum AgentError {
     ScanTask(String),
     /// A read the scan depends on failed.
     #[error(transparent)]
-    Cluster(#[from] ClusterError),
+    Cluster(#[from] CallError),
     /// Some writes failed (the others were made); the next scan retries them.
     #[error("{count} write(s) failed, first: {first}")]
     Writes {
         /// How many failed.
         count: usize,
         /// The first failure.
-        first: ClusterError,
+        first: CallError,
     },
 }
 

@@ -14,20 +14,7 @@ use std::{
 };
 
 use vgpu_api::{PhysicalGPUSpec, PhysicalGPUStatus};
-
-/// A failed API call.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ClusterError {
-    /// The API server answered with an error or could not be reached.
-    #[error("{operation}: {message}")]
-    Api {
-        /// What was attempted (`apply PhysicalGPU w1-nvidia-20b0-0000-3b-00-0`).
-        operation: String,
-        /// The client's or server's message.
-        message: String,
-    },
-}
+use vgpu_kube::error::CallError;
 
 /// One PhysicalGPU as the agent writes it: name, labels, spec, and the status fields it owns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,30 +35,30 @@ pub trait AgentCluster: Send + Sync + 'static {
     fn node_labels(
         &self,
         node: &str,
-    ) -> impl Future<Output = Result<Option<BTreeMap<String, String>>, ClusterError>> + Send;
+    ) -> impl Future<Output = Result<Option<BTreeMap<String, String>>, CallError>> + Send;
 
     /// A ConfigMap's `data`; `None` when it does not exist.
     fn config_map_data(
         &self,
         namespace: &str,
         name: &str,
-    ) -> impl Future<Output = Result<Option<BTreeMap<String, String>>, ClusterError>> + Send;
+    ) -> impl Future<Output = Result<Option<BTreeMap<String, String>>, CallError>> + Send;
 
     /// Names of the PhysicalGPUs with `spec.nodeName == node`.
-    fn list_gpus(&self, node: &str) -> impl Future<Output = Result<Vec<String>, ClusterError>> + Send;
+    fn list_gpus(&self, node: &str) -> impl Future<Output = Result<Vec<String>, CallError>> + Send;
 
     /// Applies a PhysicalGPU's labels and spec, then its status (`/status`), with the agent's field manager.
-    fn apply_gpu(&self, gpu: &GpuObject) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    fn apply_gpu(&self, gpu: &GpuObject) -> impl Future<Output = Result<(), CallError>> + Send;
 
     /// Deletes a PhysicalGPU; one that is already gone is not an error.
-    fn delete_gpu(&self, name: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    fn delete_gpu(&self, name: &str) -> impl Future<Output = Result<(), CallError>> + Send;
 
     /// Applies the node labels the agent owns; labels it owned before and leaves out are removed.
     fn apply_node_labels(
         &self,
         node: &str,
         labels: &BTreeMap<String, String>,
-    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    ) -> impl Future<Output = Result<(), CallError>> + Send;
 }
 
 // === impl InMemoryCluster ===
@@ -151,11 +138,11 @@ impl InMemoryCluster {
         self.lock().fail_writes = count;
     }
 
-    fn check(&self, operation: &str) -> Result<std::sync::MutexGuard<'_, State>, ClusterError> {
+    fn check(&self, operation: &str) -> Result<std::sync::MutexGuard<'_, State>, CallError> {
         let mut state = self.lock();
         if state.fail_next > 0 {
             state.fail_next -= 1;
-            return Err(ClusterError::Api {
+            return Err(CallError::Api {
                 operation: operation.to_owned(),
                 message: "injected failure".into(),
             });
@@ -163,11 +150,11 @@ impl InMemoryCluster {
         Ok(state)
     }
 
-    fn check_write(&self, operation: &str) -> Result<std::sync::MutexGuard<'_, State>, ClusterError> {
+    fn check_write(&self, operation: &str) -> Result<std::sync::MutexGuard<'_, State>, CallError> {
         let mut state = self.check(operation)?;
         if state.fail_writes > 0 {
             state.fail_writes -= 1;
-            return Err(ClusterError::Api {
+            return Err(CallError::Api {
                 operation: operation.to_owned(),
                 message: "injected failure".into(),
             });
@@ -177,7 +164,7 @@ impl InMemoryCluster {
 }
 
 impl AgentCluster for InMemoryCluster {
-    async fn node_labels(&self, node: &str) -> Result<Option<BTreeMap<String, String>>, ClusterError> {
+    async fn node_labels(&self, node: &str) -> Result<Option<BTreeMap<String, String>>, CallError> {
         Ok(self.check(&format!("get Node {node}"))?.nodes.get(node).cloned())
     }
 
@@ -185,24 +172,24 @@ impl AgentCluster for InMemoryCluster {
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, ClusterError> {
+    ) -> Result<Option<BTreeMap<String, String>>, CallError> {
         let state = self.check(&format!("get ConfigMap {namespace}/{name}"))?;
         Ok(state.config_maps.get(&format!("{namespace}/{name}")).cloned())
     }
 
-    async fn list_gpus(&self, node: &str) -> Result<Vec<String>, ClusterError> {
+    async fn list_gpus(&self, node: &str) -> Result<Vec<String>, CallError> {
         let state = self.check("list PhysicalGPUs")?;
         Ok(state.gpus.values().filter(|g| g.spec.node_name == node).map(|g| g.name.clone()).collect())
     }
 
-    async fn apply_gpu(&self, gpu: &GpuObject) -> Result<(), ClusterError> {
+    async fn apply_gpu(&self, gpu: &GpuObject) -> Result<(), CallError> {
         let mut state = self.check_write(&format!("apply PhysicalGPU {}", gpu.name))?;
         state.calls.push(format!("apply {}", gpu.name));
         state.gpus.insert(gpu.name.clone(), gpu.clone());
         Ok(())
     }
 
-    async fn delete_gpu(&self, name: &str) -> Result<(), ClusterError> {
+    async fn delete_gpu(&self, name: &str) -> Result<(), CallError> {
         let mut state = self.check_write(&format!("delete PhysicalGPU {name}"))?;
         state.calls.push(format!("delete {name}"));
         state.gpus.remove(name);
@@ -213,12 +200,12 @@ impl AgentCluster for InMemoryCluster {
         &self,
         node: &str,
         labels: &BTreeMap<String, String>,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<(), CallError> {
         let mut state = self.check_write(&format!("apply Node {node} labels"))?;
         state.calls.push(format!("label {node}"));
         let previous = state.owned_labels.insert(node.to_owned(), labels.clone()).unwrap_or_default();
         let Some(current) = state.nodes.get_mut(node) else {
-            return Err(ClusterError::Api {
+            return Err(CallError::Api {
                 operation: format!("apply Node {node} labels"),
                 message: "nodes not found".into(),
             });

@@ -23,7 +23,9 @@ use kube::{
 use serde_json::json;
 use vgpu_api::{GroupError, PhysicalGPU, api_resource_for_group};
 
-use crate::cluster::{AgentCluster, ClusterError, GpuObject};
+use vgpu_kube::error::CallError;
+
+use crate::cluster::{AgentCluster, GpuObject};
 
 /// The field manager of every write.
 pub const FIELD_MANAGER: &str = "vgpu-node-agent";
@@ -56,18 +58,15 @@ impl KubeCluster {
     }
 }
 
-fn api_error(operation: String, err: &kube::Error) -> ClusterError {
-    ClusterError::Api { operation, message: err.to_string() }
-}
-
 fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 404)
 }
 
 impl AgentCluster for KubeCluster {
-    async fn node_labels(&self, node: &str) -> Result<Option<BTreeMap<String, String>>, ClusterError> {
+    async fn node_labels(&self, node: &str) -> Result<Option<BTreeMap<String, String>>, CallError> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let found = api.get_opt(node).await.map_err(|e| api_error(format!("get Node {node}"), &e))?;
+        let found =
+            api.get_opt(node).await.map_err(|e| CallError::from_kube(format!("get Node {node}"), &e))?;
         Ok(found.map(|n| n.metadata.labels.unwrap_or_default()))
     }
 
@@ -75,26 +74,26 @@ impl AgentCluster for KubeCluster {
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, ClusterError> {
+    ) -> Result<Option<BTreeMap<String, String>>, CallError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
         let found = api
             .get_opt(name)
             .await
-            .map_err(|e| api_error(format!("get ConfigMap {namespace}/{name}"), &e))?;
+            .map_err(|e| CallError::from_kube(format!("get ConfigMap {namespace}/{name}"), &e))?;
         Ok(found.map(|cm| cm.data.unwrap_or_default()))
     }
 
-    async fn list_gpus(&self, node: &str) -> Result<Vec<String>, ClusterError> {
+    async fn list_gpus(&self, node: &str) -> Result<Vec<String>, CallError> {
         let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
         let list = self
             .gpu_api()
             .list(&params)
             .await
-            .map_err(|e| api_error(format!("list {} on node {node}", self.gpus.plural), &e))?;
+            .map_err(|e| CallError::from_kube(format!("list {} on node {node}", self.gpus.plural), &e))?;
         Ok(list.items.into_iter().filter_map(|o| o.metadata.name).collect())
     }
 
-    async fn apply_gpu(&self, gpu: &GpuObject) -> Result<(), ClusterError> {
+    async fn apply_gpu(&self, gpu: &GpuObject) -> Result<(), CallError> {
         let api = self.gpu_api();
         let name = gpu.name.as_str();
         let object = json!({
@@ -104,7 +103,7 @@ impl AgentCluster for KubeCluster {
         });
         api.patch(name, &Self::apply_params(), &Patch::Apply(&object))
             .await
-            .map_err(|e| api_error(format!("apply PhysicalGPU {name}"), &e))?;
+            .map_err(|e| CallError::from_kube(format!("apply PhysicalGPU {name}"), &e))?;
         let status = json!({
             "apiVersion": self.gpus.api_version, "kind": self.gpus.kind,
             "metadata": { "name": name },
@@ -112,15 +111,15 @@ impl AgentCluster for KubeCluster {
         });
         api.patch_status(name, &Self::apply_params(), &Patch::Apply(&status))
             .await
-            .map_err(|e| api_error(format!("apply PhysicalGPU {name} status"), &e))?;
+            .map_err(|e| CallError::from_kube(format!("apply PhysicalGPU {name} status"), &e))?;
         Ok(())
     }
 
-    async fn delete_gpu(&self, name: &str) -> Result<(), ClusterError> {
+    async fn delete_gpu(&self, name: &str) -> Result<(), CallError> {
         match self.gpu_api().delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(api_error(format!("delete PhysicalGPU {name}"), &e)),
+            Err(e) => Err(CallError::from_kube(format!("delete PhysicalGPU {name}"), &e)),
         }
     }
 
@@ -128,7 +127,7 @@ impl AgentCluster for KubeCluster {
         &self,
         node: &str,
         labels: &BTreeMap<String, String>,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<(), CallError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let object = json!({
             "apiVersion": "v1", "kind": "Node",
@@ -136,7 +135,7 @@ impl AgentCluster for KubeCluster {
         });
         api.patch(node, &Self::apply_params(), &Patch::Apply(&object))
             .await
-            .map_err(|e| api_error(format!("apply Node {node} labels"), &e))?;
+            .map_err(|e| CallError::from_kube(format!("apply Node {node} labels"), &e))?;
         Ok(())
     }
 }

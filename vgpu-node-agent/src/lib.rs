@@ -54,5 +54,5 @@ pub mod uevent;
 pub mod vendors;
 
 pub use agent::{AgentConfig, AgentError, NodeAgent, ScanOutcome};
-pub use cluster::{AgentCluster, ClusterError, GpuObject, InMemoryCluster};
+pub use cluster::{AgentCluster, GpuObject, InMemoryCluster};
 pub use kube_cluster::KubeCluster;

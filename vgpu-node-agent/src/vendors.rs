@@ -30,7 +30,9 @@ use std::collections::BTreeMap;
 
 use vgpu_core::discovery::{DiscoveryError, VendorTable};
 
-use crate::cluster::{AgentCluster, ClusterError};
+use vgpu_kube::error::CallError;
+
+use crate::cluster::AgentCluster;
 
 /// Why the vendors ConfigMap was not used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,7 +59,7 @@ pub enum VendorsError {
         name: String,
         /// The API error.
         #[source]
-        source: ClusterError,
+        source: CallError,
     },
     /// The ConfigMap's data is not a set of vendors documents.
     #[error(

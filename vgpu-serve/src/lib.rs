@@ -7,6 +7,7 @@
 //! | [`http`] | the HTTP/1.1 `serve` loop with the upstream header/request timeouts, TLS accept and graceful shutdown; body reading under a cap and the request deadline; `/version` info |
 //! | [`process_metrics`] | the Prometheus `process_*` collector (`/proc/self`) every binary's `/metrics` carries |
 //! | [`pprof`] | `--pprof-bind-port`: CPU profiles at `/debug/pprof/profile?seconds=S` in pprof's gzip-compressed protobuf, as Go's `net/http/pprof` serves them ([`pprof::serve_pprof`]) |
+//! | [`admission`] | `admission.k8s.io/v1` AdmissionReview decoding, the allowed/patched/denied answers ([`admission::respond`], [`admission::Denial`]), their wire JSON and HTTP answer ([`admission::answer`]), the body cap ([`admission::MAX_BODY_BYTES`]) |
 //! | [`authz`] | bearer-token authorization of non-resource URLs (`/metrics`) by TokenReview + SubjectAccessReview, with a short decision cache ([`authz::Authorizer`]) over a [`authz::Reviewer`] seam ([`authz::KubeReviewer`], [`authz::MemoryReviewer`]) |
 //!
 //! # Example
@@ -47,6 +48,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod admission;
 pub mod authz;
 pub mod http;
 pub mod pprof;

@@ -1,4 +1,4 @@
-//! The admission routes from body to answer: decode ([`crate::review`]), fetch what the rules need
+//! The admission routes from body to answer: decode ([`vgpu_serve::admission`]), fetch what the rules need
 //! through a [`ClusterApi`], call the pure rules ([`crate::mutate`], [`crate::validate`],
 //! [`crate::convert`]), answer.
 //!
@@ -28,13 +28,15 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
 use vgpu_core::domain::{ORIGINAL_RESOURCES_ANNOTATION, OWNER_KEY_LABEL};
 
-use crate::api::{ApiError, ClusterApi, OwnerUpdate};
 use crate::config::WebhookConfig;
+use crate::convert::ClaimSource;
 use crate::convert::{self, ResourceInfo};
-use crate::mutate::{self, ClaimSource};
-use crate::review::{self, Denial, ReviewError};
+use crate::mutate;
 use crate::validate::{self, PodClaimRequests, RequestClass};
 use crate::volcano::{self, VolcanoJob};
+use vgpu_api::pod::{containers, owner_key};
+use vgpu_kube::claims::{ApiError, ClusterApi, OwnerUpdate};
+use vgpu_serve::admission::{self as review, Denial, ReviewError};
 
 /// Milliseconds since the Unix epoch (the `create-timestamp` label).
 pub type Clock = Arc<dyn Fn() -> u128 + Send + Sync>;
@@ -270,7 +272,7 @@ impl<C: ClusterApi> Admission<C> {
         };
         let claims = planned_claims(&self.config, pod, &infos, (self.clock)())?;
         let objects: Vec<Generated<'_>> = claims.iter().map(Generated::Claim).collect();
-        self.create_all(&objects, "pod", &convert::owner_key(pod), dry_run).await
+        self.create_all(&objects, "pod", &owner_key(pod), dry_run).await
     }
 
     /// Creates `objects` (all or none: on a failure those created are deleted again). One that already exists
@@ -529,7 +531,7 @@ impl<C: ClusterApi> Admission<C> {
                 continue;
             }
             let mut claims = BTreeMap::new();
-            for (_, c) in mutate::containers(&pod) {
+            for (_, c) in containers(&pod) {
                 for reference in c.resources.as_ref().and_then(|r| r.claims.as_ref()).into_iter().flatten() {
                     let Some(actual) = validate::actual_claim_name(&pod, &reference.name) else { continue };
                     if actual == name || claims.contains_key(&actual) {

@@ -26,7 +26,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodResourceClaim, PodSpec};
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, CapacityRequirements, DeviceClaim, DeviceConstraint, DeviceRequest, DeviceSelector,
     ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
@@ -40,8 +40,9 @@ use vgpu_core::domain::{CREATE_TIMESTAMP_LABEL, OWNER_KEY_LABEL, ResourceDomain}
 use vgpu_core::model::{MemoryPolicy, TopologyMode};
 
 use crate::config::WebhookConfig;
-use crate::mutate::{self, ClaimSource};
-use crate::review::Denial;
+use vgpu_api::cel::cel_string;
+use vgpu_api::pod::{containers, owner_key};
+use vgpu_serve::admission::Denial;
 
 /// The DRA driver name of vGPU devices ([`vgpu_core::dra::DRIVER_NAME`], the name the kubelet plugin publishes).
 pub const DRA_DRIVER_NAME: &str = vgpu_core::dra::DRIVER_NAME;
@@ -143,24 +144,6 @@ impl ResourceInfo {
             memory: q(domain.vgpu_memory()),
         }
     }
-}
-
-/// `value` as a CEL double-quoted string literal: `\\`, `"`, line feed and carriage return escaped, so the value
-/// cannot end the literal or change the expression (public for the GPU module controller's selectors).
-pub fn cel_string(value: &str) -> String {
-    let mut out = String::with_capacity(value.len() + 2);
-    out.push('"');
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 fn cel_list(values: &[String]) -> String {
@@ -383,7 +366,7 @@ pub fn planned_requests(
 ) -> Result<Vec<(String, Vec<DeviceRequest>)>, Denial> {
     let d = &config.domain;
     let RecordScope { subject, record_field, spec_prefix, source } = scope;
-    let all = mutate::containers(pod);
+    let all = containers(pod);
     let mut requests_by_claim: Vec<(String, Vec<DeviceRequest>)> = Vec::new();
     for (i, info) in infos.iter().enumerate() {
         let Some((slot, _)) = all.iter().find(|(_, c)| c.name == info.name) else {
@@ -425,13 +408,48 @@ pub fn planned_requests(
     Ok(requests_by_claim)
 }
 
-/// Owner-key label value of a pod's generated claims.
-pub fn owner_key(pod: &Pod) -> String {
-    format!(
-        "{}-{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
+/// How a converted pod spec refers to its generated claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimSource {
+    /// `spec.resourceClaims[].resourceClaimName`: a ResourceClaim per pod (`/pods/validate` creates it).
+    Claim,
+    /// `spec.resourceClaims[].resourceClaimTemplateName`: a ResourceClaimTemplate, one claim per pod made from
+    /// the template (pod templates of Volcano Jobs, [`crate::volcano`]).
+    Template,
+}
+
+impl ClaimSource {
+    /// The generated object a `resourceClaims` entry refers to this way, if any.
+    pub fn reference(self, entry: &PodResourceClaim) -> Option<&str> {
+        match self {
+            Self::Claim => entry.resource_claim_name.as_deref(),
+            Self::Template => entry.resource_claim_template_name.as_deref(),
+        }
+    }
+
+    /// The entry's field, as denials name it: `ResourceClaimName` or `ResourceClaimTemplateName`.
+    pub fn field_name(self) -> &'static str {
+        match self {
+            Self::Claim => "ResourceClaimName",
+            Self::Template => "ResourceClaimTemplateName",
+        }
+    }
+
+    /// Whether `spec` has a `resourceClaims` entry referring to `name` this way.
+    pub fn listed(self, spec: Option<&PodSpec>, name: &str) -> bool {
+        spec.and_then(|s| s.resource_claims.as_ref())
+            .is_some_and(|entries| entries.iter().any(|e| self.reference(e) == Some(name)))
+    }
+
+    /// The `resourceClaims` entry named `name` referring to the generated object `name` this way.
+    pub(crate) fn entry(self, name: &str) -> PodResourceClaim {
+        let reference = Some(name.to_owned());
+        let (resource_claim_name, resource_claim_template_name) = match self {
+            Self::Claim => (reference, None),
+            Self::Template => (None, reference),
+        };
+        PodResourceClaim { name: name.to_owned(), resource_claim_name, resource_claim_template_name }
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //! | `GET /healthz`, `GET /readyz` | — | — | 200 `ok` |
 //!
 //! Bad AdmissionReview bodies get HTTP 400 with the reason; denials are `allowed: false` with status reason
-//! `Invalid` ([`review`]). The manifests under `deploy/webhook/` use `failurePolicy: Fail`, so a webhook that
+//! `Invalid` ([`vgpu_serve::admission`]). The manifests under `deploy/webhook/` use `failurePolicy: Fail`, so a webhook that
 //! cannot answer keeps vGPU pods out rather than letting them in unmutated.
 //!
 //! # Module map
@@ -23,15 +23,16 @@
 //! | module | what |
 //! |---|---|
 //! | [`config`] | [`WebhookConfig`](config::WebhookConfig): the flags of contract §1.4, validated |
-//! | [`review`] | AdmissionReview decode, allow/patch/deny answers, [`Denial`](review::Denial) |
 //! | [`mutate`] | the pure pod mutation and its JSON patch; the per-pod-spec defaults and DRA conversion shared with [`volcano`] |
 //! | [`convert`] | the `original-resources` record, generated ResourceClaims and ResourceClaimTemplates (requests, CEL selectors, owner labels) |
 //! | [`volcano`] | the pure Volcano Job part: decoding only what is needed, the task-template conversion and its JSON patch, the Job record, the planned templates, the owner reference |
-//! | [`names`] | vgpu-manager's safe claim names (SHA-256 suffix) |
 //! | [`validate`] | the pure claim-sharing and opaque-config rules |
-//! | [`api`] | the cluster seam: [`ClusterApi`](api::ClusterApi), [`KubeApi`](api::KubeApi), [`MemoryApi`](api::MemoryApi) |
 //! | [`admit`] | the routes from body to answer ([`Admission`](admit::Admission)) |
 //! | [`server`] | the axum router, served over HTTPS by `vgpu_serve::http::serve` with a reloading certificate |
+//!
+//! Shared with the GPU module controller and owned below both: AdmissionReview decoding and answers
+//! ([`vgpu_serve::admission`]), pod container walks and generated names ([`vgpu_api::pod`], [`vgpu_api::names`]),
+//! the cluster seam of the routes ([`vgpu_kube::claims::ClusterApi`], `KubeApi`, `MemoryApi`).
 //!
 //! # Example
 //!
@@ -71,12 +72,9 @@
 //! ```
 
 pub mod admit;
-pub mod api;
 pub mod config;
 pub mod convert;
 pub mod mutate;
-pub mod names;
-pub mod review;
 pub mod server;
 pub mod validate;
 pub mod volcano;

@@ -20,16 +20,14 @@
 //! A pod already converted (its `original-resources` record matches its claims) counts as a vGPU pod with the
 //! recorded numbers and is not converted again, so mutating a mutated pod changes nothing.
 //!
-//! Claim names: `<pod>-<container>-<hash>` per container ([`crate::names::safe_resource_name`]). For a pod
+//! Claim names: `<pod>-<container>-<hash>` per container ([`vgpu_api::names::safe_resource_name`]). For a pod
 //! named by `generateName` (no name yet at admission) and for combined claims the base is
 //! `<generateName or name>-<5 hex digits of SHA-256 of the admission request UID>`: unique per request, and the
 //! same on a retry of the same request (vgpu-manager uses 5 random characters).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Container, Pod, PodResourceClaim, PodSpec, ResourceClaim, ResourceRequirements,
-};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceClaim, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use vgpu_core::alloc::parse_quantity;
@@ -37,9 +35,10 @@ use vgpu_core::domain::{ORIGINAL_RESOURCES_ANNOTATION, ResourceDomain};
 use vgpu_core::model::{MAX_VGPU_NUMBER, VgpuRequest};
 
 use crate::config::WebhookConfig;
-use crate::convert::{self, ResourceInfo, VGPU_DEVICE_TYPE};
-use crate::names::{safe_resource_name, short_hash};
-use crate::review::Denial;
+use crate::convert::{self, ClaimSource, ResourceInfo, VGPU_DEVICE_TYPE};
+use vgpu_api::names::{safe_resource_name, short_hash};
+use vgpu_api::pod::{ContainerSlot, comparable, containers, spec_containers};
+use vgpu_serve::admission::Denial;
 
 /// The scheduler name Kubernetes fills in when a pod names none.
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
@@ -47,42 +46,6 @@ pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// Annotation of the mirror pods the kubelet creates for static pods.
 pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
-
-/// Init or app container, with its index: names the field in messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ContainerSlot {
-    /// `spec.initContainers[i]`.
-    Init(usize),
-    /// `spec.containers[i]`.
-    App(usize),
-}
-
-impl ContainerSlot {
-    /// The field path, e.g. `spec.containers[0]`.
-    pub fn path(self) -> String {
-        match self {
-            ContainerSlot::Init(i) => format!("spec.initContainers[{i}]"),
-            ContainerSlot::App(i) => format!("spec.containers[{i}]"),
-        }
-    }
-}
-
-/// Every container of a pod, init containers first, with its slot.
-pub fn containers(pod: &Pod) -> Vec<(ContainerSlot, &Container)> {
-    pod.spec.as_ref().map(spec_containers).unwrap_or_default()
-}
-
-/// Every container of a pod spec (a pod's or a pod template's), init containers first, with its slot.
-pub fn spec_containers(spec: &PodSpec) -> Vec<(ContainerSlot, &Container)> {
-    let mut out = Vec::new();
-    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
-        out.push((ContainerSlot::Init(i), c));
-    }
-    for (i, c) in spec.containers.iter().enumerate() {
-        out.push((ContainerSlot::App(i), c));
-    }
-    out
-}
 
 fn container_mut(spec: &mut PodSpec, slot: ContainerSlot) -> Option<&mut Container> {
     match slot {
@@ -336,50 +299,6 @@ pub fn default_requests(
     Ok(out)
 }
 
-/// How a converted pod spec refers to its generated claims.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimSource {
-    /// `spec.resourceClaims[].resourceClaimName`: a ResourceClaim per pod (`/pods/validate` creates it).
-    Claim,
-    /// `spec.resourceClaims[].resourceClaimTemplateName`: a ResourceClaimTemplate, one claim per pod made from
-    /// the template (pod templates of Volcano Jobs, [`crate::volcano`]).
-    Template,
-}
-
-impl ClaimSource {
-    /// The generated object a `resourceClaims` entry refers to this way, if any.
-    pub fn reference(self, entry: &PodResourceClaim) -> Option<&str> {
-        match self {
-            Self::Claim => entry.resource_claim_name.as_deref(),
-            Self::Template => entry.resource_claim_template_name.as_deref(),
-        }
-    }
-
-    /// The entry's field, as denials name it: `ResourceClaimName` or `ResourceClaimTemplateName`.
-    pub fn field_name(self) -> &'static str {
-        match self {
-            Self::Claim => "ResourceClaimName",
-            Self::Template => "ResourceClaimTemplateName",
-        }
-    }
-
-    /// Whether `spec` has a `resourceClaims` entry referring to `name` this way.
-    pub fn listed(self, spec: Option<&PodSpec>, name: &str) -> bool {
-        spec.and_then(|s| s.resource_claims.as_ref())
-            .is_some_and(|entries| entries.iter().any(|e| self.reference(e) == Some(name)))
-    }
-
-    /// The `resourceClaims` entry named `name` referring to the generated object `name` this way.
-    fn entry(self, name: &str) -> PodResourceClaim {
-        let reference = Some(name.to_owned());
-        let (resource_claim_name, resource_claim_template_name) = match self {
-            Self::Claim => (reference, None),
-            Self::Template => (None, reference),
-        };
-        PodResourceClaim { name: name.to_owned(), resource_claim_name, resource_claim_template_name }
-    }
-}
-
 /// The claim names of a record without repeats, in record order, each with whether `spec` refers to it as
 /// `source` says: what a DELETE (or a Job's UPDATE) may touch.
 pub fn recorded_claims(
@@ -458,23 +377,8 @@ pub fn pod_patch(
     original: &Pod,
 ) -> Result<json_patch::Patch, Denial> {
     let mutated = mutate_pod(config, request_uid, original)?;
-    let before = comparable(original)?;
-    let after = comparable(&mutated)?;
-    Ok(json_patch::diff(&before, &after))
-}
-
-/// `{"metadata": …, "spec": …}` of a pod, `managedFields` left out: the two sides a pod patch is the diff of
-/// (public for the GPU module controller's pod mutation).
-pub fn comparable(pod: &Pod) -> Result<serde_json::Value, Denial> {
     let encode = |e: serde_json::Error| Denial::new(format!("cannot encode the pod: {e}"));
-    let mut metadata = serde_json::to_value(&pod.metadata).map_err(encode)?;
-    if let Some(m) = metadata.as_object_mut() {
-        m.remove("managedFields");
-    }
-    let mut out = serde_json::Map::new();
-    out.insert("metadata".to_owned(), metadata);
-    if let Some(spec) = &pod.spec {
-        out.insert("spec".to_owned(), serde_json::to_value(spec).map_err(encode)?);
-    }
-    Ok(serde_json::Value::Object(out))
+    let before = comparable(original).map_err(encode)?;
+    let after = comparable(&mutated).map_err(encode)?;
+    Ok(json_patch::diff(&before, &after))
 }

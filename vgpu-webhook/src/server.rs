@@ -24,21 +24,17 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionReview;
 use tokio::net::TcpListener;
 use vgpu_serve::http::{HttpTimeouts, RequestStart, read_body};
 use vgpu_serve::tls::{TlsError, TlsFiles};
 
 use crate::admit::Admission;
-use crate::api::ClusterApi;
-use crate::review::ReviewError;
+use vgpu_kube::claims::ClusterApi;
+use vgpu_serve::admission::{MAX_BODY_BYTES, answer};
 
-/// Largest accepted request body (the extender's cap; the API server sends objects of at most ~3 MiB).
-pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 /// Mutation route.
 pub const MUTATE_PODS_PATH: &str = "/pods/mutate";
 /// Pod validation route.
@@ -133,21 +129,6 @@ async fn body_of<C>(
     read_body(headers, body, start.map(|Extension(s)| s), MAX_BODY_BYTES, state.read_timeout)
         .await
         .map_err(|e| (e.status(), format!("{e}\n")).into_response())
-}
-
-/// The HTTP answer of an admission route: the review as JSON (200), or 400 with the reason for a body that is
-/// not an AdmissionReview request (public for the GPU module controller's routes).
-pub fn answer(result: Result<AdmissionReview<DynamicObject>, ReviewError>) -> Response {
-    match result {
-        Ok(review) => match crate::review::to_wire_json(&review) {
-            Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
-            Err(e) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode the AdmissionReview: {e}\n"))
-                    .into_response()
-            }
-        },
-        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
-    }
 }
 
 /// The admission routes, one handler for all ([`admission_route`]).

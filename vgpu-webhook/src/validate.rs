@@ -52,8 +52,8 @@ use k8s_openapi::api::resource::v1::{
 };
 
 use crate::convert::{DRA_DRIVER_NAME, ResourceInfo, VGPU_DEVICE_TYPE};
-use crate::mutate::containers;
-use crate::review::Denial;
+use vgpu_api::pod::{ContainerSlot, containers};
+use vgpu_serve::admission::Denial;
 
 /// API version of the opaque configs of driver `manager.nvidia.com`.
 pub const OPAQUE_API_VERSION: &str = "resource.nvidia.com/v1beta1";
@@ -154,10 +154,10 @@ pub enum PodClaimRequests {
 }
 
 /// `init` or `app` (upstream's container kind names).
-fn kind(slot: crate::mutate::ContainerSlot) -> &'static str {
+fn kind(slot: ContainerSlot) -> &'static str {
     match slot {
-        crate::mutate::ContainerSlot::Init(_) => "init",
-        crate::mutate::ContainerSlot::App(_) => "app",
+        ContainerSlot::Init(_) => "init",
+        ContainerSlot::App(_) => "app",
     }
 }
 
@@ -182,7 +182,7 @@ struct Usage {
 fn reference_keys(
     pod: &Pod,
     container: &Container,
-    slot: crate::mutate::ContainerSlot,
+    slot: ContainerSlot,
     claim: &str,
     request: Option<&str>,
     converted: &[ResourceInfo],
@@ -260,9 +260,9 @@ pub fn check_pod_sharing(
         }
         for key in keys {
             let usage = usages.entry(key.clone()).or_default();
-            if is_sidecar(c) && matches!(slot, crate::mutate::ContainerSlot::Init(_)) {
+            if is_sidecar(c) && matches!(slot, ContainerSlot::Init(_)) {
                 usage.sidecar.insert(c.name.clone());
-            } else if matches!(slot, crate::mutate::ContainerSlot::Init(_)) {
+            } else if matches!(slot, ContainerSlot::Init(_)) {
                 usage.init.insert(c.name.clone());
             } else {
                 usage.app.insert(c.name.clone());
@@ -575,9 +575,9 @@ pub fn check_allocated_sharing(
                 let id = format!("{pod_id}/{}", c.name);
                 usage.pods.insert(pod_id.clone());
                 match slot {
-                    crate::mutate::ContainerSlot::Init(_) if is_sidecar(c) => usage.sidecar.insert(id),
-                    crate::mutate::ContainerSlot::Init(_) => usage.init.insert(id),
-                    crate::mutate::ContainerSlot::App(_) => usage.app.insert(id),
+                    ContainerSlot::Init(_) if is_sidecar(c) => usage.sidecar.insert(id),
+                    ContainerSlot::Init(_) => usage.init.insert(id),
+                    ContainerSlot::App(_) => usage.app.insert(id),
                 };
                 let prefix = format!("allocated vgpu request {req:?} in claim {claim_ns}/{claim_name}");
                 if usage.app.len() > 1 {

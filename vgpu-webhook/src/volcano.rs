@@ -36,10 +36,11 @@ use serde_json::Value;
 use vgpu_core::domain::ORIGINAL_RESOURCES_ANNOTATION;
 
 use crate::config::WebhookConfig;
+use crate::convert::ClaimSource;
 use crate::convert::{self, MAX_RECORD_BYTES, RecordError, RecordScope, ResourceInfo};
-use crate::mutate::{self, ClaimSource};
-use crate::names::safe_resource_name;
-use crate::review::Denial;
+use crate::mutate;
+use vgpu_api::names::safe_resource_name;
+use vgpu_serve::admission::Denial;
 
 /// API group of Volcano Jobs.
 pub const JOB_GROUP: &str = "batch.volcano.sh";

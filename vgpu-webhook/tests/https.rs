@@ -34,10 +34,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio_rustls::TlsConnector;
+use vgpu_kube::claims::MemoryApi;
 use vgpu_serve::http::HttpTimeouts;
 use vgpu_serve::tls::TlsFiles;
 use vgpu_webhook::admit::Admission;
-use vgpu_webhook::api::MemoryApi;
 use vgpu_webhook::config::WebhookConfig;
 
 fn write_leaf(ca: &TestCa, dir: &Path) {

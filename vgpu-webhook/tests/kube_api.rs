@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use mock_api_server::{mock_client, next, reply};
 use serde_json::json;
-use vgpu_webhook::api::{ClusterApi, KubeApi, OwnerUpdate};
+use vgpu_kube::claims::{ClusterApi, KubeApi, OwnerUpdate};
 
 fn not_found(kind: &str, name: &str) -> serde_json::Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,

@@ -185,7 +185,7 @@ proptest! {
         prop_assert!(again.unwrap().0.is_empty(), "second pass changed {}", serde_json::to_string(&doc).unwrap());
         // The validating route never panics on what the mutation produced, and creates one claim per recorded
         // claim name when the pod was converted.
-        let api = vgpu_webhook::api::MemoryApi::new();
+        let api = vgpu_kube::claims::MemoryApi::new();
         let validating = WebhookConfig { dra_admission: true, ..config.clone() };
         let admission = vgpu_webhook::admit::Admission::new(validating, api.clone());
         let body = serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -205,7 +205,7 @@ proptest! {
 
     #[test]
     fn arbitrary_json_never_panics(raw in any::<Vec<u8>>()) {
-        let admission = vgpu_webhook::admit::Admission::new(WebhookConfig::default(), vgpu_webhook::api::MemoryApi::new());
+        let admission = vgpu_webhook::admit::Admission::new(WebhookConfig::default(), vgpu_kube::claims::MemoryApi::new());
         let _ = admission.mutate_pods(&raw);
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let _ = rt.block_on(admission.validate_claims(&raw));

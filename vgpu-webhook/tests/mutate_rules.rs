@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{SchedulingPolicy, TopologyMode};
+use vgpu_kube::claims::MemoryApi;
 use vgpu_webhook::admit::Admission;
-use vgpu_webhook::api::MemoryApi;
 use vgpu_webhook::config::WebhookConfig;
 use vgpu_webhook::mutate;
 
@@ -274,7 +274,7 @@ fn dra() -> WebhookConfig {
 }
 
 fn claim_name(parts: &[&str]) -> String {
-    vgpu_webhook::names::safe_resource_name(parts)
+    vgpu_api::names::safe_resource_name(parts)
 }
 
 #[test]
@@ -309,7 +309,7 @@ fn convert2dra_per_container_claims() {
 #[test]
 fn convert2dra_combined_claim_and_generate_name() {
     let cfg = WebhookConfig { combined_claim: true, ..dra() };
-    let suffix = vgpu_webhook::names::short_hash("uid-1", 5);
+    let suffix = vgpu_api::names::short_hash("uid-1", 5);
     let p = json!({"metadata": {"generateName": "job-", "namespace": "ml"},
         "spec": {"containers": [ctr("a", json!({"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-cores": "10"})),
                                 ctr("b", json!({"nvidia.com/vgpu-number": "2", "nvidia.com/vgpu-cores": "20"}))]}});

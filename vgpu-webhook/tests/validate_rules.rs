@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use serde_json::{Value, json};
+use vgpu_kube::claims::MemoryApi;
 use vgpu_webhook::admit::Admission;
-use vgpu_webhook::api::MemoryApi;
 use vgpu_webhook::config::WebhookConfig;
 use vgpu_webhook::mutate;
 
@@ -298,7 +298,7 @@ fn converted_pods_get_their_claims() {
     assert_eq!(claims.len(), 2);
     let a = claims
         .iter()
-        .find(|c| c["metadata"]["name"] == json!(vgpu_webhook::names::safe_resource_name(&["web", "a"])))
+        .find(|c| c["metadata"]["name"] == json!(vgpu_api::names::safe_resource_name(&["web", "a"])))
         .unwrap();
     let sel = |t: &str| json!({"cel": {"expression": t}});
     assert_eq!(
@@ -323,7 +323,7 @@ fn converted_pods_get_their_claims() {
     );
     let b = claims
         .iter()
-        .find(|c| c["metadata"]["name"] == json!(vgpu_webhook::names::safe_resource_name(&["web", "b"])))
+        .find(|c| c["metadata"]["name"] == json!(vgpu_api::names::safe_resource_name(&["web", "b"])))
         .unwrap();
     assert_eq!(
         b["spec"]["devices"]["requests"][0]["exactly"]["capacity"],
@@ -357,8 +357,8 @@ fn combined_claim_holds_every_request() {
     assert_eq!(
         names,
         [
-            vgpu_webhook::names::safe_resource_name(&["a", "vgpu"]),
-            vgpu_webhook::names::safe_resource_name(&["b", "vgpu"])
+            vgpu_api::names::safe_resource_name(&["a", "vgpu"]),
+            vgpu_api::names::safe_resource_name(&["b", "vgpu"])
         ]
     );
 }
@@ -381,8 +381,8 @@ fn claim_creation_is_all_or_nothing_and_dry_runs_store_nothing() {
     let flaky = MemoryApi::new();
     let adm = admission(&flaky, cfg.clone());
     flaky.put_claim(ResourceClaim::default()); // unrelated object in another namespace
-    let first = vgpu_webhook::names::safe_resource_name(&["web", "a"]);
-    let second = vgpu_webhook::names::safe_resource_name(&["web", "b"]);
+    let first = vgpu_api::names::safe_resource_name(&["web", "a"]);
+    let second = vgpu_api::names::safe_resource_name(&["web", "b"]);
     let mut foreign = vgpu_claim(&second, &["vgpu"]);
     foreign.metadata.labels = Some([("vgpu-manager.io/owner-key".to_owned(), "ml-other".to_owned())].into());
     flaky.put_claim(foreign);

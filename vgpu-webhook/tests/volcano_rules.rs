@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use serde_json::{Value, json};
+use vgpu_api::names::{safe_resource_name, short_hash};
+use vgpu_kube::claims::{ClusterApi, MemoryApi};
 use vgpu_webhook::admit::Admission;
-use vgpu_webhook::api::{ClusterApi, MemoryApi};
 use vgpu_webhook::config::WebhookConfig;
-use vgpu_webhook::names::{safe_resource_name, short_hash};
 
 const RECORD: &str = "vgpu-manager.io/original-resources";
 

@@ -27,11 +27,11 @@ use vgpu_controller::kube_cluster::KubeCluster;
 use vgpu_controller::metrics::Metrics;
 use vgpu_controller::reconcile::Reconciler;
 use vgpu_controller::server::{self, ControllerServer};
+use vgpu_kube::claims::KubeApi;
 use vgpu_lease::{LeaderConfig, LeaderMode, Readiness, Role, leader};
 use vgpu_serve::authz::Authorizer;
 use vgpu_serve::http::HttpTimeouts;
 use vgpu_serve::tls::TlsFiles;
-use vgpu_webhook::api::KubeApi;
 
 /// The GPU module controller: GPUClass → DeviceClass, PhysicalGPU occupancy, admission for DRA objects.
 #[derive(Debug, Parser)]

@@ -16,8 +16,8 @@ use anyhow::Context;
 use clap::Parser;
 use vgpu_bins::shutdown_signal;
 use vgpu_core::domain::ResourceDomain;
+use vgpu_kube::claims::KubeApi;
 use vgpu_webhook::admit::Admission;
-use vgpu_webhook::api::KubeApi;
 use vgpu_webhook::config::{self, WebhookConfig};
 use vgpu_webhook::server::ServerConfig;
 

@@ -104,6 +104,22 @@ string_enum! {
     }
 }
 
+impl ComputePolicy {
+    /// The control library's `CUDA_CORE_LIMIT` and `CUDA_CORE_SOFT_LIMIT` of a device share of `cores`
+    /// percent: fixed → both = cores, balance → cores and 100, when 0 < cores < 100; otherwise (none, a
+    /// whole GPU) both empty.
+    pub fn core_limits(self, cores: u64) -> (String, String) {
+        if cores == 0 || cores >= 100 {
+            return (String::new(), String::new());
+        }
+        match self {
+            ComputePolicy::Fixed => (cores.to_string(), cores.to_string()),
+            ComputePolicy::Balance => (cores.to_string(), "100".to_owned()),
+            ComputePolicy::None => (String::new(), String::new()),
+        }
+    }
+}
+
 impl TopologyMode {
     /// The mode without its strictness (`numa-strict` → `numa`).
     pub fn base(self) -> Self {
@@ -189,6 +205,16 @@ string_enum! {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn core_limit_envs() {
+        use super::ComputePolicy;
+        assert_eq!(ComputePolicy::Fixed.core_limits(30), ("30".into(), "30".into()));
+        assert_eq!(ComputePolicy::Balance.core_limits(30), ("30".into(), "100".into()));
+        assert_eq!(ComputePolicy::None.core_limits(30), (String::new(), String::new()));
+        assert_eq!(ComputePolicy::Fixed.core_limits(100), (String::new(), String::new()));
+        assert_eq!(ComputePolicy::Balance.core_limits(0), (String::new(), String::new()));
+    }
+
     use super::*;
 
     #[test]

@@ -7,13 +7,8 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use vgpu_core::{abi::runtime_files, backend::VendorAdapter, model::ComputePolicy};
 
 use super::plan::Planned;
-use crate::{
-    cdi::{self, ContainerEdits, DeviceNode, Mount},
-    claims::ClaimRef,
-    client_mode,
-    config::DriverConfig,
-    devices::DeviceType,
-};
+use crate::{cdi, claims::ClaimRef, client_mode, config::DriverConfig, devices::DeviceType};
+use vgpu_core::cdi::{ContainerEdits, DeviceNode, Mount};
 
 /// The claim's CDI spec (see [`crate::cdi`] for the edits).
 pub(super) fn claim_spec(
@@ -22,7 +17,7 @@ pub(super) fn claim_spec(
     claim: &ClaimRef,
     object: &ResourceClaim,
     planned: &[Planned],
-) -> cdi::Spec {
+) -> vgpu_core::cdi::Spec {
     let cfg = config;
     let host = &cfg.host_manager_dir;
     let ratio = format!("{:.2}", f64::from(cfg.memory_ratio) / 100.0);
@@ -99,7 +94,7 @@ pub(super) fn claim_spec(
             if p.allocatable.kind == DeviceType::Vgpu {
                 let i = p.ordinal;
                 let (hard, soft) = match p.cores {
-                    Some(cores) => vgpu_deviceplugin::vnumber::core_limits(policy, cores),
+                    Some(cores) => policy.core_limits(cores),
                     None => (String::new(), String::new()),
                 };
                 edits.env = vec![
@@ -121,14 +116,15 @@ pub(super) fn claim_spec(
                 // With NRI the partition mounts are per container, injected at CreateContainer.
                 edits.mounts = if cfg.nri() { Vec::new() } else { crate::partition::partition_mounts(&part) };
             }
-            cdi::Device { name: p.cdi_name.clone(), container_edits: edits }
+            vgpu_core::cdi::Device { name: p.cdi_name.clone(), container_edits: edits, ..Default::default() }
         })
         .collect();
-    cdi::Spec {
-        cdi_version: cdi::SPEC_VERSION.to_owned(),
+    vgpu_core::cdi::Spec {
+        cdi_version: vgpu_core::cdi::SPEC_VERSION.to_owned(),
         kind: cdi::KIND.to_owned(),
         devices,
         container_edits: common,
+        ..Default::default()
     }
 }
 

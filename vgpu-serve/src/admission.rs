@@ -1,4 +1,6 @@
-//! `admission.k8s.io/v1` AdmissionReview in and out: decoding the body, and the three answers.
+//! `admission.k8s.io/v1` AdmissionReview in and out: decoding the body, the three answers, and the HTTP answer
+//! of an admission route ([`answer`]; bodies are read under [`MAX_BODY_BYTES`]). Shared by every admission
+//! server (the vGPU webhook, the GPU module controller).
 //!
 //! | outcome | HTTP | body |
 //! |---|---|---|
@@ -13,11 +15,15 @@
 //! The API server prefixes the message with `admission webhook "<name>" denied the request: ` and hands the
 //! status (reason `Invalid`, code 422) to the client.
 
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::core::response::StatusSummary;
 use kube::core::{DynamicObject, Resource};
 use serde::de::DeserializeOwned;
 
+/// Largest accepted request body (the extender's cap, 413 above; the API server sends objects of at most ~3 MiB).
+pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 /// Status reason of a denial (`metav1.StatusReasonInvalid`).
 pub const DENY_REASON: &str = "Invalid";
 /// Status code of a denial (422, as the API server answers `Invalid`).
@@ -85,6 +91,21 @@ pub fn to_wire_json(review: &AdmissionReview<DynamicObject>) -> Result<Vec<u8>, 
         *patch = serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(bytes));
     }
     serde_json::to_vec(&value)
+}
+
+/// The HTTP answer of an admission route: the review as JSON (200), or 400 with the reason for a body that is
+/// not an AdmissionReview request.
+pub fn answer(result: Result<AdmissionReview<DynamicObject>, ReviewError>) -> Response {
+    match result {
+        Ok(review) => match to_wire_json(&review) {
+            Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+            Err(e) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode the AdmissionReview: {e}\n"))
+                    .into_response()
+            }
+        },
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    }
 }
 
 fn deny(base: AdmissionResponse, denial: &Denial) -> AdmissionResponse {

@@ -1,4 +1,4 @@
-//! The API-server seam of the routes: what `/pods/validate` reads (ResourceClaims, ResourceClaimTemplates,
+//! The API-server seam of the admission routes (the vGPU webhook's and the GPU module controller's): what `/pods/validate` reads (ResourceClaims, ResourceClaimTemplates,
 //! DeviceClasses, reserved pods) and writes (the ResourceClaims of converted pods), and what the Volcano Job
 //! routes write (the ResourceClaimTemplates of converted Jobs, and the Job as their owner).
 //!
@@ -14,7 +14,7 @@
 //! | [`ClusterApi::delete_claim_template`] | `DELETE /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{name}` (404 is success) |
 //! | [`ClusterApi::set_template_owner`] | `GET` the template, then, when it has no controller, `PUT` it with the owner added (the read `resourceVersion` guards the write; a conflict is retried) |
 //!
-//! The templates are those of converted Volcano Jobs ([`crate::volcano`]). [`MemoryApi`] keeps the same objects
+//! The templates are those of converted Volcano Jobs (the webhook's `volcano` module). [`MemoryApi`] keeps the same objects
 //! in maps, for tests, with failure injection on create.
 
 use std::collections::BTreeMap;
