@@ -27,6 +27,7 @@ use tokio::{
     task::JoinHandle,
 };
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Router;
 use vgpu_kubelet::{
     authority::AuthorityRewrite,
@@ -97,7 +98,7 @@ pub struct RunningDriver {
     pub registration: watch::Receiver<RegistrationState>,
     /// The shared SM watcher's file while the watcher runs (gate `SharedSMUtilizationWatcher`).
     pub sm_watcher_file: Option<PathBuf>,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     tasks: Vec<(PathBuf, JoinHandle<Result<(), DriverError>>)>,
 }
 
@@ -105,7 +106,7 @@ impl RunningDriver {
     /// Stops serving (open health streams end), waits for the tasks (at most [`SHUTDOWN_GRACE`] each: a client
     /// that keeps its connection open is cut off) and removes both socket files.
     pub async fn stop(self) -> Result<(), DriverError> {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         self.join().await
     }
 
@@ -138,10 +139,10 @@ impl RunningDriver {
     /// Runs until `shutdown` completes or a server fails, then stops.
     pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()>) -> Result<(), DriverError> {
         tokio::pin!(shutdown);
-        let mut stopped = self.stop.subscribe();
+        let stopped = self.stop.clone();
         tokio::select! {
             () = &mut shutdown => {}
-            _ = stopped.wait_for(|s| *s) => {}
+            () = stopped.cancelled() => {}
         }
         self.stop().await
     }
@@ -184,13 +185,12 @@ impl Driver {
         for dir in [config.plugin_dir(), config.registry_dir.clone()] {
             std::fs::create_dir_all(&dir).map_err(|source| DriverError::Dir { path: dir.clone(), source })?;
         }
-        let (stop, stop_rx) = watch::channel(false);
+        let stop = CancellationToken::new();
         let guard = config.registration_guard_interval;
 
         let dra = DraService::new(Arc::clone(&self.state));
         let names = self.state.devices().iter().map(|d| d.name.clone()).collect::<Vec<_>>();
-        let health =
-            HealthService::new(config.node_name.clone(), names, self.health.clone(), stop_rx.clone());
+        let health = HealthService::new(config.node_name.clone(), names, self.health.clone(), stop.clone());
         let dra_router = tonic::transport::Server::builder()
             .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
             .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(dra.clone()))
@@ -204,7 +204,7 @@ impl Driver {
         let dra_listener = bind_atomic(&dra_socket, None, SOCKET_MODE)?;
         let mut tasks = vec![(
             dra_socket.clone(),
-            tokio::spawn(serve_guarded(dra_socket.clone(), dra_listener, guard, stop_rx.clone(), dra_router)),
+            tokio::spawn(serve_guarded(dra_socket.clone(), dra_listener, guard, stop.clone(), dra_router)),
         )];
         let registration_listener = bind_atomic(&registration_socket, None, SOCKET_MODE)?;
         tasks.push((
@@ -213,36 +213,28 @@ impl Driver {
                 registration_socket.clone(),
                 registration_listener,
                 guard,
-                stop_rx.clone(),
+                stop.clone(),
                 registration_router,
             )),
         ));
         let sm_watcher_file = watcher.as_ref().map(|w| w.path().to_path_buf());
         if let Some(watcher) = watcher {
-            let mut watch_stop = stop_rx.clone();
+            let watch_stop = stop.clone();
             let period = config.sm_watcher_period;
             tasks.push((
                 config.sm_watcher_file(),
                 tokio::spawn(async move {
-                    watcher
-                        .run(period, async move {
-                            let _ = watch_stop.wait_for(|s| *s).await;
-                        })
-                        .await;
+                    watcher.run(period, watch_stop.cancelled_owned()).await;
                     Ok(())
                 }),
             ));
         }
         let state = Arc::clone(&self.state);
-        let mut sweep_stop = stop_rx;
+        let sweep_stop = stop.clone();
         tasks.push((
             config.checkpoint_path(),
             tokio::spawn(async move {
-                state
-                    .run_sweeper(async move {
-                        let _ = sweep_stop.wait_for(|s| *s).await;
-                    })
-                    .await;
+                state.run_sweeper(sweep_stop.cancelled_owned()).await;
                 Ok(())
             }),
         ));
@@ -264,18 +256,18 @@ async fn serve_guarded(
     path: PathBuf,
     listener: UnixListener,
     guard: Duration,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
     router: Router,
 ) -> Result<(), DriverError> {
     let (tx, rx) = mpsc::channel::<std::io::Result<AuthorityRewrite<UnixStream>>>(16);
     let mut acceptor = accept_into(listener, tx.clone(), path.clone());
     let mut ours = socket_identity(&path);
-    let mut stopping = stop.clone();
+    let stopping = stop.clone();
     let watched = path.clone();
     let guard_loop = async move {
         loop {
             tokio::select! {
-                _ = stopping.wait_for(|s| *s) => break,
+                () = stopping.cancelled() => break,
                 () = tokio::time::sleep(guard) => {}
             }
             if socket_identity(&watched) == ours {
@@ -295,10 +287,7 @@ async fn serve_guarded(
         }
         acceptor.abort();
     };
-    let mut stopping = stop;
-    let shutdown = async move {
-        let _ = stopping.wait_for(|s| *s).await;
-    };
+    let shutdown = stop.cancelled_owned();
     let serve = router.serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown);
     let (served, ()) = tokio::join!(serve, guard_loop);
     served.map_err(|source| vgpu_kubelet::SocketError::Transport { path, source })?;

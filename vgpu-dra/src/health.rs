@@ -619,17 +619,15 @@ mod tests {
         let (monitor, _) = monitor(&[]);
         let mut rx = monitor.subscribe();
         let (tx, events) = vgpu_core::backend::health_channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(monitor.run(events, async move {
-            let _ = stop_rx.await;
-        }));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(monitor.run(events, stop.clone().cancelled_owned()));
         tx.send(event(1, HealthEventKind::Xid { code: 79 }));
         rx.changed().await.unwrap();
         assert_eq!(rx.borrow_and_update().status("vgpu-1"), HealthStatus::Unhealthy);
         drop(tx);
         rx.changed().await.unwrap();
         assert_eq!(rx.borrow_and_update().status("vgpu-0"), HealthStatus::Unknown);
-        stop_tx.send(()).unwrap();
+        stop.cancel();
         task.await.unwrap();
     }
 

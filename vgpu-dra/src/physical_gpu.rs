@@ -796,10 +796,8 @@ gpus:
             monitor.subscribe(),
         )
         .with_resync(Duration::from_secs(3600));
-        let (stop_tx, mut stop_rx) = watch::channel(false);
-        let task = sync.spawn(async move {
-            let _ = stop_rx.wait_for(|s| *s).await;
-        });
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = sync.spawn(stop.clone().cancelled_owned());
         let reason = || store.status("w1-b").and_then(|s| s.hardware_healthy.reason);
         while reason().is_none() {
             tokio::task::yield_now().await;
@@ -808,7 +806,7 @@ gpus:
         while reason().as_deref() != Some("GpuLost") {
             tokio::task::yield_now().await;
         }
-        stop_tx.send(true).unwrap();
+        stop.cancel();
         task.await.unwrap();
     }
 

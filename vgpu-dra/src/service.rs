@@ -14,6 +14,7 @@ use std::{collections::HashMap, pin::Pin, sync::Arc};
 
 use tokio::sync::{mpsc, watch};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::{checkpoint::PreparedDevice, claims::ClaimRef, health::HealthSnapshot, state::DeviceState};
@@ -206,19 +207,19 @@ pub struct HealthService {
     pool: String,
     devices: Arc<[String]>,
     feed: HealthFeed,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 }
 
 /// The stream type of both health services.
 pub type HealthStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 impl HealthService {
-    /// Reports `feed` for `devices` of `pool` (the node name); streams end when `stop` turns true.
+    /// Reports `feed` for `devices` of `pool` (the node name); streams end when `stop` is cancelled.
     pub fn new(
         pool: impl Into<String>,
         devices: impl IntoIterator<Item = String>,
         feed: HealthFeed,
-        stop: watch::Receiver<bool>,
+        stop: CancellationToken,
     ) -> Self {
         Self { pool: pool.into(), devices: devices.into_iter().collect(), feed, stop }
     }
@@ -229,7 +230,7 @@ impl HealthService {
     ) -> HealthStream<T> {
         let (tx, rx) = mpsc::channel(4);
         let mut feed = self.feed.clone();
-        let mut stop = self.stop.clone();
+        let stop = self.stop.clone();
         let pool = self.pool.clone();
         let devices = Arc::clone(&self.devices);
         tokio::spawn(async move {
@@ -243,7 +244,7 @@ impl HealthService {
                 }
                 tokio::select! {
                     changed = feed.changed() => if changed.is_err() { return },
-                    _ = stop.wait_for(|s| *s) => return,
+                    () = stop.cancelled() => return,
                     () = tx.closed() => return,
                 }
             }

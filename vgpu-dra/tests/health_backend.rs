@@ -44,10 +44,8 @@ async fn mock_backend_events_reach_the_snapshot() {
     let devices = AllocatableDevices::from_backend(backend.as_ref(), &DeviceConfig::default()).unwrap();
     let monitor = HealthMonitor::new(HealthConfig::new("manager.nvidia.com", &[]), &devices);
     let mut rx = monitor.subscribe();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = monitor.spawn(backend.as_ref(), async move {
-        let _ = stopped.await;
-    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = monitor.spawn(backend.as_ref(), stop.clone().cancelled_owned());
 
     // The scripted application Xid 31: an effect-None taint, the device stays healthy.
     rx.wait_for(|s| !s.device_taints("vgpu-1").is_empty()).await.unwrap();
@@ -67,7 +65,7 @@ async fn mock_backend_events_reach_the_snapshot() {
     assert_eq!(taints(&rx, "vgpu-0"), ["manager.nvidia.com/gpu-lost=:NoSchedule"]);
     assert_eq!(taints(&rx, "vgpu-1"), ["manager.nvidia.com/xid=31:None"]);
 
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 

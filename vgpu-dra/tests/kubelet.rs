@@ -243,12 +243,9 @@ async fn the_grpc_health_check_follows_both_sockets() {
     let node = TestNode::new();
     let running = node.serve().await;
     let check = HealthCheck::new(running.registration_socket.clone(), running.dra_socket.clone());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (addr, task) = serve(check, "127.0.0.1:0".parse().unwrap(), async {
-        let _ = stopped.await;
-    })
-    .await
-    .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (addr, task) =
+        serve(check, "127.0.0.1:0".parse().unwrap(), stop.clone().cancelled_owned()).await.unwrap();
     let mut client = HealthClient::connect(format!("http://{addr}")).await.unwrap();
     let status =
         |r: tonic::Response<vgpu_dra::api::grpc_health::HealthCheckResponse>| r.into_inner().status();
@@ -256,6 +253,6 @@ async fn the_grpc_health_check_follows_both_sockets() {
     assert_eq!(status(client.check(ask()).await.unwrap()), ServingStatus::Serving);
     running.stop().await.unwrap();
     assert_eq!(status(client.check(ask()).await.unwrap()), ServingStatus::NotServing);
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }

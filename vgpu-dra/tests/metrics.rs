@@ -67,16 +67,14 @@ async fn health_readiness_and_metrics_over_http() {
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(endpoint::serve(
         listener,
         Arc::clone(&metrics),
         Readiness::of(&running),
         "/custom/metrics",
         None,
-        async {
-            let _ = stopped.await;
-        },
+        stop.clone().cancelled_owned(),
     ));
 
     assert_eq!(get(addr, "/healthz").await.0, 200);
@@ -150,7 +148,7 @@ async fn health_readiness_and_metrics_over_http() {
     assert_eq!(status, 503);
     assert!(body.starts_with("socket ") && body.ends_with("dra.sock is not served"), "{body}");
 
-    stop.send(()).unwrap();
+    stop.cancel();
     server.await.unwrap().unwrap();
     running.stop().await.unwrap();
 }
@@ -210,16 +208,14 @@ async fn enable_rbac_guards_metrics_and_health_is_exported() {
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(endpoint::serve(
         listener,
         Arc::clone(&metrics),
         Readiness::of(&running),
         "/metrics",
         authorizer,
-        async {
-            let _ = stopped.await;
-        },
+        stop.clone().cancelled_owned(),
     ));
 
     assert_eq!(get(addr, "/metrics").await.0, 401, "no token");
@@ -259,7 +255,7 @@ async fn enable_rbac_guards_metrics_and_health_is_exported() {
     assert_eq!(value(&page, &series(&first.name, &first.gpu.uuid, "Unhealthy")), 1.0);
     assert_eq!(value(&page, &series(&first.name, &first.gpu.uuid, "Healthy")), 0.0);
 
-    stop.send(()).unwrap();
+    stop.cancel();
     server.await.unwrap().unwrap();
     running.stop().await.unwrap();
 }

@@ -141,10 +141,8 @@ async fn create_container_injects_a_per_container_partition_over_the_socket() {
         vgpu_dra::nri::plugin(hook, &NriConfig { root: nri_root.clone(), index: "05".parse().unwrap() })
             .unwrap();
     let health = plugin.health();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(plugin.run(async {
-        let _ = stopped.await;
-    }));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(plugin.run(stop.clone().cancelled_owned()));
     let mut conn = tokio::time::timeout(WAIT, runtime.accept()).await.unwrap().unwrap();
     assert_eq!(conn.registration().plugin_name, "manager.nvidia.com");
     assert_eq!(conn.registration().plugin_idx, "05");
@@ -251,7 +249,7 @@ async fn create_container_injects_a_per_container_partition_over_the_socket() {
 
     // Unprepare removes the claim directory with every partition.
     conn.close().await;
-    let _ = stop.send(());
+    stop.cancel();
     tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
     assert!(state.unprepare(&[ClaimRef::new("ns", "shared", "u-shared")]).await["u-shared"].is_ok());
     assert!(!claim_dir.exists());
@@ -271,10 +269,8 @@ async fn synchronize_refills_the_cache_after_a_plugin_restart() {
     let cache = hook.cache();
     let plugin =
         vgpu_dra::nri::plugin(hook, &NriConfig { root: nri_root, index: "00".parse().unwrap() }).unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(plugin.run(async {
-        let _ = stopped.await;
-    }));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(plugin.run(stop.clone().cancelled_owned()));
     let mut conn = tokio::time::timeout(WAIT, runtime.accept()).await.unwrap().unwrap();
     conn.configure("containerd", "2.1.4").await.unwrap();
     let pa = pod("uid-a", "trainer");
@@ -288,6 +284,6 @@ async fn synchronize_refills_the_cache_after_a_plugin_restart() {
     assert_eq!(cache.lookup("uid-a", "main"), Some(("u-shared".to_owned(), existing)));
     assert_eq!(cache.len(), 1, "only containers whose partition exists");
     conn.close().await;
-    let _ = stop.send(());
+    stop.cancel();
     tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
 }

@@ -176,17 +176,13 @@ async fn run_republishes_after_health_events() {
             .with_batch(Duration::ZERO)
             .with_resync(Duration::from_secs(3600));
     let mut status = publisher.status();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = publisher.spawn(async move {
-        let _ = stopped.await;
-    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = publisher.spawn(stop.clone().cancelled_owned());
     status.wait_for(|s| s.generation == 1).await.unwrap();
 
     let (tx, events) = health_channel();
-    let (stop_monitor, monitor_stopped) = tokio::sync::oneshot::channel::<()>();
-    let monitor_task = tokio::spawn(monitor.run(events, async move {
-        let _ = monitor_stopped.await;
-    }));
+    let stop_monitor = tokio_util::sync::CancellationToken::new();
+    let monitor_task = tokio::spawn(monitor.run(events, stop_monitor.clone().cancelled_owned()));
     tx.send(HealthEvent {
         index: 0,
         uuid: "GPU-0".into(),
@@ -212,9 +208,9 @@ async fn run_republishes_after_health_events() {
                 .any(|t| t.key == "manager.nvidia.com/unmonitored" && t.effect == "None")
         );
     }
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
-    stop_monitor.send(()).unwrap();
+    stop_monitor.cancel();
     monitor_task.await.unwrap();
 }
 

@@ -206,10 +206,8 @@ async fn the_running_controller_acts_on_watched_changes_without_waiting_for_a_re
     // Neither period can drive this test: only the watched changes can.
     config.resync = Duration::from_secs(3600);
     config.recheck = Duration::from_secs(3600);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = SwitchController::new(cluster.clone(), config).spawn(async move {
-        let _ = stop_rx.await;
-    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = SwitchController::new(cluster.clone(), config).spawn(stop.clone().cancelled_owned());
     tokio::time::sleep(Duration::from_millis(50)).await; // the first pass: no GPU yet
 
     // A PhysicalGPU appears asking for passthrough: its Job follows.
@@ -245,7 +243,7 @@ async fn the_running_controller_acts_on_watched_changes_without_waiting_for_a_re
     within(limit, || (reason_of(&cluster, "w1-b").as_deref() == Some("SwitchFailed")).then_some(()))
         .await
         .expect("SwitchFailed after the Job failed");
-    stop_tx.send(()).unwrap();
+    stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
 }
 
@@ -256,10 +254,8 @@ async fn a_missed_change_is_repaired_by_the_resync() {
     let mut config = SwitchConfig::new("w1", "d8-gpu", "vgpu:1");
     config.resync = Duration::from_millis(300);
     config.recheck = Duration::from_secs(3600);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = SwitchController::new(cluster.clone(), config).spawn(async move {
-        let _ = stop_rx.await;
-    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = SwitchController::new(cluster.clone(), config).spawn(stop.clone().cancelled_owned());
     let (job, _) = within(Duration::from_secs(2), || cluster.jobs().into_iter().next()).await.expect("a Job");
     // The watch misses the Job's completion: the next resync still sees it.
     cluster.silence(true);
@@ -269,7 +265,7 @@ async fn a_missed_change_is_repaired_by_the_resync() {
     })
     .await
     .expect("the resync picked the completion up");
-    stop_tx.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 
@@ -375,13 +371,8 @@ async fn passthrough_gpus_are_published_only_as_vfio_devices_and_come_back() {
     let cluster = Arc::new(MemorySwitchCluster::default());
     let mut config = SwitchConfig::new("w1", "d8-gpu", "vgpu:1");
     config.resync = Duration::from_secs(3600);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = || stop.clone().cancelled_owned();
     let publisher = publisher.spawn(stopped());
     let controller =
         SwitchController::new(cluster.clone(), config).with_passthrough_sink(passthrough_tx).spawn(stopped());
@@ -413,7 +404,7 @@ async fn passthrough_gpus_are_published_only_as_vfio_devices_and_come_back() {
     within(limit, || (published(&store) == ["gpu-vfio-0", "gpu-vfio-1", "vgpu-1"]).then_some(()))
         .await
         .expect("hidden while on vfio-pci");
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     controller.await.unwrap();
     publisher.await.unwrap();
 }
@@ -423,13 +414,8 @@ async fn the_first_publication_already_leaves_out_a_passthrough_gpu() {
     let (_dir, tree, _kernel) = node();
     let (store, sink, publisher) = publisher_of(&tree, str::to_owned);
     let mut status = publisher.status();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = || stop.clone().cancelled_owned();
     // The publisher starts first; the switch controller's first pass comes later.
     let publisher = publisher.spawn(stopped());
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -442,7 +428,7 @@ async fn the_first_publication_already_leaves_out_a_passthrough_gpu() {
     status.wait_for(|s| s.generation >= 1).await.unwrap();
     assert_eq!(status.borrow().generation, 1);
     assert_eq!(published(&store), ["gpu-vfio-0", "gpu-vfio-1", "vgpu-1"], "generation 1 never had vgpu-0");
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     controller.await.unwrap();
     publisher.await.unwrap();
 }
