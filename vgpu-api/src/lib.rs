@@ -37,6 +37,9 @@
 //! Field formats (`pciAddress` `0000:3b:00.0`, 4-digit lower-case hex ids, label-safe vendor keys) are schema
 //! patterns.
 //!
+//! Helpers over core objects, without a client, are in [`pod`] ([`pod::actual_claim_name`]: the
+//! ResourceClaim behind a pod's claim entry).
+//!
 //! # Another API group
 //!
 //! `kube`'s derive fixes the group at compile time (`Resource::group` is a constant). A module installed under
@@ -62,6 +65,8 @@
 //! ```
 
 use std::collections::BTreeMap;
+
+pub mod pod;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema, Resource, core::ApiResource};

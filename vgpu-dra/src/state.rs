@@ -49,11 +49,14 @@ use crate::{
     claims::ClaimSource,
     client_mode::{self, RegisterTable},
     config::DriverConfig,
-    devices::{AllocatableDevice, AllocatableDevices, DeviceError, DeviceType},
+    devices::AllocatableDevice,
+    devices::AllocatableDevices,
+    devices::DeviceError,
     lock::{LockError, PuLock},
     modes::{ClaimContext, ClaimDevice, ClaimMode, HostAction, ModeEdits, ModeError},
 };
 use vgpu_core::cdi::{ContainerEdits, DeviceNode, Mount};
+use vgpu_core::dra::DeviceType;
 
 /// The error text of the claim-sharing rule (upstream's words).
 pub const SHARED_CLAIM_ERROR: &str = "claim cannot be used for multiple Pods simultaneously";
