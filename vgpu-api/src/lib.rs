@@ -37,6 +37,9 @@
 //! Field formats (`pciAddress` `0000:3b:00.0`, 4-digit lower-case hex ids, label-safe vendor keys) are schema
 //! patterns.
 //!
+//! Helpers over core objects, without a client, are in [`pod`] ([`pod::actual_claim_name`]: the
+//! ResourceClaim behind a pod's claim entry).
+//!
 //! # Another API group
 //!
 //! `kube`'s derive fixes the group at compile time (`Resource::group` is a constant). A module installed under
@@ -65,7 +68,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`pod`] | a Pod's containers with their field paths ([`pod::containers`]), the sides of a pod patch ([`pod::comparable`]), the owner key ([`pod::owner_key`]) |
+//! | [`pod`] | a Pod's containers with their field paths ([`pod::containers`]), the sides of a pod patch ([`pod::comparable`]), the owner key ([`pod::owner_key`]), the claim a pod's claim entry stands for ([`pod::actual_claim_name`]) |
 //! | [`names`] | generated object names, vgpu-manager's `GenerateK8sSafeResourceName` ([`names::safe_resource_name`], [`names::short_hash`]) |
 //! | [`cel`] | CEL string literals a value cannot break out of ([`cel::cel_string`]) |
 

@@ -45,6 +45,38 @@ pub const ATTRIBUTE_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 /// Device type of a shareable vGPU device.
 pub const DEVICE_TYPE_VGPU: &str = "vgpu";
 
+/// The `type` attribute of a device (the DeviceClass selects on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceType {
+    /// A whole GPU (`gpu-<minor>`, class `gpu-manager`).
+    Gpu,
+    /// A shareable vGPU (`vgpu-<minor>`, class `vgpu-manager`).
+    Vgpu,
+    /// A MIG device (`gpu-<minor>-mig-<profileId>-<start>-<size>`, class `mig-manager`; gate `DynamicMIG`).
+    Mig,
+    /// A GPU for passthrough bound to `vfio-pci` on Prepare (`gpu-vfio-<index>`, class `vfio-manager`; gate
+    /// `PassthroughSupport`).
+    Vfio,
+}
+
+impl DeviceType {
+    /// The attribute value: `gpu`, `vgpu` ([`DEVICE_TYPE_VGPU`]), `mig` or `vfio`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gpu => "gpu",
+            Self::Vgpu => DEVICE_TYPE_VGPU,
+            Self::Mig => "mig",
+            Self::Vfio => "vfio",
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `attribute` fully qualified: unchanged when it has a domain (`a/b`), else in `driver`'s domain.
 pub fn qualified(driver: &str, attribute: &str) -> String {
     if attribute.contains('/') { attribute.to_owned() } else { format!("{driver}/{attribute}") }

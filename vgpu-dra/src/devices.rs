@@ -37,8 +37,8 @@
 //! not a whole number is an error naming the device, the capacity and the value.
 //!
 //! ```
-//! use vgpu_core::backend::mock::MockBackend;
-//! use vgpu_dra::devices::{AllocatableDevices, DeviceConfig, DeviceType};
+//! use vgpu_core::{backend::mock::MockBackend, dra::DeviceType};
+//! use vgpu_dra::devices::{AllocatableDevices, DeviceConfig};
 //!
 //! let yaml = "gpus:\n  - { uuid: GPU-A, name: NVIDIA A30, memoryMiB: 24576, minor: 3 }\n";
 //! let backend = MockBackend::from_yaml_str(yaml)?;
@@ -66,6 +66,7 @@ use std::{
 use vgpu_core::{
     alloc::parse_quantity,
     backend::{BackendError, DeviceBackend, DriverVersions},
+    dra::DeviceType,
     model::{ComputeCapability, GpuDevice, Vendor},
 };
 
@@ -260,38 +261,6 @@ impl Default for DeviceConfig {
 }
 
 // === devices ===
-
-/// The `type` attribute of a device (the DeviceClass selects on it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeviceType {
-    /// A whole GPU (`gpu-<minor>`, class `gpu-manager`).
-    Gpu,
-    /// A shareable vGPU (`vgpu-<minor>`, class `vgpu-manager`).
-    Vgpu,
-    /// A MIG device (`gpu-<minor>-mig-<profileId>-<start>-<size>`, class `mig-manager`; gate `DynamicMIG`).
-    Mig,
-    /// A GPU for passthrough bound to `vfio-pci` on Prepare (`gpu-vfio-<index>`, class `vfio-manager`; gate
-    /// `PassthroughSupport`).
-    Vfio,
-}
-
-impl DeviceType {
-    /// The attribute value: `gpu` or `vgpu`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Gpu => "gpu",
-            Self::Vgpu => "vgpu",
-            Self::Mig => "mig",
-            Self::Vfio => "vfio",
-        }
-    }
-}
-
-impl fmt::Display for DeviceType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// The physical GPU behind a device.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

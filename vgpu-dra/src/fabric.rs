@@ -69,10 +69,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     checkpoint::{Checkpoint, ClaimState},
-    devices::{AllocatableDevices, DeviceType, ExtraAttribute},
+    devices::AllocatableDevices,
+    devices::ExtraAttribute,
     modes::{ClaimContext, ClaimMode, ModeEdits, ModeError, decode, encode},
     vfio::same_bus_id,
 };
+use vgpu_core::dra::DeviceType;
 
 /// The mode's name in recorded actions.
 pub const MODE: &str = "fabricManager";

@@ -74,13 +74,21 @@ use vgpu_core::backend::{
 };
 
 use crate::{
-    devices::{
-        AllocatableDevice, AllocatableDevices, Amount, CounterConsumption, CounterSet, DeviceCapacity,
-        DeviceError, DeviceExtras, DeviceType, ExtraAttribute, GpuInfo, MIB,
-    },
+    devices::AllocatableDevice,
+    devices::AllocatableDevices,
+    devices::Amount,
+    devices::CounterConsumption,
+    devices::CounterSet,
+    devices::DeviceCapacity,
+    devices::DeviceError,
+    devices::DeviceExtras,
+    devices::ExtraAttribute,
+    devices::GpuInfo,
+    devices::MIB,
     modes::{ClaimContext, ClaimMode, ModeEdits, ModeError, decode, encode},
 };
 use vgpu_core::cdi::{ContainerEdits, DeviceNode};
+use vgpu_core::dra::DeviceType;
 
 /// The mode's name in the checkpoint's host actions.
 pub const MODE: &str = "mig";

@@ -45,11 +45,11 @@ use vgpu_core::backend::{ComputeMode, DeviceBackend};
 use crate::{
     checkpoint::{Checkpoint, ClaimState},
     config::DriverConfig,
-    devices::DeviceType,
     modes::{self, ClaimContext, ClaimMode, ModeEdits, ModeError},
     opaque::{self, MpsConfig, Sharing},
 };
 use vgpu_core::cdi::Mount;
+use vgpu_core::dra::DeviceType;
 
 const MODE: &str = "mps";
 /// Where the pipe directory is mounted in containers.

@@ -53,10 +53,8 @@ use serde_json::{Map, Value, json};
 use vgpu_core::backend::TimeSlice;
 use vgpu_gates::DraGate;
 
-use crate::{
-    devices::DeviceType,
-    modes::{ClaimContext, ClaimMode, ModeEdits, ModeError},
-};
+use crate::modes::{ClaimContext, ClaimMode, ModeEdits, ModeError};
+use vgpu_core::dra::DeviceType;
 
 /// `apiVersion` of the accepted configs.
 pub const API_VERSION: &str = "resource.nvidia.com/v1beta1";

@@ -105,24 +105,6 @@ pub fn main_request(request: &str) -> &str {
     request.split_once('/').map_or(request, |(main, _)| main)
 }
 
-/// The name of the ResourceClaim a pod's `spec.resourceClaims[name]` entry stands for: its
-/// `resourceClaimName`, or for a template the name in `status.resourceClaimStatuses` (`None`: no such entry,
-/// or its template's claim has not been created yet).
-pub fn actual_claim_name<'a>(pod: &'a Pod, pod_claim: &str) -> Option<&'a str> {
-    let entry = pod.spec.as_ref()?.resource_claims.iter().flatten().find(|c| c.name == pod_claim)?;
-    if let Some(name) = entry.resource_claim_name.as_deref() {
-        return Some(name);
-    }
-    pod.status
-        .as_ref()?
-        .resource_claim_statuses
-        .iter()
-        .flatten()
-        .find(|s| s.name == pod_claim)?
-        .resource_claim_name
-        .as_deref()
-}
-
 /// The partitions of a claim: for each of `requests` (the claim's allocated vGPU main requests) the key of
 /// its partition, and for each key the containers in it. `pods` are the claim's consumer pods as read
 /// from the API (those not readable are simply absent: their requests fall back to [`fallback_key`]).
@@ -151,7 +133,7 @@ pub fn resolve(claim: &ResourceClaim, requests: &BTreeSet<String>, pods: &[Pod])
         for (kind, container) in containers {
             let claims = container.resources.as_ref().and_then(|r| r.claims.as_ref());
             for claim_ref in claims.into_iter().flatten() {
-                if actual_claim_name(pod, &claim_ref.name) != Some(claim_name) {
+                if vgpu_api::pod::actual_claim_name(pod, &claim_ref.name) != Some(claim_name) {
                     continue;
                 }
                 let used: Vec<String> = match claim_ref.request.as_deref().filter(|r| !r.is_empty()) {

@@ -25,10 +25,10 @@ use vgpu_core::backend::{ComputeMode, DeviceBackend, TimeSlice};
 
 use crate::{
     config::DriverConfig,
-    devices::DeviceType,
     modes::{self, ClaimContext, ClaimMode, ModeEdits, ModeError},
     opaque::{self, DeviceConfig},
 };
+use vgpu_core::dra::DeviceType;
 
 const MODE: &str = "timeSlicing";
 

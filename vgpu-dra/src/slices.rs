@@ -88,12 +88,11 @@ use k8s_openapi::{
 use vgpu_core::backend::DriverVersions;
 
 use crate::{
-    devices::{
-        AllocatableDevice, AllocatableDevices, Amount, CAPACITY_CORES, CAPACITY_MEMORY, CAPACITY_SHARES,
-        ConsumableShares, DeviceType, ExtraAttribute, GpuInfo, MIB,
-    },
-    health::HealthSnapshot,
+    devices::AllocatableDevice, devices::AllocatableDevices, devices::Amount, devices::CAPACITY_CORES,
+    devices::CAPACITY_MEMORY, devices::CAPACITY_SHARES, devices::ConsumableShares, devices::ExtraAttribute,
+    devices::GpuInfo, devices::MIB, health::HealthSnapshot,
 };
+use vgpu_core::dra::DeviceType;
 
 /// Most attributes plus capacities one device may have.
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;

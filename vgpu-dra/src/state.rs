@@ -65,10 +65,11 @@ use crate::{
     claims::{ClaimRef, ClaimSource},
     client_mode::{self, RegisterTable},
     config::DriverConfig,
-    devices::{AllocatableDevices, DeviceType},
+    devices::AllocatableDevices,
     lock::PuLock,
     modes::{ClaimContext, ClaimMode, HostAction, ModeEdits, ModeError},
 };
+use vgpu_core::dra::DeviceType;
 
 /// What one Prepare call returns per claim UID.
 pub type PrepareResults = BTreeMap<String, Result<Vec<PreparedDevice>, ClaimFailure>>;

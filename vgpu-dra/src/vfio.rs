@@ -91,13 +91,17 @@ use vgpu_core::model::{ComputeCapability, Vendor};
 
 use crate::{
     checkpoint::Checkpoint,
-    devices::{
-        AllocatableDevice, AllocatableDevices, Amount, DeviceCapacity, DeviceExtras, DeviceType,
-        ExtraAttribute, GpuInfo,
-    },
+    devices::AllocatableDevice,
+    devices::AllocatableDevices,
+    devices::Amount,
+    devices::DeviceCapacity,
+    devices::DeviceExtras,
+    devices::ExtraAttribute,
+    devices::GpuInfo,
     modes::{ClaimContext, ClaimMode, ModeEdits, ModeError, decode, encode},
 };
 use vgpu_core::cdi::{ContainerEdits, DeviceNode};
+use vgpu_core::dra::DeviceType;
 
 /// The mode's name in recorded actions.
 pub const MODE: &str = "vfio";

@@ -14,10 +14,12 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use support::{DRIVER, NODE, TestNode};
 use vgpu_core::backend::{MetaxAdapter, mock::MockBackend};
+use vgpu_core::dra::DeviceType;
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     claims::{allocated, allocation_result, claim},
-    devices::{AllocatableDevices, DeviceConfig, DeviceType},
+    devices::AllocatableDevices,
+    devices::DeviceConfig,
     health::HealthSnapshot,
     slices::{
         SliceConfig,

@@ -18,12 +18,15 @@ use std::{
 
 use proptest::prelude::*;
 use vgpu_core::backend::{DeviceBackend, mock::MockBackend};
+use vgpu_core::dra::DeviceType;
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{InMemoryClaims, allocated, allocation_result, claim},
     config::DriverConfig,
-    devices::{AllocatableDevices, DeviceConfig, DeviceType, ExtraAttribute},
+    devices::AllocatableDevices,
+    devices::DeviceConfig,
+    devices::ExtraAttribute,
     health::HealthSnapshot,
     mig::{self, MigMode},
     modes::{ClaimContext, ClaimDevice, ClaimMode},

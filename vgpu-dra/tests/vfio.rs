@@ -13,12 +13,14 @@ use std::sync::{Arc, atomic::Ordering};
 
 use vgpu_core::backend::mock::MockBackend;
 use vgpu_core::cdi::Spec;
+use vgpu_core::dra::DeviceType;
 use vgpu_dra::claims::ClaimRef;
 use vgpu_dra::{
     checkpoint::ClaimState,
     claims::{ClaimSource, InMemoryClaims, allocated, allocation_result, claim},
     config::DriverConfig,
-    devices::{AllocatableDevices, DeviceConfig, DeviceType},
+    devices::AllocatableDevices,
+    devices::DeviceConfig,
     health::HealthSnapshot,
     modes::{ClaimContext, ClaimDevice, ClaimMode},
     slices::{SliceConfig, build_device},

@@ -115,7 +115,7 @@ impl MonitorConfig {
             vmem_tracking: false,
             stuck_grace_period: std::time::Duration::from_secs(30),
             build: BuildInfo::current(),
-            dra_driver: vgpu_dra::DRIVER_NAME.to_owned(),
+            dra_driver: vgpu_core::dra::DRIVER_NAME.to_owned(),
         }
     }
 }
@@ -659,8 +659,7 @@ impl NodeCollector {
         let slices = dra.slices();
         let node_devices =
             NodeDevices::from_slices(slices.iter().map(AsRef::as_ref), &cfg.dra_driver, &cfg.node_name);
-        if let Some(first) =
-            node_devices.iter().find(|d| d.kind == vgpu_dra::devices::DeviceType::Vgpu.as_str())
+        if let Some(first) = node_devices.iter().find(|d| d.kind == vgpu_core::dra::DeviceType::Vgpu.as_str())
         {
             snap.cores_scaling = first.core_ratio as f64 / 100.0;
             snap.memory_scaling = first.memory_ratio as f64 / 100.0;

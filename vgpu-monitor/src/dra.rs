@@ -45,8 +45,9 @@ use k8s_openapi::api::{
     resource::v1::{DeviceRequestAllocationResult, ResourceClaim, ResourceSlice},
 };
 use kube::runtime::{reflector, watcher};
+use vgpu_api::pod::actual_claim_name;
 use vgpu_core::alloc::parse_quantity;
-use vgpu_dra::devices::{CAPACITY_CORES, CAPACITY_MEMORY, DeviceType};
+use vgpu_core::dra::{CAPACITY_CORES, CAPACITY_MEMORY, DeviceType};
 
 use crate::pods::PodSource;
 
@@ -333,8 +334,6 @@ impl ClaimIndex {
         self.by_name.get(&(namespace.to_owned(), name.to_owned()))
     }
 }
-
-pub use vgpu_dra::partition::actual_claim_name;
 
 fn reserved_for(claim: &ResourceClaim, pod_uid: &str) -> bool {
     claim

@@ -22,12 +22,12 @@ use k8s_openapi::api::{
     resource::v1::{ResourceClaim, ResourceSlice},
 };
 use support::{Proc, get, value};
+use vgpu_core::dra::DRIVER_NAME;
 use vgpu_core::{
     abi::vmem_node::{self, ProcessUsed, VmemNode},
     backend::mock::MockBackend,
 };
 use vgpu_dra::{
-    DRIVER_NAME,
     claims::{allocated, allocation_result, claim},
     devices::{AllocatableDevices, DeviceConfig},
     health::HealthSnapshot,

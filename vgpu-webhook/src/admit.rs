@@ -533,7 +533,11 @@ impl<C: ClusterApi> Admission<C> {
             let mut claims = BTreeMap::new();
             for (_, c) in containers(&pod) {
                 for reference in c.resources.as_ref().and_then(|r| r.claims.as_ref()).into_iter().flatten() {
-                    let Some(actual) = validate::actual_claim_name(&pod, &reference.name) else { continue };
+                    let Some(actual) =
+                        vgpu_api::pod::actual_claim_name(&pod, &reference.name).map(str::to_owned)
+                    else {
+                        continue;
+                    };
                     if actual == name || claims.contains_key(&actual) {
                         continue;
                     }

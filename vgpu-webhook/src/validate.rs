@@ -476,23 +476,6 @@ pub fn allocated_vgpu_requests(
     out
 }
 
-/// The ResourceClaim name behind `pod`'s pod claim `pod_claim`: its `resourceClaimName`, or the claim generated
-/// from its template (`status.resourceClaimStatuses`).
-pub fn actual_claim_name(pod: &Pod, pod_claim: &str) -> Option<String> {
-    let pc = pod.spec.as_ref()?.resource_claims.as_ref()?.iter().find(|p| p.name == pod_claim)?;
-    if let Some(name) = pc.resource_claim_name.as_ref().filter(|n| !n.is_empty()) {
-        return Some(name.clone());
-    }
-    pod.status
-        .as_ref()?
-        .resource_claim_statuses
-        .as_ref()?
-        .iter()
-        .find(|s| s.name == pod_claim)?
-        .resource_claim_name
-        .clone()
-}
-
 /// One pod the claim is reserved for, with the ResourceClaims its containers reference (by name; `None` when
 /// the claim does not exist).
 #[derive(Debug, Clone)]
@@ -542,7 +525,10 @@ pub fn check_allocated_sharing(
             let mut vgpu_claims = BTreeSet::new();
             let mut current_reqs = BTreeSet::new();
             for reference in c.resources.as_ref().and_then(|r| r.claims.as_ref()).into_iter().flatten() {
-                let Some(actual) = actual_claim_name(pod, &reference.name) else { continue };
+                let Some(actual) = vgpu_api::pod::actual_claim_name(pod, &reference.name).map(str::to_owned)
+                else {
+                    continue;
+                };
                 let (uid, allocated) = if actual == claim_name {
                     (claim_uid.to_owned(), current.clone())
                 } else {

@@ -47,10 +47,8 @@ use tokio::sync::watch;
 use vgpu_core::discovery::PciAddress;
 
 use super::{SliceConfig, SliceError, build_slices, normalized_spec, store::SliceStore};
-use crate::{
-    devices::{AllocatableDevices, DeviceType},
-    health::HealthSnapshot,
-};
+use crate::{devices::AllocatableDevices, health::HealthSnapshot};
+use vgpu_core::dra::DeviceType;
 
 /// How long [`SlicePublisher::run`] waits for the first passthrough set before publishing without it.
 pub const PASSTHROUGH_FIRST_WAIT: Duration = Duration::from_secs(30);

@@ -14,9 +14,10 @@ use crate::{
     claims::{ClaimRef, ClaimSource},
     client_mode,
     config::DriverConfig,
-    devices::{AllocatableDevice, AllocatableDevices, DeviceError, DeviceType},
+    devices::{AllocatableDevice, AllocatableDevices, DeviceError},
     modes::ClaimDevice,
 };
+use vgpu_core::dra::DeviceType;
 
 /// One allocation result resolved to a GPU, before any side effect.
 #[derive(Debug)]

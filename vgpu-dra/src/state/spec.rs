@@ -7,8 +7,9 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use vgpu_core::{abi::runtime_files, backend::VendorAdapter, model::ComputePolicy};
 
 use super::plan::Planned;
-use crate::{cdi, claims::ClaimRef, client_mode, config::DriverConfig, devices::DeviceType};
+use crate::{cdi, claims::ClaimRef, client_mode, config::DriverConfig};
 use vgpu_core::cdi::{ContainerEdits, DeviceNode, Mount};
+use vgpu_core::dra::DeviceType;
 
 /// The claim's CDI spec (see [`crate::cdi`] for the edits).
 pub(super) fn claim_spec(
