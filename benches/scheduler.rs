@@ -20,13 +20,14 @@ use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use vgpu_core::alloc::{NodeLinks, NodeUsage, NodeView, PodFootprint, PodRequest, allocate, order_nodes};
+use vgpu_core::clock::ManualClock;
 use vgpu_core::codec::{node_devices, pod_devices};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::{DeviceTopology, GpuLinks, P2PLinkType};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::wire::{ExtenderArgs, ExtenderFilterResult};
-use vgpu_scheduler::{CandidateNames, Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, convert};
+use vgpu_scheduler::{CandidateNames, Extender, ExtenderConfig, MemoryCluster, Pod, convert};
 
 const NODES: usize = 5000;
 const PODS: usize = 20_000;

@@ -14,6 +14,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
+use vgpu_core::clock::ManualClock;
 use vgpu_core::{
     alloc::{PodContainer, PodSpec},
     backend::{DeviceBackend, mock::MockBackend},
@@ -35,7 +36,7 @@ use vgpu_kubelet::{
     api::v1beta1::{AllocateRequest, ContainerAllocateRequest, device_plugin_client::DevicePluginClient},
     socket::connect_unix,
 };
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Node, Pod, PodPhase};
+use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Node, Pod, PodPhase};
 
 const MOCK: &str = "\
 driver: { version: 570.86.10, cudaVersion: '12.8' }

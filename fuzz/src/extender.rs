@@ -35,6 +35,7 @@ use hyper::service::Service;
 use hyper_util::service::TowerToHyperService;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_lease::Readiness;
@@ -42,8 +43,8 @@ use vgpu_scheduler::fixture::vgpu_node;
 use vgpu_scheduler::server::{AppState, router};
 use vgpu_scheduler::wire::{ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs};
 use vgpu_scheduler::{
-    BIND_PATH, Extender, ExtenderConfig, FILTER_DRYRUN_PATH, ManualClock, MemoryCluster, Metrics,
-    PREEMPT_PATH, PRIORITIZE_PATH,
+    BIND_PATH, Extender, ExtenderConfig, FILTER_DRYRUN_PATH, MemoryCluster, Metrics, PREEMPT_PATH,
+    PRIORITIZE_PATH,
 };
 
 /// A fuzz entry: arbitrary bytes in, a panic when a property breaks.

@@ -25,13 +25,13 @@ use std::time::Instant;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::wire::{ExtenderArgs, ExtenderFilterResult};
 use vgpu_scheduler::{
-    ClusterCache, Extender, ExtenderConfig, ManualClock, MemoryCluster, Node, Pod, PodPhase, WatchEvent,
-    convert,
+    ClusterCache, Extender, ExtenderConfig, MemoryCluster, Node, Pod, PodPhase, WatchEvent, convert,
 };
 
 #[global_allocator]

@@ -16,12 +16,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use vgpu_core::clock::SystemClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_lease::Readiness;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, ServerConfig};
-use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, SystemClock};
+use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -19,7 +19,7 @@ use vgpu_gates::{CoreGate, FeatureGates};
 
 use crate::budgets::Budgets;
 use crate::cache::ClusterCache;
-use crate::clock::Clock;
+use vgpu_core::clock::Clock;
 use vgpu_kube::error::ClusterError;
 
 use crate::cluster::{Binding, Cluster, Event, EventType, MemoryCluster, MetadataPatch, Pod};

@@ -10,9 +10,9 @@ use vgpu_core::topology::{DeviceTopology, GpuLinks, P2PLinkType};
 
 use std::sync::Arc;
 
-use crate::clock::ManualClock;
 use crate::cluster::{MemoryCluster, Node, Pod};
 use crate::extender::{Extender, ExtenderConfig};
+use vgpu_core::clock::ManualClock;
 
 /// The `node-device-topology` value of a backend's link matrix (unknown codes are skipped).
 pub fn topology_of(matrix: &LinkMatrix) -> DeviceTopology {

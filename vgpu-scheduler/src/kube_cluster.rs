@@ -31,7 +31,8 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use vgpu_lease::{LeaderConfig, LeaderMode, Readiness, leader};
-//! use vgpu_scheduler::{CacheDriver, Extender, ExtenderConfig, KubeCluster, SystemClock};
+//! use vgpu_core::clock::SystemClock;
+//! use vgpu_scheduler::{CacheDriver, Extender, ExtenderConfig, KubeCluster};
 //! # async fn main_() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = kube::Client::try_default().await?;
 //! let clock = Arc::new(SystemClock);

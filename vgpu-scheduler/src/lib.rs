@@ -23,12 +23,10 @@
 //! | [`fixture`] | nodes and pods as the device plugin and users publish them (tests, simulator, benches) |
 //! | [`api_pod`] | [`api_pod::ApiPod`]: a Pod's JSON decoded into only the fields the extender reads (requests, watch events) |
 //! | [`convert`] | Kubernetes `Pod`/`Node` (k8s-openapi) → [`Pod`]/[`Node`], gang identity |
-//! | [`clock`] | [`Clock`], [`SystemClock`], [`ManualClock`] |
 //! | [`kube_cluster`] | [`KubeCluster`]: [`Cluster`] over a `kube::Client` (paged lists, merge patches, `pods/binding`, events) |
 //! | [`watch`] | [`CacheDriver`]: list+watch of nodes and pods feeding the [`ClusterCache`], re-lists, sync, expiry sweeps |
 //! | [`wire`] | the `k8s.io/kube-scheduler/extender/v1` JSON types and their conversions to and from the verb results |
 //! | [`server`] | the axum router ([`server::router`]) and [`server::serve`]/[`server::run`]: verbs, `/healthz`, `/readyz`, `/metrics`, `/version` |
-//! | [`tls`] | re-export of [`vgpu_serve::tls`]: rustls (ring, ALPN `h2` then `http/1.1`), hot-reloaded certificate ([`tls::CertReloader`]), client-certificate verification ([`tls::ClientCaReloader`]) |
 //! | [`metrics`] | [`Metrics`]: the contract's `vgpu_scheduler_*` families (prometheus-client) |
 //! | [`work`] | [`work::WorkPool`]: admission and blocking-thread workers for the verbs, so the probes always answer |
 //!
@@ -40,7 +38,8 @@
 //! use vgpu_core::codec::{node_config_info, node_devices};
 //! use vgpu_core::domain::ResourceDomain;
 //! use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
-//! use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Node, Pod};
+//! use vgpu_core::clock::ManualClock;
+//! use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Node, Pod};
 //!
 //! let d = ResourceDomain::default();
 //! let cluster = MemoryCluster::new();
@@ -79,7 +78,8 @@
 //! use std::sync::Arc;
 //! use vgpu_scheduler::server::{AppState, ServerConfig};
 //! use vgpu_lease::Readiness;
-//! use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, SystemClock};
+//! use vgpu_core::clock::SystemClock;
+//! use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let metrics = Arc::new(Metrics::new());
@@ -122,11 +122,9 @@
 //! * With `TopologyAwareGPUAllocation` off, `node-device-topology` is not even decoded, so link-mode pods see
 //!   exactly the placement of a node without topology.
 
+pub mod api_pod;
 pub mod budgets;
 pub mod cache;
-/// The clock seam, lifted into `vgpu-core` (kept here for existing callers).
-pub use vgpu_core::clock;
-pub mod api_pod;
 pub mod cluster;
 pub mod convert;
 pub mod decoded;
@@ -149,13 +147,7 @@ pub mod watch;
 pub mod wire;
 pub mod work;
 
-/// The `process_*` collector, lifted into `vgpu-serve` (kept here for existing callers).
-pub use vgpu_serve::process_metrics;
-/// TLS for the server: lifted to [`vgpu_serve::tls`], re-exported here so existing callers keep compiling.
-pub use vgpu_serve::tls;
-
 pub use cache::ClusterCache;
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{Cluster, MemoryCluster, MetadataPatch, Node, Pod, PodPhase, WatchEvent};
 pub use extender::{
     BindResult, BindWrites, Extender, ExtenderConfig, ExtenderError, ExtenderObserver, FailedNode,

@@ -1,6 +1,6 @@
 //! Scheduler metrics (contract §3.6): the `vgpu_scheduler_*` families in a prometheus-client registry,
 //! exposed by the server's `GET /metrics` in the OpenMetrics text format, followed by the standard `process_*` families
-//! ([`process_metrics`](crate::process_metrics)).
+//! ([`process_metrics`](vgpu_serve::process_metrics)).
 //!
 //! | family | labels | filled by |
 //! |---|---|---|
@@ -476,7 +476,7 @@ impl Metrics {
             let _ = success_events.get_or_create(&ResultLabel { result });
         }
         let mut process = Registry::default();
-        process.register_collector(Box::new(crate::process_metrics::ProcessCollector));
+        process.register_collector(Box::new(vgpu_serve::process_metrics::ProcessCollector));
         Self {
             registry,
             process,
@@ -502,7 +502,7 @@ impl Metrics {
     }
 
     /// The OpenMetrics text exposition (served with [`CONTENT_TYPE`]): the `vgpu_scheduler_*` families, then
-    /// the `process_*` ones ([`process_metrics`](crate::process_metrics)).
+    /// the `process_*` ones ([`process_metrics`](vgpu_serve::process_metrics)).
     pub fn encode(&self) -> Result<String, fmt::Error> {
         use prometheus_client::encoding::text;
         let mut out = String::new();

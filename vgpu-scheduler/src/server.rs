@@ -28,8 +28,8 @@
 //! | `/metrics` | open | verified client certificate, else 401 | bearer token reviewed by the API server (TokenReview + SubjectAccessReview, `get` on `/metrics`): none or unknown 401, not allowed 403; a client certificate is then neither needed nor enough |
 //! | verbs, `/version`, anything else | open | verified client certificate, else 401, before the body is read | — |
 //!
-//! Client certificates are verified during the TLS handshake against the CA bundle ([`crate::tls`],
-//! [`ClientAuth::Optional`](crate::tls::ClientAuth::Optional)): a certificate of another CA fails the
+//! Client certificates are verified during the TLS handshake against the CA bundle ([`vgpu_serve::tls`],
+//! [`ClientAuth::Optional`](vgpu_serve::tls::ClientAuth::Optional)): a certificate of another CA fails the
 //! handshake; a client without one finishes it and is refused per route, so that probes still answer.
 //! [`run`] warns when it listens beyond loopback over plain HTTP (anyone who reaches the port can filter and
 //! bind, and bearer tokens would travel in clear) or over TLS without client certificates.
@@ -67,7 +67,7 @@
 //! `base + max_admitted × max_body_bytes + max_running × k × max_body_bytes` (+ the binds' part) with `k` about
 //! 6 for a body of node names only (measured by the `load` test in `tests/load.rs`).
 //!
-//! [`serve`] runs a router on a listener with the upstream timeouts, optional TLS ([`crate::tls`]) and graceful
+//! [`serve`] runs a router on a listener with the upstream timeouts, optional TLS ([`vgpu_serve::tls`]) and graceful
 //! shutdown; [`run`] does it all from a [`ServerConfig`]. The whole request (headers and body) must arrive
 //! within [`ServerConfig::read_timeout`] of its first byte, and its headers within
 //! [`ServerConfig::header_read_timeout`] (never more than the read timeout).
@@ -92,23 +92,23 @@ use tokio::net::TcpListener;
 use vgpu_core::model::TopologyMode;
 
 use crate::api_pod::ApiPod;
-use crate::clock::Clock;
 use crate::cluster::{Cluster, Pod};
 use crate::convert::pod_from_k8s;
 use crate::extender::Extender;
 use crate::metrics::{
     self, Metrics, PolicyLabels, Verb, bind_result_label, filter_result_label, protection_reason,
 };
-use crate::tls::{TlsError, TlsFiles, VerifiedClientCert};
 use crate::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
     ExtenderPreemptionResult, HostPriority,
 };
 use crate::work::{Admission, Busy, RETRY_AFTER_SECS, WorkLimits, WorkPool};
+use vgpu_core::clock::Clock;
 use vgpu_lease::{Readiness, Role};
 use vgpu_serve::authz::{Authorizer, NonResourceRequest};
 use vgpu_serve::http::{BodyError, HttpTimeouts};
 use vgpu_serve::probes::{NotReady, ProbeRoutes};
+use vgpu_serve::tls::{TlsError, TlsFiles, VerifiedClientCert};
 
 /// Largest accepted request body (7 MiB, vgpu-manager's `io.LimitReader`).
 pub const MAX_BODY_BYTES: usize = 7 << 20;

@@ -74,8 +74,8 @@ use tokio_stream::StreamExt;
 
 use crate::api_pod::ApiPod;
 use crate::cache::ClusterCache;
-use crate::clock::{Clock, SystemClock};
 use crate::convert::node_from_k8s;
+use vgpu_core::clock::{Clock, SystemClock};
 use vgpu_lease::Readiness;
 
 /// Settings of the cache driver.

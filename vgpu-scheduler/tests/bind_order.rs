@@ -12,13 +12,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_kube::error::ClusterError;
 use vgpu_scheduler::cluster::{Binding, Event};
 use vgpu_scheduler::extender::BindWrites;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
-use vgpu_scheduler::{Cluster, Extender, ExtenderConfig, ManualClock, MemoryCluster, MetadataPatch};
+use vgpu_scheduler::{Cluster, Extender, ExtenderConfig, MemoryCluster, MetadataPatch};
 use vgpu_scheduler::{Node, Pod};
 
 /// A [`MemoryCluster`] whose next patch of a chosen pod waits for a signal, and which records the bindings in

@@ -26,20 +26,21 @@ use test_ca::TestCa;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio_rustls::{TlsConnector, rustls};
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_lease::Readiness;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, ServerConfig, run};
-use vgpu_scheduler::tls::{ClientAuth, TlsFiles};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Metrics, Pod};
+use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, Pod};
 use vgpu_serve::authz::{Authorizer, MemoryReviewer, UserInfo};
+use vgpu_serve::tls::{ClientAuth, TlsFiles};
 
 /// A client trusting `server_ca`, presenting a certificate of `client_ca` if any.
 fn connector(server_ca: &TestCa, client_ca: Option<&TestCa>) -> TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from_pem_slice(server_ca.pem.as_bytes()).unwrap()).unwrap();
-    let builder = rustls::ClientConfig::builder_with_provider(vgpu_scheduler::tls::provider())
+    let builder = rustls::ClientConfig::builder_with_provider(vgpu_serve::tls::provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots);

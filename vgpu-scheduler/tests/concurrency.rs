@@ -5,10 +5,11 @@ mod common;
 
 use std::sync::Arc;
 
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster};
+use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster};
 
 const STREAMS: usize = 64;
 const PODS_PER_STREAM: usize = 12;

@@ -5,13 +5,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use vgpu_core::alloc::{NodeUsage, NodeView, PodRequest, order_nodes};
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::cluster::EventType;
 use vgpu_scheduler::extender::BindWrites;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::rank::{ResolveMemo, rank_candidates, sort_ranked};
-use vgpu_scheduler::{CandidateNames, Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, PodPhase};
+use vgpu_scheduler::{CandidateNames, Extender, ExtenderConfig, MemoryCluster, Pod, PodPhase};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 
@@ -204,7 +205,7 @@ trait NowPub {
 }
 impl NowPub for Arc<ManualClock> {
     fn now_ns_pub(&self) -> i64 {
-        vgpu_scheduler::Clock::now_ns(self)
+        vgpu_core::clock::Clock::now_ns(self)
     }
 }
 

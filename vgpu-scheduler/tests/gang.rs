@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
+use vgpu_core::clock::ManualClock;
 use vgpu_core::codec::node_gpu_domain::{self, GpuRails};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::DeviceTopology;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
-use vgpu_scheduler::{Extender, ExtenderConfig, FilterResult, ManualClock, MemoryCluster, Metrics, Pod};
+use vgpu_scheduler::{Extender, ExtenderConfig, FilterResult, MemoryCluster, Metrics, Pod};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 

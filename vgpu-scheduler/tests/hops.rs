@@ -13,12 +13,13 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_lease::Readiness;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, ServerConfig, router, serve};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Metrics, Pod};
+use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, Pod};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 const NODES: usize = 100;

@@ -15,14 +15,15 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_lease::{Readiness, Role};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, ServerConfig, router, serve};
-use vgpu_scheduler::tls::CertReloader;
 use vgpu_scheduler::work::{WorkLimits, WorkPool};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Metrics, Node, Pod};
+use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics, Node, Pod};
+use vgpu_serve::tls::CertReloader;
 
 const T0: i64 = 1_700_000_000_000_000_000;
 
@@ -786,12 +787,12 @@ async fn tls_serves_h2_and_rotates_the_certificate() {
     std::fs::write(&key_file, &key_a).unwrap();
     let reloader = Arc::new(CertReloader::load(&cert_file, &key_file).unwrap());
     let refresher = reloader.spawn_refresher(Duration::from_millis(50));
-    let acceptor = vgpu_scheduler::tls::acceptor(reloader).unwrap();
+    let acceptor = vgpu_serve::tls::acceptor(reloader).unwrap();
     let s = start(Opts { tls: Some(acceptor), ..Opts::default() }).await;
 
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca_cert.der().clone()).unwrap();
-    let mut client = rustls::ClientConfig::builder_with_provider(vgpu_scheduler::tls::provider())
+    let mut client = rustls::ClientConfig::builder_with_provider(vgpu_serve::tls::provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots)
@@ -859,7 +860,7 @@ async fn tls_serves_h2_and_rotates_the_certificate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_reports_unusable_tls_files_and_busy_addresses() {
     use vgpu_scheduler::server::{ServerError, run};
-    use vgpu_scheduler::tls::TlsFiles;
+    use vgpu_serve::tls::TlsFiles;
     let s = start(Opts::default()).await;
     let state = || AppState::new(s.ext.clone(), s.readiness.clone(), Arc::new(Metrics::new()));
     let config = ServerConfig {

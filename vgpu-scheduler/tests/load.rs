@@ -25,13 +25,14 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_lease::Readiness;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::server::{AppState, MAX_BODY_BYTES, ServerConfig, router, serve};
 use vgpu_scheduler::work::WorkLimits;
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Metrics};
+use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Metrics};
 
 const UPLOADS: usize = 8;
 const NODES: usize = 100;

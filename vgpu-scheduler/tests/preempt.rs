@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::DeviceTopology;
@@ -12,7 +13,7 @@ use vgpu_scheduler::cluster::EventType;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
 use vgpu_scheduler::pdb::{LabelSelector, PodDisruptionBudget};
 use vgpu_scheduler::wire::{ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod, PodPhase, PreemptResult};
+use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Pod, PodPhase, PreemptResult};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 

@@ -8,10 +8,11 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{DeviceHealth, GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
-use vgpu_scheduler::{Extender, ExtenderConfig, ManualClock, MemoryCluster, Pod};
+use vgpu_scheduler::{Extender, ExtenderConfig, MemoryCluster, Pod};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 

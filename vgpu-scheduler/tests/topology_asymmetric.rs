@@ -10,11 +10,12 @@ use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
 use tracing::{Event, Level, Metadata, Subscriber};
 use vgpu_core::alloc::ReasonCode;
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::DeviceTopology;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
-use vgpu_scheduler::{ClusterCache, Extender, ExtenderConfig, ManualClock, MemoryCluster};
+use vgpu_scheduler::{ClusterCache, Extender, ExtenderConfig, MemoryCluster};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 

@@ -5,13 +5,14 @@
 use std::sync::Arc;
 
 use vgpu_core::alloc::ReasonCode;
+use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::DeviceTopology;
 use vgpu_gates::CoreGate;
 use vgpu_scheduler::cluster::EventType;
 use vgpu_scheduler::fixture::{vgpu_node, vgpu_pod};
-use vgpu_scheduler::{Extender, ExtenderConfig, FilterResult, ManualClock, MemoryCluster, Pod};
+use vgpu_scheduler::{Extender, ExtenderConfig, FilterResult, MemoryCluster, Pod};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 

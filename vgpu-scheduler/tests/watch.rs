@@ -12,9 +12,10 @@ use kube::client::Body;
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
 use vgpu_core::alloc::PodFootprint;
+use vgpu_core::clock::{Clock, ManualClock};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_lease::{Readiness, Role};
-use vgpu_scheduler::{CacheDriver, Clock, ClusterCache, ManualClock, Pod, WatchConfig};
+use vgpu_scheduler::{CacheDriver, ClusterCache, Pod, WatchConfig};
 
 type ApiHandle = Handle<Request<Body>, Response<Body>>;
 type Reply = SendResponse<Response<Body>>;

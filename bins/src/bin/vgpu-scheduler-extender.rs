@@ -23,16 +23,17 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use vgpu_bins::{CoreGateArgs, configure_gates, parse_go_duration, shutdown_signal};
+use vgpu_core::clock::SystemClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_gates::{CoreGate, FeatureGates};
 use vgpu_lease::{LeaderConfig, LeaderMode, Readiness, leader};
 use vgpu_scheduler::event_queue::DeferConfig;
 use vgpu_scheduler::metrics::Metrics;
 use vgpu_scheduler::server::{AppState, ServerConfig};
-use vgpu_scheduler::tls::{ClientAuth, TlsFiles};
 use vgpu_scheduler::work::WorkLimits;
-use vgpu_scheduler::{BindWrites, CacheDriver, Extender, ExtenderConfig, KubeCluster, SystemClock};
+use vgpu_scheduler::{BindWrites, CacheDriver, Extender, ExtenderConfig, KubeCluster};
 use vgpu_serve::authz::Authorizer;
+use vgpu_serve::tls::{ClientAuth, TlsFiles};
 
 /// The kube-scheduler extender for vGPU placement.
 #[derive(Debug, Parser)]

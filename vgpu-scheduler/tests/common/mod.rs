@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use vgpu_core::clock::ManualClock;
 use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::NodeDeviceInventory;
-use vgpu_scheduler::{Extender, ManualClock, MemoryCluster};
+use vgpu_scheduler::{Extender, MemoryCluster};
 
 /// Per (node, GPU index): (vGPUs, cores, memory MiB) used by bound pods, from their `pre-allocated`.
 pub type Usage = BTreeMap<(String, u32), (u32, u64, u64)>;

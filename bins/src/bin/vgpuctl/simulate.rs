@@ -12,12 +12,13 @@ use serde_json::json;
 use vgpu_core::alloc::ReasonCode;
 use vgpu_core::backend::DeviceBackend;
 use vgpu_core::backend::mock::MockBackend;
+use vgpu_core::clock::ManualClock;
 use vgpu_core::codec::pod_devices;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{GpuDevice, NodeDeviceInventory, NodeVgpuConfig};
 use vgpu_core::topology::{DeviceTopology, GpuLinks};
 use vgpu_scheduler::fixture::{topology_of, vgpu_node, vgpu_pod};
-use vgpu_scheduler::{CandidateNames, Extender, ExtenderConfig, ManualClock, MemoryCluster};
+use vgpu_scheduler::{CandidateNames, Extender, ExtenderConfig, MemoryCluster};
 
 use crate::from_cluster::{self, FromClusterArgs};
 use crate::pod_shape::PodShape;

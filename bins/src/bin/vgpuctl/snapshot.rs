@@ -18,11 +18,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use vgpu_core::clock::{Clock, ManualClock, SystemClock};
 use vgpu_core::domain::ResourceDomain;
-use vgpu_scheduler::{
-    Clock, Cluster, ClusterCache, Extender, ExtenderConfig, KubeCluster, ManualClock, MemoryCluster, Node,
-    SystemClock,
-};
+use vgpu_scheduler::{Cluster, ClusterCache, Extender, ExtenderConfig, KubeCluster, MemoryCluster, Node};
 
 /// The extender over the snapshot.
 pub type SnapshotExtender = Extender<MemoryCluster, ManualClock>;
