@@ -13,7 +13,7 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 
 /// `status.phase` values the plugin cares about.
 pub const PHASE_SUCCEEDED: &str = "Succeeded";
@@ -440,7 +440,7 @@ struct PodStore {
 }
 
 /// Full pod objects held in memory: serves the reschedule controller ([`RescheduleClient`]) and, through
-/// [`crate::kube_cluster::pod_info`], Allocate ([`ClusterClient`]), so one store can play a whole node.
+/// [`pod_info`], Allocate ([`ClusterClient`]), so one store can play a whole node.
 ///
 /// Evictions and deletions remove the pod at once, or, after [`InMemoryPods::hold_deletions`], only mark
 /// it terminating (`deletionTimestamp`) until the test "plays the kubelet" with [`InMemoryPods::finalize`].
@@ -552,6 +552,36 @@ impl InMemoryPods {
     }
 }
 
+fn container_info(c: &Container) -> ContainerInfo {
+    let env = c
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| e.value.as_ref().map(|v| (e.name.clone(), v.clone())))
+        .collect();
+    ContainerInfo { name: c.name.clone(), env }
+}
+
+/// The parts of a pod the plugin reads: init containers first, then app containers.
+pub fn pod_info(pod: &Pod) -> PodInfo {
+    let meta = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    let containers = spec
+        .map(|s| s.init_containers.iter().flatten().chain(&s.containers).map(container_info).collect())
+        .unwrap_or_default();
+    PodInfo {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        node_name: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        phase: pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default(),
+        deleting: meta.deletion_timestamp.is_some(),
+        labels: meta.labels.clone().unwrap_or_default(),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+        containers,
+    }
+}
+
 fn key_of(pod: &Pod) -> (String, String) {
     (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default())
 }
@@ -564,7 +594,7 @@ impl ClusterClient for InMemoryPods {
             .pods
             .values()
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-            .map(crate::kube_cluster::pod_info)
+            .map(pod_info)
             .collect())
     }
 

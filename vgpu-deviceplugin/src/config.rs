@@ -26,6 +26,21 @@ pub const KUBELET_CHECKPOINT: &str = "kubelet_internal_checkpoint";
 /// Where the IMEX channel device nodes live (`channel<id>` inside).
 pub const IMEX_CHANNEL_DIR: &str = "/dev/nvidia-caps-imex-channels";
 
+/// One MIG instance as the plugins advertise it ([`crate::mig::mig_devices`] finds them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigDevice {
+    /// Index of the parent GPU.
+    pub parent_index: u32,
+    /// The instance's UUID (`MIG-...`), its kubelet device ID.
+    pub uuid: String,
+    /// Profile name, e.g. `1g.10gb` or `1g.10gb+me`.
+    pub profile: String,
+    /// GPU instance ID.
+    pub gpu_instance_id: u32,
+    /// Compute instance ID.
+    pub compute_instance_id: u32,
+}
+
 /// The device node of IMEX channel `id`: `/dev/nvidia-caps-imex-channels/channel<id>`.
 pub fn imex_channel_node(id: u32) -> String {
     format!("{IMEX_CHANNEL_DIR}/channel{id}")
@@ -223,7 +238,7 @@ pub struct PluginConfig {
     pub registry_socket_group: Option<u32>,
     /// The MIG instances the MIG plugins serve (from the backend, per `migStrategy`; see
     /// [`crate::mig::mig_devices`]).
-    pub mig_devices: Vec<crate::mig::MigDevice>,
+    pub mig_devices: Vec<MigDevice>,
     /// `--whole-gpus`: serve whole GPUs as `<domain>/gpu` ([`crate::whole_gpu`]) instead of
     /// `<domain>/vgpu-number` (default false).
     pub whole_gpus: bool,

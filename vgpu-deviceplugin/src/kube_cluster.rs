@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::{
     api::{
-        core::v1::{Container, Node, ObjectReference, Pod},
+        core::v1::{Node, ObjectReference, Pod},
         events::v1 as events,
         policy::v1::Eviction,
     },
@@ -45,8 +45,8 @@ use kube::{
 };
 
 use crate::cluster::{
-    ClusterClient, ClusterError, ContainerInfo, CreateOutcome, DeleteOutcome, EvictOutcome, NodeClient,
-    NodePatch, PodEvent, PodInfo, PodPatch, RescheduleClient,
+    ClusterClient, ClusterError, CreateOutcome, DeleteOutcome, EvictOutcome, NodeClient, NodePatch, PodEvent,
+    PodInfo, PodPatch, RescheduleClient, pod_info,
 };
 
 /// Cluster access through the Kubernetes API server.
@@ -82,36 +82,6 @@ impl KubeCluster {
 
 fn cluster_error(operation: String, err: &kube::Error) -> ClusterError {
     ClusterError { operation, message: err.to_string() }
-}
-
-fn container_info(c: &Container) -> ContainerInfo {
-    let env = c
-        .env
-        .iter()
-        .flatten()
-        .filter_map(|e| e.value.as_ref().map(|v| (e.name.clone(), v.clone())))
-        .collect();
-    ContainerInfo { name: c.name.clone(), env }
-}
-
-/// The parts of a pod the plugin reads: init containers first, then app containers.
-pub fn pod_info(pod: &Pod) -> PodInfo {
-    let meta = &pod.metadata;
-    let spec = pod.spec.as_ref();
-    let containers = spec
-        .map(|s| s.init_containers.iter().flatten().chain(&s.containers).map(container_info).collect())
-        .unwrap_or_default();
-    PodInfo {
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
-        uid: meta.uid.clone().unwrap_or_default(),
-        node_name: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
-        phase: pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default(),
-        deleting: meta.deletion_timestamp.is_some(),
-        labels: meta.labels.clone().unwrap_or_default(),
-        annotations: meta.annotations.clone().unwrap_or_default(),
-        containers,
-    }
 }
 
 /// The merge-patch body removing `resources` from capacity and allocatable.

@@ -25,7 +25,7 @@ use vgpu_core::{
 
 use crate::{
     cdi,
-    config::PluginConfig,
+    config::{MigDevice, PluginConfig},
     error::{PluginError, ServerError},
     plugin::{PluginHandler, default_preferred_allocation, health_text, topology},
     vnumber::add_imex_channels,
@@ -34,21 +34,6 @@ use vgpu_kubelet::api::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse, Device, DevicePluginOptions,
     DeviceSpec, Mount, PreferredAllocationRequest, PreferredAllocationResponse,
 };
-
-/// One MIG instance as the plugins advertise it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigDevice {
-    /// Index of the parent GPU.
-    pub parent_index: u32,
-    /// The instance's UUID (`MIG-...`), its kubelet device ID.
-    pub uuid: String,
-    /// Profile name, e.g. `1g.10gb` or `1g.10gb+me`.
-    pub profile: String,
-    /// GPU instance ID.
-    pub gpu_instance_id: u32,
-    /// Compute instance ID.
-    pub compute_instance_id: u32,
-}
 
 /// The MIG instances to serve under `strategy` (empty for `none`), in GPU then instance order. `single`
 /// fails unless every GPU is MIG-enabled and all instances share one profile.
