@@ -7,7 +7,7 @@
 //! |---|---|
 //! | [`config`] | the mig-parted configuration file: typed parse, selection of one configuration's per-GPU targets |
 //! | [`plan`] | targets → per-GPU plans (placements by [`vgpu_core::backend::mig::MigModel::pack`]), match check, apply |
-//! | [`labels`] | the GFD label set from backend facts (pure), and the node label patch |
+//! | [`vgpu_core::gfd`] (used, not re-exported) | the GFD label set from backend facts (pure), and the node label patch |
 //! | [`manager`] | the reconcile pass: state label, taint + cordon, evictions, apply, device plugin restart, return |
 //! | [`drain`] | which pods leave the node (GPU pods, or a full drain), the backoff while evictions are refused |
 //! | [`reset`] | the GPU reset that applies a pending MIG mode, the node reboot request when none is possible |
@@ -32,10 +32,8 @@
 
 pub mod cluster;
 pub mod config;
-pub mod kube_cluster;
-/// The GFD label set (moved to [`vgpu_core::gfd`], shared with the device plugin).
-pub use vgpu_core::gfd as labels;
 pub mod drain;
+pub mod kube_cluster;
 pub mod manager;
 pub mod plan;
 pub mod reset;

@@ -28,7 +28,7 @@
 //!    (`vgpu-deviceplugin`'s daemon builds its MIG plugins once), so the manager deletes the device plugin
 //!    pods on the node (label selector, default `app.kubernetes.io/name=vgpu-device-plugin`); their
 //!    DaemonSet starts them again and they register the new `nvidia.com/mig-<profile>` resources.
-//! 8. Publish the GFD labels ([`crate::labels`]) when enabled, close the maintenance (taint removed,
+//! 8. Publish the GFD labels ([`vgpu_core::gfd`]) when enabled, close the maintenance (taint removed,
 //!    uncordoned if the cordon was ours), state `success`, reason removed, a reboot request withdrawn
 //!    (annotation removed, condition `False`).
 //!
@@ -38,13 +38,14 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use vgpu_core::{backend::DeviceBackend, node_config::MigStrategy};
 
+use vgpu_core::gfd::{NodeFacts, gfd_labels, label_patch};
+
 use crate::{
     CONFIG_LABEL, CORDONED_ANNOTATION, REASON_ANNOTATION, REBOOT_ANNOTATION, REBOOT_CONDITION, STATE_LABEL,
     TAINT_KEY,
     cluster::{ClusterError, EvictOutcome, MetadataPatch, MigCluster, NodeCondition, NodeState, NodeTaint},
     config::MigConfigFile,
     drain::{EvictionScope, keep_reason, retry_delay},
-    labels::{NodeFacts, gfd_labels, label_patch},
     plan::plan,
     reset::{ApplyFailure, apply_with_reset, rebooted_since, request_value},
 };

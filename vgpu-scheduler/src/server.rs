@@ -112,7 +112,7 @@ use vgpu_serve::tls::{TlsError, TlsFiles, VerifiedClientCert};
 
 /// Largest accepted request body (7 MiB, vgpu-manager's `io.LimitReader`).
 pub const MAX_BODY_BYTES: usize = 7 << 20;
-pub use vgpu_serve::http::{
+use vgpu_serve::http::{
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_READ_TIMEOUT, DEFAULT_SHUTDOWN_TIMEOUT, HEALTHZ_PATH, METRICS_PATH,
     READYZ_PATH, RequestStart, VERSION_PATH,
 };
@@ -308,8 +308,7 @@ impl<C, K> AppState<C, K> {
     }
 }
 
-/// The build's identity, served by `/version` ([`vgpu_serve::http::VersionInfo`] of this component).
-pub type VersionInfo = vgpu_serve::http::VersionInfo;
+use vgpu_serve::http::VersionInfo;
 
 fn version_info() -> VersionInfo {
     VersionInfo::new("vgpu-scheduler-extender")
