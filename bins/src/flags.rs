@@ -11,11 +11,53 @@
 //! | `--pprof-bind-port N` | [`PprofArgs`] | CPU profiles on `127.0.0.1:N` (`/debug/pprof/profile?seconds=S`); `0` off, the default |
 //!
 //! `RUST_LOG`, when set, wins over `-v` and `--vmodule` (its `EnvFilter` syntax).
+//!
+//! The serving flags, each group taken by the binaries that serve that way:
+//!
+//! | flags | struct | binaries |
+//! |---|---|---|
+//! | `--server-bind-address`, `--cert-dir`, `--tls-cert-name`, `--tls-key-name` | [`WebhookServerArgs`] | controller, webhook (controller-runtime's webhook server flags) |
+//! | `--enable-tls`, `--tls-key-file`, `--tls-cert-file`, `--cert-refresh-interval` | [`TlsFileArgs`] | scheduler extender, device monitor |
+//!
+//! `--server-bind-port` stays with each binary: its default or help differs between them.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use vgpu_kube::ClientOptions;
+use vgpu_serve::tls::TlsFiles;
+
+/// A flag value that a group's check refuses: the flag, and the message the binary prints before exiting 2.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlagError {
+    /// The refused flag, without its dashes (`enable-tls`).
+    pub flag: &'static str,
+    message: String,
+}
+
+impl FlagError {
+    /// `invalid value for --<flag>: <reason>`.
+    fn invalid_value(flag: &'static str, reason: impl std::fmt::Display) -> Self {
+        Self { flag, message: format!("invalid value for --{flag}: {reason}") }
+    }
+
+    /// Prints `<bin>: <message>` to stderr and returns exit status 2, which the binary returns before doing
+    /// anything else.
+    pub fn exit(&self, bin: &str) -> std::process::ExitCode {
+        eprintln!("{bin}: {self}");
+        std::process::ExitCode::from(2)
+    }
+}
+
+impl std::fmt::Display for FlagError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for FlagError {}
 
 /// A component's default `--kube-api-qps` / `--kube-api-burst`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -191,6 +233,97 @@ impl PprofArgs {
     }
 }
 
+/// `--server-bind-address`, `--cert-dir`, `--tls-cert-name`, `--tls-key-name`: an HTTPS server on
+/// controller-runtime's webhook server flags, its certificate and key read from `<--cert-dir>/<name>` (the
+/// controller's and the webhook's). `--server-bind-port` is each binary's own (its help differs).
+#[derive(Clone, Debug, clap::Args)]
+pub struct WebhookServerArgs {
+    /// Address of the HTTPS server.
+    #[arg(long, value_name = "IP", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
+    pub server_bind_address: IpAddr,
+    /// Directory holding the serving certificate and key.
+    #[arg(long, default_value = "/tmp/k8s-webhook-server/serving-certs")]
+    pub cert_dir: PathBuf,
+    /// Certificate file name in --cert-dir (PEM chain, leaf first).
+    #[arg(long, default_value = "tls.crt")]
+    pub tls_cert_name: String,
+    /// Key file name in --cert-dir (PEM).
+    #[arg(long, default_value = "tls.key")]
+    pub tls_key_name: String,
+}
+
+impl WebhookServerArgs {
+    /// Refuses a blank `--tls-cert-name` or `--tls-key-name` (the error names the flag).
+    pub fn check(&self) -> Result<(), FlagError> {
+        for (flag, name) in [("tls-cert-name", &self.tls_cert_name), ("tls-key-name", &self.tls_key_name)] {
+            if name.trim().is_empty() {
+                return Err(FlagError {
+                    flag,
+                    message: format!("invalid --{flag} \"\": expected a file name in --cert-dir"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `<--cert-dir>/<--tls-cert-name>`.
+    pub fn cert_file(&self) -> PathBuf {
+        self.cert_dir.join(&self.tls_cert_name)
+    }
+
+    /// `<--cert-dir>/<--tls-key-name>`.
+    pub fn key_file(&self) -> PathBuf {
+        self.cert_dir.join(&self.tls_key_name)
+    }
+
+    /// The certificate and key files, re-read at [`vgpu_serve::tls`]'s default interval.
+    pub fn tls_files(&self) -> TlsFiles {
+        TlsFiles::new(self.cert_file(), self.key_file())
+    }
+
+    /// `<--server-bind-address>:<port>`, the port being the binary's `--server-bind-port`.
+    pub fn bind_address(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.server_bind_address, port)
+    }
+}
+
+/// `--enable-tls`, `--tls-key-file`, `--tls-cert-file`, `--cert-refresh-interval`: HTTPS with certificate and
+/// key files re-read when they change, plain HTTP without `--enable-tls` (the scheduler extender's and the
+/// device monitor's).
+#[derive(Clone, Debug, clap::Args)]
+pub struct TlsFileArgs {
+    /// Serve HTTPS with --tls-cert-file and --tls-key-file (reloaded when they change).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = crate::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
+    pub enable_tls: bool,
+    /// TLS private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// TLS certificate chain (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// How often the TLS files are checked for changes (Go duration).
+    #[arg(long, default_value = "5s", value_parser = crate::parse_go_duration)]
+    pub cert_refresh_interval: Duration,
+}
+
+impl TlsFileArgs {
+    /// The files to serve HTTPS with, re-read every `--cert-refresh-interval`: `None` without `--enable-tls`
+    /// (the file flags are then ignored, as in Go); with it, both `--tls-cert-file` and `--tls-key-file` are
+    /// required, else the error names `--enable-tls` and both file flags.
+    pub fn files(&self) -> Result<Option<TlsFiles>, FlagError> {
+        if !self.enable_tls {
+            return Ok(None);
+        }
+        let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) else {
+            return Err(FlagError::invalid_value(
+                "enable-tls",
+                "--tls-cert-file and --tls-key-file are both required",
+            ));
+        };
+        Ok(Some(TlsFiles { refresh_interval: self.cert_refresh_interval, ..TlsFiles::new(cert, key) }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,5 +384,86 @@ mod tests {
             let err = LogArgs { vmodule: Some(bad.into()), ..LogArgs::default() }.directives().unwrap_err();
             assert!(err.starts_with("invalid --vmodule entry"), "{bad}: {err}");
         }
+    }
+
+    #[derive(Parser, Debug)]
+    struct ServeCli {
+        #[command(flatten)]
+        webhook: WebhookServerArgs,
+        #[command(flatten)]
+        tls: TlsFileArgs,
+    }
+
+    fn serve(args: &[&str]) -> ServeCli {
+        ServeCli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn webhook_server_files_and_address() {
+        let d = serve(&[]).webhook;
+        d.check().unwrap();
+        assert_eq!(d.cert_file(), PathBuf::from("/tmp/k8s-webhook-server/serving-certs/tls.crt"));
+        assert_eq!(d.key_file(), PathBuf::from("/tmp/k8s-webhook-server/serving-certs/tls.key"));
+        assert_eq!(d.bind_address(9443), "0.0.0.0:9443".parse().unwrap());
+        let w = serve(&[
+            "--server-bind-address=127.0.0.1",
+            "--cert-dir=/c",
+            "--tls-cert-name=a",
+            "--tls-key-name=b",
+        ])
+        .webhook;
+        let files = w.tls_files();
+        assert_eq!((files.cert_file, files.key_file), (PathBuf::from("/c/a"), PathBuf::from("/c/b")));
+        assert_eq!(files.refresh_interval, vgpu_serve::tls::DEFAULT_CERT_REFRESH_INTERVAL);
+        assert_eq!(w.bind_address(1), "127.0.0.1:1".parse().unwrap());
+        assert!(ServeCli::try_parse_from(["x", "--server-bind-address=host"]).is_err());
+    }
+
+    #[test]
+    fn webhook_server_refuses_blank_file_names_naming_the_flag() {
+        for (args, flag) in [
+            (&["--tls-cert-name="][..], "tls-cert-name"),
+            (&["--tls-key-name= "], "tls-key-name"),
+            (&["--tls-cert-name=", "--tls-key-name="], "tls-cert-name"),
+        ] {
+            let err = serve(args).webhook.check().unwrap_err();
+            assert_eq!(err.flag, flag, "{args:?}");
+            assert_eq!(err.to_string(), format!("invalid --{flag} \"\": expected a file name in --cert-dir"));
+        }
+    }
+
+    #[test]
+    fn tls_files_need_both_files_with_enable_tls() {
+        let off = serve(&["--tls-cert-file=c", "--enable-tls=false"]).tls;
+        assert_eq!(off.files().unwrap(), None);
+        assert_eq!(off.cert_refresh_interval, Duration::from_secs(5));
+        for args in [
+            &["--enable-tls"][..],
+            &["--enable-tls=true", "--tls-cert-file=c"],
+            &["--enable-tls=T", "--tls-key-file=k"],
+        ] {
+            let err = serve(args).tls.files().unwrap_err();
+            assert_eq!(err.flag, "enable-tls", "{args:?}");
+            assert_eq!(
+                err.to_string(),
+                "invalid value for --enable-tls: --tls-cert-file and --tls-key-file are both required"
+            );
+        }
+        let on = serve(&[
+            "--enable-tls",
+            "--tls-cert-file=c",
+            "--tls-key-file=k",
+            "--cert-refresh-interval=1m30s",
+        ])
+        .tls
+        .files()
+        .unwrap()
+        .unwrap();
+        assert_eq!((on.cert_file, on.key_file), (PathBuf::from("c"), PathBuf::from("k")));
+        assert_eq!(on.refresh_interval, Duration::from_secs(90));
+        assert!(on.client_ca.is_none());
+        assert!(ServeCli::try_parse_from(["x", "--cert-refresh-interval=5"]).is_err());
+        assert!(ServeCli::try_parse_from(["x", "--enable-tls", "yes"]).is_err());
     }
 }

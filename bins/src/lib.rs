@@ -7,7 +7,10 @@ pub mod flags;
 /// Go's boolean flag forms (`--flag`, `--flag=false`, `strconv.ParseBool`'s spellings) for every bool flag.
 pub mod go_flags;
 
-pub use flags::{ApiRate, COMPONENT_RATE, KUBELET_PLUGIN_RATE, KubeClientArgs, LogArgs, PprofArgs};
+pub use flags::{
+    ApiRate, COMPONENT_RATE, FlagError, KUBELET_PLUGIN_RATE, KubeClientArgs, LogArgs, PprofArgs, TlsFileArgs,
+    WebhookServerArgs,
+};
 
 use vgpu_gates::{FeatureGate, FeatureGates, Registry};
 

@@ -175,6 +175,24 @@ fn kubelet_plugin_reads_its_logging_flags_from_the_environment() {
         .stderr(predicate::str::contains("invalid --vmodule entry"));
 }
 
+/// `--metrics-path` is checked before anything starts, by the same rule the router applies
+/// (`vgpu_serve::probes::check_metrics_path`), so a path it cannot serve never half-starts the plugin.
+#[test]
+fn kubelet_plugin_refuses_a_metrics_path_it_cannot_serve() {
+    for (path, reason) in [
+        ("metrics", "must start with '/'"),
+        ("/readyz", "must differ from /healthz, /readyz and /version"),
+        ("/version", "must differ from /healthz, /readyz and /version"),
+        ("/:m", "no path segment may start with ':' or '*'"),
+    ] {
+        bin("vgpu-kubelet-plugin")
+            .args(["--node-name=n1", &format!("--metrics-path={path}")])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(format!("invalid --metrics-path {path:?}: {reason}")));
+    }
+}
+
 #[test]
 fn device_plugin_good_gates_then_a_clear_configuration_error() {
     bin("vgpu-device-plugin")
@@ -468,4 +486,76 @@ fn kubelet_plugin_refuses_a_vfio_switch_path_the_api_server_would_refuse() {
         .stderr(predicate::str::contains(
             "--vfio-switch-*: vfio-switch host sysfs \"host/../sys\": expected an absolute path without '.' or '..' components",
         ));
+}
+
+/// The shared serving-flag groups (`vgpu_bins::TlsFileArgs`, `WebhookServerArgs`) keep each binary's `--help`
+/// order and texts: the extender's `--client-ca-file` and `--enable-rbac` between `--enable-tls` and
+/// `--tls-key-file`, the monitor's own `--cert-refresh-interval` text.
+#[test]
+fn shared_serving_flags_keep_each_binarys_help() {
+    let help = |name: &str| {
+        let out = bin(name).arg("--help").output().unwrap();
+        assert!(out.status.success(), "{name} --help");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let in_order = |name: &str, text: &str, flags: &[&str]| {
+        let at: Vec<usize> = flags
+            .iter()
+            .map(|f| text.find(&format!("      {f}")).unwrap_or_else(|| panic!("{name}: no {f} in\n{text}")))
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{name}: {flags:?} out of order in\n{text}");
+    };
+    let extender = help("vgpu-scheduler-extender");
+    in_order(
+        "vgpu-scheduler-extender",
+        &extender,
+        &[
+            "--server-bind-address",
+            "--enable-tls",
+            "--client-ca-file",
+            "--enable-rbac",
+            "--tls-key-file",
+            "--tls-cert-file",
+            "--cert-refresh-interval",
+            "--stuck-grace-period",
+        ],
+    );
+    assert!(
+        extender.contains("How often the TLS files are checked for changes (Go duration)\n"),
+        "{extender}"
+    );
+    let monitor = help("vgpu-device-monitor");
+    in_order(
+        "vgpu-device-monitor",
+        &monitor,
+        &[
+            "--server-bind-port",
+            "--enable-rbac",
+            "--enable-tls",
+            "--tls-key-file",
+            "--tls-cert-file",
+            "--cert-refresh-interval",
+            "--min-scrape-interval",
+        ],
+    );
+    assert!(
+        monitor.contains(
+            "How often the TLS files are checked for changes (Go duration; taken as is, not multiplied)\n"
+        ),
+        "{monitor}"
+    );
+    for name in ["vgpu-controller", "vgpu-webhook"] {
+        let text = help(name);
+        in_order(
+            name,
+            &text,
+            &[
+                "--server-bind-port",
+                "--server-bind-address",
+                "--cert-dir",
+                "--tls-cert-name",
+                "--tls-key-name",
+            ],
+        );
+    }
 }

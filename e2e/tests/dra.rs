@@ -132,21 +132,15 @@ async fn dra_slices_are_allocated_by_the_scheduler_and_taints_steer_claims() {
     let backend = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
     let config = DeviceConfig { cores_ratio: CORES_RATIO, ..DeviceConfig::default() };
     let devices = Arc::new(AllocatableDevices::from_backend(backend.as_ref(), &config).unwrap());
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stop = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
+    let stop = tokio_util::sync::CancellationToken::new();
     let monitor = HealthMonitor::new(HealthConfig::new(DRIVER_NAME, &[]), &devices);
     let health = monitor.subscribe();
-    let monitor_task = monitor.spawn(backend.as_ref(), stop());
+    let monitor_task = monitor.spawn(backend.as_ref(), stop.clone().cancelled_owned());
     let store = KubeSliceStore::new(client.clone(), NODE, DRIVER_NAME);
     let publisher = SlicePublisher::new(store, SliceConfig::new(NODE), devices.clone(), health)
         .with_batch(Duration::from_millis(200));
     let mut status = publisher.status();
-    let publisher_task = publisher.spawn(stop());
+    let publisher_task = publisher.spawn(stop.clone().cancelled_owned());
     tokio::time::timeout(TIMEOUT, status.wait_for(|s| s.generation >= 1)).await.unwrap().unwrap();
     assert_eq!(status.borrow().last_error, None);
 
@@ -233,7 +227,7 @@ async fn dra_slices_are_allocated_by_the_scheduler_and_taints_steer_claims() {
     let (generation, taints) = slice_device_taints(&slices, "vgpu-1").await.unwrap();
     assert!(taints.is_empty() && generation > tainted_generation, "{generation} {taints:?}");
 
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     publisher_task.await.unwrap();
     monitor_task.await.unwrap();
     env.finish();

@@ -139,13 +139,10 @@ async fn real_node_vfio_switch_job_binds_a_gpu_to_vfio_pci() {
         std::iter::once(binary.clone()).chain(GLIBC.iter().map(PathBuf::from)).collect();
     // Only the watches of the Jobs and PhysicalGPUs can drive the controller within TIMEOUT.
     config.resync = Duration::from_secs(600);
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let controller =
-        SwitchController::new(std::sync::Arc::new(KubeSwitchCluster::new(client.clone())), config).spawn(
-            async move {
-                let _ = stop_rx.wait_for(|s| *s).await;
-            },
-        );
+        SwitchController::new(std::sync::Arc::new(KubeSwitchCluster::new(client.clone())), config)
+            .spawn(stop.clone().cancelled_owned());
 
     let started = std::time::Instant::now();
     let jobs: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
@@ -189,7 +186,7 @@ async fn real_node_vfio_switch_job_binds_a_gpu_to_vfio_pci() {
     let missing_job = format!("vfio-switch-{node_name}-0000-86-00-0");
     assert!(jobs.get_opt(&missing_job).await.unwrap().is_some(), "a failed Job is kept");
 
-    let _ = stop_tx.send(true);
+    stop.cancel();
     controller.await.unwrap();
     let background = DeleteParams::background();
     jobs.delete(&missing_job, &background).await.unwrap();

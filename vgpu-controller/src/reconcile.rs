@@ -497,14 +497,12 @@ mod tests {
         let r = Arc::new(Reconciler::new(ControllerConfig::default(), cluster.clone(), Metrics::default()));
         let changes = Arc::new(Notify::new());
         let leading = Arc::new(AtomicBool::new(false));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone().cancelled_owned();
         let task = tokio::spawn({
             let (r, changes, leading) = (r.clone(), changes.clone(), leading.clone());
             async move {
-                r.run(changes, move || leading.load(Ordering::SeqCst), async {
-                    let _ = stopped.await;
-                })
-                .await;
+                r.run(changes, move || leading.load(Ordering::SeqCst), stopped).await;
             }
         });
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -522,7 +520,7 @@ mod tests {
         assert_eq!(cluster.writes().len(), 4, "retried after the backoff");
         assert_eq!(cluster.writes()[3], "status PhysicalGPU w1-0-nvidia");
 
-        stop.send(()).unwrap();
+        stop.cancel();
         task.await.unwrap();
     }
 
@@ -625,14 +623,12 @@ mod tests {
             ControllerConfig { orphan_grace: Duration::from_secs(30), ..ControllerConfig::default() };
         let r = Arc::new(Reconciler::new(config, cluster.clone(), Metrics::default()).with_clock(clock));
         cluster.put_claim(fixture::generated_claim("ml", "orphan", "id1", fixture::time(0)));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone().cancelled_owned();
         let task = tokio::spawn({
             let r = r.clone();
             async move {
-                r.run(Arc::new(Notify::new()), || true, async {
-                    let _ = stopped.await;
-                })
-                .await;
+                r.run(Arc::new(Notify::new()), || true, stopped).await;
             }
         });
         tokio::time::sleep(Duration::from_secs(29)).await;
@@ -640,7 +636,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(cluster.state().claims.is_empty(), "deleted when the grace ended, long before the resync");
         assert_eq!(cluster.writes(), ["delete ResourceClaim ml/orphan"]);
-        stop.send(()).unwrap();
+        stop.cancel();
         task.await.unwrap();
     }
 

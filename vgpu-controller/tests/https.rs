@@ -33,8 +33,8 @@ use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 use test_ca::TestCa;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
 use vgpu_controller::admission::Admission;
 use vgpu_controller::cluster::InMemoryCluster;
 use vgpu_controller::config::ControllerConfig;
@@ -116,13 +116,10 @@ async fn routes_over_https() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let tls = TlsFiles::new(dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    let (stop, stopped) = oneshot::channel::<()>();
+    let stop = CancellationToken::new();
+    let stopped = stop.clone().cancelled_owned();
     let task = tokio::spawn(async move {
-        server::serve(listener, routes, &tls, HttpTimeouts::default(), async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
+        server::serve(listener, routes, &tls, HttpTimeouts::default(), stopped).await.unwrap();
     });
     let c = connector(&ca);
 
@@ -328,6 +325,6 @@ async fn routes_over_https() {
     );
     assert!(page.contains("process_"), "{page}");
 
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }

@@ -7,6 +7,7 @@
 use std::{future::Future, sync::Arc};
 
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 use vgpu_core::{
     abi::vgpu_config::CudaVersion,
     backend::{DeviceBackend, DriverVersions},
@@ -348,32 +349,30 @@ impl Daemon {
                 }
             }
         }
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let stopped = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        let publishing = tokio::spawn(publisher.run(stopped(stop_rx.clone())));
+        // Stops the node-side tasks below: cancelled on the way out, and when this future is dropped.
+        let stop = CancellationToken::new();
+        let _stop_on_drop = stop.clone().drop_guard();
+        let publishing = tokio::spawn(publisher.run(stop.clone().cancelled_owned()));
         let sweeping = (!config.gone_pod_sweep_interval.is_zero()).then(|| {
             let (cluster, config) = (Arc::clone(&self.cluster), config.clone());
-            let stop = stopped(stop_rx.clone());
+            let stop = stop.clone();
             tokio::spawn(async move {
-                let mut stop = std::pin::pin!(stop);
                 let mut ticks = tokio::time::interval(config.gone_pod_sweep_interval);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
-                        () = &mut stop => break,
+                        () = stop.cancelled() => break,
                         _ = ticks.tick() => sweep_gone_pods(cluster.as_ref(), &config, config.gone_pod_grace).await,
                     }
                 }
             })
         });
-        let rescheduling = self.spawn_reschedule(stopped(stop_rx.clone()));
+        let rescheduling = self.spawn_reschedule(stop.clone().cancelled_owned());
         let feature_file = match &self.gfd_output {
             GfdOutput::NfdFeatureFile(file) if !self.gfd.is_empty() => {
                 tracing::info!(file = %file.path.display(), interval = ?file.interval, labels = self.gfd.len(), "GPU feature labels go to the NFD feature file");
                 let writer = FeatureFileWriter::new(file.clone(), self.gfd.clone());
-                Some(tokio::spawn(writer.run(stopped(stop_rx.clone()))))
+                Some(tokio::spawn(writer.run(stop.clone().cancelled_owned())))
             }
             _ => None,
         };
@@ -383,10 +382,10 @@ impl Daemon {
             match SmWatcher::open(Arc::clone(&self.backend), &config.manager_dir) {
                 Ok(watcher) => {
                     tracing::info!(file = %watcher.path().display(), period = ?self.sm_watcher_period, "shared SM watcher started");
-                    Some(tokio::spawn(watcher.run(self.sm_watcher_period, stopped(stop_rx.clone()))))
+                    Some(tokio::spawn(watcher.run(self.sm_watcher_period, stop.clone().cancelled_owned())))
                 }
                 Err(err) => {
-                    let _ = stop_tx.send(true);
+                    stop.cancel();
                     health.abort();
                     return Err(ServerError::Config(format!(
                         "SharedSMUtilizationWatcher=true: cannot set up the shared SM watcher file: {err}"
@@ -401,7 +400,7 @@ impl Daemon {
             match vgpu_node::registry::serve_registry(config.registry()) {
                 Ok(r) => Some(r),
                 Err(err) => {
-                    let _ = stop_tx.send(true);
+                    stop.cancel();
                     health.abort();
                     return Err(err.into());
                 }
@@ -414,7 +413,7 @@ impl Daemon {
         let watching = self.node_config.clone().map(|(source, loaded)| {
             tracing::info!(file = %source.path.display(), interval = ?source.interval, "watching the node configuration file");
             previous = Some(loaded.clone());
-            tokio::spawn(source.watch(loaded, reload_tx, stopped(stop_rx.clone())))
+            tokio::spawn(source.watch(loaded, reload_tx, stop.clone().cancelled_owned()))
         });
         let mut current = config.clone();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -450,7 +449,7 @@ impl Daemon {
         if let Some(registry) = registry {
             registry.stop().await;
         }
-        let _ = stop_tx.send(true);
+        stop.cancel();
         if let Err(err) = publishing.await {
             tracing::warn!(%err, "node publisher task failed");
         }

@@ -6,6 +6,7 @@ use std::{
 };
 
 use tokio::{net::UnixListener, sync::watch, task::JoinHandle};
+use tokio_util::sync::{CancellationToken, DropGuard};
 use vgpu_core::model::GpuDevice;
 use vgpu_kubelet::SocketError;
 
@@ -18,7 +19,8 @@ use vgpu_kubelet::api::v1beta1::device_plugin_server::DevicePluginServer;
 pub struct RunningServer {
     /// The socket path.
     pub socket: PathBuf,
-    stop: watch::Sender<bool>,
+    /// Cancels the server's token on [`RunningServer::stop`], and when the server is dropped.
+    stop: DropGuard,
     /// The serve task.
     pub handle: JoinHandle<Result<(), ServerError>>,
 }
@@ -27,7 +29,7 @@ impl RunningServer {
     /// Asks the server to stop (open `ListAndWatch` streams end, then the server drains) and waits for it.
     /// The socket file is removed.
     pub async fn stop(self) -> Result<(), ServerError> {
-        let _ = self.stop.send(true);
+        self.stop.disarm().cancel();
         let result = match self.handle.await {
             Ok(result) => result,
             Err(join) => Err(SocketError::Io {
@@ -63,19 +65,16 @@ pub fn serve(
         action: "bind unix socket",
         source,
     })?;
-    let (stop, stop_rx) = watch::channel(false);
-    let service = DevicePluginService::new(handler, gpus, stop_rx.clone());
+    let stop = CancellationToken::new();
+    let service = DevicePluginService::new(handler, gpus, stop.clone());
     let path = socket.clone();
+    let shutdown = stop.clone().cancelled_owned();
     let handle = tokio::spawn(async move {
-        let mut stop_rx = stop_rx;
-        let shutdown = async move {
-            let _ = stop_rx.wait_for(|stopped| *stopped).await;
-        };
         tonic::transport::Server::builder()
             .add_service(DevicePluginServer::new(service))
             .serve_with_incoming_shutdown(vgpu_kubelet::authority::incoming(listener), shutdown)
             .await
             .map_err(|source| SocketError::Transport { path, source }.into())
     });
-    Ok(RunningServer { socket, stop, handle })
+    Ok(RunningServer { socket, stop: stop.drop_guard(), handle })
 }

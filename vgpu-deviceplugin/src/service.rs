@@ -5,6 +5,7 @@ use std::{pin::Pin, sync::Arc};
 
 use tokio::sync::{mpsc, watch};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use vgpu_core::model::GpuDevice;
 
@@ -19,13 +20,13 @@ use vgpu_kubelet::api::v1beta1::{
 pub struct DevicePluginService<H: ?Sized> {
     handler: Arc<H>,
     gpus: watch::Receiver<Vec<GpuDevice>>,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 }
 
 impl<H: PluginHandler + ?Sized> DevicePluginService<H> {
     /// `gpus` is the shared device state ([`crate::inventory::DeviceState::subscribe`]); `ListAndWatch`
-    /// streams end when `stop` turns `true`, so that the server can shut down gracefully.
-    pub fn new(handler: Arc<H>, gpus: watch::Receiver<Vec<GpuDevice>>, stop: watch::Receiver<bool>) -> Self {
+    /// streams end when `stop` is cancelled, so that the server can shut down gracefully.
+    pub fn new(handler: Arc<H>, gpus: watch::Receiver<Vec<GpuDevice>>, stop: CancellationToken) -> Self {
         Self { handler, gpus, stop }
     }
 
@@ -58,7 +59,7 @@ impl<H: PluginHandler + ?Sized> DevicePlugin for DevicePluginService<H> {
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let (tx, rx) = mpsc::channel(4);
         let mut gpus = self.gpus.clone();
-        let mut stop = self.stop.clone();
+        let stop = self.stop.clone();
         let handler = Arc::clone(&self.handler);
         tokio::spawn(async move {
             loop {
@@ -68,7 +69,7 @@ impl<H: PluginHandler + ?Sized> DevicePlugin for DevicePluginService<H> {
                 }
                 tokio::select! {
                     changed = gpus.changed() => if changed.is_err() { return },
-                    _ = stop.wait_for(|stopped| *stopped) => return,
+                    () = stop.cancelled() => return,
                     () = tx.closed() => return,
                 }
             }

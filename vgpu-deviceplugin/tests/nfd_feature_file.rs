@@ -33,7 +33,7 @@ gpus:
 
 struct Running {
     cluster: Arc<InMemoryCluster>,
-    stop: tokio::sync::oneshot::Sender<()>,
+    stop: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<Result<(), vgpu_deviceplugin::error::ServerError>>,
 }
 
@@ -111,7 +111,7 @@ async fn nfd_mode_writes_the_feature_file_and_keeps_the_labels_off_the_node_patc
     let names: Vec<_> = std::fs::read_dir(&features_d).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["gfd"]);
 
-    run.stop.send(()).unwrap();
+    run.stop.cancel();
     run.task.await.unwrap().unwrap();
     // Left in place at shutdown (a restart does not make the labels flap; the expiry ends them).
     assert!(path.exists());
@@ -123,7 +123,7 @@ async fn node_labels_mode_patches_the_node_and_writes_no_file() {
     let run = start(dir.path(), GfdOutput::NodeLabels);
     let node = eventually("the node patch", || published(&run.cluster)).await;
     assert_eq!(node.labels.get("nvidia.com/gpu.product").map(String::as_str), Some("NVIDIA-L4"));
-    run.stop.send(()).unwrap();
+    run.stop.cancel();
     run.task.await.unwrap().unwrap();
     assert!(!dir.path().join("features.d").exists());
 }
@@ -142,6 +142,6 @@ async fn a_missing_directory_is_logged_and_retried_not_fatal() {
     std::fs::create_dir(&features_d).unwrap();
     let parsed = eventually("the feature file", || nfd::read(&path).ok()).await;
     assert_eq!(parsed.labels(now())["nvidia.com/gpu.count"], "1");
-    run.stop.send(()).unwrap();
+    run.stop.cancel();
     run.task.await.unwrap().unwrap();
 }

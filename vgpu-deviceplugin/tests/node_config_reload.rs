@@ -17,11 +17,7 @@ mod support;
 
 use std::{path::Path, sync::Arc, time::Duration};
 
-use tokio::{
-    net::UnixListener,
-    sync::{mpsc, oneshot},
-    task::JoinHandle,
-};
+use tokio::{net::UnixListener, sync::mpsc, task::JoinHandle};
 use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
 use tonic::{Request, Response, Status, Streaming};
 use vgpu_core::{
@@ -115,7 +111,7 @@ struct Running {
     cluster: Arc<InMemoryCluster>,
     registrations: mpsc::UnboundedReceiver<RegisterRequest>,
     volume: ConfigMapVolume,
-    stop: oneshot::Sender<()>,
+    stop: tokio_util::sync::CancellationToken,
     task: JoinHandle<Result<(), ServerError>>,
 }
 
@@ -178,7 +174,7 @@ impl Running {
     }
 
     async fn stop(self) {
-        self.stop.send(()).unwrap();
+        self.stop.cancel();
         tokio::time::timeout(WAIT, self.task).await.unwrap().unwrap().unwrap();
     }
 }

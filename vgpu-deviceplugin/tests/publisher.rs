@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 use vgpu_core::{
     backend::{HealthEvent, HealthEventKind},
     codec::node_devices,
@@ -86,10 +86,8 @@ async fn publishes_updates_on_health_change_and_cleans_up_on_shutdown() {
                 .into(),
             )
             .with_stale_resources(vec!["nvidia.com/vgpu-cores".into()]);
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(publisher.run(async {
-        let _ = stopped.await;
-    }));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(publisher.run(stop.clone().cancelled_owned()));
 
     let c = cluster.clone();
     eventually("first publish", || {
@@ -140,7 +138,7 @@ async fn publishes_updates_on_health_change_and_cleans_up_on_shutdown() {
     })
     .await;
 
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
     let node = cluster.node("n1").unwrap();
     for key in ["node-device-register", "node-config-info", "node-device-topology"] {
@@ -155,10 +153,8 @@ async fn api_errors_are_retried_not_fatal() {
     cluster.fail_node_calls(3);
     let publisher = NodePublisher::new("n1", ResourceDomain::default(), settings, state, cluster.clone())
         .with_config(fast());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(publisher.run(async {
-        let _ = stopped.await;
-    }));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(publisher.run(stop.clone().cancelled_owned()));
     let c = cluster.clone();
     eventually("publish after retries", || {
         c.node("n1").unwrap().annotations.contains_key("nvidia.com/node-config-info")
@@ -167,7 +163,7 @@ async fn api_errors_are_retried_not_fatal() {
     assert!(cluster.node_calls() >= 4);
     // Shutdown removal is retried too.
     cluster.fail_node_calls(2);
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
     assert!(!cluster.node("n1").unwrap().annotations.contains_key("nvidia.com/node-config-info"));
 }

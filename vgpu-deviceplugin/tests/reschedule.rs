@@ -14,6 +14,7 @@ use std::{
 
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 use vgpu_core::{
     backend::{DeviceBackend, mock::MockBackend},
     domain::ResourceDomain,
@@ -120,22 +121,20 @@ fn checkpoint_keys(path: &Path) -> Vec<String> {
 fn start(
     pods: &Arc<InMemoryPods>,
     manager_dir: &Path,
-) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>, PathBuf) {
+) -> (tokio::task::JoinHandle<()>, CancellationToken, PathBuf) {
     start_with(pods.clone(), manager_dir)
 }
 
 fn start_with(
     client: Arc<dyn RescheduleClient>,
     manager_dir: &Path,
-) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>, PathBuf) {
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+) -> (tokio::task::JoinHandle<()>, CancellationToken, PathBuf) {
+    let stop = CancellationToken::new();
     let controller =
         RescheduleController::new(NODE, ResourceDomain::default(), manager_dir, client).with_config(fast());
     let path = controller.checkpoint_path().to_path_buf();
-    let task = controller.spawn(async move {
-        let _ = stop_rx.await;
-    });
-    (tokio::spawn(async move { task.await.unwrap().unwrap() }), stop_tx, path)
+    let task = controller.spawn(stop.clone().cancelled_owned());
+    (tokio::spawn(async move { task.await.unwrap().unwrap() }), stop, path)
 }
 
 /// Wraps the store and checks, at the moment a delete is sent, that the checkpoint on disk already holds
@@ -269,7 +268,7 @@ async fn failed_allocate_evicts_the_deployment_pod_and_recreates_the_bare_pod() 
     let calls = pods.calls().len();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pods.calls().len(), calls);
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 
@@ -284,7 +283,7 @@ async fn a_refused_eviction_is_retried() {
     let evictions = pods.calls().iter().filter(|c| matches!(c, PodCall::Evict(..))).count();
     assert_eq!(evictions, 3, "two refusals (429), then accepted");
     assert_eq!(pods.events().len(), 1, "one event, for the accepted eviction");
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 
@@ -310,7 +309,7 @@ async fn bare_pod_waits_for_the_old_pod_to_terminate() {
     wait_for("the re-creation", || pods.pod("ns", "solo").is_some()).await;
     assert_ne!(uid(&pods.pod("ns", "solo").unwrap()), old_uid);
     wait_for("the checkpoint entry's removal", || checkpoint_keys(&path).is_empty()).await;
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 
@@ -362,7 +361,7 @@ async fn crash_between_delete_and_create_recovers_on_restart() {
         creates,
         [PodCall::Create("ns".into(), "gone".into()), PodCall::Create("ns".into(), "terminating".into())]
     );
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 
@@ -381,7 +380,7 @@ async fn a_crash_before_the_delete_deletes_and_recreates_on_restart() {
     })
     .await;
     wait_for("an empty checkpoint", || checkpoint_keys(&path).is_empty()).await;
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 
@@ -424,7 +423,7 @@ async fn critical_pods_get_one_event_and_are_never_touched() {
     assert!(pods.calls().is_empty(), "no eviction, delete or create");
     assert_eq!(pods.pods(), before);
     assert!(!path.exists(), "nothing recorded for recovery");
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 
@@ -647,7 +646,7 @@ async fn a_garbage_checkpoint_is_moved_aside_and_the_controller_starts() {
         .unwrap()
         .filter(|e| e.as_ref().unwrap().file_name().to_str().unwrap().contains(".corrupt-"));
     assert!(moved.count() >= 1);
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 
@@ -677,7 +676,7 @@ async fn an_unwritable_checkpoint_means_no_delete() {
     fail_admission(&pods, "solo", "Allocate check failed: z");
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert!(pods.calls().is_empty(), "a pod that could not be recorded is not deleted");
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 

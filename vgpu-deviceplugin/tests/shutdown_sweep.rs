@@ -18,7 +18,8 @@ use std::{
 };
 
 use support::FakePodResources;
-use tokio::{sync::oneshot, task::JoinHandle};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use vgpu_core::{
     abi::vgpu_config::{self, VgpuConfig},
     backend::{DeviceBackend, mock::MockBackend},
@@ -73,7 +74,7 @@ fn plugin_config(dir: &Path, manager: &Path) -> PluginConfig {
 fn run_daemon(
     config: PluginConfig,
     cluster: &Arc<InMemoryCluster>,
-) -> (oneshot::Sender<()>, JoinHandle<Result<(), ServerError>>) {
+) -> (CancellationToken, JoinHandle<Result<(), ServerError>>) {
     let backend: Arc<dyn DeviceBackend> = Arc::new(MockBackend::from_yaml_str(MOCK).unwrap());
     let daemon = Daemon::new(config, backend, cluster.clone(), cluster.clone()).unwrap();
     support::spawn_daemon(daemon)
@@ -119,7 +120,7 @@ async fn gone_pods_files_are_swept_periodically_after_the_grace_and_all_at_shutd
     assert!(manager.join("uid-live_main").is_dir());
 
     // Shutdown: every gone pod's directory goes, whatever its age; the rest stays.
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
     assert!(!manager.join("uid-gone_main").exists(), "the gone pod's files outlived the plugin");
     assert!(manager.join("uid-live_main/config/vgpu.config").is_file(), "a live pod's files were removed");
@@ -140,7 +141,7 @@ async fn no_sweep_removes_a_live_pods_files() {
     config.gone_pod_grace = Duration::ZERO;
     let (stop, task) = run_daemon(config, &cluster);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
     assert!(manager.join("uid-live_a/config/vgpu.config").is_file());
     assert!(manager.join("uid-live_b/config/vgpu.config").is_file());
@@ -172,7 +173,7 @@ async fn without_the_api_server_the_kubelets_pod_resources_decide() {
     cluster.refuse_pod_lists(true);
     let (stop, task) = run_daemon(config.clone(), &cluster);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
     for kept in ["uid-live_main", "uid-gone_main", "uid-kept_main", "uid-unknown_main"] {
         assert!(manager.join(kept).is_dir(), "{kept} removed on a guess");
@@ -183,7 +184,7 @@ async fn without_the_api_server_the_kubelets_pod_resources_decide() {
     *fake.down.lock().unwrap() = false;
     let (stop, task) = run_daemon(config, &cluster);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
     assert!(!manager.join("uid-gone_main").exists(), "the gone pod's files outlived the plugin");
     for kept in ["uid-live_main", "uid-kept_main", "uid-unknown_main"] {

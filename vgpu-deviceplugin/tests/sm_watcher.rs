@@ -35,7 +35,7 @@ utilization:
 
 struct Running {
     dir: tempfile::TempDir,
-    stop: tokio::sync::oneshot::Sender<()>,
+    stop: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<Result<(), vgpu_deviceplugin::error::ServerError>>,
 }
 
@@ -104,14 +104,14 @@ async fn gate_on_publishes_every_gpu_in_sm_util_config() {
     assert_eq!(u32_at(81_952 + 32_784), 5151); // device 1: compute[0].pid
     assert_eq!(u32_at(81_952 + 16), 30); // device 1: samples[0].smUtil
 
-    run.stop.send(()).unwrap();
+    run.stop.cancel();
     run.task.await.unwrap().unwrap();
 }
 
 #[tokio::test]
 async fn gate_off_writes_nothing_a_bad_file_is_replaced_and_later_passes_take_new_samples_only() {
     let run = start(&[]);
-    run.stop.send(()).unwrap();
+    run.stop.cancel();
     run.task.await.unwrap().unwrap();
     assert!(!run.dir.path().join("manager/watcher").exists());
 

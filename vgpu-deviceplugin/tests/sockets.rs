@@ -6,12 +6,9 @@
 
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
-use tokio::{
-    net::UnixListener,
-    sync::{mpsc, oneshot},
-    task::JoinHandle,
-};
+use tokio::{net::UnixListener, sync::mpsc, task::JoinHandle};
 use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use vgpu_core::{
     abi::{devices_json, vgpu_config},
@@ -56,20 +53,19 @@ impl Registration for TestKubelet {
 }
 
 struct Kubelet {
-    stop: oneshot::Sender<()>,
+    stop: CancellationToken,
     task: JoinHandle<()>,
 }
 
 fn start_kubelet(socket: &Path, tx: mpsc::UnboundedSender<RegisterRequest>) -> Kubelet {
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket).unwrap();
-    let (stop, stop_rx) = oneshot::channel::<()>();
+    let stop = CancellationToken::new();
+    let stopped = stop.clone().cancelled_owned();
     let task = tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(TestKubelet { tx }))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                let _ = stop_rx.await;
-            })
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopped)
             .await
             .unwrap();
     });
@@ -78,7 +74,7 @@ fn start_kubelet(socket: &Path, tx: mpsc::UnboundedSender<RegisterRequest>) -> K
 
 impl Kubelet {
     async fn shutdown(self) {
-        let _ = self.stop.send(());
+        self.stop.cancel();
         self.task.await.unwrap();
     }
 }
@@ -96,7 +92,7 @@ struct Node {
     registrations: mpsc::UnboundedReceiver<RegisterRequest>,
     register_tx: mpsc::UnboundedSender<RegisterRequest>,
     kubelet: Option<Kubelet>,
-    stop: Option<oneshot::Sender<()>>,
+    stop: CancellationToken,
     manager: Option<JoinHandle<Result<(), vgpu_deviceplugin::error::ServerError>>>,
 }
 
@@ -144,11 +140,9 @@ async fn start_node(gates: &[&str]) -> Node {
     let cluster = Arc::new(InMemoryCluster::default());
     let config = Arc::new(config);
     let handlers = build_handlers(&config, &state, Some(cluster.clone()));
-    let (stop, stop_rx) = oneshot::channel::<()>();
+    let stop = CancellationToken::new();
     let manager = PluginManager::new((*config).clone(), state, handlers);
-    let manager = tokio::spawn(manager.run(async {
-        let _ = stop_rx.await;
-    }));
+    let manager = tokio::spawn(manager.run(stop.clone().cancelled_owned()));
     Node {
         dir,
         backend,
@@ -156,7 +150,7 @@ async fn start_node(gates: &[&str]) -> Node {
         registrations,
         register_tx,
         kubelet: Some(kubelet),
-        stop: Some(stop),
+        stop,
         manager: Some(manager),
     }
 }
@@ -167,7 +161,7 @@ impl Node {
     }
 
     async fn shutdown(mut self) {
-        let _ = self.stop.take().unwrap().send(());
+        self.stop.cancel();
         tokio::time::timeout(WAIT, self.manager.take().unwrap()).await.unwrap().unwrap().unwrap();
         self.kubelet.take().unwrap().shutdown().await;
         assert!(!self.dir.path().join("nvidia-vgpu.sock").exists(), "socket removed on shutdown");

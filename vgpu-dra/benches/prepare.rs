@@ -40,6 +40,8 @@ async fn state(dir: &Path) -> Arc<DeviceState> {
     let mut config = DriverConfig::under(NODE, dir);
     config.boot_id_path = dir.join("boot_id");
     std::fs::write(&config.boot_id_path, "bench-boot\n").unwrap();
+    // Prepare checks the runtime files a vGPU claim's mounts name (the control library, ld.so.preload).
+    vgpu_core::abi::runtime_files::install(&config.manager_dir, &config.library_version, b"").unwrap();
     let backend =
         MockBackend::from_yaml_str("gpus:\n  - { uuid: GPU-a, name: NVIDIA A30, memoryMiB: 24576 }\n")
             .unwrap();
@@ -75,7 +77,7 @@ fn prepare(c: &mut Criterion) {
                     let start = Instant::now();
                     let out = state.prepare(&claims).await;
                     total += start.elapsed();
-                    assert!(out["uid-1"].is_ok());
+                    assert!(out["uid-1"].is_ok(), "{:?}", out["uid-1"]);
                     assert!(state.unprepare(&claims).await["uid-1"].is_ok());
                 }
                 total

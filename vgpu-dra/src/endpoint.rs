@@ -1,6 +1,6 @@
 //! The kubelet plugin's HTTP endpoint (`--http-endpoint`, `--metrics-path`, contract §1.5): health,
-//! readiness ([`Readiness`]) and the Prometheus metrics of [`crate::metrics`], served by
-//! [`vgpu_serve::http::serve`].
+//! readiness ([`Readiness`]) and the Prometheus metrics of [`crate::metrics`], routed by
+//! [`vgpu_serve::probes::ProbeRoutes`] and served by [`vgpu_serve::http::serve`].
 //!
 //! | route | answer |
 //! |---|---|
@@ -15,18 +15,12 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use axum::{
-    Router,
-    body::Body,
-    extract::Request,
-    http::{HeaderValue, Method, StatusCode, header},
-    response::{IntoResponse, Response},
-    routing::get,
-};
+use axum::Router;
 use tokio::{net::TcpListener, sync::watch};
 use vgpu_serve::{
-    authz::{Authorizer, NonResourceRequest},
-    http::{HEALTHZ_PATH, HttpTimeouts, READYZ_PATH},
+    authz::Authorizer,
+    http::HttpTimeouts,
+    probes::{MetricsPathError, NotReady, ProbeRoutes},
 };
 
 use crate::{
@@ -41,13 +35,8 @@ use crate::{
 #[non_exhaustive]
 pub enum MetricsError {
     /// The metrics path is not usable.
-    #[error("invalid --metrics-path {path:?}: {reason}")]
-    Path {
-        /// The path given.
-        path: String,
-        /// What was expected.
-        reason: &'static str,
-    },
+    #[error(transparent)]
+    Path(#[from] MetricsPathError),
 }
 
 /// `--http-endpoint` as Go's `net.Listen` reads it: `""` = no server, `:<port>` = every interface,
@@ -119,8 +108,8 @@ impl Readiness {
     }
 }
 
-/// The routes of the module table; `metrics_path` must start with `/` and differ from `/healthz` and
-/// `/readyz`.
+/// The routes of the module table; `metrics_path` must start with `/` and differ from `/healthz`,
+/// `/readyz` and `/version` ([`ProbeRoutes::metrics_at`]).
 pub fn router(
     metrics: Arc<DriverMetrics>,
     readiness: Readiness,
@@ -138,63 +127,12 @@ pub fn router_with_authz(
     metrics_path: &str,
     authorizer: Option<Arc<Authorizer>>,
 ) -> Result<Router, MetricsError> {
-    let bad = |reason| MetricsError::Path { path: metrics_path.to_owned(), reason };
-    if !metrics_path.starts_with('/') {
-        return Err(bad("must start with '/'"));
-    }
-    if metrics_path == HEALTHZ_PATH || metrics_path == READYZ_PATH {
-        return Err(bad("must differ from /healthz and /readyz"));
-    }
-    let path = metrics_path.to_owned();
-    let router = Router::new()
-        .route(HEALTHZ_PATH, get(|| async { "ok" }))
-        .route(
-            READYZ_PATH,
-            get(move || {
-                let readiness = readiness.clone();
-                async move {
-                    match readiness.check() {
-                        Ok(()) => (StatusCode::OK, "ok".to_owned()),
-                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
-                    }
-                }
-            }),
-        )
-        // The metrics path is matched exactly in the fallback: any string is a valid path there (a route
-        // pattern with `{` or `*` would mean something else).
-        .fallback(move |request: Request| {
-            let metrics = Arc::clone(&metrics);
-            let path = path.clone();
-            let authorizer = authorizer.clone();
-            async move {
-                if request.uri().path() == path
-                    && let Some(authz) = &authorizer
-                    && let Err(denied) =
-                        authz.authorize(request.headers(), &NonResourceRequest::get(&path)).await
-                {
-                    return denied.response().map(Body::new);
-                }
-                metrics_page(&metrics, &path, &request)
-            }
-        });
-    Ok(router)
-}
-
-fn metrics_page(metrics: &DriverMetrics, path: &str, request: &Request) -> Response {
-    if request.uri().path() != path {
-        return (StatusCode::NOT_FOUND, "not found").into_response();
-    }
-    if request.method() != Method::GET && request.method() != Method::HEAD {
-        return (StatusCode::METHOD_NOT_ALLOWED, "only GET").into_response();
-    }
-    match metrics.encode() {
-        Ok(text) => {
-            let mut r = Response::new(Body::from(text));
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-            r
-        }
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}")).into_response(),
-    }
+    Ok(ProbeRoutes::new()
+        .ready_when(move || readiness.check().map_err(NotReady::unavailable))
+        .metrics(CONTENT_TYPE, move || metrics.encode())
+        .metrics_at(metrics_path)?
+        .metrics_authorizer(authorizer)
+        .into_router())
 }
 
 /// Serves [`router_with_authz`] on `listener` until `shutdown` (the upstream HTTP timeouts, no TLS);
@@ -247,7 +185,10 @@ mod tests {
         let e = router(Arc::clone(&m), r(), "metrics").unwrap_err().to_string();
         assert_eq!(e, "invalid --metrics-path \"metrics\": must start with '/'");
         assert!(
-            router(Arc::clone(&m), r(), "/readyz").unwrap_err().to_string().contains("/healthz and /readyz")
+            router(Arc::clone(&m), r(), "/readyz")
+                .unwrap_err()
+                .to_string()
+                .contains("/healthz, /readyz and /version")
         );
         assert!(router(m, r(), "/my{metrics}").is_ok());
     }

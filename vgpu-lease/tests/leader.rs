@@ -304,23 +304,21 @@ async fn run_elects_labels_with_retries_and_releases_on_shutdown() {
     leases.fail_label_patches(2);
     let readiness = Readiness::new(Role::Follower);
     readiness.set_synced(true);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(leader::run_with(
         leases.clone(),
         config(LeaderMode::Elect),
         "pod-a_1".into(),
         clock,
         readiness.clone(),
-        async move {
-            let _ = stopped.await;
-        },
+        stop.clone().cancelled_owned(),
     ));
     until("leadership", || readiness.role() == Role::Leader).await;
     assert!(readiness.is_ready());
     until("the label", || !leases.labels().is_empty()).await;
     let label = |v: &str| ("kube-system".to_owned(), "pod-a".to_owned(), v.to_owned());
     assert_eq!(leases.labels(), [label("leader")], "two failures, then one success");
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
     assert_eq!(readiness.role(), Role::Follower);
     assert_eq!(spec(&leases).holder_identity, None, "released");
@@ -335,21 +333,19 @@ async fn run_watch_mode_tracks_the_holder_and_skips_labels_without_a_pod() {
     let readiness = Readiness::new(Role::Follower);
     let mut cfg = config(LeaderMode::WatchLease);
     cfg.pod_name = None;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(leader::run_with(
         leases.clone(),
         cfg,
         "ignored".into(),
         clock.clone(),
         readiness.clone(),
-        async move {
-            let _ = stopped.await;
-        },
+        stop.clone().cancelled_owned(),
     ));
     until("leadership", || readiness.role() == Role::Leader).await;
     leases.put(held_by("pod-b_1", T0));
     until("follower", || readiness.role() == Role::Follower).await;
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
     assert!(leases.labels().is_empty());
     assert_eq!(leases.holder().as_deref(), Some("pod-b_1"), "watch mode never writes the lease");

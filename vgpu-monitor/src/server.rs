@@ -1,11 +1,11 @@
 //! The monitor's HTTP routes as a plain [`axum::Router`] (served by `vgpu_serve::http::serve`, with TLS
-//! when `--enable-tls`).
+//! when `--enable-tls`): the probes and `/version` from [`ProbeRoutes`], and its own `/metrics`.
 //!
 //! | route | answer |
 //! |---|---|
 //! | `GET /healthz` | 200 `ok` |
 //! | `GET /readyz` | 200 `ok` once the pod cache has synced, else 503 `pod cache not synced` |
-//! | `GET /version` | 200, [`VersionInfo`] as JSON |
+//! | `GET /version` | 200, [`VersionInfo`](vgpu_serve::http::VersionInfo) as JSON |
 //! | `GET /metrics` | the page, read at scrape time on a blocking thread; OpenMetrics 1.0 when `Accept` names `application/openmetrics-text`, else Prometheus text 0.0.4 |
 //!
 //! `/metrics` admits one scrape per [`ServerConfig::min_scrape_interval`] (a token bucket of one token
@@ -33,7 +33,8 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use prometheus_client::registry::Registry;
 use vgpu_serve::{
     authz::{Authorizer, NonResourceRequest},
-    http::{HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, VERSION_PATH, VersionInfo},
+    http::METRICS_PATH,
+    probes::{NotReady, ProbeRoutes},
 };
 
 use crate::pods::PodSource;
@@ -92,10 +93,14 @@ impl MonitorServer {
 
     /// The router.
     pub fn router(self: &Arc<Self>) -> Router {
-        Router::new()
-            .route(HEALTHZ_PATH, get(|| async { "ok" }))
-            .route(READYZ_PATH, get(readyz))
-            .route(VERSION_PATH, get(|| async { axum::Json(VersionInfo::new("vgpu-device-monitor")) }))
+        let pods = Arc::clone(&self.pods);
+        ProbeRoutes::new()
+            .ready_when(move || {
+                if pods.synced() { Ok(()) } else { Err(NotReady::unavailable("pod cache not synced")) }
+            })
+            .version("vgpu-device-monitor")
+            .into_router()
+            // The page is rate limited and negotiated (module docs), so it is routed here, not by `ProbeRoutes`.
             .route(METRICS_PATH, get(metrics))
             .with_state(Arc::clone(self))
     }
@@ -109,14 +114,6 @@ impl MonitorServer {
             prometheus_client::encoding::prometheus_text::encode(&mut body, &self.registry)?;
         }
         Ok(body)
-    }
-}
-
-async fn readyz(State(st): State<Arc<MonitorServer>>) -> Response {
-    if st.pods.synced() {
-        (StatusCode::OK, "ok").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "pod cache not synced").into_response()
     }
 }
 

@@ -313,12 +313,10 @@ async fn served_on_loopback_ready_once_synced() {
     let router = node.server.router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone().cancelled_owned();
     let task = tokio::spawn(async move {
-        vgpu_serve::http::serve(listener, router, None, &Default::default(), async {
-            let _ = stopped.await;
-        })
-        .await;
+        vgpu_serve::http::serve(listener, router, None, &Default::default(), stopped).await;
     });
     let fetch = move |path: &'static str| tokio::task::spawn_blocking(move || get(addr, path, &[]));
     assert_eq!(fetch("/readyz").await.unwrap().status, 503);
@@ -330,7 +328,7 @@ async fn served_on_loopback_ready_once_synced() {
         value(&r.body, "container_vgpu_device_memory_limit_in_bytes", &ctr("b", "worker", "0")),
         8.0 * GIB
     );
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 

@@ -55,7 +55,7 @@ struct Served {
     _dir: tempfile::TempDir,
     addr: SocketAddr,
     pods: Arc<TestPods>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -90,14 +90,12 @@ async fn serve(config: ServerConfig) -> Served {
     let router = MonitorServer::new(registry, pods.clone(), config).router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone().cancelled_owned();
     let task = tokio::spawn(async move {
-        vgpu_serve::http::serve(listener, router, None, &Default::default(), async {
-            let _ = stopped.await;
-        })
-        .await;
+        vgpu_serve::http::serve(listener, router, None, &Default::default(), stopped).await;
     });
-    Served { _dir: dir, addr, pods, stop: Some(stop), task }
+    Served { _dir: dir, addr, pods, stop, task }
 }
 
 impl Served {
@@ -113,8 +111,8 @@ impl Served {
         .unwrap()
     }
 
-    async fn stop(mut self) {
-        self.stop.take().unwrap().send(()).unwrap();
+    async fn stop(self) {
+        self.stop.cancel();
         self.task.await.unwrap();
     }
 }

@@ -55,8 +55,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{net::UnixListener, sync::watch, task::JoinHandle};
+use tokio::{net::UnixListener, task::JoinHandle};
 use tokio_stream::{StreamExt as _, wrappers::UnixListenerStream};
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::{Request, Response, Status};
 use vgpu_core::{abi::atomic::write_atomic, node_config::CgroupDriver};
 
@@ -445,7 +446,8 @@ impl VDeviceRegistry for RegistryService {
 pub struct RunningRegistry {
     /// The socket.
     pub socket: PathBuf,
-    stop: watch::Sender<bool>,
+    /// Cancels the serve task's token on [`RunningRegistry::stop`], and when the registry is dropped.
+    stop: DropGuard,
     handle: JoinHandle<Result<(), RegistryError>>,
     identity: Arc<Mutex<Option<(u64, u64)>>>,
 }
@@ -453,7 +455,7 @@ pub struct RunningRegistry {
 impl RunningRegistry {
     /// Stops the server and removes the socket when it is the one this server bound last.
     pub async fn stop(self) {
-        let _ = self.stop.send(true);
+        self.stop.disarm().cancel();
         match self.handle.await {
             Ok(Ok(())) => {}
             Ok(Err(err)) => tracing::warn!(%err, "registry server ended with an error"),
@@ -539,7 +541,8 @@ pub fn serve_registry_with(
     let group = config.socket_group;
     let mut listener = Some(bind(&socket, group)?);
     let identity_cell = Arc::new(Mutex::new(identity(&socket)));
-    let (stop, stop_rx) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let stop_guard = stop.clone().drop_guard();
     let identify = Arc::new(IdentifyConfig {
         own_proc: PathBuf::from(peer::OWN_PROC),
         proc_root: config.proc_root.clone(),
@@ -566,12 +569,12 @@ pub fn serve_registry_with(
             };
             // The identity recorded right after binding (not re-read here: the file may already be gone).
             let ours = *ids.lock().unwrap_or_else(PoisonError::into_inner);
-            let mut stopping = stop_rx.clone();
+            let stopping = stop.clone();
             let watched = path.clone();
             let shutdown = async move {
                 loop {
                     tokio::select! {
-                        _ = stopping.wait_for(|s| *s) => return,
+                        () = stopping.cancelled() => return,
                         () = tokio::time::sleep(guard) => {}
                     }
                     if identity(&watched) != ours {
@@ -589,10 +592,10 @@ pub fn serve_registry_with(
                 .serve_with_incoming_shutdown(accepted(current, Arc::clone(&identify)), shutdown)
                 .await
                 .map_err(|source| SocketError::Transport { path: path.clone(), source })?;
-            if *stop_rx.borrow() {
+            if stop.is_cancelled() {
                 return Ok(());
             }
         }
     });
-    Ok(RunningRegistry { socket, stop, handle, identity: identity_cell })
+    Ok(RunningRegistry { socket, stop: stop_guard, handle, identity: identity_cell })
 }

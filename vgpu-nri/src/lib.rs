@@ -59,8 +59,8 @@
 //! let dir = tempfile::tempdir()?;
 //! let runtime = RuntimeSide::bind(&dir.path().join("nri.sock"))?;
 //! let plugin = Plugin::new(PluginConfig::new(dir.path(), "07".parse::<PluginIndex>()?), Arc::new(Hello))?;
-//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-//! let task = tokio::spawn(plugin.run(async { let _ = stopped.await; }));
+//! let stop = tokio_util::sync::CancellationToken::new();
+//! let task = tokio::spawn(plugin.run(stop.clone().cancelled_owned()));
 //!
 //! let mut conn = runtime.accept().await?;
 //! assert_eq!((conn.registration().plugin_name.as_str(), conn.registration().plugin_idx.as_str()), ("manager.nvidia.com", "07"));
@@ -68,7 +68,7 @@
 //! let pod = PodSandbox { name: "p".into(), ..Default::default() };
 //! let reply = conn.create_container(&pod, &Container::new()).await?.expect("subscribed");
 //! assert_eq!(reply.adjust.env[0].value, "p");
-//! let _ = stop.send(());
+//! stop.cancel();
 //! task.await?;
 //! # Ok(())
 //! # }

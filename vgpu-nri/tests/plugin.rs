@@ -100,10 +100,8 @@ async fn a_full_session_over_the_socket() {
     let handler = Arc::new(Recorder::default());
     let plugin = Plugin::new(config(dir.path(), "42"), Arc::clone(&handler)).unwrap();
     let mut link = plugin.health().subscribe();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(plugin.run(async {
-        let _ = stopped.await;
-    }));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(plugin.run(stop.clone().cancelled_owned()));
 
     let mut conn = tokio::time::timeout(WAIT, runtime.accept()).await.unwrap().unwrap();
     let reg = conn.registration();
@@ -140,7 +138,7 @@ async fn a_full_session_over_the_socket() {
         ["sync 1 pods a,b,c", "create u1/main", "remove u1/main", "remove u2/old"],
         "StateChange(START_CONTAINER) is ignored"
     );
-    let _ = stop.send(());
+    stop.cancel();
     tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
 }
 
@@ -154,11 +152,9 @@ async fn the_plugin_reconnects_after_the_runtime_restarts_and_health_follows_the
         Plugin::new(config(dir.path(), "00"), Arc::clone(&handler)).unwrap().with_clock(clock.clone());
     let health = plugin.health();
     let mut link = health.subscribe();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
     // No runtime yet: the plugin keeps dialing; healthy during the first 2 minutes only.
-    let task = tokio::spawn(plugin.run(async {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(plugin.run(stop.clone().cancelled_owned()));
     assert!(health.is_healthy());
     clock.advance(Duration::from_secs(121));
     assert!(!health.is_healthy(), "2 minutes without a runtime");
@@ -191,7 +187,7 @@ async fn the_plugin_reconnects_after_the_runtime_restarts_and_health_follows_the
     conn.create_container(&pod("u1"), &container("second")).await.unwrap();
     assert_eq!(handler.calls(), ["create u1/first", "create u1/second"]);
 
-    let _ = stop.send(());
+    stop.cancel();
     tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
     wait_link(&mut link, false).await;
 }

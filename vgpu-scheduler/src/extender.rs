@@ -783,22 +783,47 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
     }
 
     async fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String) {
+        self.event_on(&pod.namespace, &pod.name, kind, reason, || message).await;
+    }
+
+    /// The `BindingSucceed` event of a pod bound to `node`.
+    async fn bound_event(&self, namespace: &str, name: &str, node: &str) {
+        let message = || format!("Successfully bound to node \"{node}\"");
+        self.event_on(namespace, name, EventType::Normal, "BindingSucceed", message).await;
+    }
+
+    /// Records an event on the pod `namespace/name`. The event (its strings, its message) is only built once
+    /// it is known to be kept: a success event over the rate limit costs no allocation.
+    async fn event_on(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: EventType,
+        reason: &'static str,
+        message: impl FnOnce() -> String,
+    ) {
         let success = matches!(reason, "FilteringSucceed" | "BindingSucceed");
         if !self.config.emit_events || (success && !self.config.success_events) {
             return;
         }
         let at_ns = self.clock.now_ns();
-        let e =
-            Event { namespace: pod.namespace.clone(), pod: pod.name.clone(), kind, reason, message, at_ns };
+        let event = || Event {
+            namespace: namespace.to_owned(),
+            pod: name.to_owned(),
+            kind,
+            reason,
+            message: message(),
+            at_ns,
+        };
         if success {
             let kept = match &self.deferred_events {
                 Some(queue) => {
-                    let kept = queue.push(e);
+                    let kept = queue.push(event());
                     self.notify(|o| o.events_deferred(queue.len()));
                     kept
                 }
                 None if self.event_tokens().take(at_ns) => {
-                    self.cluster.record_event(e).await;
+                    self.cluster.record_event(event()).await;
                     self.notify(|o| o.success_events(1, 0));
                     true
                 }
@@ -809,7 +834,7 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
             }
             return;
         }
-        self.cluster.record_event(e).await;
+        self.cluster.record_event(event()).await;
     }
 
     fn event_tokens(&self) -> std::sync::MutexGuard<'_, TokenBucket> {
@@ -1149,13 +1174,8 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         for n in &alloc.notices {
             self.event(pod, EventType::Warning, "TopologyFallback", n.message.clone()).await;
         }
-        self.event(
-            pod,
-            EventType::Normal,
-            "FilteringSucceed",
-            format!("Successfully matched node \"{node}\""),
-        )
-        .await;
+        let message = || format!("Successfully matched node \"{node}\"");
+        self.event_on(&pod.namespace, &pod.name, EventType::Normal, "FilteringSucceed", message).await;
         Ok(FilterResult::from_outcome(nodes, &outcome))
     }
 
@@ -1465,6 +1485,9 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         if self.binding_carries() {
             // The reservation holds the GPUs until the binding is written: long enough for the node's queue.
             self.cache.renew_reservation(uid, now.saturating_add(self.config.reservation_ttl_ns));
+            // Carried on the binding: nothing is written now, so nothing can fail here (and the pod, the
+            // cache's copy, is not copied a second time for an error path).
+            return Ok((pod, Some(patch)));
         }
         match self.write_or_carry(pod.clone(), patch, now).await {
             Ok(out) => Ok(out),
@@ -1554,17 +1577,20 @@ impl<C: Cluster, K: Clock + 'static> Extender<C, K> {
         }
         pod.node_name = Some(node.to_owned());
         pod.unschedulable_since_ns = None;
-        self.cache.upsert_pod(pod.clone(), now);
-        if let Some(c) = carried.as_ref().filter(|_| check) {
-            self.check_carried_labels(&pod, c, now).await;
+        match carried.as_ref().filter(|_| check) {
+            Some(c) => {
+                self.cache.upsert_pod(pod.clone(), now);
+                self.check_carried_labels(&pod, c, now).await;
+                self.bound_event(&pod.namespace, &pod.name, node).await;
+            }
+            None => {
+                // The usual bind: the pod moves into the cache (it is not copied); the event needs only its
+                // namespace and name.
+                let (namespace, name) = (pod.namespace.clone(), pod.name.clone());
+                self.cache.upsert_pod(pod, now);
+                self.bound_event(&namespace, &name, node).await;
+            }
         }
-        self.event(
-            &pod,
-            EventType::Normal,
-            "BindingSucceed",
-            format!("Successfully bound to node \"{node}\""),
-        )
-        .await;
         Ok(())
     }
 

@@ -43,16 +43,14 @@
 //! leader_config.validate()?;
 //! let readiness = Readiness::new(leader_config.initial_role());
 //!
-//! let (stop, stopping) = tokio::sync::watch::channel(false);
-//! let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-//!     let _ = rx.wait_for(|s| *s).await;
-//! };
+//! let stop = tokio_util::sync::CancellationToken::new();
 //! let cache = CacheDriver::new(client.clone(), extender.cache().clone(), readiness.clone())
 //!     .with_clock(clock.clone())
-//!     .spawn(stopped(stopping.clone()));
-//! let elector = tokio::spawn(leader::run(client, leader_config, readiness.clone(), stopped(stopping)));
+//!     .spawn(stop.clone().cancelled_owned());
+//! let stopped = stop.clone().cancelled_owned();
+//! let elector = tokio::spawn(leader::run(client, leader_config, readiness.clone(), stopped));
 //! // … serve the verbs with `extender`, `/readyz` with `readiness`, until SIGTERM …
-//! stop.send(true)?;
+//! stop.cancel();
 //! cache.await?;
 //! elector.await??;
 //! # Ok(())

@@ -48,13 +48,12 @@
 //! # async fn run(client: kube::Client) {
 //! let cache = Arc::new(ClusterCache::new(Default::default(), 30_000_000_000));
 //! let readiness = Readiness::new(Role::Standalone);
-//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-//! let driver = CacheDriver::new(client, cache.clone(), readiness.clone()).spawn(async move {
-//!     let _ = stopped.await;
-//! });
+//! let stop = tokio_util::sync::CancellationToken::new();
+//! let driver =
+//!     CacheDriver::new(client, cache.clone(), readiness.clone()).spawn(stop.clone().cancelled_owned());
 //! readiness.wait_synced().await;
 //! // … serve the extender over `cache` …
-//! let _ = stop.send(());
+//! stop.cancel();
 //! let _ = driver.await;
 //! # }
 //! ```

@@ -24,8 +24,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
 use test_ca::TestCa;
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 use tokio_rustls::{TlsConnector, rustls};
+use tokio_util::sync::CancellationToken;
 use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
@@ -105,7 +105,7 @@ struct Server {
     addr: SocketAddr,
     cluster: MemoryCluster,
     d: ResourceDomain,
-    stop: oneshot::Sender<()>,
+    stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -136,13 +136,10 @@ async fn start(tls: TlsFiles, metrics_authz: Option<Arc<Authorizer>>) -> Server 
     };
     let config = ServerConfig { bind_address: addr, tls: Some(tls), ..ServerConfig::default() };
     assert_eq!(config.client_auth(), config.tls.as_ref().unwrap().client_ca.is_some());
-    let (stop, rx) = oneshot::channel::<()>();
+    let stop = CancellationToken::new();
+    let stopped = stop.clone().cancelled_owned();
     let task = tokio::spawn(async move {
-        run(config, state, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
+        run(config, state, stopped).await.unwrap();
     });
     for _ in 0..100 {
         if TcpStream::connect(addr).await.is_ok() {
@@ -155,7 +152,7 @@ async fn start(tls: TlsFiles, metrics_authz: Option<Arc<Authorizer>>) -> Server 
 
 impl Server {
     async fn stop(self) {
-        self.stop.send(()).unwrap();
+        self.stop.cancel();
         tokio::time::timeout(Duration::from_secs(5), self.task).await.unwrap().unwrap();
     }
 }

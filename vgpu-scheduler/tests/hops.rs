@@ -104,11 +104,10 @@ fn filter_prioritize_and_bind_take_no_task_hop() {
     let state = AppState::new(ext, Readiness::ready(), Arc::new(Metrics::new()));
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone().cancelled_owned();
     let server = std::thread::spawn(move || {
-        rt.block_on(serve(listener, router(state), None, &ServerConfig::default(), async {
-            let _ = stopped.await;
-        }));
+        rt.block_on(serve(listener, router(state), None, &ServerConfig::default(), stopped));
     });
 
     let mut client = Client::connect(addr);
@@ -156,7 +155,7 @@ fn filter_prioritize_and_bind_take_no_task_hop() {
             assert_eq!(bound["Error"], "", "{bound}");
         }
     });
-    stop.send(()).unwrap();
+    stop.cancel();
     drop(client);
     server.join().unwrap();
 

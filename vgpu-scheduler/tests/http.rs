@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 use vgpu_core::clock::ManualClock;
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{NodeDeviceInventory, NodeVgpuConfig};
@@ -70,7 +70,7 @@ struct TestServer {
     inv: NodeDeviceInventory,
     names: Vec<String>,
     pool: Arc<WorkPool>,
-    stop: Option<oneshot::Sender<()>>,
+    stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -94,13 +94,11 @@ async fn start(opts: Opts) -> TestServer {
     let pool = state.pool().clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (tx, rx) = oneshot::channel::<()>();
+    let stop = CancellationToken::new();
+    let stopped = stop.clone().cancelled_owned();
     let (config, tls) = (opts.server, opts.tls);
     let task = tokio::spawn(async move {
-        serve(listener, router(state), tls, &config, async {
-            let _ = rx.await;
-        })
-        .await;
+        serve(listener, router(state), tls, &config, stopped).await;
     });
     TestServer {
         addr,
@@ -112,7 +110,7 @@ async fn start(opts: Opts) -> TestServer {
         inv,
         names,
         pool,
-        stop: Some(tx),
+        stop,
         task: Some(task),
     }
 }
@@ -120,7 +118,7 @@ async fn start(opts: Opts) -> TestServer {
 impl TestServer {
     /// Graceful shutdown: the serve task ends.
     async fn stop(mut self) {
-        self.stop.take().unwrap().send(()).unwrap();
+        self.stop.cancel();
         tokio::time::timeout(Duration::from_secs(5), self.task.take().unwrap()).await.unwrap().unwrap();
     }
 

@@ -39,12 +39,12 @@ const NODES: usize = 100;
 const MIB: u64 = 1 << 20;
 
 /// Serves the extender over `cluster` (synced, metrics observed, no events) on a loopback port of `rt`;
-/// sending on (or dropping) the returned sender stops the server.
+/// cancelling the returned token stops the server.
 fn start_server(
     rt: &tokio::runtime::Runtime,
     cluster: &MemoryCluster,
     config: ServerConfig,
-) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+) -> (SocketAddr, tokio_util::sync::CancellationToken) {
     rt.block_on(async {
         let metrics = Arc::new(Metrics::new());
         let extender = ExtenderConfig { emit_events: false, ..ExtenderConfig::default() };
@@ -56,14 +56,12 @@ fn start_server(
         let state = AppState::new(Arc::new(ext), Readiness::ready(), metrics).with_limits(&config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone().cancelled_owned();
         tokio::spawn(async move {
-            serve(listener, router(state), None, &config, async {
-                let _ = rx.await;
-            })
-            .await;
+            serve(listener, router(state), None, &config, stopped).await;
         });
-        (addr, tx)
+        (addr, stop)
     })
 }
 
@@ -191,7 +189,7 @@ fn eight_max_size_filters_leave_probes_answered_and_memory_bounded() {
     done.store(true, Ordering::Release);
     let mut probes = prober.join().unwrap();
     let peak_kib = vm_hwm_kib();
-    let _ = stop.send(());
+    stop.cancel();
     drop(client_rt);
     drop(server_rt);
 
@@ -309,7 +307,7 @@ fn throughput() {
             lat.len()
         );
     }
-    let _ = stop.send(());
+    stop.cancel();
     drop(client_rt);
     drop(server_rt);
 }

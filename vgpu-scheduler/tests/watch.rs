@@ -30,7 +30,7 @@ struct Setup {
     clock: Arc<ManualClock>,
     readiness: Readiness,
     synced_history: Arc<Mutex<Vec<bool>>>,
-    stop: tokio::sync::oneshot::Sender<()>,
+    stop: tokio_util::sync::CancellationToken,
     driver: tokio::task::JoinHandle<()>,
     handle: ApiHandle,
 }
@@ -55,13 +55,11 @@ fn start() -> Setup {
         backoff_max: Duration::from_millis(20),
         ..WatchConfig::default()
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
     let driver = CacheDriver::new(client, cache.clone(), readiness.clone())
         .with_clock(clock.clone())
         .with_config(config)
-        .spawn(async move {
-            let _ = stopped.await;
-        });
+        .spawn(stop.clone().cancelled_owned());
     Setup { cache, clock, readiness, synced_history, stop, driver, handle }
 }
 
@@ -226,7 +224,7 @@ async fn lists_watches_and_relists_after_410() {
     let history = synced_history.lock().unwrap().clone();
     assert_eq!(history, [true], "{history:?}");
 
-    stop.send(()).unwrap();
+    stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), driver).await.unwrap().unwrap();
     drop(held);
 }
@@ -281,7 +279,7 @@ async fn failed_lists_are_retried_and_reservations_expire() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
-    stop.send(()).unwrap();
+    stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), driver).await.unwrap().unwrap();
     drop(held);
 }
@@ -310,13 +308,11 @@ async fn a_burst_of_pod_events_is_applied_in_few_rounds() {
     let readiness = Readiness::new(Role::Standalone);
     // No sweep during the test (the sweeper reads the clock too).
     let config = WatchConfig { sweep_interval: Duration::from_secs(3600), ..WatchConfig::default() };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
     let driver = CacheDriver::new(client, cache.clone(), readiness.clone())
         .with_clock(clock.clone())
         .with_config(config)
-        .spawn(async move {
-            let _ = stopped.await;
-        });
+        .spawn(stop.clone().cancelled_owned());
     let mut held = Vec::new();
     let mut reads_before_burst = None;
     while reads_before_burst.is_none() || held.len() < 2 {
@@ -354,7 +350,7 @@ async fn a_burst_of_pod_events_is_applied_in_few_rounds() {
     println!("{} pod events applied in {rounds} rounds of cache updates", BURST + 3);
     // Before issue #35 item 4: one round per added or modified object (202 here, measured with batches of one).
     assert!(rounds <= 12, "{rounds} rounds for {} events in one read", BURST + 3);
-    stop.send(()).unwrap();
+    stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), driver).await.unwrap().unwrap();
     drop(held);
 }

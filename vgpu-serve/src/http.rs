@@ -478,12 +478,10 @@ mod tests {
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone().cancelled_owned();
         let server = tokio::spawn(async move {
-            serve(listener, app, None, &HttpTimeouts::default(), async {
-                let _ = stop_rx.await;
-            })
-            .await;
+            serve(listener, app, None, &HttpTimeouts::default(), stopped).await;
         });
         let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
         conn.write_all(
@@ -495,7 +493,7 @@ mod tests {
         conn.read_to_string(&mut answer).await.unwrap();
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert!(answer.ends_with("hello"), "{answer}");
-        stop_tx.send(()).unwrap();
+        stop.cancel();
         tokio::time::timeout(Duration::from_secs(5), server).await.unwrap().unwrap();
     }
 }

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `GET /healthz` ([`HEALTHZ_PATH`]) | 200 `ok`, always (the process serves) |
 //! | `GET /readyz` ([`READYZ_PATH`]) | 200 `ok` while the [`ProbeRoutes::ready_when`] check passes (always without one); else the check's [`NotReady`] status and message |
-//! | `GET /metrics` ([`METRICS_PATH`]), with [`ProbeRoutes::metrics`] | 200 with the rendered page and its content type; 500 when rendering fails; with [`ProbeRoutes::metrics_authorizer`], 401/403 from the [`Authorizer`] first |
+//! | `GET /metrics` ([`METRICS_PATH`], or the path of [`ProbeRoutes::metrics_at`]), with [`ProbeRoutes::metrics`] | 200 with the rendered page and its content type; 500 when rendering fails; with [`ProbeRoutes::metrics_authorizer`], 401/403 from the [`Authorizer`] first (`get` on the metrics path) |
 //! | `GET /version` ([`VERSION_PATH`]), with [`ProbeRoutes::version`] | 200, [`VersionInfo`] as JSON |
 //!
 //! # Example
@@ -55,6 +55,32 @@ use axum::routing::get;
 use crate::authz::{Authorizer, NonResourceRequest};
 use crate::http::{HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, VERSION_PATH, VersionInfo};
 
+/// A metrics path that [`ProbeRoutes::metrics_at`] cannot serve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid --metrics-path {path:?}: {reason}")]
+pub struct MetricsPathError {
+    /// The path given.
+    pub path: String,
+    /// What was expected.
+    pub reason: &'static str,
+}
+
+/// Whether [`ProbeRoutes::metrics_at`] can serve the metrics page at `path` (a flag check before start-up):
+/// it starts with `/`, is none of the probe paths, and no segment starts with `:` or `*`.
+pub fn check_metrics_path(path: &str) -> Result<(), MetricsPathError> {
+    let bad = |reason| MetricsPathError { path: path.to_owned(), reason };
+    if !path.starts_with('/') {
+        return Err(bad("must start with '/'"));
+    }
+    if [HEALTHZ_PATH, READYZ_PATH, VERSION_PATH].contains(&path) {
+        return Err(bad("must differ from /healthz, /readyz and /version"));
+    }
+    if path.split('/').any(|segment| segment.starts_with(':') || segment.starts_with('*')) {
+        return Err(bad("no path segment may start with ':' or '*'"));
+    }
+    Ok(())
+}
+
 /// Why a replica is not ready: the `/readyz` status and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotReady {
@@ -85,6 +111,7 @@ type Render = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 pub struct ProbeRoutes {
     ready: Option<ReadyCheck>,
     metrics: Option<(&'static str, Render)>,
+    metrics_path: Option<String>,
     authorizer: Option<Arc<Authorizer>>,
     version: Option<&'static str>,
 }
@@ -94,6 +121,7 @@ impl std::fmt::Debug for ProbeRoutes {
         f.debug_struct("ProbeRoutes")
             .field("ready_check", &self.ready.is_some())
             .field("metrics", &self.metrics.as_ref().map(|(content_type, _)| content_type))
+            .field("metrics_path", &self.metrics_path())
             .field("authorizer", &self.authorizer.is_some())
             .field("version", &self.version)
             .finish()
@@ -122,6 +150,20 @@ impl ProbeRoutes {
         self
     }
 
+    /// Serves the metrics page at `path` instead of [`METRICS_PATH`] (`--metrics-path`). Any path starting
+    /// with `/` is matched literally (braces included), except the probe paths and a segment starting with
+    /// `:` or `*` (which the router reads as a capture).
+    pub fn metrics_at(mut self, path: &str) -> Result<Self, MetricsPathError> {
+        check_metrics_path(path)?;
+        self.metrics_path = Some(path.to_owned());
+        Ok(self)
+    }
+
+    /// The path the metrics page is served at.
+    pub fn metrics_path(&self) -> &str {
+        self.metrics_path.as_deref().unwrap_or(METRICS_PATH)
+    }
+
     /// `/metrics` asks `authorizer` first (bearer token, `get` on the non-resource URL); `None` leaves it open.
     pub fn metrics_authorizer(mut self, authorizer: Option<Arc<Authorizer>>) -> Self {
         self.authorizer = authorizer;
@@ -136,6 +178,7 @@ impl ProbeRoutes {
 
     /// The routes.
     pub fn into_router<S: Clone + Send + Sync + 'static>(self) -> Router<S> {
+        let path: Arc<str> = Arc::from(self.metrics_path());
         let ready = self.ready;
         let mut router = Router::new().route(HEALTHZ_PATH, get(|| async { "ok" })).route(
             READYZ_PATH,
@@ -151,12 +194,17 @@ impl ProbeRoutes {
         );
         if let Some((content_type, render)) = self.metrics {
             let authorizer = self.authorizer;
+            // Braces are escaped so that the path matches literally ([`Self::metrics_at`] rules out `:`/`*`).
+            let pattern = path.replace('{', "{{").replace('}', "}}");
             router = router.route(
-                METRICS_PATH,
+                &pattern,
                 get(move |headers: HeaderMap| {
                     let render = Arc::clone(&render);
                     let authorizer = authorizer.clone();
-                    async move { metrics_page(&headers, authorizer.as_deref(), content_type, &*render).await }
+                    let path = Arc::clone(&path);
+                    async move {
+                        metrics_page(&headers, authorizer.as_deref(), &path, content_type, &*render).await
+                    }
                 }),
             );
         }
@@ -171,11 +219,12 @@ impl ProbeRoutes {
 async fn metrics_page(
     headers: &HeaderMap,
     authorizer: Option<&Authorizer>,
+    path: &str,
     content_type: &'static str,
     render: &(dyn Fn() -> Result<String, String> + Send + Sync),
 ) -> Response {
     if let Some(authz) = authorizer
-        && let Err(denied) = authz.authorize(headers, &NonResourceRequest::get(METRICS_PATH)).await
+        && let Err(denied) = authz.authorize(headers, &NonResourceRequest::get(path)).await
     {
         return denied.response().map(Body::new);
     }
@@ -268,5 +317,54 @@ mod tests {
         assert_eq!(call(&app, "/metrics", Some("other")).await.0, StatusCode::FORBIDDEN);
         assert_eq!(call(&app, "/metrics", Some("prom")).await.0, StatusCode::OK);
         assert_eq!(call(&app, "/healthz", None).await.0, StatusCode::OK, "probes stay open");
+    }
+
+    #[tokio::test]
+    async fn metrics_at_a_literal_path() {
+        let reviewer = Arc::new(MemoryReviewer::new());
+        reviewer.add_token("prom", UserInfo::new("prometheus"));
+        reviewer.allow("prometheus", "/my{metrics}", "get");
+        let app = ProbeRoutes::new()
+            .metrics("text/plain", || Ok::<_, std::fmt::Error>("m 1\n".to_owned()))
+            .metrics_at("/my{metrics}")
+            .unwrap()
+            .metrics_authorizer(Some(Arc::new(Authorizer::new(reviewer))))
+            .into_router();
+        assert_eq!(
+            call(&app, "/my{metrics}", Some("prom")).await.0,
+            StatusCode::OK,
+            "reviewed on its own path"
+        );
+        assert_eq!(call(&app, "/my{metrics}", None).await.0, StatusCode::UNAUTHORIZED);
+        assert_eq!(call(&app, "/myx", Some("prom")).await.0, StatusCode::NOT_FOUND, "braces are literal");
+        assert_eq!(call(&app, "/metrics", Some("prom")).await.0, StatusCode::NOT_FOUND);
+
+        for (bad, reason) in [
+            ("metrics", "must start with '/'"),
+            ("/readyz", "must differ from /healthz, /readyz and /version"),
+            ("/version", "must differ from /healthz, /readyz and /version"),
+            ("/a/:b", "no path segment may start with ':' or '*'"),
+            ("/*all", "no path segment may start with ':' or '*'"),
+        ] {
+            let e = ProbeRoutes::new().metrics_at(bad).unwrap_err();
+            assert_eq!(e.to_string(), format!("invalid --metrics-path {bad:?}: {reason}"));
+        }
+    }
+
+    proptest::proptest! {
+        /// Every accepted metrics path builds a router (no panic) that serves the page at exactly that path.
+        #[test]
+        fn accepted_metrics_paths_are_served_literally(tail in "[a-z{}:*._~-]{0,12}(/[a-z{}:*._~-]{0,6}){0,3}") {
+            let path = format!("/{tail}");
+            if let Ok(routes) = ProbeRoutes::new()
+                .metrics("text/plain", || Ok::<_, std::fmt::Error>(String::new()))
+                .metrics_at(&path)
+            {
+                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                let app = routes.into_router();
+                let (status, _, _) = rt.block_on(call(&app, &path, None));
+                proptest::prop_assert_eq!(status, StatusCode::OK, "{}", path);
+            }
+        }
     }
 }

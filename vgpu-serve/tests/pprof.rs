@@ -14,16 +14,16 @@ use std::time::{Duration, Instant};
 use prost::Message as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 use vgpu_serve::pprof::{MAX_SECONDS, PROFILE_PATH, PprofServer, proto};
 
 /// The profiler is process-wide: tests that profile take turns.
 static PROFILER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A pprof server on an ephemeral loopback port; stops when `stop` is sent or dropped.
+/// A pprof server on an ephemeral loopback port; stops when `stop` is cancelled.
 struct Server {
     addr: SocketAddr,
-    stop: oneshot::Sender<()>,
+    stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -31,10 +31,8 @@ async fn start() -> Server {
     let server = PprofServer::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let addr = server.local_addr();
     assert_ne!(addr.port(), 0);
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(server.serve(async {
-        let _ = stopped.await;
-    }));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(server.serve(stop.clone().cancelled_owned()));
     Server { addr, stop, task }
 }
 
@@ -260,7 +258,7 @@ async fn profile_of_a_busy_thread_decodes_and_is_consistent() {
         profile.sample.iter().map(|s| profile.string_table[s.label[0].str as usize].as_str()).collect();
     assert!(threads.contains("burner"), "samples are labelled by thread: {threads:?}");
 
-    server.stop.send(()).unwrap();
+    server.stop.cancel();
     tokio::time::timeout(Duration::from_secs(15), server.task).await.unwrap().unwrap();
 }
 
@@ -314,7 +312,7 @@ async fn shutdown_ends_a_running_profile_early() {
     let started = Instant::now();
     let request = tokio::spawn(async move { get(addr, &format!("{PROFILE_PATH}?seconds=60")).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    server.stop.send(()).unwrap();
+    server.stop.cancel();
     let answer = tokio::time::timeout(Duration::from_secs(10), request).await.unwrap().unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
     let profile = proto::Profile::decode(gunzip(&answer.body).as_slice()).unwrap();

@@ -32,8 +32,8 @@ use serde_json::{Value, json};
 use test_ca::TestCa;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
 use vgpu_kube::claims::MemoryApi;
 use vgpu_serve::http::HttpTimeouts;
 use vgpu_serve::tls::TlsFiles;
@@ -50,7 +50,7 @@ fn write_leaf(ca: &TestCa, dir: &Path) {
 struct Server {
     addr: SocketAddr,
     api: MemoryApi,
-    stop: oneshot::Sender<()>,
+    stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -63,13 +63,12 @@ async fn start(dir: &Path, config: WebhookConfig) -> Server {
         refresh_interval: Duration::from_millis(50),
         ..TlsFiles::new(dir.join("tls.crt"), dir.join("tls.key"))
     };
-    let (stop, stopped) = oneshot::channel::<()>();
+    let stop = CancellationToken::new();
+    let stopped = stop.clone().cancelled_owned();
     let task = tokio::spawn(async move {
-        vgpu_webhook::server::serve(listener, admission, &tls, HttpTimeouts::default(), async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
+        vgpu_webhook::server::serve(listener, admission, &tls, HttpTimeouts::default(), stopped)
+            .await
+            .unwrap();
     });
     Server { addr, api, stop, task }
 }
@@ -148,7 +147,7 @@ async fn routes_over_https() {
     let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut buf)).await;
     assert!(!String::from_utf8_lossy(&buf).contains("200 OK"));
 
-    server.stop.send(()).unwrap();
+    server.stop.cancel();
     tokio::time::timeout(Duration::from_secs(15), server.task).await.unwrap().unwrap();
 }
 
@@ -200,7 +199,7 @@ async fn volcano_job_routes_over_https() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body.starts_with("malformed AdmissionReview: EOF"), "{body}");
 
-    server.stop.send(()).unwrap();
+    server.stop.cancel();
     tokio::time::timeout(Duration::from_secs(15), server.task).await.unwrap().unwrap();
 }
 
@@ -229,7 +228,7 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(call(&connector(&old), server.addr, Method::GET, "/healthz", b"").await.is_err());
-    server.stop.send(()).unwrap();
+    server.stop.cancel();
     tokio::time::timeout(Duration::from_secs(15), server.task).await.unwrap().unwrap();
 }
 

@@ -9,8 +9,6 @@
 //! The leader also gives each ResourceClaim the pod mutation created its pod as owner, and deletes one whose
 //! pod does not exist after `--orphaned-claim-grace-period` (`vgpu_controller::claims`).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +29,6 @@ use vgpu_kube::claims::KubeApi;
 use vgpu_lease::{LeaderConfig, LeaderMode, Readiness, Role, leader};
 use vgpu_serve::authz::Authorizer;
 use vgpu_serve::http::HttpTimeouts;
-use vgpu_serve::tls::TlsFiles;
 
 /// The GPU module controller: GPUClass → DeviceClass, PhysicalGPU occupancy, admission for DRA objects.
 #[derive(Debug, Parser)]
@@ -40,18 +37,8 @@ struct Cli {
     /// Port of the HTTPS server (admission, health, metrics; 1-65535).
     #[arg(long, default_value_t = 9443)]
     server_bind_port: u16,
-    /// Address of the HTTPS server.
-    #[arg(long, value_name = "IP", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
-    server_bind_address: IpAddr,
-    /// Directory holding the serving certificate and key.
-    #[arg(long, default_value = "/tmp/k8s-webhook-server/serving-certs")]
-    cert_dir: PathBuf,
-    /// Certificate file name in --cert-dir (PEM chain, leaf first).
-    #[arg(long, default_value = "tls.crt")]
-    tls_cert_name: String,
-    /// Key file name in --cert-dir (PEM).
-    #[arg(long, default_value = "tls.key")]
-    tls_key_name: String,
+    #[command(flatten)]
+    server: vgpu_bins::WebhookServerArgs,
     /// API group of PhysicalGPU and GPUClass.
     #[arg(long, default_value = vgpu_api::DEFAULT_GROUP)]
     group: String,
@@ -104,11 +91,7 @@ fn resolve(cli: &Cli) -> Result<(ControllerConfig, LeaderConfig), String> {
         let (vendor, driver) = parse_driver_flag(value).map_err(|e| e.to_string())?;
         config.drivers.insert(vendor, driver);
     }
-    for (flag, name) in [("tls-cert-name", &cli.tls_cert_name), ("tls-key-name", &cli.tls_key_name)] {
-        if name.trim().is_empty() {
-            return Err(format!("invalid --{flag} \"\": expected a file name in --cert-dir"));
-        }
-    }
+    cli.server.check().map_err(|e| e.to_string())?;
     let leader = if cli.leader_elect {
         let namespace = cli
             .leader_elect_resource_namespace
@@ -132,10 +115,10 @@ fn resolve(cli: &Cli) -> Result<(ControllerConfig, LeaderConfig), String> {
 
 async fn run(cli: Cli, config: ControllerConfig, leader_config: LeaderConfig) -> anyhow::Result<()> {
     let client = cli.kube.client(vgpu_bins::COMPONENT_RATE).await?;
-    let tls = TlsFiles::new(cli.cert_dir.join(&cli.tls_cert_name), cli.cert_dir.join(&cli.tls_key_name));
+    let tls = cli.server.tls_files();
     // Load the certificate before binding, so a bad file fails before the port is taken.
     drop(tls.start().context("the serving certificate")?);
-    let address = SocketAddr::new(cli.server_bind_address, cli.server_bind_port);
+    let address = cli.server.bind_address(cli.server_bind_port);
     let listener = TcpListener::bind(address).await.with_context(|| format!("listening on {address}"))?;
 
     let (registry, metrics) = Metrics::with_registry();
@@ -145,13 +128,10 @@ async fn run(cli: Cli, config: ControllerConfig, leader_config: LeaderConfig) ->
     let synced = Arc::new(AtomicBool::new(false));
     let readiness = Readiness::new(leader_config.initial_role());
 
-    let (stop, stopping) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+    let stop = tokio_util::sync::CancellationToken::new();
     let watch_task = {
         let changes = changes.clone();
-        let stop = stopped(stopping.clone());
+        let stop = stop.clone().cancelled_owned();
         tokio::spawn(async move {
             tokio::select! {
                 () = watches.run(changes) => {}
@@ -163,7 +143,7 @@ async fn run(cli: Cli, config: ControllerConfig, leader_config: LeaderConfig) ->
         client.clone(),
         leader_config,
         readiness.clone(),
-        stopped(stopping.clone()),
+        stop.clone().cancelled_owned(),
     ));
     let reconciler = {
         let cluster = cluster.clone();
@@ -171,7 +151,7 @@ async fn run(cli: Cli, config: ControllerConfig, leader_config: LeaderConfig) ->
         let readiness = readiness.clone();
         let metrics = metrics.clone();
         let config = config.clone();
-        let stop = stopped(stopping.clone());
+        let stop = stop.clone().cancelled_owned();
         tokio::spawn(async move {
             tokio::select! {
                 r = cluster.wait_synced() => {
@@ -195,12 +175,13 @@ async fn run(cli: Cli, config: ControllerConfig, leader_config: LeaderConfig) ->
     let routes = ControllerServer::new(admission, registry, authorizer, synced, timeouts.read_timeout);
     let shutdown = shutdown_signal()?;
     tracing::info!(%address, rbac = cli.enable_rbac, "serving the controller");
+    let stop_all = stop.clone();
     let served = server::serve(listener, routes, &tls, timeouts, async move {
         shutdown.await;
-        let _ = stop.send(true);
+        stop_all.cancel();
     })
     .await;
-    drop(stopping);
+    stop.cancel();
     reconciler.abort();
     watch_task.await.context("the watches panicked")?;
     elector.await.context("the leader elector panicked")?.context("leader election")?;

@@ -38,6 +38,9 @@ use vgpu_serve::{authz::Authorizer, tls::TlsFiles};
 /// The per-node vGPU metrics exporter.
 #[derive(Debug, Parser)]
 #[command(name = "vgpu-device-monitor", version, about)]
+#[command(mut_arg("cert_refresh_interval", |a| a.help(
+    "How often the TLS files are checked for changes (Go duration; taken as is, not multiplied)"
+)))]
 struct Cli {
     /// This node's name.
     #[arg(long, env = "NODE_NAME")]
@@ -55,18 +58,10 @@ struct Cli {
     /// 401/403 otherwise (decisions cached 10s allowed / 2s refused).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
     enable_rbac: bool,
-    /// Serve HTTPS with --tls-cert-file and --tls-key-file (reloaded when they change).
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
-    enable_tls: bool,
-    /// TLS private key (PEM).
-    #[arg(long, value_name = "FILE")]
-    tls_key_file: Option<PathBuf>,
-    /// TLS certificate chain (PEM).
-    #[arg(long, value_name = "FILE")]
-    tls_cert_file: Option<PathBuf>,
-    /// How often the TLS files are checked for changes (Go duration; taken as is, not multiplied).
-    #[arg(long, default_value = "5s", value_parser = parse_go_duration)]
-    cert_refresh_interval: Duration,
+    // --enable-tls, --tls-key-file, --tls-cert-file, --cert-refresh-interval (its help text is this binary's own,
+    // set by `mut_arg` above).
+    #[command(flatten)]
+    tls: vgpu_bins::TlsFileArgs,
     /// At most one scrape per this interval (Go duration, ≥ 1s); others get the last page with
     /// `X-Rate-Limited: true`, or 429 when there is none.
     #[arg(long, default_value = "1s", value_parser = parse_go_duration)]
@@ -147,7 +142,7 @@ fn check(cli: &Cli) -> Result<Checked, ExitCode> {
             format!("{:?} (expected ≥ 1s)", cli.min_scrape_interval),
         ));
     }
-    if cli.cert_refresh_interval.is_zero() {
+    if cli.tls.cert_refresh_interval.is_zero() {
         return Err(bad_flag("cert-refresh-interval", "0s (expected a duration > 0)"));
     }
     // vgpu-manager's charts render `--cgroup-driver=auto` by default; it reads the value in any case and
@@ -174,14 +169,7 @@ fn check(cli: &Cli) -> Result<Checked, ExitCode> {
         ));
     }
     let domain = ResourceDomain::new(&cli.domain).map_err(|e| bad_flag("domain", e))?;
-    let tls = if cli.enable_tls {
-        let (Some(cert), Some(key)) = (cli.tls_cert_file.clone(), cli.tls_key_file.clone()) else {
-            return Err(bad_flag("enable-tls", "--tls-cert-file and --tls-key-file are both required"));
-        };
-        Some(TlsFiles { refresh_interval: cli.cert_refresh_interval, ..TlsFiles::new(cert, key) })
-    } else {
-        None
-    };
+    let tls = cli.tls.files().map_err(|e| e.exit("vgpu-device-monitor"))?;
     let Some(node) = cli.node_name.clone().filter(|n| !n.trim().is_empty()) else {
         eprintln!("vgpu-device-monitor: --node-name (or NODE_NAME) is required");
         return Err(ExitCode::from(2));

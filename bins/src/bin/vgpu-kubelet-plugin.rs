@@ -266,15 +266,7 @@ fn resolve(cli: &Cli, gates: FeatureGates<'static, DraGate>) -> Result<Resolved,
     }
     let vfio_switch = vfio_switch_config(cli, &node, &gates)?;
     let http_endpoint = vgpu_dra::endpoint::parse_http_endpoint(&cli.http_endpoint)?;
-    if !cli.metrics_path.starts_with('/') {
-        return Err(format!("invalid --metrics-path {:?}: must start with '/'", cli.metrics_path));
-    }
-    if cli.metrics_path == "/healthz" || cli.metrics_path == "/readyz" {
-        return Err(format!(
-            "invalid --metrics-path {:?}: must differ from /healthz and /readyz",
-            cli.metrics_path
-        ));
-    }
+    vgpu_serve::probes::check_metrics_path(&cli.metrics_path).map_err(|e| e.to_string())?;
     if cli.stale_claim_sweep_interval.is_zero() {
         return Err("invalid --stale-claim-sweep-interval 0s: must be greater than 0".to_owned());
     }

@@ -33,7 +33,7 @@ use vgpu_scheduler::server::{AppState, ServerConfig};
 use vgpu_scheduler::work::WorkLimits;
 use vgpu_scheduler::{BindWrites, CacheDriver, Extender, ExtenderConfig, KubeCluster};
 use vgpu_serve::authz::Authorizer;
-use vgpu_serve::tls::{ClientAuth, TlsFiles};
+use vgpu_serve::tls::ClientAuth;
 
 /// The kube-scheduler extender for vGPU placement.
 #[derive(Debug, Parser)]
@@ -51,28 +51,19 @@ struct Cli {
     /// the port call the verbs.
     #[arg(long, value_name = "IP")]
     server_bind_address: Option<IpAddr>,
-    /// Serve HTTPS with --tls-cert-file and --tls-key-file (reloaded when they change).
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
-    enable_tls: bool,
+    // --enable-tls, --tls-key-file, --tls-cert-file, --cert-refresh-interval.
+    #[command(flatten)]
+    tls: vgpu_bins::TlsFileArgs,
     /// Verify client certificates against this PEM CA bundle (reloaded when it changes): every route but
     /// /healthz and /readyz then needs a client certificate signed by it (kube-scheduler's extender
     /// `tlsConfig.certFile`/`keyFile`). Requires --enable-tls.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", display_order = HELP_AFTER_ENABLE_TLS)]
     client_ca_file: Option<PathBuf>,
     /// Authorize /metrics by bearer token: the API server must authenticate the token (TokenReview) and
     /// allow its user `get` on the non-resource URL /metrics (SubjectAccessReview); 401/403 otherwise.
     /// Decisions are cached 10s (allowed) / 2s (refused).
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", value_parser = vgpu_bins::go_flags::parse_go_bool, action = clap::ArgAction::Set, display_order = HELP_AFTER_ENABLE_TLS)]
     enable_rbac: bool,
-    /// TLS private key (PEM).
-    #[arg(long, value_name = "FILE")]
-    tls_key_file: Option<PathBuf>,
-    /// TLS certificate chain (PEM).
-    #[arg(long, value_name = "FILE")]
-    tls_cert_file: Option<PathBuf>,
-    /// How often the TLS files are checked for changes (Go duration).
-    #[arg(long, default_value = "5s", value_parser = parse_go_duration)]
-    cert_refresh_interval: Duration,
     /// How long a pre-allocation holds GPUs before the pod must be bound (Go duration, ≥ 1s).
     #[arg(long, default_value = "30s", value_parser = parse_go_duration)]
     stuck_grace_period: Duration,
@@ -141,6 +132,11 @@ struct Cli {
     gates: CoreGateArgs,
 }
 
+/// `--help` lists `--client-ca-file` and `--enable-rbac` between `--enable-tls` and `--tls-key-file`, as before
+/// the TLS flags were shared: the position of `--tls-key-file` (the 5th flag declared; clap numbers the flags
+/// from 0 in declaration order and sorts a tie by name, `client-ca-file` < `enable-rbac` < `tls-key-file`).
+const HELP_AFTER_ENABLE_TLS: usize = 4;
+
 fn bad_flag(flag: &str, err: impl std::fmt::Display) -> ExitCode {
     eprintln!("vgpu-scheduler-extender: invalid value for --{flag}: {err}");
     ExitCode::from(2)
@@ -165,24 +161,17 @@ fn leader_config(cli: &Cli) -> Result<LeaderConfig, ExitCode> {
 
 fn server_config(cli: &Cli) -> Result<ServerConfig, ExitCode> {
     // Checked here rather than by clap: `--enable-tls=false` is given but off.
-    if cli.client_ca_file.is_some() && !cli.enable_tls {
+    if cli.client_ca_file.is_some() && !cli.tls.enable_tls {
         return Err(bad_flag("client-ca-file", "requires --enable-tls"));
     }
-    let tls = if cli.enable_tls {
-        let (Some(cert_file), Some(key_file)) = (cli.tls_cert_file.clone(), cli.tls_key_file.clone()) else {
-            return Err(bad_flag("enable-tls", "--tls-cert-file and --tls-key-file are both required"));
-        };
-        let files =
-            TlsFiles { refresh_interval: cli.cert_refresh_interval, ..TlsFiles::new(cert_file, key_file) };
+    let tls = cli.tls.files().map_err(|e| e.exit("vgpu-scheduler-extender"))?.map(|files| {
         // Optional in the handshake, so that kubelet probes (no certificate) reach /healthz and /readyz;
         // the server refuses every other route without one.
-        Some(match &cli.client_ca_file {
+        match &cli.client_ca_file {
             Some(ca) => files.with_client_ca(ca, ClientAuth::Optional),
             None => files,
-        })
-    } else {
-        None
-    };
+        }
+    });
     let client_auth = tls.as_ref().is_some_and(|t| t.client_ca.is_some());
     // Without an explicit address: all of them, the verbs behind loopback (or client certificates).
     let bind_ip = cli.server_bind_address.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
@@ -251,22 +240,22 @@ async fn run(
     let extender = Arc::new(Extender::new(cluster, clock.clone(), config).with_observer(metrics.clone()));
     let readiness = Readiness::new(leader_config.initial_role());
 
-    let (stop, stopping) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+    let stop = tokio_util::sync::CancellationToken::new();
     let cache = CacheDriver::new(client.clone(), extender.cache().clone(), readiness.clone())
         .with_clock(clock)
-        .spawn(stopped(stopping.clone()));
+        .spawn(stop.clone().cancelled_owned());
     let elector =
-        tokio::spawn(leader::run(client, leader_config, readiness.clone(), stopped(stopping.clone())));
+        tokio::spawn(leader::run(client, leader_config, readiness.clone(), stop.clone().cancelled_owned()));
     let events =
-        tokio::spawn(extender.clone().run_event_flusher(EVENT_FLUSH_TICK, stopped(stopping.clone())));
+        tokio::spawn(extender.clone().run_event_flusher(EVENT_FLUSH_TICK, stop.clone().cancelled_owned()));
 
     let shutdown = shutdown_signal()?;
-    let stop_all = async move {
-        shutdown.await;
-        let _ = stop.send(true);
+    let stop_all = {
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.cancel();
+        }
     };
     tracing::info!(
         address = %server.bind_address,
@@ -284,7 +273,7 @@ async fn run(
     }
     let served = vgpu_scheduler::server::run(server, state, stop_all).await;
     // The server only returns early on a start-up error: stop the background tasks either way.
-    drop(stopping);
+    stop.cancel();
     cache.await.context("the cache driver panicked")?;
     elector.await.context("the leader elector panicked")?.context("leader election")?;
     events.await.context("the event flusher panicked")?;

@@ -7,8 +7,6 @@
 //! `/readyz` (see the `vgpu_webhook` crate docs).
 //! The webhook has no feature gates (vgpu-manager registers none for it).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -28,18 +26,8 @@ struct Cli {
     /// Port of the HTTPS server (1-65535).
     #[arg(long, default_value_t = 9443)]
     server_bind_port: u16,
-    /// Address of the HTTPS server.
-    #[arg(long, value_name = "IP", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
-    server_bind_address: IpAddr,
-    /// Directory holding the serving certificate and key.
-    #[arg(long, default_value = "/tmp/k8s-webhook-server/serving-certs")]
-    cert_dir: PathBuf,
-    /// Certificate file name in --cert-dir (PEM chain, leaf first).
-    #[arg(long, default_value = "tls.crt")]
-    tls_cert_name: String,
-    /// Key file name in --cert-dir (PEM).
-    #[arg(long, default_value = "tls.key")]
-    tls_key_name: String,
+    #[command(flatten)]
+    server: vgpu_bins::WebhookServerArgs,
     /// Scheduler name set on vGPU pods that name none (or default-scheduler); empty: leave it.
     #[arg(long, default_value = "")]
     scheduler_name: String,
@@ -113,20 +101,16 @@ fn webhook_config(cli: &Cli) -> Result<WebhookConfig, String> {
         combined_claim: cli.combined_resource_claim,
     };
     config.validate().map_err(|e| e.to_string())?;
-    for (flag, name) in [("tls-cert-name", &cli.tls_cert_name), ("tls-key-name", &cli.tls_key_name)] {
-        if name.trim().is_empty() {
-            return Err(format!("invalid --{flag} \"\": expected a file name in --cert-dir"));
-        }
-    }
+    cli.server.check().map_err(|e| e.to_string())?;
     Ok(config)
 }
 
 async fn run(cli: Cli, config: WebhookConfig) -> anyhow::Result<()> {
     let client = cli.kube.client(vgpu_bins::COMPONENT_RATE).await?;
     let server = ServerConfig::new(
-        SocketAddr::new(cli.server_bind_address, cli.server_bind_port),
-        cli.cert_dir.join(&cli.tls_cert_name),
-        cli.cert_dir.join(&cli.tls_key_name),
+        cli.server.bind_address(cli.server_bind_port),
+        cli.server.cert_file(),
+        cli.server.key_file(),
     );
     tracing::info!(address = %server.bind_address, config = ?config, "serving the admission webhook");
     let admission = Arc::new(Admission::new(config, KubeApi::new(client)));

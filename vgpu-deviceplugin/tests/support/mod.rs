@@ -183,26 +183,20 @@ impl PodResourcesLister for FakeServer {
     }
 }
 
-/// Runs `daemon` on a task of its own until the returned sender is sent to or dropped (no restart is ever
-/// asked for); the task ends with what [`Daemon::run`](vgpu_deviceplugin::daemon::Daemon::run) returns.
+/// Runs `daemon` on a task of its own until the returned token is cancelled (no restart is ever asked
+/// for); the task ends with what [`Daemon::run`](vgpu_deviceplugin::daemon::Daemon::run) returns.
 pub fn spawn_daemon(
     daemon: vgpu_deviceplugin::daemon::Daemon,
 ) -> (
-    tokio::sync::oneshot::Sender<()>,
+    tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<Result<(), vgpu_deviceplugin::error::ServerError>>,
 ) {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio_util::sync::CancellationToken::new();
     let (restart_tx, restart) = tokio::sync::mpsc::channel(1);
+    let stopped = stop.clone().cancelled_owned();
     let task = tokio::spawn(async move {
         let _keep = restart_tx;
-        daemon
-            .run(
-                async {
-                    let _ = stopped.await;
-                },
-                restart,
-            )
-            .await
+        daemon.run(stopped, restart).await
     });
     (stop, task)
 }
