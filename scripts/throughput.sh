@@ -10,6 +10,9 @@
 #   scripts/throughput.sh 50x200 200x1000 # chosen sizes
 #   VGPU_THROUGHPUT_REPEAT=3 scripts/throughput.sh 200x1000   # a, v, b, c interleaved 3 times: medians
 #
+# (b) runs kube-scheduler -> extender over HTTPS (HTTP/2) unless VGPU_THROUGHPUT_EXTENDER_TLS=0 (plain HTTP/1.1); each
+# (b) run prints its connections per 1,000 extender calls.
+#
 # On a small shared machine the control plane is CPU-bound and one run varies by ±20 %: repeat and compare
 # the medians. VGPU_THROUGHPUT_CONFIGS (default "a v b c") leaves configurations out.
 #
@@ -54,6 +57,7 @@ for s in "${sizes[@]}"; do
         [[ -n "$ext_s" ]] && ext_ms+=" $(awk -v c="$ext_s" -v n="$pods" 'BEGIN { printf "%.3f", c * 1000 / n }')"
       fi
       echo "  $s run $r: $line $(grep '^cpu seconds:' <<<"$out" || true)" >&2
+      grep '^extender connections:' <<<"$out" | sed 's/^/    /' >&2 || true
     done
   done
   declare -A rate=()

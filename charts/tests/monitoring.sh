@@ -7,6 +7,7 @@
 # | off by default | `helm template` with the default values renders no monitoring object |
 # | on, both charts | `helm template` renders the PodMonitors, Services + ServiceMonitors, PrometheusRule, dashboard ConfigMap (grafana_dashboard: "1"), metrics-reader RBAC and token Secret; `helm lint --strict` passes |
 # | scrape auth | the monitors present the metrics-reader token; without enableRbac they present none; createTokenSecret false without existingSecret fails with a message |
+# | extender HTTPS | by default kube-scheduler calls the extender over HTTPS (HTTP/2) on loopback: --enable-tls with the chart's serving certificate, `enableHTTPS` with the CA, no client certificate, the Secret rendered; `scheduler.schedulerExtender.https=false` renders plain HTTP and no Secret |
 # | extender scraping | schedulerExtender.serveMetrics: HTTPS PodMonitor with the extender CA, certificates that verify (serving: DNS + 127.0.0.1, client), auth-delegator binding |
 # | rules | `promtool check rules` on files/alerts.yaml and on the rendered PrometheusRule (equal to the file with default values); overrides (disabled, for, severity, additional labels); an unknown alert name fails |
 # | alert behaviour | `promtool test rules alerts_test.yaml`: each alert fires on synthetic faulty series, silent on healthy ones |
@@ -135,6 +136,26 @@ if grep -q 'vgpu.monitoring.extenderArgs' "$mgr/templates/scheduler.yaml"; then
   done
 else
   echo "  note: templates/scheduler.yaml does not include the vgpu.monitoring.extender* helpers yet: serveMetrics only renders the certificates and monitors"
+fi
+
+echo "=== the extender serves kube-scheduler over HTTPS by default"
+expect_kind "$tmp/mgr-default.yaml" Secret r-vgpu-manager-scheduler-extender-tls
+expect_field "$tmp/mgr-default.yaml" Deployment r-vgpu-manager-scheduler spec/template/spec/containers/1/args \
+  '["--server-bind-port=3456", "--scheduler-name=vgpu-scheduler", "--domain=nvidia.com", "--kube-api-qps=100", "--kube-api-burst=200", "--enable-tls", "--tls-cert-file=/etc/vgpu-scheduler-extender/tls/tls.crt", "--tls-key-file=/etc/vgpu-scheduler-extender/tls/tls.key"]'
+expect_field "$tmp/mgr-default.yaml" Deployment r-vgpu-manager-scheduler spec/template/spec/volumes/1 \
+  '{"name": "extender-tls", "secret": {"secretName": "r-vgpu-manager-scheduler-extender-tls"}}'
+verify
+for want in 'urlPrefix: https://127.0.0.1:3456/scheduler' 'enableHTTPS: true' 'caFile: /etc/vgpu-scheduler-extender/tls/ca.crt'; do
+  if grep -qF -- "$want" "$tmp/mgr-default.yaml"; then ok "default kube-scheduler config: $want"; else bad "default kube-scheduler config: no $want"; fi
+done
+if grep -qF 'certFile: /etc/vgpu-scheduler-extender/tls/client.crt' "$tmp/mgr-default.yaml"; then bad "client certificate without serveMetrics"; else ok "no client certificate without serveMetrics"; fi
+"$helm" template r "$mgr" -n vgpu "${kube[@]}" --set scheduler.schedulerExtender.https=false >"$tmp/plain.yaml"
+expect absent "$tmp/plain.yaml" Secret r-vgpu-manager-scheduler-extender-tls
+verify
+if grep -qF 'urlPrefix: http://127.0.0.1:3456/scheduler' "$tmp/plain.yaml" && ! grep -qF -- '--enable-tls' "$tmp/plain.yaml"; then
+  ok "https=false: plain HTTP"
+else
+  bad "https=false still renders HTTPS"
 fi
 
 echo "=== scrape auth"

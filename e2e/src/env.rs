@@ -181,6 +181,14 @@ impl TestEnv {
         &self.kubeconfig
     }
 
+    /// Files for a server of ours on loopback that kube-scheduler or kube-apiserver call over HTTPS: the API
+    /// server's own serving certificate and key (for `localhost` and `127.0.0.1`) and the CA that signed it
+    /// (`(tls.crt, tls.key, ca.crt)`).
+    pub fn loopback_tls_files(&self) -> (PathBuf, PathBuf, PathBuf) {
+        let file = |name: &str| self.dir.path().join(name);
+        (file("apiserver.crt"), file("apiserver.key"), file("ca.crt"))
+    }
+
     /// The temporary folder holding certificates, data and logs.
     pub fn workdir(&self) -> &Path {
         self.dir.path()

@@ -57,4 +57,7 @@ pub use env::{TestEnv, TestEnvBuilder};
 pub use json_server::JsonServer;
 pub use real_node::{RealNode, RealNodeBuilder};
 pub use scheduler::{ExtenderConfig, SCHEDULER_NAME, VGPU_RESOURCES, scheduler_configuration};
-pub use vgpu::{VGPU_BIN_DIR_ENV, free_port, http_get, http_get_with_headers, vgpu_binary, wait_ready};
+pub use vgpu::{
+    VGPU_BIN_DIR_ENV, free_port, http_get, http_get_with_headers, https_get, vgpu_binary, wait_ready,
+    wait_ready_tls,
+};

@@ -1,6 +1,6 @@
 //! `KubeSchedulerConfiguration` for kube-scheduler with the vgpu extender.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
@@ -34,6 +34,9 @@ pub struct ExtenderConfig {
     pub http_timeout: String,
     /// `ignorable`: scheduling goes on when the extender fails.
     pub ignorable: bool,
+    /// `enableHTTPS` with `tlsConfig.caFile`: the CA that signed the extender's serving certificate
+    /// (`urlPrefix` is then `https://…`). kube-scheduler's Go client negotiates HTTP/2 over TLS.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl ExtenderConfig {
@@ -57,7 +60,14 @@ impl ExtenderConfig {
                 .collect(),
             http_timeout: "30s".to_owned(),
             ignorable: false,
+            tls_ca_file: None,
         }
+    }
+
+    /// This entry over HTTPS: the extender's serving certificate is verified against the CA in `ca_file`.
+    pub fn with_tls_ca(mut self, ca_file: impl Into<PathBuf>) -> Self {
+        self.tls_ca_file = Some(ca_file.into());
+        self
     }
 
     /// This entry as JSON (the keys of the Go `Extender` type).
@@ -68,11 +78,14 @@ impl ExtenderConfig {
             "nodeCacheCapable": self.node_cache_capable,
             "httpTimeout": self.http_timeout,
             "ignorable": self.ignorable,
-            "enableHTTPS": false,
+            "enableHTTPS": self.tls_ca_file.is_some(),
             "managedResources": self.managed_resources.iter()
                 .map(|(name, ignored)| json!({"name": name, "ignoredByScheduler": ignored}))
                 .collect::<Vec<_>>(),
         });
+        if let (Some(ca), Some(map)) = (&self.tls_ca_file, entry.as_object_mut()) {
+            map.insert("tlsConfig".to_owned(), json!({"caFile": ca.display().to_string()}));
+        }
         for (key, verb) in [
             ("filterVerb", &self.filter_verb),
             ("prioritizeVerb", &self.prioritize_verb),
@@ -122,6 +135,8 @@ mod tests {
         assert_eq!(ext["weight"], 1);
         assert_eq!(ext["httpTimeout"], "30s");
         assert_eq!(ext["ignorable"], false);
+        assert_eq!(ext["enableHTTPS"], false);
+        assert!(ext.get("tlsConfig").is_none());
         let managed = ext["managedResources"].as_array().unwrap();
         assert_eq!(managed.len(), 3);
         for (entry, name) in managed.iter().zip(VGPU_RESOURCES) {
@@ -137,5 +152,12 @@ mod tests {
         let json = ext.to_json();
         assert!(json.get("prioritizeVerb").is_none());
         assert_eq!(json["filterVerb"], "filter");
+    }
+
+    #[test]
+    fn https_entry_names_the_ca() {
+        let json = ExtenderConfig::vgpu("https://127.0.0.1:1/scheduler").with_tls_ca("/pki/ca.crt").to_json();
+        assert_eq!(json["enableHTTPS"], true);
+        assert_eq!(json["tlsConfig"], json!({"caFile": "/pki/ca.crt"}));
     }
 }

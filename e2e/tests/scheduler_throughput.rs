@@ -21,7 +21,10 @@
 //! kube-scheduler's client QPS and burst are raised to 5,000 so its rate limiter is not what is measured
 //! (our extender's kube-rs client has no client-side limiter). Sizes come from `VGPU_THROUGHPUT_NODES`
 //! (default 50) and `VGPU_THROUGHPUT_PODS` (default 200), extra extender flags for `b` from
-//! `VGPU_THROUGHPUT_EXTENDER_ARGS`, the node policy of `b`'s pods from `VGPU_THROUGHPUT_NODE_POLICY` (none,
+//! `VGPU_THROUGHPUT_EXTENDER_ARGS`, kube-scheduler's connection to the extender from
+//! `VGPU_THROUGHPUT_EXTENDER_TLS` (default `1`: HTTPS, where kube-scheduler's Go client negotiates HTTP/2 and
+//! sends every call on one connection, as the chart configures it; `0`: plain HTTP/1.1, a connection per call
+//! in flight beyond the client's idle pool), the node policy of `b`'s pods from `VGPU_THROUGHPUT_NODE_POLICY` (none,
 //! binpack, spread); the defaults are CI's small configuration, which
 //! asserts only that every pod binds. Each test prints one line `throughput config=<a|b> nodes=M pods=N
 //! seconds=S pods_per_s=R`; `scripts/throughput.sh` runs the sizes of the issue and prints the ratio (b)/(a).
@@ -41,7 +44,10 @@ use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use vgpu_e2e::fixtures::{self, VGPU_CORES, VGPU_MEMORY, VGPU_NUMBER};
 use vgpu_e2e::plugin_node::EXTENDER;
-use vgpu_e2e::{ExtenderConfig, TestEnv, free_port, scheduler_configuration, vgpu_binary, wait_ready};
+use vgpu_e2e::{
+    ExtenderConfig, TestEnv, free_port, http_get, https_get, scheduler_configuration, vgpu_binary,
+    wait_ready, wait_ready_tls,
+};
 
 const GPUS: u32 = 8;
 const SPLIT: u32 = 10;
@@ -248,11 +254,27 @@ async fn throughput_b_kube_scheduler_with_our_extender() {
             .split_whitespace()
             .map(str::to_owned),
     );
+    let tls = std::env::var("VGPU_THROUGHPUT_EXTENDER_TLS").map_or(true, |v| v != "0");
+    let (cert, key, ca) = env.loopback_tls_files();
+    if tls {
+        args.extend([
+            "--enable-tls".to_owned(),
+            format!("--tls-cert-file={}", cert.display()),
+            format!("--tls-key-file={}", key.display()),
+        ]);
+    }
     env.start_process(EXTENDER, &vgpu_binary(EXTENDER).unwrap(), &args, &[]).unwrap();
-    if let Err(e) = wait_ready(port, Duration::from_secs(120)).await {
+    let ready = match tls {
+        true => wait_ready_tls(port, &ca, Duration::from_secs(120)).await,
+        false => wait_ready(port, Duration::from_secs(120)).await,
+    };
+    if let Err(e) = ready {
         panic!("{e}\n{}", env.log_tail(EXTENDER, 30));
     }
-    let extender = ExtenderConfig::vgpu(format!("http://127.0.0.1:{port}/scheduler"));
+    let extender = match tls {
+        true => ExtenderConfig::vgpu(format!("https://127.0.0.1:{port}/scheduler")).with_tls_ca(&ca),
+        false => ExtenderConfig::vgpu(format!("http://127.0.0.1:{port}/scheduler")),
+    };
     env.start_scheduler_with_config(&with_qps(scheduler_configuration(env.kubeconfig_path(), &[extender])))
         .await
         .unwrap();
@@ -275,8 +297,12 @@ async fn throughput_b_kube_scheduler_with_our_extender() {
     report("b", nodes, pods, seconds);
     println!("{}", cpu_since(&env, &cpu));
     println!("{}", api_requests_since(&client, &requests).await);
-    let (_, metrics) = vgpu_e2e::http_get(port, "/metrics").await.unwrap();
+    let (_, metrics) = match tls {
+        true => https_get(port, "/metrics", &ca).await.unwrap(),
+        false => http_get(port, "/metrics").await.unwrap(),
+    };
     println!("{}", verb_means(&metrics));
+    println!("{}", connections(&metrics));
     env.check_process(EXTENDER).unwrap();
     env.finish();
 }
@@ -396,4 +422,23 @@ fn verb_means(metrics: &str) -> String {
         .map(|(k, (sum, n))| format!("{k} {:.2} ms × {n}", sum / n * 1000.0))
         .collect();
     format!("extender verbs: {}", parts.join(", "))
+}
+
+/// `extender connections: 3 for 1204 calls (2.5 per 1,000 calls; h2 over TLS 1, http/1.1 over TLS 2, …)`:
+/// how kube-scheduler connected (`vgpu_scheduler_http_connections_total`, which counts this test's own probes
+/// and scrapes too) against the verb calls it made (`vgpu_scheduler_verb_total`).
+fn connections(metrics: &str) -> String {
+    let calls: f64 = samples(metrics, "vgpu_scheduler_verb_total").map(|(_, v)| v).sum();
+    let mut total = 0.0;
+    let mut parts = Vec::new();
+    for (label, value) in samples(metrics, "vgpu_scheduler_http_connections_total") {
+        total += value;
+        let over = if label("tls") == "true" { "over TLS" } else { "plain" };
+        parts.push(format!("{} {over} {value}", label("protocol")));
+    }
+    let per_1000 = if calls > 0.0 { total * 1000.0 / calls } else { 0.0 };
+    format!(
+        "extender connections: {total} for {calls} calls ({per_1000:.1} per 1,000 calls; {})",
+        parts.join(", ")
+    )
 }

@@ -14,6 +14,7 @@
 //! | `vgpu_scheduler_preempt_protected_total` | `reason` | every victim the scheduler proposed that preempt keeps (protected) |
 //! | `vgpu_scheduler_link_search_total` | `algo` | every GPU subset search of link placement while a live filter tries a node (`exhaustive` up to `MAX_COMBINATIONS` subsets, `greedy` above), through [`ExtenderObserver`] |
 //! | `vgpu_scheduler_link_search_candidates` | `algo` | the same searches: GPUs searched among (the policy run that overflowed the need) |
+//! | `vgpu_scheduler_http_connections_total` | `protocol`, `tls` | every connection the server accepted, by the protocol served (`http/1.1`, or `h2` when kube-scheduler negotiated it over TLS); with `vgpu_scheduler_http_connections_open` and `vgpu_scheduler_tls_handshake_failures_total` ([`ConnectionStats`]) |
 //! | `vgpu_scheduler_crosspod_alignment_total` | `result` | every live filter placing a `link` + `cross-pod-topology` pod whose gang siblings were already placed: the window the placement came from (`rail`, `component`, `none`; the loosest over its containers), through [`ExtenderObserver`] |
 //!
 //! Series whose labels are known in advance (every verb/result pair, strict modes, search algorithms,
@@ -37,6 +38,7 @@ use prometheus_client::registry::Registry;
 use vgpu_core::alloc::{AlignmentWindow, LinkSearch, LinkSearchAlgo, LinkTier, ReasonCode};
 use vgpu_core::domain::ResourceDomain;
 use vgpu_core::model::{PodDeviceClaim, SchedulingPolicy, TopologyMode};
+use vgpu_serve::http::ConnectionStats;
 
 use crate::cluster::Pod;
 use crate::decoded::DecodedNode;
@@ -369,6 +371,7 @@ pub struct Metrics {
     crosspod_alignment: Family<ResultLabel, Counter>,
     success_events: Family<ResultLabel, Counter>,
     events_deferred: Gauge,
+    connections: ConnectionStats,
 }
 
 impl fmt::Debug for Metrics {
@@ -475,6 +478,8 @@ impl Metrics {
         for result in ["sent", "dropped"] {
             let _ = success_events.get_or_create(&ResultLabel { result });
         }
+        let connections = ConnectionStats::new();
+        connections.register(&mut registry);
         let mut process = Registry::default();
         process.register_collector(Box::new(vgpu_serve::process_metrics::ProcessCollector));
         Self {
@@ -493,7 +498,14 @@ impl Metrics {
             crosspod_alignment,
             success_events,
             events_deferred,
+            connections,
         }
+    }
+
+    /// The server's connection counts (`vgpu_scheduler_http_connections_total` and the rest), which
+    /// [`crate::server::run`] fills.
+    pub fn connections(&self) -> &ConnectionStats {
+        &self.connections
     }
 
     /// The registry (to encode it together with other registries).

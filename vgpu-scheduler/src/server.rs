@@ -818,8 +818,11 @@ where
         .with_limits(&config)
         .with_client_cert_required(config.client_auth())
         .with_probes_only_beyond_loopback(config.probes_only_beyond_loopback);
+    let connections = state.metrics.connections().clone();
     let app = router(state);
-    serve(listener, app, tls.as_ref().map(|t| t.acceptor().clone()), &config, shutdown).await;
+    let acceptor = tls.as_ref().map(|t| t.acceptor().clone());
+    vgpu_serve::http::serve_with_stats(listener, app, acceptor, &config.timeouts(), &connections, shutdown)
+        .await;
     // Dropping `tls` stops its refreshers.
     drop(tls);
     Ok(())

@@ -246,6 +246,15 @@ async fn anonymous_bind_is_refused_and_the_client_certificate_binds() {
     let (status, text) = call(&trusted, s.addr, Method::GET, "/metrics", None, None).await.unwrap();
     assert_eq!(status, StatusCode::OK);
     assert!(text.contains("vgpu_scheduler_"), "{text:.200}");
+    // Every call above came on its own connection: 7 anonymous, 3 trusted (this one included), all HTTP/1.1
+    // over TLS; two handshakes failed: the intruder's, and `start`'s probe that connects and hangs up.
+    for line in [
+        r#"vgpu_scheduler_http_connections_total{protocol="http/1.1",tls="true"} 10"#,
+        r#"vgpu_scheduler_http_connections_total{protocol="h2",tls="true"} 0"#,
+        "vgpu_scheduler_tls_handshake_failures_total 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+    }
     s.stop().await;
 }
 

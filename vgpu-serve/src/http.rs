@@ -1,9 +1,11 @@
-//! HTTP/1.1 serving with the upstream timeouts, optional TLS and graceful shutdown: the one `serve` loop of
-//! every vgpu HTTP server (the extender, the device monitor, the admission webhook).
+//! HTTP/1.1 (and HTTP/2 for TLS clients that negotiate `h2`) serving with the upstream timeouts, optional TLS and
+//! graceful shutdown: the one `serve` loop of every vgpu HTTP server (the extender, the device monitor, the admission
+//! webhook, the kubelet plugin's endpoint).
 //!
 //! | piece | what it does |
 //! |---|---|
 //! | [`serve`] | accepts on a listener, TLS handshake under the header timeout, one task per connection, graceful drain at shutdown |
+//! | [`serve_with_stats`] | [`serve`], counting connections by negotiated protocol in a [`ConnectionStats`] (exported as metrics) |
 //! | [`RequestStart`] | request extension: when the first byte of the request arrived (the whole-request deadline counts from it) |
 //! | [`VerifiedClientCert`] | request extension set when the TLS client presented a certificate the CA bundle verified |
 //! | [`read_body`] | reads a body under a byte cap (declared `Content-Length` checked first) and the request's deadline |
@@ -33,6 +35,11 @@ use hyper::service::Service as _;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
@@ -168,6 +175,119 @@ impl VersionInfo {
             git_tree_state: option_env!("VGPU_GIT_TREE_STATE"),
             build_date: option_env!("VGPU_BUILD_DATE"),
         }
+    }
+}
+
+// === impl ConnectionStats ===
+
+/// The protocol a connection speaks, as the `protocol` and `tls` labels of [`ConnectionStats`].
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnectionLabels {
+    /// `http/1.1` or `h2`.
+    protocol: &'static str,
+    /// `true` when the connection is TLS.
+    tls: &'static str,
+}
+
+/// The label sets of [`ConnectionStats`]: plain HTTP/1.1, HTTP/1.1 over TLS, HTTP/2 over TLS (h2 is offered
+/// through ALPN only, never in clear text).
+const CONNECTION_KINDS: [ConnectionLabels; 3] = [
+    ConnectionLabels { protocol: "http/1.1", tls: "false" },
+    ConnectionLabels { protocol: "http/1.1", tls: "true" },
+    ConnectionLabels { protocol: "h2", tls: "true" },
+];
+
+/// Connections served by [`serve_with_stats`]: accepted ones by negotiated protocol, open ones, and failed TLS
+/// handshakes. Clones share the counts. Registered in a server's registry ([`ConnectionStats::register`]) they
+/// show how its clients connect: a Go client over plain HTTP/1.1 opens a connection per call in flight beyond
+/// its idle pool (kube-scheduler's extender client keeps Go's default of 2 idle connections per host), one that
+/// negotiated `h2` multiplexes every call on one connection.
+#[derive(Clone, Default)]
+pub struct ConnectionStats {
+    accepted: Family<ConnectionLabels, Counter>,
+    open: Gauge,
+    failed_handshakes: Counter,
+}
+
+impl std::fmt::Debug for ConnectionStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionStats")
+            .field("accepted", &self.accepted_total())
+            .field("open", &self.open.get())
+            .field("failed_handshakes", &self.failed_handshakes.get())
+            .finish()
+    }
+}
+
+impl ConnectionStats {
+    /// New counts, every series at zero.
+    pub fn new() -> Self {
+        let stats = Self::default();
+        for labels in &CONNECTION_KINDS {
+            let _ = stats.accepted.get_or_create(labels);
+        }
+        stats
+    }
+
+    /// Registers the counts in `registry` (under its prefix): `http_connections_total{protocol, tls}` (accepted
+    /// connections, by the protocol served: `http/1.1` or `h2`), `http_connections_open`, and
+    /// `tls_handshake_failures_total`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "http_connections",
+            "Connections accepted, by the protocol served (http/1.1, or h2 when the TLS client negotiated it)",
+            self.accepted.clone(),
+        );
+        registry.register("http_connections_open", "Connections open now", self.open.clone());
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed or timed out",
+            self.failed_handshakes.clone(),
+        );
+    }
+
+    /// Connections accepted so far that served `protocol` (`http/1.1` or `h2`), with TLS or without.
+    pub fn accepted(&self, protocol: &str, tls: bool) -> u64 {
+        let tls = if tls { "true" } else { "false" };
+        CONNECTION_KINDS
+            .iter()
+            .find(|k| k.protocol == protocol && k.tls == tls)
+            .map_or(0, |k| self.accepted.get_or_create(k).get())
+    }
+
+    /// Connections accepted so far, every protocol.
+    pub fn accepted_total(&self) -> u64 {
+        CONNECTION_KINDS.iter().map(|k| self.accepted.get_or_create(k).get()).sum()
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> i64 {
+        self.open.get()
+    }
+
+    /// TLS handshakes that failed or timed out so far.
+    pub fn failed_handshakes(&self) -> u64 {
+        self.failed_handshakes.get()
+    }
+
+    fn served(&self, kind: &ConnectionLabels) {
+        self.accepted.get_or_create(kind).inc();
+    }
+}
+
+/// Counts a connection open from accept until its task ends.
+struct OpenConnection(Gauge);
+
+impl OpenConnection {
+    fn new(open: &Gauge) -> Self {
+        open.inc();
+        Self(open.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -366,6 +486,20 @@ pub async fn serve<F>(
 ) where
     F: Future<Output = ()> + Send,
 {
+    serve_with_stats(listener, app, tls, timeouts, &ConnectionStats::default(), shutdown).await;
+}
+
+/// [`serve`], counting the connections it accepts, serves and fails to shake hands with in `stats`.
+pub async fn serve_with_stats<F>(
+    listener: TcpListener,
+    app: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    timeouts: &HttpTimeouts,
+    stats: &ConnectionStats,
+    shutdown: F,
+) where
+    F: Future<Output = ()> + Send,
+{
     let graceful = GracefulShutdown::new();
     let builders = Builders::new(timeouts);
     let handshake_timeout = timeouts.header_read_timeout;
@@ -388,26 +522,36 @@ pub async fn serve<F>(
         let builders = builders.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone();
+        let stats = stats.clone();
+        let open = OpenConnection::new(&stats.open);
         tokio::spawn(async move {
+            let _open = open;
             let served = match tls {
-                None => serve_connection(stream, peer, None, app, builders.http1, watcher).await,
+                None => {
+                    stats.served(&CONNECTION_KINDS[0]);
+                    serve_connection(stream, peer, None, app, builders.http1, watcher).await
+                }
                 Some(acceptor) => {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(tls_stream)) => {
                             let session = tls_stream.get_ref().1;
                             let cert = VerifiedClientCert::from_connection(session);
                             if session.alpn_protocol() == Some(b"h2".as_slice()) {
+                                stats.served(&CONNECTION_KINDS[2]);
                                 serve_h2_connection(tls_stream, peer, cert, app, builders.http2, watcher)
                                     .await
                             } else {
+                                stats.served(&CONNECTION_KINDS[1]);
                                 serve_connection(tls_stream, peer, cert, app, builders.http1, watcher).await
                             }
                         }
                         Ok(Err(e)) => {
+                            stats.failed_handshakes.inc();
                             tracing::debug!(%peer, error = %e, "TLS handshake failed");
                             return;
                         }
                         Err(_) => {
+                            stats.failed_handshakes.inc();
                             tracing::debug!(%peer, "TLS handshake timed out");
                             return;
                         }

@@ -4,7 +4,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`tls`] | rustls (ring, ALPN `h2` then `http/1.1`) with a hot-reloaded certificate ([`tls::CertReloader`]) and optional client-certificate verification against a reloaded CA bundle ([`tls::ClientCaReloader`]) |
-//! | [`http`] | the HTTP/1.1 `serve` loop with the upstream header/request timeouts, TLS accept and graceful shutdown; body reading under a cap and the request deadline; `/version` info |
+//! | [`http`] | the `serve` loop (HTTP/1.1, and HTTP/2 where a TLS client negotiates `h2`) with the upstream header/request timeouts, TLS accept and graceful shutdown; connection counts by protocol ([`http::ConnectionStats`]); body reading under a cap and the request deadline; `/version` info |
 //! | [`probes`] | [`probes::ProbeRoutes`]: the one builder of `/healthz`, `/readyz` (with a readiness check), `/metrics` (a rendered page, optionally behind the [`authz::Authorizer`]) and `/version` that every server merges into its router |
 //! | [`process_metrics`] | the Prometheus `process_*` collector (`/proc/self`) every binary's `/metrics` carries |
 //! | [`pprof`] | `--pprof-bind-port`: CPU profiles at `/debug/pprof/profile?seconds=S` in pprof's gzip-compressed protobuf, as Go's `net/http/pprof` serves them ([`pprof::serve_pprof`]) |

@@ -1,6 +1,7 @@
 //! [`vgpu_serve::http::serve`] over TLS speaks HTTP/2 to a client that negotiates `h2` (as kube-scheduler's
 //! and kube-apiserver's Go clients do) and HTTP/1.1 to one that offers `http/1.1` alone or no ALPN: real
-//! TLS on loopback, several requests multiplexed on one HTTP/2 connection, each with its `RequestStart`.
+//! TLS on loopback, several requests multiplexed on one HTTP/2 connection, each with its `RequestStart`; the
+//! connections counted by protocol in a [`ConnectionStats`].
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "support/test_ca.rs"]
@@ -17,11 +18,12 @@ use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use test_ca::TestCa;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector, client::TlsStream};
-use vgpu_serve::http::{HttpTimeouts, RequestStart, read_body, serve};
+use vgpu_serve::http::{ConnectionStats, HttpTimeouts, RequestStart, read_body, serve_with_stats};
 use vgpu_serve::tls::{CertReloader, server_config};
 
-/// Serves `POST /echo` (answers `<version> <body>`) with a certificate of `ca` until the test ends.
-async fn start(ca: &TestCa) -> SocketAddr {
+/// Serves `POST /echo` (answers `<version> <body>`) with a certificate of `ca` until the test ends, counting
+/// its connections in the returned stats.
+async fn start(ca: &TestCa) -> (SocketAddr, ConnectionStats) {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = ca.leaf("localhost", true);
     std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
@@ -38,11 +40,25 @@ async fn start(ca: &TestCa) -> SocketAddr {
     );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let stats = ConnectionStats::new();
+    let counted = stats.clone();
     tokio::spawn(async move {
         let _dir = dir;
-        serve(listener, app, Some(acceptor), &HttpTimeouts::default(), std::future::pending()).await;
+        let pending = std::future::pending();
+        serve_with_stats(listener, app, Some(acceptor), &HttpTimeouts::default(), &counted, pending).await;
     });
-    addr
+    (addr, stats)
+}
+
+/// Waits until no connection is open (a closed connection's task ends soon after its peer goes).
+async fn until_none_open(stats: &ConnectionStats) {
+    for _ in 0..200 {
+        if stats.open() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("connections still open: {stats:?}");
 }
 
 async fn connect(ca: &TestCa, addr: SocketAddr, alpn: &[&[u8]]) -> TlsStream<TcpStream> {
@@ -68,7 +84,7 @@ fn echo(text: &str) -> Request<Full<Bytes>> {
 #[tokio::test]
 async fn an_h2_client_multiplexes_its_requests_on_one_connection() {
     let ca = TestCa::new("h2 CA");
-    let addr = start(&ca).await;
+    let (addr, stats) = start(&ca).await;
     let tls = connect(&ca, addr, &[b"h2", b"http/1.1"]).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(b"h2".as_slice()));
     let (sender, conn) =
@@ -88,12 +104,17 @@ async fn an_h2_client_multiplexes_its_requests_on_one_connection() {
     for (i, call) in calls.into_iter().enumerate() {
         assert_eq!(call.await.unwrap(), format!("HTTP/2.0 call {i}"));
     }
+    // Eight calls, one connection.
+    assert_eq!((stats.accepted("h2", true), stats.accepted_total()), (1, 1), "{stats:?}");
+    assert_eq!(stats.open(), 1);
+    drop(sender);
+    until_none_open(&stats).await;
 }
 
 #[tokio::test]
 async fn http11_clients_still_get_http11() {
     let ca = TestCa::new("h1 CA");
-    let addr = start(&ca).await;
+    let (addr, stats) = start(&ca).await;
     for alpn in [&[b"http/1.1".as_slice()][..], &[]] {
         let tls = connect(&ca, addr, alpn).await;
         assert_eq!(tls.get_ref().1.alpn_protocol(), alpn.first().copied());
@@ -104,5 +125,34 @@ async fn http11_clients_still_get_http11() {
         let response = sender.send_request(request).await.unwrap();
         let body = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"HTTP/1.1 one");
+    }
+    assert_eq!((stats.accepted("http/1.1", true), stats.accepted_total()), (2, 2), "{stats:?}");
+    until_none_open(&stats).await;
+}
+
+#[tokio::test]
+async fn failed_handshakes_are_counted_and_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = TestCa::new("bad CA");
+    let (addr, stats) = start(&ca).await;
+    // Plain HTTP to a TLS port: the handshake fails, the connection closes.
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tcp.read_to_end(&mut rest).await;
+    until_none_open(&stats).await;
+    assert_eq!((stats.failed_handshakes(), stats.accepted_total()), (1, 0), "{stats:?}");
+    // The series are registered under the registry's prefix, every kind from zero.
+    let mut registry = prometheus_client::registry::Registry::with_prefix("test");
+    stats.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for line in [
+        r#"test_http_connections_total{protocol="h2",tls="true"} 0"#,
+        r#"test_http_connections_total{protocol="http/1.1",tls="false"} 0"#,
+        "test_http_connections_open 0",
+        "test_tls_handshake_failures_total 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
     }
 }

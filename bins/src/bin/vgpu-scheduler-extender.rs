@@ -95,6 +95,13 @@ struct Cli {
     /// Longest wait of an admitted call for a free worker before it is refused as busy (Go duration).
     #[arg(long, default_value = "10s", value_parser = parse_go_duration)]
     verb_queue_timeout: Duration,
+    /// Async worker threads serving HTTP, the watches and the API calls (0: one per CPU this process may
+    /// use, or TOKIO_WORKER_THREADS). One by default: kube-scheduler calls filter, prioritize and preempt one
+    /// pod at a time, binds wait on the API server, and large bodies are computed on threads of their own
+    /// (--max-running-verbs), so a second worker adds cross-thread wake-ups, not throughput (a sixth less CPU
+    /// per pod with one on 2 cores, issue #35).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    worker_threads: usize,
     /// Resource and annotation domain.
     #[arg(long, default_value = "nvidia.com")]
     domain: String,
@@ -336,7 +343,11 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if cli.worker_threads > 0 {
+        runtime.worker_threads(cli.worker_threads);
+    }
+    let runtime = match runtime.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("vgpu-scheduler-extender: starting the async runtime: {e}");
