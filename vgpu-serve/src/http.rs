@@ -189,13 +189,14 @@ struct ConnectionLabels {
     tls: &'static str,
 }
 
-/// The label sets of [`ConnectionStats`]: plain HTTP/1.1, HTTP/1.1 over TLS, HTTP/2 over TLS (h2 is offered
-/// through ALPN only, never in clear text).
-const CONNECTION_KINDS: [ConnectionLabels; 3] = [
-    ConnectionLabels { protocol: "http/1.1", tls: "false" },
-    ConnectionLabels { protocol: "http/1.1", tls: "true" },
-    ConnectionLabels { protocol: "h2", tls: "true" },
-];
+/// A plain-HTTP connection.
+const PLAIN_HTTP1: ConnectionLabels = ConnectionLabels { protocol: "http/1.1", tls: "false" };
+/// A TLS connection whose client did not negotiate `h2`.
+const TLS_HTTP1: ConnectionLabels = ConnectionLabels { protocol: "http/1.1", tls: "true" };
+/// A TLS connection whose client negotiated `h2` (offered through ALPN only, never in clear text).
+const TLS_H2: ConnectionLabels = ConnectionLabels { protocol: "h2", tls: "true" };
+/// Every label set of [`ConnectionStats`].
+const CONNECTION_KINDS: [ConnectionLabels; 3] = [PLAIN_HTTP1, TLS_HTTP1, TLS_H2];
 
 /// Connections served by [`serve_with_stats`]: accepted ones by negotiated protocol, open ones, and failed TLS
 /// handshakes. Clones share the counts. Registered in a server's registry ([`ConnectionStats::register`]) they
@@ -528,7 +529,7 @@ pub async fn serve_with_stats<F>(
             let _open = open;
             let served = match tls {
                 None => {
-                    stats.served(&CONNECTION_KINDS[0]);
+                    stats.served(&PLAIN_HTTP1);
                     serve_connection(stream, peer, None, app, builders.http1, watcher).await
                 }
                 Some(acceptor) => {
@@ -537,11 +538,11 @@ pub async fn serve_with_stats<F>(
                             let session = tls_stream.get_ref().1;
                             let cert = VerifiedClientCert::from_connection(session);
                             if session.alpn_protocol() == Some(b"h2".as_slice()) {
-                                stats.served(&CONNECTION_KINDS[2]);
+                                stats.served(&TLS_H2);
                                 serve_h2_connection(tls_stream, peer, cert, app, builders.http2, watcher)
                                     .await
                             } else {
-                                stats.served(&CONNECTION_KINDS[1]);
+                                stats.served(&TLS_HTTP1);
                                 serve_connection(tls_stream, peer, cert, app, builders.http1, watcher).await
                             }
                         }
